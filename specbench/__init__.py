@@ -1,0 +1,1 @@
+"""specbench: speculative decoding in vLLM, measured properly."""

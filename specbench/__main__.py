@@ -1,0 +1,44 @@
+"""``python -m specbench``: the Hydra entry point.
+
+One composed config is one cell. ``-m`` sweeps a grid through
+:class:`specbench.sweep.CellSweeper`, which plans baselines, passes and
+resume, and launches one job per cell; without ``-m`` the cell runs here
+with its baseline. Either way :class:`specbench.sweep.FinishSweep` merges
+the results when the jobs are done.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from specbench.config import cell_from_config
+from specbench.run import run_cell
+from specbench.sweep import PlannedCell, cell_in_pass, write_plan
+
+
+@hydra.main(version_base="1.3", config_path="pkg://specbench.conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Measure the configured cell (and, in a single run, its baseline first)."""
+    hydra_cfg = HydraConfig.get()
+    cell = cell_from_config(cfg)
+    timeout = cfg.engine.cell_timeout_s
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        run_cell(cell, Path(hydra_cfg.sweep.dir) / "cells", passes=cfg.passes, timeout_s=timeout)
+        return
+    run_dir = Path(hydra_cfg.run.dir)
+    cells = []
+    for pass_index in range(cfg.passes):
+        measured = cell_in_pass(cfg, pass_index)
+        cells += [measured] if measured.is_baseline else [measured.baseline(), measured]
+    write_plan(run_dir, [PlannedCell((), c) for c in cells])
+    for c in cells:
+        run_cell(c, run_dir / "cells", passes=cfg.passes, timeout_s=timeout)
+
+
+if __name__ == "__main__":
+    main()

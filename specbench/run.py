@@ -1,0 +1,185 @@
+"""Run one cell as a job: workload -> engine -> measurement -> row -> files.
+
+A job never raises for a cell that fails: the failure (an exception, an engine
+crash, a timeout) is recorded as a failed row and the sweep goes on. A cell
+whose complete row is already on disk is skipped, which is what makes a
+rerun into the same directory a resume.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from specbench import models
+from specbench.cell import CellPlan, Measurement
+from specbench.config import Cell
+from specbench.engine import EngineError, EngineInfo, EnginePool, describe_hardware
+from specbench.results import (
+    SCHEMA_VERSION,
+    CellFiles,
+    ResultsError,
+    measured_fields,
+    now_iso,
+    read_rows,
+    static_provenance,
+)
+from specbench.workloads import Workload, load_workload
+
+log = logging.getLogger(__name__)
+
+# One per process: with Hydra's basic launcher every job of a sweep runs in
+# this process, so consecutive cells that share an engine reuse it.
+POOL = EnginePool()
+atexit.register(POOL.discard)
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    """What happened to one cell in this job."""
+
+    cell_id: str
+    status: str  # ok | failed | skipped (already complete)
+    error: str | None = None
+
+
+def completed_row(files: CellFiles, cell: Cell) -> dict[str, Any] | None:
+    """The cell's row if it is already measured successfully with this exact config.
+
+    A damaged file is reported and removed so that the cell is measured
+    again; it is never merged.
+    """
+    if not files.row.exists():
+        return None
+    try:
+        row = read_rows(files.row)[0]
+    except (ResultsError, IndexError) as exc:
+        log.warning("corrupt result for %s, measuring it again: %s", cell.cell_id, exc)
+        files.row.unlink(missing_ok=True)
+        return None
+    if row.get("status") == "ok" and row.get("config_hash") == cell.config_hash:
+        return row
+    return None
+
+
+def run_cell(
+    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None = None, pool: EnginePool = POOL
+) -> CellOutcome:
+    """Measure ``cell`` (unless already complete) and write its files under ``cells_dir``."""
+    files = CellFiles(cells_dir, cell.cell_id)
+    if completed_row(files, cell) is not None:
+        log.info("%s: already complete, skipped", cell.cell_id)
+        return CellOutcome(cell.cell_id, "skipped")
+
+    started_at = now_iso()
+    base = _identity_columns(cell, passes) | static_provenance() | {"started_at": started_at}
+    try:
+        workload = load_workload(cell.workload, _tokenizer(models.resolve(cell.identity["model"]["path"])))
+        plan = _plan(cell, workload)
+        worker = pool.get(cell.engine_spec())
+        measurement = worker.measure(plan, timeout_s)
+    except Exception as exc:  # noqa: BLE001 - a failed cell is data, not a crash
+        if isinstance(exc, EngineError):
+            pool.discard()
+        error = f"{type(exc).__name__}: {exc}"
+        log.error("%s failed: %s", cell.cell_id, error)
+        row = base | {"status": "failed", "error": error, "hardware": _hardware(None)}
+        files.write(row, [], [])
+        return CellOutcome(cell.cell_id, "failed", error)
+
+    row = base | _measured_columns(measurement, worker.info, workload, plan)
+    files.write(row, measurement.token_ids, workload.prompt_ids)
+    log.info(
+        "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",
+        cell.cell_id, row["wall_time_s"], row["tokens_per_s"], row["acceptance_length"],
+    )
+    return CellOutcome(cell.cell_id, "ok")
+
+
+def _plan(cell: Cell, workload: Workload) -> CellPlan:
+    """Requests in full batches: the selected prompts, cycled up to a multiple of the batch size."""
+    prompts = workload.token_ids
+    batch = cell.batch_size
+    count = math.ceil(len(prompts) / batch) * batch
+    return CellPlan(
+        prompts=tuple(prompts[i % len(prompts)] for i in range(count)),
+        batch_size=batch,
+        max_tokens=cell.workload["max_tokens"],
+        repetitions=cell.identity["repetitions"],
+        warmup=cell.identity["warmup"],
+    )
+
+
+def _identity_columns(cell: Cell, passes: int) -> dict[str, Any]:
+    engine = cell.identity["engine"]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "cell_id": cell.cell_id,
+        "baseline_cell_id": None if cell.is_baseline else cell.baseline().cell_id,
+        "model": cell.identity["model"]["name"],
+        "method": cell.method,
+        "num_speculative_tokens": cell.k,
+        "batch_size": cell.batch_size,
+        "workload": cell.workload["name"],
+        "pass_index": cell.pass_index,
+        "passes": passes,
+        "repetitions": cell.identity["repetitions"],
+        "dtype": engine["dtype"],
+        "enable_prefix_caching": engine["enable_prefix_caching"],
+        "workload_source": cell.workload["source"],
+        "config_hash": cell.config_hash,
+        "config_json": json.dumps(cell.config, sort_keys=True),
+    }
+
+
+def _measured_columns(
+    m: Measurement, info: EngineInfo, workload: Workload, plan: CellPlan
+) -> dict[str, Any]:
+    c = m.counters
+    return measured_fields(
+        rep_wall_s=m.rep_wall_s,
+        rep_output_tokens=m.rep_output_tokens,
+        drafts=c.drafts,
+        draft_tokens=c.draft_tokens,
+        accepted_tokens=c.accepted_tokens,
+        accepted_per_pos=c.accepted_per_pos,
+        ttft_s=m.ttft_s,
+        tpot_s=m.tpot_s,
+        e2e_s=m.e2e_s,
+    ) | {
+        "status": "ok",
+        "num_requests": len(plan.prompts),
+        "prompt_tokens": m.prompt_tokens,
+        "outputs_stable": m.outputs_stable,
+        "warmup_s": m.warmup_s,
+        "engine_start_s": info.start_s,
+        "vllm_version": info.vllm_version,
+        "torch_version": info.torch_version,
+        "transformers_version": info.transformers_version,
+        "hardware": _hardware(info),
+        "workload_fingerprint": workload.source_fingerprint,
+        "prompt_ids": workload.prompt_ids,
+        "skipped_too_long": workload.skipped_too_long,
+    }
+
+
+def _hardware(info: EngineInfo | None) -> str:
+    return info.hardware if info is not None else _local_hardware()
+
+
+@lru_cache(maxsize=1)
+def _local_hardware() -> str:
+    return describe_hardware()
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

@@ -1,0 +1,213 @@
+"""Across cells: plan a sweep, check it whole, order it, resume it, and finish it.
+
+:class:`CellSweeper` extends Hydra's basic sweeper (same grid syntax, same
+launchers) with what a benchmark sweep needs before the first engine loads:
+
+- every cell of the grid is composed and validated; all problems are reported
+  together;
+- each speculative cell's baseline (same model, workload, batch size, engine
+  settings) is added once, whether or not ``method=baseline`` was listed, and
+  never repeated per K;
+- ``passes`` independent passes: each pass gets fresh engines (engine reuse
+  holds within a pass); odd passes run speculative cells before baselines so
+  that drift does not always favour one side;
+- cells already complete in the sweep directory are skipped (resume);
+- cells that share an engine run consecutively, so the engine is reused.
+
+Speedups are not computed by the jobs: :class:`FinishSweep`, a Hydra
+callback, merges the cell files into ``results.parquet`` once all jobs are
+done (on whichever launcher), writes the report, and exits non-zero naming
+any failed cell. Because comparison happens at merge time, baseline and
+speculative cells have no ordering dependency and a cluster launcher can run
+them all at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobStatus
+from hydra.experimental.callback import Callback
+from hydra.plugins.sweeper import Sweeper
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from specbench.config import Cell, ConfigError, cell_from_config, validate
+from specbench.results import merge, write_results
+from specbench.run import CellFiles, completed_row
+
+log = logging.getLogger(__name__)
+
+PLAN_FILE = "plan.json"
+RESULTS_FILE = "results.parquet"
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    """A cell and the Hydra overrides that compose it."""
+
+    overrides: tuple[str, ...]
+    cell: Cell
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _replace(overrides: Sequence[str], **values: Any) -> tuple[str, ...]:
+    """Overrides with the given keys set (replacing any existing value)."""
+    kept = [o for o in overrides if _key(o) not in values]
+    return tuple(kept + [f"{k}={v}" for k, v in values.items()])
+
+
+def plan_cells(
+    jobs: Sequence[Sequence[str]], compose: Callable[[Sequence[str]], DictConfig]
+) -> list[PlannedCell]:
+    """Every cell a grid needs, validated, deduplicated and in run order.
+
+    ``jobs`` are the grid points as override lists; ``compose`` turns one into
+    a config. Raises :class:`ConfigError` listing every invalid grid point.
+    """
+    errors: list[str] = []
+    composed: list[tuple[tuple[str, ...], DictConfig]] = []
+    for job in jobs:
+        where = " ".join(job) or "(defaults)"
+        try:
+            cfg = compose(job)
+        except Exception as exc:  # Hydra's own message names the group and its options
+            errors.append(f"{where}: {exc}")
+            continue
+        errors += [f"{where}: {e}" for e in validate(cfg)]
+        composed.append((tuple(job), cfg))
+    if errors:
+        unique = list(dict.fromkeys(errors))
+        raise ConfigError(f"{len(unique)} invalid setting(s) in the sweep:\n  " + "\n  ".join(unique))
+
+    passes = max(int(cfg.passes) for _, cfg in composed)
+    planned: list[PlannedCell] = []
+    seen: set[str] = set()
+    for pass_index in range(passes):
+        baselines, speculative = [], []
+        for job, cfg in composed:
+            if pass_index >= cfg.passes:
+                continue
+            overrides = _replace(job, pass_index=pass_index)
+            cell = cell_in_pass(cfg, pass_index)
+            if cell.is_baseline:
+                baselines.append(PlannedCell(overrides, cell))
+                continue
+            speculative.append(PlannedCell(overrides, cell))
+            base_overrides = _replace(job, method="baseline", pass_index=pass_index)
+            baselines.append(PlannedCell(base_overrides, cell_in_pass(compose(base_overrides), pass_index)))
+        # Cells sharing an engine run back to back; the pool keeps it alive.
+        engine_rank: dict[Any, int] = {}
+        for item in speculative:
+            engine_rank.setdefault(item.cell.engine_spec(prepare=False), len(engine_rank))
+        speculative.sort(key=lambda p: engine_rank[p.cell.engine_spec(prepare=False)])
+        ordered = baselines + speculative if pass_index % 2 == 0 else speculative + baselines
+        for item in ordered:
+            if item.cell.cell_id not in seen:
+                seen.add(item.cell.cell_id)
+                planned.append(item)
+    return planned
+
+
+def cell_in_pass(cfg: DictConfig, pass_index: int) -> Cell:
+    """The cell ``cfg`` describes, in the given pass."""
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.pass_index = pass_index
+    return cell_from_config(cfg)
+
+
+def write_plan(sweep_dir: Path, planned: Sequence[PlannedCell]) -> None:
+    """Record which cells make up this sweep, for the merge."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    plan = [{"cell_id": p.cell.cell_id, "overrides": list(p.overrides)} for p in planned]
+    (sweep_dir / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
+
+
+def read_plan(sweep_dir: Path) -> list[str]:
+    """Cell ids of the sweep planned in ``sweep_dir``."""
+    path = sweep_dir / PLAN_FILE
+    return [entry["cell_id"] for entry in json.loads(path.read_text())]
+
+
+class CellSweeper(BasicSweeper):
+    """Hydra's basic sweeper, planned cell by cell (see the module docstring)."""
+
+    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
+        # Not BasicSweeper.__init__: Hydra's plugin scan re-executes its module,
+        # after which its `super(BasicSweeper, self)` no longer matches this class.
+        Sweeper.__init__(self)
+        self.max_batch_size = max_batch_size
+        self.params = params or {}
+        self.overrides = None
+        self.batch_index = 0
+        self.hydra_context = None
+        self.config = None
+        self.launcher = None
+
+    def sweep(self, arguments: list[str]) -> Any:
+        """Plan, validate, skip completed cells, and launch the rest."""
+        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        overrides = parser.parse_overrides(self._parse_config() + list(arguments))
+        jobs = self.split_arguments(overrides, None)[0]
+        loader = self.hydra_context.config_loader
+        planned = plan_cells(jobs, lambda job: loader.load_sweep_config(self.config, list(job)))
+
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        write_plan(sweep_dir, planned)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        cells_dir = sweep_dir / "cells"
+        todo = [p for p in planned if completed_row(CellFiles(cells_dir, p.cell.cell_id), p.cell) is None]
+        skipped = len(planned) - len(todo)
+        log.info(
+            "sweep %s: %d cells (%d from the grid plus baselines and passes); "
+            "%d already complete, skipped; %d to run",
+            sweep_dir, len(planned), len(jobs), skipped, len(todo),
+        )
+        returns = []
+        batch_size = self.max_batch_size or len(todo) or 1
+        for start in range(0, len(todo), batch_size):
+            batch = [list(p.overrides) for p in todo[start : start + batch_size]]
+            results = self.launcher.launch(batch, initial_job_idx=start)
+            for job, result in zip(batch, results):
+                if result.status == JobStatus.FAILED:
+                    # The job itself records cell failures; this is a failure around it.
+                    log.error("job %s failed outside the cell: %s", " ".join(job), result._return_value)
+            returns.append(results)
+        return returns
+
+
+class FinishSweep(Callback):
+    """Hydra callback: merge the cells into results.parquet, write the report, set the exit status."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """After all jobs of a multirun, on the launching machine."""
+        finish(Path(config.hydra.sweep.dir))
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """After a single run (one cell plus its baseline)."""
+        finish(Path(config.hydra.run.dir))
+
+
+def finish(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Merge, report, summarise; exit non-zero naming failed cells."""
+    rows = merge(sweep_dir / "cells", read_plan(sweep_dir))
+    results = sweep_dir / RESULTS_FILE
+    write_results(rows, results)
+    print(f"results: {results} ({len(rows)} cells)")
+    failed = [r for r in rows if r.get("status") != "ok" or (r["method"] != "baseline" and r.get("speedup") is None)]
+    for row in failed:
+        print(f"FAILED {row['cell_id']}: {row.get('error')}", file=sys.stderr)
+    if failed:
+        raise SystemExit(f"{len(failed)} of {len(rows)} cells failed: " + ", ".join(r["cell_id"] for r in failed))
+    return rows

@@ -1,0 +1,715 @@
+"""Analytic roofline-decay model of speculative decoding.
+
+Read top to bottom, this module is the model's definition: acceptance (how
+many tokens one target pass yields), the hardware and model profiles (what a
+pass costs), the step-time roofline, the draft cost, the predicted speedup and
+the decisions derived from it, and last the calibration fit that turns
+measured step times into an effective hardware profile.
+
+Units throughout: seconds, bytes, FLOPs, tokens. Only the standard library is
+imported, so the model runs and is tested without vLLM, torch or a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+__all__ = [
+    "METHODS",
+    "HardwareProfile",
+    "ModelProfile",
+    "StepSample",
+    "best_k",
+    "break_even_batch_size",
+    "draft_time",
+    "expected_tokens_from_rates",
+    "expected_tokens_per_pass",
+    "fit_alpha",
+    "fit_hardware_profile",
+    "num_speculative_tokens_per_batch_size",
+    "plain_decode_step",
+    "predicted_speedup",
+    "ridge_point",
+    "step_time",
+    "verify_step",
+]
+
+METHODS = ("baseline", "ngram", "draft_model", "eagle", "eagle3")
+"""Speculation methods the model can price (vLLM's speculative_config names)."""
+
+_DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
+_HALF_BYTES = 2.0
+_QUANT_METHODS = ("awq", "gptq")
+_EAGLE_FC_INPUTS = {"eagle": 2, "eagle3": 3}
+
+
+def _check_int(name: str, value: int, minimum: int) -> int:
+    # bool is an Integral, but True as a batch size is always a caller bug.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_real(
+    name: str, value: float, low: float, high: float = math.inf, *, low_open: bool = False
+) -> float:
+    ok = (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (low < value if low_open else low <= value)
+        and value <= high
+    )
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{']' if high < math.inf else ')'}"
+        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
+    return float(value)
+
+
+def _check_method(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    return method
+
+
+# --------------------------------------------------------------------------- acceptance
+
+
+def expected_tokens_per_pass(alpha: float, k: int) -> float:
+    """Expected tokens emitted per target forward pass with K drafted tokens.
+
+    E(alpha, K) = sum_{i=0..K} alpha^i = (1 - alpha^(K+1)) / (1 - alpha), and
+    K + 1 at alpha = 1. alpha is the per-token acceptance probability, taken
+    independent across positions; K = k drafted tokens per pass. Result in
+    tokens per target pass, in [1, K + 1].
+    """
+    alpha = _check_real("alpha", alpha, 0.0, 1.0)
+    k = _check_int("k", k, 0)
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def _check_rates(rates: Sequence[float]) -> list[float]:
+    return [_check_real(f"rates[{i}]", r, 0.0, 1.0) for i, r in enumerate(rates)]
+
+
+def expected_tokens_from_rates(rates: Sequence[float]) -> float:
+    """Expected tokens per drafted pass from measured per-position acceptance rates.
+
+    rates[i] = accepted_at_position_i / drafts, as vLLM reports them. These are
+    unconditional (position i accepted implies every earlier one was), so
+    sum(rates) is the mean number of accepted draft tokens per draft and
+    E = 1 + sum(rates), the 1 being the target's own token. Result in tokens
+    per target pass that carried a draft (vLLM's acceptance length); empty
+    rates give 1.
+    """
+    return 1.0 + sum(_check_rates(rates))
+
+
+def fit_alpha(rates: Sequence[float]) -> float:
+    """Per-token acceptance alpha whose geometric prefix model best fits rates.
+
+    Under independent acceptance, 0-based position i is accepted with
+    unconditional probability alpha^(i+1). The fit minimises
+    L(alpha) = sum_i (alpha^(i+1) - rates[i])^2 over alpha in [0, 1]. L need
+    not be unimodal for arbitrary rates, so a 1001-point grid picks the best
+    bracket, then bisection on dL/dalpha = 2 sum_i (i+1) alpha^i (alpha^(i+1) -
+    rates[i]) inside it locates the minimum to floating-point precision.
+    Dimensionless, in [0, 1].
+    """
+    checked = _check_rates(rates)
+    if not checked:
+        raise ValueError("rates must not be empty")
+
+    def loss(alpha: float) -> float:
+        return sum((alpha ** (i + 1) - r) ** 2 for i, r in enumerate(checked))
+
+    def slope(alpha: float) -> float:
+        return sum((i + 1) * alpha**i * (alpha ** (i + 1) - r) for i, r in enumerate(checked))
+
+    grid = [j / 1000 for j in range(1001)]
+    j = min(range(len(grid)), key=lambda j: loss(grid[j]))
+    low, high = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
+    if slope(low) >= 0.0:
+        return low
+    if slope(high) <= 0.0:
+        return high
+    while high - low > 1e-15:
+        mid = (low + high) / 2
+        if slope(mid) < 0.0:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """What one accelerator costs per forward pass, in the roofline's terms.
+
+    memory_bandwidth in bytes/s, peak_flops in FLOP/s (dense, at the dtype the
+    model runs in), fixed_overhead_s in seconds per forward pass (kernel
+    launch, scheduler and sampler time that does not scale with work).
+    source is "vendor" (datasheet figures) or "calibrated" (fitted on the
+    device by fit_hardware_profile).
+    """
+
+    name: str
+    memory_bandwidth: float
+    peak_flops: float
+    fixed_overhead_s: float
+    source: str
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        _check_real("memory_bandwidth", self.memory_bandwidth, 0.0, low_open=True)
+        _check_real("peak_flops", self.peak_flops, 0.0, low_open=True)
+        _check_real("fixed_overhead_s", self.fixed_overhead_s, 0.0)
+        if self.source not in ("vendor", "calibrated"):
+            raise ValueError(f"source must be 'vendor' or 'calibrated', got {self.source!r}")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping) -> HardwareProfile:
+        """Build a profile from YAML-style keys.
+
+        Required: name, source, memory_bandwidth_gbps (GB/s, 1e9 bytes/s),
+        peak_tflops (1e12 FLOP/s), fixed_overhead_ms (milliseconds); optional:
+        notes. Other keys (e.g. memory_gb) are ignored.
+        """
+        for key in ("name", "source", "memory_bandwidth_gbps", "peak_tflops", "fixed_overhead_ms"):
+            if key not in d:
+                raise ValueError(f"hardware profile is missing key {key!r}")
+        return cls(
+            name=str(d["name"]),
+            memory_bandwidth=1e9 * _check_real(
+                "memory_bandwidth_gbps", d["memory_bandwidth_gbps"], 0.0, low_open=True
+            ),
+            peak_flops=1e12 * _check_real("peak_tflops", d["peak_tflops"], 0.0, low_open=True),
+            fixed_overhead_s=1e-3 * _check_real("fixed_overhead_ms", d["fixed_overhead_ms"], 0.0),
+            source=str(d["source"]),
+            notes=str(d.get("notes", "")),
+        )
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Size and shape of a decoder-only transformer, as the roofline needs it.
+
+    num_params counts every weight (embeddings included); bytes_per_weight is
+    the average stored width in bytes (below 2 for AWQ/GPTQ checkpoints);
+    kv_bytes_per_element is the KV-cache element width in bytes.
+    """
+
+    name: str
+    num_params: int
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    bytes_per_weight: float
+    kv_bytes_per_element: float
+
+    def __post_init__(self) -> None:
+        for field in (
+            "num_params", "num_layers", "hidden_size", "intermediate_size",
+            "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size",
+        ):
+            _check_int(field, getattr(self, field), 1)
+        _check_real("bytes_per_weight", self.bytes_per_weight, 0.0, low_open=True)
+        _check_real("kv_bytes_per_element", self.kv_bytes_per_element, 0.0, low_open=True)
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes read per forward pass for the weights: num_params * bytes_per_weight."""
+        return self.num_params * self.bytes_per_weight
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV-cache bytes per cached token: 2 (K and V) * layers * kv_heads * head_dim * width."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_bytes_per_element
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights of one decoder layer's matrix multiplies (count, no biases or norms).
+
+        q and o projections: 2 * hidden * heads * head_dim; k and v:
+        2 * hidden * kv_heads * head_dim; gated MLP (gate, up, down):
+        3 * hidden * intermediate.
+        """
+        heads = self.num_attention_heads + self.num_kv_heads
+        return self.hidden_size * (2 * heads * self.head_dim + 3 * self.intermediate_size)
+
+    @property
+    def flops_per_token(self) -> float:
+        """Weight FLOPs per token: 2 * matmul params, in FLOP/token.
+
+        matmul params = num_layers * layer_matmul_params + vocab * hidden (the
+        LM head). The input-embedding lookup is a gather, not a matmul, so it
+        is excluded even when tied to the LM head; biases and norms are
+        negligible and excluded. Attention over the context is priced
+        separately in step_time.
+        """
+        lm_head = self.vocab_size * self.hidden_size
+        return 2.0 * (self.num_layers * self.layer_matmul_params + lm_head)
+
+    @classmethod
+    def from_config_json(
+        cls,
+        config: Mapping | str | os.PathLike,
+        *,
+        dtype: str = "bfloat16",
+        name: str | None = None,
+    ) -> ModelProfile:
+        """Profile of a Llama/Qwen2-style decoder from its Hugging Face config.json.
+
+        config is the loaded dict, the file's path, or the model folder holding
+        it. Parameters counted: embeddings vocab*hidden; per layer the matmul
+        weights (see layer_matmul_params), two RMSNorm vectors of hidden, and
+        biases (q/k/v for model_type "qwen2"; q/k/v/o with attention_bias;
+        gate/up/down with mlp_bias); a final norm of hidden; an LM head of
+        vocab*hidden unless tie_word_embeddings (absent means untied, the
+        Llama and Qwen2 default). num_key_value_heads defaults to the attention
+        heads, head_dim to hidden / heads.
+
+        bytes_per_weight is the dtype width ("float32" 4, "bfloat16"/"float16"
+        2) unless quantization_config has quant_method "awq" or "gptq": then
+        each decoder-layer matmul weight costs bits/8 bytes plus, per group of
+        group_size weights, an fp16 scale (2 bytes) and a bits-wide zero point,
+        while embeddings, LM head, norms and biases stay 16-bit; the result is
+        the average over all parameters. kv_bytes_per_element is the dtype
+        width (the KV cache is not quantized by AWQ/GPTQ).
+        """
+        if dtype not in _DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPE_BYTES)}; got {dtype!r}")
+        cfg, default_name = _load_config(config)
+
+        def get_int(key: str, default: int | None = None) -> int:
+            value = cfg.get(key)
+            if value is None:
+                if default is None:
+                    raise ValueError(f"config.json is missing key {key!r}")
+                return default
+            return _check_int(key, value, 1)
+
+        hidden = get_int("hidden_size")
+        intermediate = get_int("intermediate_size")
+        layers = get_int("num_hidden_layers")
+        heads = get_int("num_attention_heads")
+        kv_heads = get_int("num_key_value_heads", heads)
+        head_dim = get_int("head_dim", hidden // heads)
+        vocab = get_int("vocab_size")
+
+        q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+        biases = 0
+        if cfg.get("model_type") == "qwen2":
+            biases += q_dim + 2 * kv_dim
+        elif cfg.get("attention_bias"):
+            biases += q_dim + 2 * kv_dim + hidden
+        if cfg.get("mlp_bias"):
+            biases += 2 * intermediate + hidden
+        # Parameter count not known yet: a shape-only profile lends its layer_matmul_params.
+        shape = cls(
+            name=name or default_name,
+            num_params=1,
+            num_layers=layers,
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_attention_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            vocab_size=vocab,
+            bytes_per_weight=_DTYPE_BYTES[dtype],
+            kv_bytes_per_element=_DTYPE_BYTES[dtype],
+        )
+        layer_linears = layers * shape.layer_matmul_params
+        embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
+        num_params = layer_linears + layers * (biases + 2 * hidden) + hidden + embeddings
+
+        bytes_per_weight = _DTYPE_BYTES[dtype]
+        quant = cfg.get("quantization_config")
+        if quant is not None:
+            method = quant.get("quant_method")
+            if method not in _QUANT_METHODS:
+                raise ValueError(
+                    "quantization_config.quant_method must be one of "
+                    f"{', '.join(_QUANT_METHODS)}; got {method!r}"
+                )
+            bits = _check_int("quantization_config.bits", quant.get("bits"), 1)
+            group = _check_int("quantization_config.group_size", quant.get("group_size"), 1)
+            per_linear = bits / 8 + (_HALF_BYTES + bits / 8) / group
+            total_bytes = layer_linears * per_linear + (num_params - layer_linears) * _HALF_BYTES
+            bytes_per_weight = total_bytes / num_params
+        return replace(shape, num_params=num_params, bytes_per_weight=bytes_per_weight)
+
+
+def _load_config(config: Mapping | str | os.PathLike) -> tuple[Mapping, str]:
+    if isinstance(config, Mapping):
+        return config, str(config.get("_name_or_path") or config.get("model_type") or "model")
+    path = Path(config)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(
+            "config must be a mapping, a config.json or a folder holding one; "
+            f"{path} does not exist"
+        )
+    cfg = json.loads(path.read_text())
+    return cfg, str(cfg.get("_name_or_path") or path.parent.name)
+
+
+def ridge_point(model: ModelProfile, hw: HardwareProfile) -> float:
+    """Tokens per forward pass at which compute time equals weight-read time.
+
+    n* = (peak_flops / memory_bandwidth) * weight_bytes / flops_per_token, in
+    tokens. KV-cache traffic and attention FLOPs are left out: this is the
+    short-context ridge; long contexts move the real one outwards.
+    """
+    return hw.peak_flops * model.weight_bytes / (hw.memory_bandwidth * model.flops_per_token)
+
+
+# --------------------------------------------------------------------------- step time
+
+
+def _roofline(hw: HardwareProfile, bytes_moved: float, flops: float) -> float:
+    return max(bytes_moved / hw.memory_bandwidth, flops / hw.peak_flops) + hw.fixed_overhead_s
+
+
+def _work(
+    model: ModelProfile, num_tokens: int, num_seqs: int, context_len: float
+) -> tuple[float, float]:
+    bytes_moved = model.weight_bytes + num_seqs * context_len * model.kv_bytes_per_token
+    # QK^T and PV: each a head_dim-long multiply-add (2 FLOPs) per head, layer and cached token.
+    per_context_token = 4.0 * model.num_layers * model.num_attention_heads * model.head_dim
+    attention = num_tokens * context_len * per_context_token
+    return bytes_moved, num_tokens * model.flops_per_token + attention
+
+
+def _check_step(num_tokens: int, num_seqs: int, context_len: float) -> tuple[int, int, float]:
+    num_seqs = _check_int("num_seqs", num_seqs, 1)
+    # Every sequence in the pass contributes at least one token.
+    num_tokens = _check_int("num_tokens", num_tokens, num_seqs)
+    return num_tokens, num_seqs, _check_real("context_len", context_len, 0.0)
+
+
+def step_time(
+    model: ModelProfile, hw: HardwareProfile, *, num_tokens: int, num_seqs: int, context_len: float
+) -> float:
+    """Seconds for one forward pass of num_tokens tokens over num_seqs sequences.
+
+    T = max(bytes / memory_bandwidth, flops / peak_flops) + fixed_overhead_s, with
+    bytes = weight_bytes + num_seqs * context_len * kv_bytes_per_token and
+    flops = num_tokens * flops_per_token
+            + 4 * num_tokens * context_len * num_layers * num_attention_heads * head_dim.
+    context_len is the KV-cache length (tokens) each sequence attends to. The
+    max() assumes memory traffic and compute overlap perfectly.
+    """
+    num_tokens, num_seqs, context_len = _check_step(num_tokens, num_seqs, context_len)
+    return _roofline(hw, *_work(model, num_tokens, num_seqs, context_len))
+
+
+def plain_decode_step(
+    model: ModelProfile, hw: HardwareProfile, batch_size: int, context_len: float
+) -> float:
+    """Seconds for one plain decode step: step_time with num_tokens = num_seqs = batch_size."""
+    batch_size = _check_int("batch_size", batch_size, 1)
+    return step_time(
+        model, hw, num_tokens=batch_size, num_seqs=batch_size, context_len=context_len
+    )
+
+
+def verify_step(
+    model: ModelProfile, hw: HardwareProfile, batch_size: int, k: int, context_len: float
+) -> float:
+    """Seconds for one verification pass: step_time with num_tokens = batch_size * (k + 1)."""
+    k = _check_int("k", k, 0)
+    batch_size = _check_int("batch_size", batch_size, 1)
+    return step_time(
+        model, hw, num_tokens=batch_size * (k + 1), num_seqs=batch_size, context_len=context_len
+    )
+
+
+# --------------------------------------------------------------------------- draft cost
+
+
+def draft_time(
+    method: str,
+    *,
+    hw: HardwareProfile,
+    batch_size: int,
+    k: int,
+    context_len: float,
+    draft: ModelProfile | None = None,
+    target: ModelProfile | None = None,
+) -> float:
+    """Seconds the draft spends proposing k tokens for each of batch_size sequences.
+
+    baseline: 0. ngram: 0, assuming the CPU-side prompt lookup is negligible
+    next to a GPU forward pass. draft_model: k sequential passes of `draft`,
+    k * step_time(draft, num_tokens=num_seqs=batch_size). eagle / eagle3: k
+    passes of a head built from `target`: one decoder layer (its matmuls and
+    its own one-layer KV cache) plus an fc layer of 2 * hidden^2 (eagle) or
+    3 * hidden^2 (eagle3) weights, plus a read of the target's LM head
+    (vocab * hidden). Head weights cost the dtype width kv_bytes_per_element,
+    not the target's bytes_per_weight, because heads ship unquantized. Every
+    pass pays fixed_overhead_s.
+    """
+    _check_method(method)
+    batch_size = _check_int("batch_size", batch_size, 1)
+    k = _check_int("k", k, 0)
+    context_len = _check_real("context_len", context_len, 0.0)
+    if method in ("baseline", "ngram") or k == 0:
+        return 0.0
+    if method == "draft_model":
+        if draft is None:
+            raise ValueError("draft must be given for method 'draft_model'")
+        return k * plain_decode_step(draft, hw, batch_size, context_len)
+    if target is None:
+        raise ValueError(f"target must be given for method {method!r}")
+    hidden = target.hidden_size
+    fc = _EAGLE_FC_INPUTS[method] * hidden * hidden
+    matmul_params = target.layer_matmul_params + fc + target.vocab_size * hidden
+    bytes_moved = (
+        matmul_params * target.kv_bytes_per_element
+        + batch_size * context_len * target.kv_bytes_per_token / target.num_layers
+    )
+    flops = batch_size * (
+        2.0 * matmul_params + 4.0 * context_len * target.num_attention_heads * target.head_dim
+    )
+    return k * _roofline(hw, bytes_moved, flops)
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+def predicted_speedup(
+    *,
+    method: str,
+    k: int,
+    batch_size: int,
+    tokens_per_pass: float,
+    target: ModelProfile,
+    hw: HardwareProfile,
+    context_len: float,
+    draft: ModelProfile | None = None,
+) -> float:
+    """Predicted decode speedup of speculation over plain decoding (dimensionless).
+
+    S(B, K) = E * T_plain(B) / (T_verify(B, K) + T_draft(B, K)), with
+    E = tokens_per_pass (tokens per target pass, e.g. expected_tokens_per_pass
+    or a measured value, in [1, K + 1]). 1 for method "baseline" or k = 0.
+    """
+    _check_method(method)
+    k = _check_int("k", k, 0)
+    if method == "baseline" or k == 0:
+        return 1.0
+    tokens_per_pass = _check_real("tokens_per_pass", tokens_per_pass, 1.0, k + 1.0)
+    plain = plain_decode_step(target, hw, batch_size, context_len)
+    verify = verify_step(target, hw, batch_size, k, context_len)
+    drafting = draft_time(
+        method, hw=hw, batch_size=batch_size, k=k, context_len=context_len,
+        draft=draft, target=target,
+    )
+    return tokens_per_pass * plain / (verify + drafting)
+
+
+def break_even_batch_size(batch_sizes: Sequence[int], speedups: Sequence[float]) -> float | None:
+    """Batch size at which a speedup curve first falls below 1.
+
+    batch_sizes must be strictly increasing. With i the first point whose
+    speedup is < 1, the crossing is interpolated linearly in log2(batch)
+    between points i-1 and i: log2 b = log2 b_{i-1} + (1 - s_{i-1}) /
+    (s_i - s_{i-1}) * (log2 b_i - log2 b_{i-1}). Returns batch_sizes[0] if
+    the curve starts below 1, None if it never falls below 1.
+    """
+    if len(batch_sizes) != len(speedups):
+        raise ValueError(
+            "batch_sizes and speedups must have equal length, "
+            f"got {len(batch_sizes)} and {len(speedups)}"
+        )
+    sizes = [_check_int(f"batch_sizes[{i}]", b, 1) for i, b in enumerate(batch_sizes)]
+    if any(b >= c for b, c in zip(sizes, sizes[1:])):
+        raise ValueError(f"batch_sizes must be strictly increasing, got {sizes}")
+    values = [_check_real(f"speedups[{i}]", s, 0.0) for i, s in enumerate(speedups)]
+    for i, s in enumerate(values):
+        if s < 1.0:
+            if i == 0:
+                return float(sizes[0])
+            s0, b0, b1 = values[i - 1], math.log2(sizes[i - 1]), math.log2(sizes[i])
+            return 2.0 ** (b0 + (1.0 - s0) / (s - s0) * (b1 - b0))
+    return None
+
+
+def best_k(
+    *,
+    method: str,
+    batch_size: int,
+    candidate_ks: Sequence[int],
+    alpha: float,
+    target: ModelProfile,
+    hw: HardwareProfile,
+    context_len: float,
+    draft: ModelProfile | None = None,
+) -> tuple[int, float]:
+    """The K maximising predicted_speedup with tokens_per_pass = E(alpha, K), and that speedup.
+
+    K = 0 (no speculation, speedup 1) is always a candidate, so the answer is
+    never a slowdown; ties go to the smaller K.
+    """
+    best = (0, 1.0)
+    for k in sorted(set(candidate_ks)):
+        speedup = predicted_speedup(
+            method=method, k=k, batch_size=batch_size,
+            tokens_per_pass=expected_tokens_per_pass(alpha, k),
+            target=target, hw=hw, context_len=context_len, draft=draft,
+        )
+        if speedup > best[1]:
+            best = (k, speedup)
+    return best
+
+
+def num_speculative_tokens_per_batch_size(
+    best_k_by_batch: Mapping[int, int],
+) -> list[tuple[int, int, int]]:
+    """Schedule of K by batch size, from the best K found on a grid of batch sizes.
+
+    Returns (start, end, K) ranges with both ends inclusive that cover batch
+    sizes 1..max(grid) without gaps or overlaps. Grid point b_j's K applies
+    from b_j to b_{j+1} - 1; the first range starts at 1 (the smallest grid
+    point's K extends downwards); the last ends at the largest grid point;
+    neighbouring ranges with equal K merge.
+    Example: {1: 4, 4: 4, 16: 2, 64: 0} -> [(1, 15, 4), (16, 63, 2), (64, 64, 0)].
+    """
+    if not best_k_by_batch:
+        raise ValueError("best_k_by_batch must not be empty")
+    grid = sorted(
+        (_check_int("batch size", b, 1), _check_int(f"K for batch size {b}", k, 0))
+        for b, k in best_k_by_batch.items()
+    )
+    schedule: list[tuple[int, int, int]] = []
+    for j, (batch, k) in enumerate(grid):
+        end = grid[j + 1][0] - 1 if j + 1 < len(grid) else batch
+        if schedule and schedule[-1][2] == k:
+            schedule[-1] = (schedule[-1][0], end, k)
+        else:
+            schedule.append((1 if j == 0 else batch, end, k))
+    return schedule
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured forward pass: num_tokens tokens over num_seqs sequences,
+    each attending to context_len cached tokens, took `seconds`."""
+
+    num_tokens: int
+    num_seqs: int
+    context_len: float
+    seconds: float
+
+
+def _golden_section(f: Callable[[float], float], low: float, high: float, tol: float) -> float:
+    shrink = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = low + (1 - shrink) * (high - low), low + shrink * (high - low)
+    fa, fb = f(a), f(b)
+    while high - low > tol:
+        if fa <= fb:
+            high, b, fb = b, a, fa
+            a = low + (1 - shrink) * (high - low)
+            fa = f(a)
+        else:
+            low, a, fa = a, b, fb
+            b = low + shrink * (high - low)
+            fb = f(b)
+    return (low + high) / 2
+
+
+def fit_hardware_profile(
+    samples: Sequence[StepSample], model: ModelProfile, *, name: str
+) -> tuple[HardwareProfile, list[float]]:
+    """Effective hardware profile under which step_time reproduces measured passes.
+
+    Fits memory bandwidth W, peak P and overhead c >= 0 in
+    t_i = max(B_i / W, F_i / P) + c (B_i, F_i: the bytes and FLOPs step_time
+    charges sample i) by minimising sum_i (t_i / seconds_i - 1)^2. With
+    v = 1 / P and rho = P / W (the ridge intensity, FLOP/byte),
+    t_i = v * max(rho * B_i, F_i) + c is linear in (v, c) for fixed rho, so
+    (v, c) come from a closed-form weighted least-squares solve and only
+    log(rho) is searched: a 1001-point grid, then golden section.
+
+    rho is searched only between the smallest and largest sample intensity
+    F_i / B_i: beyond either end every sample sits on one side of the ridge
+    and the loss is flat. So when all samples are memory-bound, where P is only
+    bounded below, the fit reports the smallest peak that keeps every sample
+    memory-bound; likewise the smallest bandwidth when all are compute-bound.
+
+    Returns the profile (source "calibrated", units as HardwareProfile) and the
+    per-sample relative residuals predicted / measured - 1.
+    """
+    if len(samples) < 3:
+        raise ValueError(
+            "samples must hold at least 3 measurements (3 parameters are fitted), "
+            f"got {len(samples)}"
+        )
+    work, seconds = [], []
+    for i, s in enumerate(samples):
+        num_tokens, num_seqs, context_len = _check_step(s.num_tokens, s.num_seqs, s.context_len)
+        work.append(_work(model, num_tokens, num_seqs, context_len))
+        seconds.append(_check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True))
+
+    def solve(log_rho: float) -> tuple[float, float, float]:
+        rho = math.exp(log_rho)
+        # Residual_i = v * p_i + c * q_i - 1: least squares over (v, c), c clamped at 0.
+        p = [max(rho * b, f) / t for (b, f), t in zip(work, seconds)]
+        q = [1.0 / t for t in seconds]
+        spp, sqq = sum(x * x for x in p), sum(y * y for y in q)
+        spq, sp, sq = sum(x * y for x, y in zip(p, q)), sum(p), sum(q)
+        det = spp * sqq - spq * spq
+        # det = 0 when all samples share one work/time ratio: the overhead is then
+        # unidentifiable, so take none.
+        c = max((spp * sq - spq * sp) / det, 0.0) if det > 1e-12 * spp * sqq else 0.0
+        v = (sp - c * spq) / spp
+        loss = sum((v * x + c * y - 1.0) ** 2 for x, y in zip(p, q))
+        return loss, v, c
+
+    intensities = [math.log(f / b) for b, f in work]
+    low, high = min(intensities), max(intensities)
+    grid = [low + (high - low) * j / 1000 for j in range(1001)]
+    j = min(range(len(grid)), key=lambda j: solve(grid[j])[0])
+    log_rho = _golden_section(
+        lambda x: solve(x)[0], grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)], tol=1e-12
+    )
+    _, v, c = solve(log_rho)
+    if v <= 0.0:
+        raise ValueError(
+            "samples do not show step time growing with work; bandwidth and peak cannot be fitted"
+        )
+    profile = HardwareProfile(
+        name=name,
+        memory_bandwidth=1.0 / (v * math.exp(log_rho)),
+        peak_flops=1.0 / v,
+        fixed_overhead_s=c,
+        source="calibrated",
+        notes=f"fitted to {len(samples)} step-time samples of {model.name}",
+    )
+    residuals = [
+        step_time(
+            model, profile, num_tokens=s.num_tokens, num_seqs=s.num_seqs, context_len=s.context_len
+        ) / s.seconds - 1.0
+        for s in samples
+    ]
+    return profile, residuals

@@ -1,0 +1,34 @@
+"""Workloads: the prompts a cell submits, loaded from a config and tokenized.
+
+See :mod:`specbench.workloads.sources` for the sources (built-in files,
+Spec-Bench, any JSON-lines file, Hugging Face datasets) and how prompts are
+filtered by length and drawn.
+"""
+
+from specbench.workloads.sources import (
+    NAMES,
+    SOURCES,
+    SPEC_BENCH_CATEGORIES,
+    SPEC_BENCH_WORKLOAD_CATEGORIES,
+    Prompt,
+    Tokenizer,
+    Workload,
+    WorkloadError,
+    load_prompts,
+    load_workload,
+    validate_workload_config,
+)
+
+__all__ = [
+    "NAMES",
+    "SOURCES",
+    "SPEC_BENCH_CATEGORIES",
+    "SPEC_BENCH_WORKLOAD_CATEGORIES",
+    "Prompt",
+    "Tokenizer",
+    "Workload",
+    "WorkloadError",
+    "load_prompts",
+    "load_workload",
+    "validate_workload_config",
+]

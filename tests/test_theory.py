@@ -1,0 +1,501 @@
+"""Hand-computed checks for specbench.theory, the analytic roofline-decay model."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specbench.theory import (
+    HardwareProfile,
+    ModelProfile,
+    StepSample,
+    best_k,
+    break_even_batch_size,
+    draft_time,
+    expected_tokens_from_rates,
+    expected_tokens_per_pass,
+    fit_alpha,
+    fit_hardware_profile,
+    num_speculative_tokens_per_batch_size,
+    plain_decode_step,
+    predicted_speedup,
+    ridge_point,
+    step_time,
+    verify_step,
+)
+
+HARDWARE_DIR = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+
+SMOLLM2_135M = {
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
+QWEN25_7B = {
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
+AWQ_4BIT = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
+LLAMA2_7B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+}
+
+
+def load_hardware(name: str) -> HardwareProfile:
+    raw = yaml.safe_load((HARDWARE_DIR / f"{name}.yaml").read_text())
+    return HardwareProfile.from_mapping(raw)
+
+
+@pytest.fixture(scope="module")
+def qwen() -> ModelProfile:
+    return ModelProfile.from_config_json(QWEN25_7B)
+
+
+@pytest.fixture(scope="module")
+def smol() -> ModelProfile:
+    return ModelProfile.from_config_json(SMOLLM2_135M)
+
+
+@pytest.fixture(scope="module")
+def h200() -> HardwareProfile:
+    return load_hardware("h200")
+
+
+def no_overhead(hw: HardwareProfile) -> HardwareProfile:
+    return HardwareProfile(hw.name, hw.memory_bandwidth, hw.peak_flops, 0.0, hw.source)
+
+
+# --------------------------------------------------------------------------- acceptance
+
+
+@pytest.mark.parametrize(("alpha", "expected"), [(0.5, 1.9375), (0.7, 2.7731), (0.9, 4.0951)])
+def test_expected_tokens_reference_values(alpha: float, expected: float) -> None:
+    assert expected_tokens_per_pass(alpha, 4) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.1, 0.5, 0.7, 0.9, 0.99, 0.999999, 1.0])
+@pytest.mark.parametrize("k", [0, 1, 2, 4, 8, 16])
+def test_closed_form_equals_sum(alpha: float, k: int) -> None:
+    assert expected_tokens_per_pass(alpha, k) == pytest.approx(sum(alpha**i for i in range(k + 1)))
+
+
+def test_expected_tokens_edges() -> None:
+    assert expected_tokens_per_pass(1.0, 4) == 5.0
+    assert expected_tokens_per_pass(0.0, 4) == 1.0
+    assert expected_tokens_per_pass(0.8, 0) == 1.0
+
+
+def test_expected_tokens_from_rates() -> None:
+    # vLLM PR #23563's EAGLE K=3 cumulative rates: 1 + 0.66 + 0.36 + 0.17.
+    assert expected_tokens_from_rates([0.66, 0.36, 0.17]) == pytest.approx(2.19)
+    assert expected_tokens_from_rates([1.0, 1.0, 1.0]) == 4.0
+    assert expected_tokens_from_rates([]) == 1.0
+    geometric = [0.7 ** (i + 1) for i in range(4)]
+    assert expected_tokens_from_rates(geometric) == pytest.approx(expected_tokens_per_pass(0.7, 4))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.55, 0.8, 0.95, 1.0])
+def test_fit_alpha_recovers_geometric_rates(alpha: float) -> None:
+    assert fit_alpha([alpha ** (i + 1) for i in range(5)]) == pytest.approx(alpha, abs=1e-9)
+
+
+def test_fit_alpha_non_geometric_hand_case() -> None:
+    # L'(a) = 2(a - 0.6) + 4a(a^2 - 0.15) = 0 at a = 0.5: -0.1 + 0.1 = 0, and 0.6^2 != 0.15.
+    assert fit_alpha([0.6, 0.15]) == pytest.approx(0.5, abs=1e-9)
+    assert fit_alpha([0.42]) == pytest.approx(0.42, abs=1e-9)
+
+
+def test_fit_alpha_is_a_least_squares_minimum() -> None:
+    rates = [0.66, 0.36, 0.17]
+    alpha = fit_alpha(rates)
+
+    def loss(a: float) -> float:
+        return sum((a ** (i + 1) - r) ** 2 for i, r in enumerate(rates))
+
+    assert 0.36 < alpha < 0.66
+    assert loss(alpha) < loss(alpha - 1e-4) and loss(alpha) < loss(alpha + 1e-4)
+
+
+# --------------------------------------------------------------------------- model profiles
+
+
+def test_smollm2_profile(smol: ModelProfile) -> None:
+    layer = 576 * (2 * 576 + 2 * 192) + 3 * 576 * 1536
+    assert smol.layer_matmul_params == layer
+    # Tied embeddings: one vocab x hidden matrix; two norms per layer plus the final one.
+    assert smol.num_params == 49152 * 576 + 30 * (layer + 2 * 576) + 576 == 134_515_008
+    assert smol.bytes_per_weight == 2.0 and smol.kv_bytes_per_element == 2.0
+    assert smol.weight_bytes == 2 * 134_515_008
+    assert smol.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
+    # The LM head is a matmul even when tied, so it counts once.
+    assert smol.flops_per_token == 2 * (30 * layer + 49152 * 576)
+
+
+def test_qwen25_7b_profile(qwen: ModelProfile) -> None:
+    layer = 3584 * (2 * 3584 + 2 * 512) + 3 * 3584 * 18944
+    qkv_bias = 3584 + 2 * 512
+    expected = 2 * 152064 * 3584 + 28 * (layer + qkv_bias + 2 * 3584) + 3584
+    assert qwen.num_params == expected == 7_615_616_512
+    assert qwen.head_dim == 128 and qwen.num_kv_heads == 4
+    assert qwen.kv_bytes_per_token == 2 * 28 * 4 * 128 * 2
+
+
+def test_awq_profile_quarters_the_linear_weights(qwen: ModelProfile) -> None:
+    awq_config = {**QWEN25_7B, "quantization_config": AWQ_4BIT}
+    awq = ModelProfile.from_config_json(awq_config, dtype="float16")
+    assert awq.num_params == qwen.num_params
+    assert awq.kv_bytes_per_element == 2.0
+    linears = qwen.num_layers * qwen.layer_matmul_params
+    unquantized_bytes = 2.0 * (qwen.num_params - linears)
+    linear_bytes = awq.weight_bytes - unquantized_bytes
+    assert linear_bytes == pytest.approx(linears * (0.5 + 2.5 / 128))
+    assert 3.5 < (2.0 * linears) / linear_bytes < 4.0
+    # A linear-dominated model (small vocab) averages just over half a byte per weight.
+    llama = ModelProfile.from_config_json({**LLAMA2_7B, "quantization_config": AWQ_4BIT})
+    assert 0.5 < llama.bytes_per_weight < 0.6
+    gptq = {**AWQ_4BIT, "quant_method": "gptq"}
+    assert ModelProfile.from_config_json({**LLAMA2_7B, "quantization_config": gptq}) == llama
+
+
+def test_profile_defaults_dtype_and_biases() -> None:
+    profile = ModelProfile.from_config_json(LLAMA2_7B, dtype="float32", name="llama-2-7b")
+    assert profile.name == "llama-2-7b"
+    assert profile.num_kv_heads == 32 and profile.head_dim == 128
+    assert profile.bytes_per_weight == 4.0 and profile.kv_bytes_per_element == 4.0
+    with_bias = ModelProfile.from_config_json({**LLAMA2_7B, "attention_bias": True})
+    assert with_bias.num_params - profile.num_params == 32 * 4 * 4096
+
+
+def test_profile_from_path_and_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "SmolLM2-135M"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(SMOLLM2_135M))
+    from_folder = ModelProfile.from_config_json(folder)
+    assert from_folder.name == "SmolLM2-135M"
+    assert from_folder == ModelProfile.from_config_json(str(folder / "config.json"))
+    assert from_folder.num_params == 134_515_008
+
+
+# --------------------------------------------------------------------------- hardware profiles
+
+
+@pytest.mark.parametrize(
+    ("name", "bandwidth", "peak"),
+    [("rtx4090", 1008e9, 165.2e12), ("h200", 4800e9, 989e12), ("a100", 2039e9, 312e12)],
+)
+def test_hardware_yaml_loads(name: str, bandwidth: float, peak: float) -> None:
+    raw = yaml.safe_load((HARDWARE_DIR / f"{name}.yaml").read_text())
+    assert raw["memory_gb"] > 0 and "vendor" in raw["notes"].lower()
+    profile = HardwareProfile.from_mapping(raw)
+    assert profile.name == name and profile.source == "vendor"
+    assert profile.memory_bandwidth == pytest.approx(bandwidth)
+    assert profile.peak_flops == pytest.approx(peak)
+    assert 0.0 < profile.fixed_overhead_s < 1e-3
+
+
+def test_hardware_from_mapping_names_the_bad_key() -> None:
+    good = {"name": "x", "source": "vendor", "memory_bandwidth_gbps": 1000,
+            "peak_tflops": 100, "fixed_overhead_ms": 0.1}
+    with pytest.raises(ValueError, match="peak_tflops"):
+        HardwareProfile.from_mapping({k: v for k, v in good.items() if k != "peak_tflops"})
+    with pytest.raises(ValueError, match="memory_bandwidth_gbps"):
+        HardwareProfile.from_mapping({**good, "memory_bandwidth_gbps": -5})
+    with pytest.raises(ValueError, match="fixed_overhead_ms"):
+        HardwareProfile.from_mapping({**good, "fixed_overhead_ms": "fast"})
+    with pytest.raises(ValueError, match="source"):
+        HardwareProfile.from_mapping({**good, "source": "guessed"})
+
+
+def test_ridge_point(qwen: ModelProfile, h200: HardwareProfile) -> None:
+    n_star = ridge_point(qwen, h200)
+    assert n_star == pytest.approx(989e12 / 4800e9 * qwen.weight_bytes / qwen.flops_per_token)
+    assert 150 < n_star < 300
+
+
+# --------------------------------------------------------------------------- step time
+
+
+def test_step_time_memory_bound_then_compute_bound(smol: ModelProfile) -> None:
+    hw = HardwareProfile("toy", 1e12, 1e14, 1e-4, "vendor")
+    # n = 1: reading 269 MB takes 269 us, computing 0.27 GFLOP takes 2.7 us.
+    assert step_time(smol, hw, num_tokens=1, num_seqs=1, context_len=0) == pytest.approx(
+        smol.weight_bytes / 1e12 + 1e-4
+    )
+    assert step_time(smol, hw, num_tokens=4096, num_seqs=64, context_len=0) == pytest.approx(
+        4096 * smol.flops_per_token / 1e14 + 1e-4
+    )
+    bytes_moved = smol.weight_bytes + 8 * 1000 * smol.kv_bytes_per_token
+    assert step_time(smol, hw, num_tokens=8, num_seqs=8, context_len=1000) == pytest.approx(
+        bytes_moved / 1e12 + 1e-4
+    )
+    attention = 4 * 2048 * 1000 * 30 * 9 * 64
+    assert step_time(smol, hw, num_tokens=2048, num_seqs=2048, context_len=1000) == pytest.approx(
+        max((smol.weight_bytes + 2048 * 1000 * smol.kv_bytes_per_token) / 1e12,
+            (2048 * smol.flops_per_token + attention) / 1e14) + 1e-4
+    )
+
+
+def test_plain_and_verify_steps(qwen: ModelProfile, h200: HardwareProfile) -> None:
+    assert plain_decode_step(qwen, h200, 8, 512) == step_time(
+        qwen, h200, num_tokens=8, num_seqs=8, context_len=512
+    )
+    assert verify_step(qwen, h200, 8, 3, 512) == step_time(
+        qwen, h200, num_tokens=32, num_seqs=8, context_len=512
+    )
+
+
+# --------------------------------------------------------------------------- draft and speedup
+
+
+def test_draft_time_by_method(
+    qwen: ModelProfile, smol: ModelProfile, h200: HardwareProfile
+) -> None:
+    common = {"hw": h200, "batch_size": 4, "k": 3, "context_len": 256}
+    assert draft_time("baseline", **common) == 0.0
+    assert draft_time("ngram", **common) == 0.0
+    assert draft_time("draft_model", draft=smol, **common) == pytest.approx(
+        3 * plain_decode_step(smol, h200, 4, 256)
+    )
+    eagle = draft_time("eagle", target=qwen, **common)
+    eagle3 = draft_time("eagle3", target=qwen, **common)
+    # One layer plus the LM head: far cheaper than the target, dearer than nothing.
+    assert 0.0 < eagle < eagle3 < 3 * plain_decode_step(qwen, h200, 4, 256)
+    head_bytes = 2 * (qwen.layer_matmul_params + 2 * 3584**2 + 152064 * 3584)
+    head_bytes += 4 * 256 * qwen.kv_bytes_per_token / 28
+    assert eagle == pytest.approx(3 * (head_bytes / h200.memory_bandwidth + h200.fixed_overhead_s))
+
+
+def test_free_draft_speedup_equals_e_at_batch_one(
+    qwen: ModelProfile, h200: HardwareProfile
+) -> None:
+    e = expected_tokens_per_pass(0.7, 4)
+    hw = no_overhead(h200)
+    # Memory-bound at 1 and 5 tokens: both passes read the same bytes, so S = E exactly.
+    speedup = predicted_speedup(
+        method="ngram", k=4, batch_size=1, tokens_per_pass=e, target=qwen, hw=hw, context_len=0
+    )
+    assert speedup == pytest.approx(e, rel=1e-12)
+
+
+def test_draft_model_speedup_matches_leviathan(
+    qwen: ModelProfile, smol: ModelProfile, h200: HardwareProfile
+) -> None:
+    e = expected_tokens_per_pass(0.8, 3)
+    hw = no_overhead(h200)
+    c = smol.weight_bytes / qwen.weight_bytes
+    speedup = predicted_speedup(method="draft_model", k=3, batch_size=1, tokens_per_pass=e,
+                                target=qwen, hw=hw, context_len=0, draft=smol)
+    assert speedup == pytest.approx(e / (3 * c + 1), rel=1e-12)
+
+
+def test_baseline_and_k0_speedup_is_one(qwen: ModelProfile, h200: HardwareProfile) -> None:
+    for method, k in [("baseline", 4), ("ngram", 0)]:
+        assert predicted_speedup(method=method, k=k, batch_size=64, tokens_per_pass=1.0,
+                                 target=qwen, hw=h200, context_len=100) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("hw_name", "config", "falls_below_one"),
+    [
+        ("h200", QWEN25_7B, True),
+        ("rtx4090", QWEN25_7B, True),
+        # 135M weights next to 1024 KV tokens per sequence: the KV read keeps even
+        # batch-1024 verification memory-bound, so speculation stays free (MagicDec).
+        ("rtx4090", SMOLLM2_135M, False),
+    ],
+)
+def test_speedup_decays_monotonically_with_batch(
+    hw_name: str, config: dict, falls_below_one: bool
+) -> None:
+    model, hw = ModelProfile.from_config_json(config), load_hardware(hw_name)
+    e = expected_tokens_per_pass(0.7, 4)
+    curve = [
+        predicted_speedup(method="ngram", k=4, batch_size=b, tokens_per_pass=e,
+                          target=model, hw=hw, context_len=1024)
+        for b in range(1, 1025)
+    ]
+    assert all(later <= earlier * (1 + 1e-12) for earlier, later in zip(curve, curve[1:]))
+    assert curve[0] == pytest.approx(e, rel=0.05)
+    assert (curve[-1] < 1.0) == falls_below_one
+
+
+def test_break_even_batch_size() -> None:
+    # Crosses halfway (in speedup) between 4 and 8: 2^2.5.
+    assert break_even_batch_size([1, 2, 4, 8], [2.0, 1.5, 1.2, 0.8]) == pytest.approx(2**2.5)
+    assert break_even_batch_size([1, 2, 4], [1.5, 1.0, 0.5]) == pytest.approx(2.0)
+    assert break_even_batch_size([1, 2, 4], [2.0, 1.5, 1.1]) is None
+    assert break_even_batch_size([4, 8], [0.9, 0.5]) == 4.0
+
+
+def test_break_even_on_predicted_curve(qwen: ModelProfile, h200: HardwareProfile) -> None:
+    batches = [2**i for i in range(11)]
+    e = expected_tokens_per_pass(0.7, 4)
+    speedups = [predicted_speedup(method="ngram", k=4, batch_size=b, tokens_per_pass=e,
+                                  target=qwen, hw=h200, context_len=1024) for b in batches]
+    crossing = break_even_batch_size(batches, speedups)
+    assert crossing is not None and 128 < crossing < 256
+
+
+def test_best_k_shrinks_with_batch(qwen: ModelProfile, h200: HardwareProfile) -> None:
+    common = {"candidate_ks": range(1, 9), "alpha": 0.8, "target": qwen, "hw": h200,
+              "context_len": 512}
+    k_small, s_small = best_k(method="ngram", batch_size=1, **common)
+    assert k_small == 8 and s_small == pytest.approx(expected_tokens_per_pass(0.8, 8), rel=0.01)
+    assert best_k(method="ngram", batch_size=4096, **common) == (0, 1.0)
+    k_eagle_small, _ = best_k(method="eagle", batch_size=1, **common)
+    k_eagle_large, _ = best_k(method="eagle", batch_size=256, **common)
+    assert k_eagle_small > k_eagle_large
+
+
+def test_schedule_from_best_k() -> None:
+    assert num_speculative_tokens_per_batch_size({1: 4, 4: 4, 16: 2, 64: 0}) == [
+        (1, 15, 4), (16, 63, 2), (64, 64, 0)
+    ]
+    assert num_speculative_tokens_per_batch_size({16: 0, 2: 5, 8: 2}) == [
+        (1, 7, 5), (8, 15, 2), (16, 16, 0)
+    ]
+    assert num_speculative_tokens_per_batch_size({4: 3, 8: 3}) == [(1, 8, 3)]
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+Shape = tuple[int, int, float]
+
+
+def synthetic(
+    model: ModelProfile, hw: HardwareProfile, shapes: list[Shape], noise: list[float] | None = None
+) -> list[StepSample]:
+    noise = noise or [0.0] * len(shapes)
+    return [
+        StepSample(
+            n, s, c, (1 + e) * step_time(model, hw, num_tokens=n, num_seqs=s, context_len=c)
+        )
+        for (n, s, c), e in zip(shapes, noise)
+    ]
+
+
+# Three memory-bound and three compute-bound passes, so every parameter is pinned.
+MIXED_SHAPES: list[Shape] = [
+    (1, 1, 100), (8, 8, 500), (64, 16, 1000), (256, 64, 200), (1024, 256, 100), (2048, 512, 50)
+]
+
+
+def test_fit_recovers_synthetic_profile(qwen: ModelProfile) -> None:
+    truth = HardwareProfile("truth", 2.0e12, 300e12, 2e-4, "vendor")
+    samples = synthetic(qwen, truth, MIXED_SHAPES)
+    profile, residuals = fit_hardware_profile(samples, qwen, name="fit")
+    assert profile.name == "fit" and profile.source == "calibrated"
+    assert profile.memory_bandwidth == pytest.approx(truth.memory_bandwidth, rel=1e-2)
+    assert profile.peak_flops == pytest.approx(truth.peak_flops, rel=1e-2)
+    assert profile.fixed_overhead_s == pytest.approx(truth.fixed_overhead_s, rel=1e-2)
+    assert max(abs(r) for r in residuals) < 1e-6
+
+
+def test_fit_tolerates_noise(qwen: ModelProfile) -> None:
+    truth = HardwareProfile("truth", 1.0e12, 165e12, 1e-4, "vendor")
+    noise = [0.01, -0.01, 0.005, -0.005, 0.01, -0.01]
+    profile, residuals = fit_hardware_profile(synthetic(qwen, truth, MIXED_SHAPES, noise), qwen,
+                                              name="fit")
+    assert profile.memory_bandwidth == pytest.approx(truth.memory_bandwidth, rel=0.05)
+    assert profile.peak_flops == pytest.approx(truth.peak_flops, rel=0.05)
+    assert max(abs(r) for r in residuals) < 0.02
+
+
+def test_fit_memory_bound_samples_pick_the_smallest_consistent_peak(qwen: ModelProfile) -> None:
+    truth = HardwareProfile("truth", 4.8e12, 989e12, 5e-5, "vendor")
+    shapes = [(1, 1, 100), (2, 2, 500), (4, 4, 1000), (8, 8, 2000), (16, 16, 300)]
+    profile, residuals = fit_hardware_profile(synthetic(qwen, truth, shapes), qwen, name="fit")
+    assert profile.memory_bandwidth == pytest.approx(truth.memory_bandwidth, rel=1e-6)
+    assert profile.fixed_overhead_s == pytest.approx(truth.fixed_overhead_s, rel=1e-6)
+    assert max(abs(r) for r in residuals) < 1e-9
+    # The peak is only bounded below: the fit puts the most compute-heavy sample on the ridge.
+    intensity = max(
+        (n * qwen.flops_per_token + 4 * n * c * 28 * 28 * 128)
+        / (qwen.weight_bytes + s * c * qwen.kv_bytes_per_token)
+        for n, s, c in shapes
+    )
+    assert profile.peak_flops == pytest.approx(intensity * profile.memory_bandwidth, rel=1e-6)
+    assert profile.peak_flops < truth.peak_flops
+
+
+# --------------------------------------------------------------------------- invalid input
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda: expected_tokens_per_pass(1.5, 4), "alpha"),
+        (lambda: expected_tokens_per_pass(math.nan, 4), "alpha"),
+        (lambda: expected_tokens_per_pass(0.5, -1), "k"),
+        (lambda: expected_tokens_per_pass(0.5, 2.0), "k"),
+        (lambda: expected_tokens_from_rates([0.5, 1.2]), r"rates\[1\]"),
+        (lambda: fit_alpha([]), "rates"),
+        (lambda: fit_alpha([-0.1]), r"rates\[0\]"),
+        (lambda: ModelProfile.from_config_json({**SMOLLM2_135M, "hidden_size": None}),
+         "hidden_size"),
+        (lambda: ModelProfile.from_config_json(SMOLLM2_135M, dtype="int8"), "dtype"),
+        (lambda: ModelProfile.from_config_json(
+            {**SMOLLM2_135M, "quantization_config": {"quant_method": "fp8"}}), "quant_method"),
+        (lambda: ModelProfile.from_config_json(
+            {**SMOLLM2_135M, "quantization_config": {"quant_method": "awq", "bits": 4}}),
+         "group_size"),
+        (lambda: ModelProfile.from_config_json("/nonexistent/model"), "config"),
+        (lambda: HardwareProfile("x", 0.0, 1e12, 0.0, "vendor"), "memory_bandwidth"),
+        (lambda: break_even_batch_size([1, 2], [1.0]), "equal length"),
+        (lambda: break_even_batch_size([2, 2], [1.0, 0.5]), "strictly increasing"),
+        (lambda: num_speculative_tokens_per_batch_size({}), "best_k_by_batch"),
+        (lambda: num_speculative_tokens_per_batch_size({4: -1}), "K for batch size 4"),
+    ],
+)
+def test_invalid_inputs_name_the_argument(call: Callable[[], object], argument: str) -> None:
+    with pytest.raises(ValueError, match=argument):
+        call()
+
+
+def test_invalid_step_and_method_inputs(qwen: ModelProfile, h200: HardwareProfile) -> None:
+    with pytest.raises(ValueError, match="num_tokens"):
+        step_time(qwen, h200, num_tokens=0, num_seqs=1, context_len=0)
+    with pytest.raises(ValueError, match="num_tokens"):
+        step_time(qwen, h200, num_tokens=2, num_seqs=4, context_len=0)
+    with pytest.raises(ValueError, match="num_seqs"):
+        step_time(qwen, h200, num_tokens=1, num_seqs=0, context_len=0)
+    with pytest.raises(ValueError, match="context_len"):
+        step_time(qwen, h200, num_tokens=1, num_seqs=1, context_len=-1)
+    with pytest.raises(ValueError, match="batch_size"):
+        plain_decode_step(qwen, h200, 0, 10)
+    with pytest.raises(ValueError, match="method must be one of baseline, ngram"):
+        draft_time("medusa", hw=h200, batch_size=1, k=2, context_len=0)
+    with pytest.raises(ValueError, match="draft"):
+        draft_time("draft_model", hw=h200, batch_size=1, k=2, context_len=0)
+    with pytest.raises(ValueError, match="target"):
+        draft_time("eagle", hw=h200, batch_size=1, k=2, context_len=0)
+    with pytest.raises(ValueError, match="tokens_per_pass"):
+        predicted_speedup(method="ngram", k=2, batch_size=1, tokens_per_pass=3.5,
+                          target=qwen, hw=h200, context_len=0)
+    with pytest.raises(ValueError, match="samples"):
+        fit_hardware_profile([StepSample(1, 1, 0, 1e-3)] * 2, qwen, name="x")
+    with pytest.raises(ValueError, match=r"samples\[0\].seconds"):
+        fit_hardware_profile([StepSample(1, 1, 0, 0.0)] * 3, qwen, name="x")
