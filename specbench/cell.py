@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,11 @@ class CellPlan:
         if self.repetitions < 1:
             raise ValueError(f"repetitions must be >= 1, got {self.repetitions}")
 
+    @property
+    def timed_batches(self) -> int:
+        """How many generate() calls the timed region makes."""
+        return self.repetitions * len(self.prompts) // self.batch_size
+
     def batches(self) -> list[tuple[tuple[int, ...], ...]]:
         """The request groups, in submission order."""
         b = self.batch_size
@@ -106,7 +111,9 @@ class Measurement:
     warmup_s: float | None = None
 
 
-def measure(engine: Generator, plan: CellPlan) -> Measurement:
+def measure(
+    engine: Generator, plan: CellPlan, on_batch: Callable[[], None] | None = None
+) -> Measurement:
     """Run ``plan`` on ``engine``: an untimed warm-up, then timed repetitions.
 
     The warm-up submits the first batch (same shape as the timed ones), so
@@ -115,6 +122,7 @@ def measure(engine: Generator, plan: CellPlan) -> Measurement:
     the ``generate`` calls. Speculative counters are differenced around the
     timed region only. Token ids come from the first timed repetition;
     ``outputs_stable`` says whether every repetition produced the same ones.
+    ``on_batch`` is called after every timed batch (progress display).
     """
     warmup_s = None
     if plan.warmup:
@@ -135,6 +143,8 @@ def measure(engine: Generator, plan: CellPlan) -> Measurement:
             start = time.perf_counter()
             finished.extend(engine.generate(batch, plan.max_tokens))
             elapsed += time.perf_counter() - start
+            if on_batch is not None:
+                on_batch()
         rep_wall_s.append(elapsed)
         rep_tokens.append(sum(len(r.token_ids) for r in finished))
         ids = [r.token_ids for r in finished]

@@ -261,8 +261,27 @@ def describe_hardware() -> str:
     return f"CPU {model} ({os.cpu_count()} cores)"
 
 
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this worker if the sweep process dies (even by SIGKILL).
+
+    Otherwise an orphaned engine would keep the cores (or the GPU) busy until
+    its current cell ends.
+    """
+    try:
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 def _serve(conn: Connection, spec: EngineSpec) -> None:
     """Worker main loop: build the engine, then measure plans until told to stop."""
+    _die_with_parent()
+    from tqdm import tqdm
+
     from specbench.cell import measure
 
     try:
@@ -288,7 +307,9 @@ def _serve(conn: Connection, spec: EngineSpec) -> None:
         if plan is None:
             break
         try:
-            conn.send(("ok", measure(engine, plan)))
+            # tqdm stays silent when stderr is not a terminal (logs, CI).
+            with tqdm(total=plan.timed_batches, desc="  batches", leave=False, disable=None) as bar:
+                conn.send(("ok", measure(engine, plan, on_batch=bar.update)))
         except BaseException:  # noqa: BLE001
             conn.send(("error", traceback.format_exc()))
     engine.llm.llm_engine.engine_core.shutdown()

@@ -94,11 +94,18 @@ SCHEMA = pa.schema(
         ("speedup_ci_low", _F),
         ("speedup_ci_high", _F),
         ("speedup_ci_method", _STR),
+        ("speedup_rerun_low", _F),  # where an identical rerun is expected to land (95%)
+        ("speedup_rerun_high", _F),
         ("speedup_per_pass", pa.list_(_F)),
         ("decode_speedup", _F),  # baseline TPOT p50 / this cell's: prefill excluded
         ("exact_match", _BOOL),
         ("mismatched_requests", _INT),
         ("outputs_stable", _BOOL),  # every repetition produced the same tokens
+        ("flagged", _BOOL),  # see flag_reasons: treat this speedup with care
+        ("flag_reasons", pa.list_(_STR)),
+        ("load_avg_1m", _F),  # machine load while the cell ran (max over passes)
+        ("cpu_cores", _INT),
+        ("gpu_state", _STR),  # clocks and memory as the driver reported them
         # --- provenance --------------------------------------------------------
         ("specbench_version", _STR),
         ("git_commit", _STR),
@@ -111,6 +118,9 @@ SCHEMA = pa.schema(
         ("started_at", _STR),  # ISO 8601, UTC
         ("dtype", _STR),
         ("enable_prefix_caching", _BOOL),
+        ("enforce_eager", _BOOL),
+        ("max_model_len", _INT),
+        ("seed", _INT),
         ("workload_source", _STR),
         ("workload_fingerprint", _STR),
         ("prompt_ids", pa.list_(_STR)),
@@ -315,11 +325,14 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     """Combine a sweep's cell files into results rows, one per cell (passes combined).
 
     Speculative cells get speedup and exactness against their baseline in the
-    same pass. The speedup is the median of the per-pass ratios; its interval
-    is a t interval on the log ratios across passes (``stats.ratio_summary``),
-    widened by the within-engine spread of the repetitions
-    (``stats.widen_with_within``), so one pass still gets an honest interval.
-    Missing cells are skipped; unreadable ones become failed rows naming the file.
+    same pass. The speedup is the median of the per-pass ratios. Its intervals
+    use the engine-to-engine spread of log ratios pooled over every cell of
+    the sweep (``stats.speedup_interval``); with a single pass everywhere only
+    the within-engine spread of the repetitions is known, and the method tag
+    says so. Cells are flagged when their passes disagree beyond that spread,
+    when a pass ran under heavy load, or when baseline and cell ran on
+    different hardware. Missing cells are skipped; unreadable ones become
+    failed rows naming the file.
     """
     by_cell: dict[str, list[dict[str, Any]]] = {}
     for cell_id in cell_ids:
@@ -336,6 +349,26 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     for group in by_cell.values():
         group.sort(key=lambda r: r.get("pass_index") or 0)
         rows.append(_combine_passes(cells_dir, group))
+    speculative = [r for r in rows if r.get("method") != "baseline" and r.get("speedup_per_pass")]
+    spread = stats.pooled_pass_spread([r["speedup_per_pass"] for r in speculative])
+    for row in speculative:
+        within = row.pop("_within_se", None)
+        interval = stats.speedup_interval(row["speedup_per_pass"], spread, within)
+        row |= {
+            "speedup": interval.median,
+            "speedup_ci_low": interval.ci_low,
+            "speedup_ci_high": interval.ci_high,
+            "speedup_rerun_low": interval.rerun_low,
+            "speedup_rerun_high": interval.rerun_high,
+            "speedup_ci_method": interval.method,
+        }
+        if interval.passes_disagree:
+            row["flag_reasons"] = (row.get("flag_reasons") or []) + [
+                "passes disagree: " + ", ".join(f"{r:.2f}x" for r in row["speedup_per_pass"])
+            ]
+    for row in rows:
+        row.pop("_within_se", None)
+        row["flagged"] = bool(row.get("flag_reasons"))
     return rows
 
 
@@ -351,6 +384,8 @@ def _combine_passes(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, 
         row["wall_time_s"] = statistics.median(r["wall_time_s"] for r in passes)
         row["wall_time_s_reps"] = reps
         row["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in passes)
+        loads = [r["load_avg_1m"] for r in passes if r.get("load_avg_1m") is not None]
+        row["load_avg_1m"] = max(loads) if loads else None
         for key in ("drafts", "draft_tokens", "accepted_tokens", "target_passes"):
             row[key] = sum(r[key] or 0 for r in passes)
         row |= _pooled_acceptance(passes, row)
@@ -386,7 +421,7 @@ def _pooled_acceptance(passes: list[dict[str, Any]], row: dict[str, Any]) -> dic
 def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
     """Speedup and exactness of a speculative cell's passes against their baselines."""
     ratios, decode_ratios, within, mismatched, compared = [], [], [], 0, 0
-    missing = []
+    missing, reasons = [], []
     for spec in passes:
         base_files = CellFiles(cells_dir, spec["baseline_cell_id"])
         try:
@@ -397,6 +432,14 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
             missing.append(spec["baseline_cell_id"])
             continue
         ratios.append(base["wall_time_s"] / spec["wall_time_s"])
+        if base.get("hardware") != spec.get("hardware"):
+            reasons.append(f"baseline ran on {base.get('hardware')}, this cell on {spec.get('hardware')}")
+        reasons += [
+            f"pass {side.get('pass_index')} {name} ran under load {side['load_avg_1m']:.1f} on {side['cpu_cores']} cores"
+            for name, side in (("baseline", base), ("cell", spec))
+            if side.get("load_avg_1m") is not None and side.get("cpu_cores")
+            and side["load_avg_1m"] > side["cpu_cores"]
+        ]
         if base.get("tpot_s_p50") and spec.get("tpot_s_p50"):
             decode_ratios.append(base["tpot_s_p50"] / spec["tpot_s_p50"])
         for side in (base, spec):
@@ -412,13 +455,10 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
     if missing:
         return {"speedup": None, "exact_match": None,
                 "error": f"no successful baseline measurement: {', '.join(missing)}"}
-    summary = stats.widen_with_within(stats.ratio_summary(ratios), max(within) if within else None)
     return {
-        "speedup": summary.median,
-        "speedup_ci_low": summary.ci_low,
-        "speedup_ci_high": summary.ci_high,
-        "speedup_ci_method": summary.method,
         "speedup_per_pass": ratios,
+        "_within_se": max(within) if within else None,
+        "flag_reasons": reasons,
         "decode_speedup": statistics.median(decode_ratios) if decode_ratios else None,
         "exact_match": mismatched == 0 if compared == len(passes) else None,
         "mismatched_requests": mismatched if compared == len(passes) else None,

@@ -12,6 +12,7 @@ import atexit
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,6 +39,31 @@ log = logging.getLogger(__name__)
 # this process, so consecutive cells that share an engine reuse it.
 POOL = EnginePool()
 atexit.register(POOL.discard)
+
+
+class SweepProgress:
+    """Cells done of total, elapsed and estimated remaining time, on a terminal only.
+
+    Set by the sweeper when jobs run in this process (Hydra's basic
+    launcher); jobs launched elsewhere report through their launcher.
+    """
+
+    def __init__(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, desc="cells", unit="cell", disable=None)
+
+    def done(self, outcome: CellOutcome) -> None:
+        """Count one finished (or skipped, or failed) cell."""
+        self._bar.set_postfix_str(f"{outcome.status}: {outcome.cell_id}", refresh=False)
+        self._bar.update()
+
+    def close(self) -> None:
+        """Finish the display."""
+        self._bar.close()
+
+
+PROGRESS: SweepProgress | None = None
 
 
 @dataclass(frozen=True)
@@ -72,12 +98,22 @@ def run_cell(
     cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None = None, pool: EnginePool = POOL
 ) -> CellOutcome:
     """Measure ``cell`` (unless already complete) and write its files under ``cells_dir``."""
+    outcome = _run_cell(cell, cells_dir, passes=passes, timeout_s=timeout_s, pool=pool)
+    if PROGRESS is not None:
+        PROGRESS.done(outcome)
+    return outcome
+
+
+def _run_cell(
+    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None, pool: EnginePool
+) -> CellOutcome:
     files = CellFiles(cells_dir, cell.cell_id)
     if completed_row(files, cell) is not None:
         log.info("%s: already complete, skipped", cell.cell_id)
         return CellOutcome(cell.cell_id, "skipped")
 
     started_at = now_iso()
+    load_before = os.getloadavg()[0]
     base = _identity_columns(cell, passes) | static_provenance() | {"started_at": started_at}
     try:
         workload = load_workload(cell.workload, _tokenizer(models.resolve(cell.identity["model"]["path"])))
@@ -93,7 +129,7 @@ def run_cell(
         files.write(row, [], [])
         return CellOutcome(cell.cell_id, "failed", error)
 
-    row = base | _measured_columns(measurement, worker.info, workload, plan)
+    row = base | _measured_columns(measurement, worker.info, workload, plan) | _machine_state(load_before)
     files.write(row, measurement.token_ids, workload.prompt_ids)
     log.info(
         "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",
@@ -132,6 +168,9 @@ def _identity_columns(cell: Cell, passes: int) -> dict[str, Any]:
         "repetitions": cell.identity["repetitions"],
         "dtype": engine["dtype"],
         "enable_prefix_caching": engine["enable_prefix_caching"],
+        "enforce_eager": engine["enforce_eager"],
+        "max_model_len": engine["max_model_len"],
+        "seed": cell.identity["seed"],
         "workload_source": cell.workload["source"],
         "config_hash": cell.config_hash,
         "config_json": json.dumps(cell.config, sort_keys=True),
@@ -167,6 +206,35 @@ def _measured_columns(
         "prompt_ids": workload.prompt_ids,
         "skipped_too_long": workload.skipped_too_long,
     }
+
+
+def _machine_state(load_before: float) -> dict[str, Any]:
+    """Load and accelerator state around a measurement: what else the machine was doing."""
+    state: dict[str, Any] = {
+        "load_avg_1m": max(load_before, os.getloadavg()[0]),
+        "cpu_cores": os.cpu_count(),
+        "gpu_state": None,
+    }
+    try:
+        import pynvml  # ships with CUDA builds of vLLM (nvidia-ml-py)
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver or no GPU: nothing to record
+        return state
+    try:
+        parts = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            parts.append(
+                f"gpu{i}: SM {pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)} MHz, "
+                f"memory {memory.used >> 20}/{memory.total >> 20} MiB, "
+                f"{pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)} C"
+            )
+        state["gpu_state"] = "; ".join(parts)
+    finally:
+        pynvml.nvmlShutdown()
+    return state
 
 
 def _hardware(info: EngineInfo | None) -> str:

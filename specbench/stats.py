@@ -18,20 +18,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
 
 __all__ = [
+    "PassSpread",
+    "SpeedupInterval",
     "Summary",
     "bootstrap_median_ci",
     "latency_percentiles",
     "percentile",
-    "ratio_summary",
+    "pooled_pass_spread",
+    "speedup_interval",
     "student_t_quantile",
     "summarize",
-    "widen_with_within",
 ]
 
 
@@ -259,117 +261,109 @@ def student_t_quantile(p: float, df: int) -> float:
     return 0.5 * (low + high)
 
 
-def ratio_summary(ratios: Sequence[float], *, confidence: float = 0.95) -> Summary:
-    """Summarise paired ratios from independent passes (e.g. speedups).
+@dataclass(frozen=True)
+class PassSpread:
+    """Engine-to-engine spread of log speedups, pooled over a sweep's cells.
 
-    Each ratio comes from one pass (speedup = baseline time / speculative
-    time). The point estimate is the median of the ratios. The interval is
-    a Student t interval on the log ratios, exponentiated:
+    ``sd`` is the pooled standard deviation of one pass's log ratio around
+    its cell's mean; ``df`` its degrees of freedom (passes minus one, summed
+    over cells). ``df == 0`` means no cell had two passes: the spread is
+    unknown.
+    """
 
-        exp(mean(ln r) +- t_{(1+confidence)/2, n-1} * sd(ln r) / sqrt(n))
+    sd: float
+    df: int
 
-    with sd the sample standard deviation (ddof=1). Logs because ratios are
-    multiplicative (1.25x and 0.8x are symmetric); t because there are only
-    a few passes. The interval is therefore centred on the geometric mean of
-    the ratios, not on the median. cv is that of the ratios themselves.
-    Method is ``"t-log-<confidence %>"``. A single ratio gives a zero-width
-    interval at that ratio, cv None and method ``"single"``.
 
-    Raises:
-        ValueError: on empty input, a ratio that is not finite and positive,
-            or confidence outside (0, 1).
+def pooled_pass_spread(ratios_by_cell: Sequence[Sequence[float]]) -> PassSpread:
+    """Pool the between-pass variance of log ratios over every cell with two or more passes.
+
+    A cell's passes differ because each uses fresh engines on a machine whose
+    state drifts; that variation is a property of the machine and engine,
+    not of the cell, so it is estimated from all cells together:
+    s^2 = sum_cells sum_passes (ln r - mean_cell ln r)^2 / sum_cells (n - 1).
+    With two passes per cell, one cell alone gives one degree of freedom and
+    a uselessly wide t interval; a sweep of 20 cells gives 20.
+    """
+    squares, df = 0.0, 0
+    for ratios in ratios_by_cell:
+        if len(ratios) < 2:
+            continue
+        logs = _finite_array([math.log(r) for r in _positive(ratios)], "ratios")
+        squares += float(np.sum((logs - logs.mean()) ** 2))
+        df += logs.size - 1
+    return PassSpread(sd=math.sqrt(squares / df) if df else 0.0, df=df)
+
+
+@dataclass(frozen=True)
+class SpeedupInterval:
+    """A cell's speedup: point estimate, confidence interval, and rerun interval."""
+
+    median: float
+    ci_low: float
+    ci_high: float
+    rerun_low: float
+    rerun_high: float
+    method: str
+    passes_disagree: bool
+
+
+def speedup_interval(
+    ratios: Sequence[float],
+    spread: PassSpread,
+    within_se: float | None,
+    *,
+    confidence: float = 0.95,
+) -> SpeedupInterval:
+    """Interval estimates for one cell's speedup from its per-pass ratios.
+
+    Point estimate: the median of the per-pass ratios. Intervals are built on
+    the log scale around the mean log ratio (the geometric mean) of the n passes:
+
+    - with a pooled spread (``spread.df > 0``): the confidence interval for
+      the expected speedup is ``exp(m +- t_df * s / sqrt(n))``; the rerun
+      interval, where an identical rerun of n passes is expected to land, is
+      ``exp(m +- t_df * s * sqrt(2 / n))``. Method ``pooled-t-log-<conf>``.
+    - without (every cell had one pass): only the within-engine noise of the
+      repetitions is known; ``within_se`` (relative standard error of each
+      side's median) gives ``exp(m +- z * sqrt(2) * within_se)`` for both.
+      Method ``within-only-<conf>``: it understates engine-to-engine variation.
+
+    ``passes_disagree`` is True when two passes of the cell differ by more than
+    the pooled spread allows at this confidence (``|ln r_i - ln r_j| >
+    t_df * s * sqrt(2)``), i.e. something beyond ordinary engine-to-engine
+    variation happened in one of them.
     """
     _check_confidence(confidence)
-    array = _finite_array(ratios, "ratios")
-    if array.size == 0:
+    logs = _finite_array([math.log(r) for r in _positive(ratios)], "ratios")
+    if logs.size == 0:
         raise ValueError("ratios must not be empty")
-    if np.any(array <= 0.0):
-        raise ValueError(f"ratios must be positive, got {array.tolist()}")
-    median = float(np.median(array))
-    if array.size == 1:
-        return Summary(median=median, ci_low=median, ci_high=median, cv=None, n=1, method="single")
-    logs = np.log(array)
-    half_width = (
-        student_t_quantile((1.0 + confidence) / 2.0, array.size - 1)
-        * float(np.std(logs, ddof=1))
-        / math.sqrt(array.size)
-    )
-    center = float(np.mean(logs))
-    return Summary(
-        median=median,
-        ci_low=math.exp(center - half_width),
-        ci_high=math.exp(center + half_width),
-        cv=_cv(array),
-        n=int(array.size),
-        method=f"t-log-{_confidence_tag(confidence)}",
-    )
-
-
-def widen_with_within(
-    summary: Summary, within_cv: float | None, *, confidence: float = 0.95
-) -> Summary:
-    """Widen a between-pass ratio interval by the within-engine spread.
-
-    With few passes the between-pass interval of :func:`ratio_summary` can
-    be implausibly narrow (two passes that happen to agree). This adds the
-    measurement noise of each pass back in, conservatively.
-
-    ``within_cv`` is taken as the relative standard error of each side's
-    median (baseline and speculative alike). On the log scale the standard
-    error of ln(baseline / speculative) from that noise is
-    sqrt(within_cv^2 + within_cv^2) = sqrt(2) * within_cv (delta method,
-    independent sides). It is added in quadrature to the between-pass
-    standard error and scaled by the same quantile, which is the same as
-
-        h_new = sqrt(h^2 + (q * sqrt(2) * within_cv)^2)
-        ci = exp(c -+ h_new)
-
-    where c = (ln ci_low + ln ci_high) / 2 is kept (the geometric mean of
-    the ratios), h = (ln ci_high - ln ci_low) / 2 is the t half-width, and
-    q = t_{(1+confidence)/2, n-1}. The within term is scaled by q rather
-    than added raw, since h is a quantile times a standard error and the
-    two must share units. It is conservative twice over: the between-pass
-    spread already contains some of the within noise, and the t quantile
-    (heavier than normal) is applied to the within term too. For a
-    ``"single"`` summary (one pass, h = 0, no t df) q is the normal
-    quantile z_{(1+confidence)/2}.
-
-    The median, cv and n are kept; method gains the suffix ``"+within"``.
-    ``within_cv`` None returns the summary unchanged, as does 0 apart from
-    the method tag.
-
-    Raises:
-        ValueError: if within_cv is negative or not finite, if the summary
-            was not made by :func:`ratio_summary` at this confidence (its
-            method must be ``"single"`` or ``"t-log-<confidence %>"``), or if
-            its interval is not positive.
-    """
-    if within_cv is None:
-        return summary
-    if not math.isfinite(within_cv) or within_cv < 0.0:
-        raise ValueError(f"within_cv must be finite and non-negative, got {within_cv}")
-    _check_confidence(confidence)
-    t_method = f"t-log-{_confidence_tag(confidence)}"
-    if summary.method not in ("single", t_method):
-        raise ValueError(
-            f"widen_with_within needs a ratio_summary at confidence {confidence} "
-            f"(method 'single' or {t_method!r}), got method {summary.method!r}"
-        )
-    if summary.ci_low <= 0.0 or summary.ci_high <= 0.0:
-        raise ValueError(
-            f"interval must be positive, got ({summary.ci_low}, {summary.ci_high})"
-        )
-    tail_p = (1.0 + confidence) / 2.0
-    if summary.method == "single":
-        quantile = NormalDist().inv_cdf(tail_p)
+    center = float(logs.mean())
+    tail = (1.0 + confidence) / 2.0
+    tag = _confidence_tag(confidence)
+    disagree = False
+    if spread.df > 0:
+        t = student_t_quantile(tail, spread.df)
+        ci_half = t * spread.sd / math.sqrt(logs.size)
+        rerun_half = t * spread.sd * math.sqrt(2.0 / logs.size)
+        disagree = logs.size > 1 and float(logs.max() - logs.min()) > t * spread.sd * math.sqrt(2.0)
+        method = f"pooled-t-log-{tag}"
     else:
-        quantile = student_t_quantile(tail_p, summary.n - 1)
-    log_low, log_high = math.log(summary.ci_low), math.log(summary.ci_high)
-    center = (log_low + log_high) / 2.0
-    half_width = math.hypot((log_high - log_low) / 2.0, quantile * math.sqrt(2.0) * within_cv)
-    return replace(
-        summary,
-        ci_low=math.exp(center - half_width),
-        ci_high=math.exp(center + half_width),
-        method=f"{summary.method}+within",
+        z = NormalDist().inv_cdf(tail)
+        ci_half = rerun_half = z * math.sqrt(2.0) * (within_se or 0.0)
+        method = f"within-only-{tag}"
+    return SpeedupInterval(
+        median=float(np.median(np.exp(logs))),
+        ci_low=math.exp(center - ci_half),
+        ci_high=math.exp(center + ci_half),
+        rerun_low=math.exp(center - rerun_half),
+        rerun_high=math.exp(center + rerun_half),
+        method=method,
+        passes_disagree=disagree,
     )
+
+
+def _positive(ratios: Sequence[float]) -> Sequence[float]:
+    if any(r <= 0 for r in ratios):
+        raise ValueError(f"ratios must be positive, got {list(ratios)}")
+    return ratios

@@ -39,6 +39,7 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from specbench.config import Cell, ConfigError, cell_from_config, validate
+from specbench import run
 from specbench.results import merge, write_results
 from specbench.run import CellFiles, completed_row
 
@@ -174,6 +175,11 @@ class CellSweeper(BasicSweeper):
             "%d already complete, skipped; %d to run",
             sweep_dir, len(planned), len(jobs), skipped, len(todo),
         )
+        # By name: Hydra's plugin scan re-executes core plugin modules, so the
+        # class imported here need not be the one the launcher was made from.
+        in_process = type(self.launcher).__name__ == "BasicLauncher"
+        if in_process:
+            run.PROGRESS = run.SweepProgress(len(todo))
         returns = []
         batch_size = self.max_batch_size or len(todo) or 1
         for start in range(0, len(todo), batch_size):
@@ -184,6 +190,9 @@ class CellSweeper(BasicSweeper):
                     # The job itself records cell failures; this is a failure around it.
                     log.error("job %s failed outside the cell: %s", " ".join(job), result._return_value)
             returns.append(results)
+        if in_process and run.PROGRESS is not None:
+            run.PROGRESS.close()
+            run.PROGRESS = None
         return returns
 
 
@@ -205,6 +214,20 @@ def finish(sweep_dir: Path) -> list[dict[str, Any]]:
     results = sweep_dir / RESULTS_FILE
     write_results(rows, results)
     print(f"results: {results} ({len(rows)} cells)")
+    try:
+        # Imported here: seaborn and matplotlib are needed once per sweep, not in every job.
+        from specbench.report import write_report
+
+        print(f"report: {write_report(results)}")
+    except Exception:  # the report is a view of the results: it must not lose them or hide failed cells
+        log.exception("could not write the report for %s", results)
+    for row in rows:
+        if row.get("exact_match") is False:
+            print(
+                f"WARNING {row['cell_id']}: {row['mismatched_requests']} request(s) differ from the baseline "
+                "token for token; greedy speculative decoding should be exact",
+                file=sys.stderr,
+            )
     failed = [r for r in rows if r.get("status") != "ok" or (r["method"] != "baseline" and r.get("speedup") is None)]
     for row in failed:
         print(f"FAILED {row['cell_id']}: {row.get('error')}", file=sys.stderr)

@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 
 from specbench.stats import (
+    PassSpread,
+    pooled_pass_spread,
+    speedup_interval,
     Summary,
     bootstrap_median_ci,
     latency_percentiles,
     percentile,
-    ratio_summary,
     student_t_quantile,
     summarize,
-    widen_with_within,
 )
 
 # Two-sided 95% t quantiles from printed tables.
@@ -197,109 +198,46 @@ class TestStudentTQuantile:
             student_t_quantile(p, df)
 
 
-class TestRatioSummary:
-    def test_identical_ratios_give_zero_width(self) -> None:
-        summary = ratio_summary([1.2, 1.2])
-        assert summary.median == pytest.approx(1.2)
-        assert summary.ci_low == pytest.approx(1.2)
-        assert summary.ci_high == pytest.approx(1.2)
-        assert summary.n == 2
-        assert summary.method == "t-log-95"
+class TestPooledPassSpread:
+    def test_pools_squared_log_deviations_over_cells(self) -> None:
+        spread = pooled_pass_spread([[1.0, 1.21], [2.0, 2.0, 2.0], [1.5]])
+        # Cell 1: logs 0 and ln 1.21, deviations +-ln(1.1): 2 ln(1.1)^2 over df 1; cell 2 adds 0 over df 2.
+        assert spread.df == 3
+        assert spread.sd == pytest.approx(math.sqrt(2 * math.log(1.1) ** 2 / 3))
 
-    def test_two_ratios_hand_case(self) -> None:
-        # ln 1.0 = 0 and ln 1.21 = 2 ln 1.1, so the mean of logs is ln 1.1,
-        # the sample sd is |2 ln 1.1| / sqrt(2) = sqrt(2) ln 1.1, and the
-        # half-width is t(df=1) * sqrt(2) ln 1.1 / sqrt(2) = t * ln 1.1.
-        t1 = math.tan(0.475 * math.pi)  # 12.7062...
-        summary = ratio_summary([1.0, 1.21])
-        assert summary.median == pytest.approx(1.105)
-        assert summary.ci_low == pytest.approx(1.1 ** (1 - t1))
-        assert summary.ci_high == pytest.approx(1.1 ** (1 + t1))
-        # Numbers for a reader checking by hand: 1.1^-11.706 and 1.1^13.706.
-        assert summary.ci_low == pytest.approx(0.32768, abs=1e-5)
-        assert summary.ci_high == pytest.approx(3.69264, abs=1e-5)
-        # cv of the ratios themselves: sd 0.21 / sqrt(2) over mean 1.105.
-        assert summary.cv == pytest.approx(0.21 / math.sqrt(2) / 1.105)
+    def test_no_cell_with_two_passes_means_unknown_spread(self) -> None:
+        assert pooled_pass_spread([[1.2], [0.9]]) == PassSpread(sd=0.0, df=0)
 
-    def test_five_passes_uses_df4(self) -> None:
-        ratios = [1.5, 1.6, 1.4, 1.55, 1.45]
-        logs = np.log(ratios)
-        half = 2.7764451 * logs.std(ddof=1) / math.sqrt(5)
-        summary = ratio_summary(ratios)
-        assert summary.ci_low == pytest.approx(math.exp(logs.mean() - half), rel=1e-6)
-        assert summary.ci_high == pytest.approx(math.exp(logs.mean() + half), rel=1e-6)
-        assert summary.median == 1.5
-
-    def test_interval_is_symmetric_in_log(self) -> None:
-        # Speedups 2x and 0.5x are mirror images: centre exactly 1.
-        summary = ratio_summary([2.0, 0.5])
-        assert summary.ci_low * summary.ci_high == pytest.approx(1.0)
-
-    def test_single_ratio(self) -> None:
-        assert ratio_summary([1.3]) == Summary(
-            median=1.3, ci_low=1.3, ci_high=1.3, cv=None, n=1, method="single"
-        )
-
-    @pytest.mark.parametrize("ratios", [[1.2, 0.0], [-1.1, 1.2], [0.0]])
-    def test_rejects_non_positive(self, ratios: list[float]) -> None:
+    def test_rejects_non_positive_ratio(self) -> None:
         with pytest.raises(ValueError, match="positive"):
-            ratio_summary(ratios)
+            pooled_pass_spread([[1.0, 0.0]])
 
-    def test_rejects_empty(self) -> None:
+
+class TestSpeedupInterval:
+    def test_pooled_t_interval_and_rerun_interval_by_hand(self) -> None:
+        spread = PassSpread(sd=0.05, df=4)
+        interval = speedup_interval([1.0, 1.21], spread, within_se=0.01)
+        t = 2.7764451051977987  # t(0.975, 4)
+        center = math.log(1.1)
+        assert interval.median == pytest.approx(1.105)
+        assert interval.ci_low == pytest.approx(math.exp(center - t * 0.05 / math.sqrt(2)))
+        assert interval.ci_high == pytest.approx(math.exp(center + t * 0.05 / math.sqrt(2)))
+        assert interval.rerun_high == pytest.approx(math.exp(center + t * 0.05))
+        assert interval.method == "pooled-t-log-95"
+        # The passes differ by ln(1.21) = 0.1906, within t * 0.05 * sqrt(2) = 0.1963.
+        assert interval.passes_disagree is False
+
+    def test_passes_that_differ_beyond_the_spread_disagree(self) -> None:
+        assert speedup_interval([1.0, 1.3], PassSpread(sd=0.05, df=4), None).passes_disagree
+
+    def test_without_spread_uses_within_engine_noise_only(self) -> None:
+        interval = speedup_interval([1.3], PassSpread(sd=0.0, df=0), within_se=0.01)
+        half = 1.959963984540054 * math.sqrt(2) * 0.01
+        assert interval.method == "within-only-95"
+        assert interval.ci_low == pytest.approx(1.3 * math.exp(-half))
+        assert interval.rerun_high == interval.ci_high == pytest.approx(1.3 * math.exp(half))
+
+    def test_empty_ratios_rejected(self) -> None:
         with pytest.raises(ValueError, match="empty"):
-            ratio_summary([])
+            speedup_interval([], PassSpread(sd=0.1, df=3), None)
 
-
-class TestWidenWithWithin:
-    def test_none_is_unchanged(self) -> None:
-        summary = ratio_summary([1.0, 1.21])
-        assert widen_with_within(summary, None) is summary
-
-    def test_two_pass_hand_case(self) -> None:
-        # h = t1 ln 1.1 from the hand case above; the within term is
-        # t1 * sqrt(2) * 0.05, so h_new = t1 sqrt(ln(1.1)^2 + 2 * 0.05^2).
-        t1 = math.tan(0.475 * math.pi)
-        base = ratio_summary([1.0, 1.21])
-        widened = widen_with_within(base, 0.05)
-        h_new = t1 * math.sqrt(math.log(1.1) ** 2 + 2 * 0.05**2)
-        assert widened.ci_low == pytest.approx(1.1 * math.exp(-h_new))
-        assert widened.ci_high == pytest.approx(1.1 * math.exp(h_new))
-        assert widened.median == base.median
-        assert widened.cv == base.cv
-        assert widened.n == 2
-        assert widened.method == "t-log-95+within"
-
-    def test_identical_passes_get_within_width(self) -> None:
-        # h = 0, so only the within term is left: t1 * sqrt(2) * 0.01.
-        t1 = math.tan(0.475 * math.pi)
-        widened = widen_with_within(ratio_summary([1.2, 1.2]), 0.01)
-        h_new = t1 * math.sqrt(2) * 0.01
-        assert widened.ci_low == pytest.approx(1.2 * math.exp(-h_new))
-        assert widened.ci_high == pytest.approx(1.2 * math.exp(h_new))
-
-    def test_single_pass_uses_normal_quantile(self) -> None:
-        # h = z_0.975 * sqrt(2) * 0.02 = 1.959964 * 0.0282843 = 0.055436.
-        widened = widen_with_within(ratio_summary([1.5]), 0.02)
-        assert widened.ci_low == pytest.approx(1.5 * math.exp(-0.0554362), rel=1e-6)
-        assert widened.ci_high == pytest.approx(1.5 * math.exp(0.0554362), rel=1e-6)
-        assert widened.method == "single+within"
-
-    def test_never_narrower(self) -> None:
-        base = ratio_summary([1.4, 1.5, 1.45])
-        widened = widen_with_within(base, 0.03)
-        assert widened.ci_low < base.ci_low
-        assert widened.ci_high > base.ci_high
-        # Centre in log space is kept.
-        assert widened.ci_low * widened.ci_high == pytest.approx(base.ci_low * base.ci_high)
-
-    def test_rejects_negative_cv(self) -> None:
-        with pytest.raises(ValueError, match="within_cv"):
-            widen_with_within(ratio_summary([1.1, 1.2]), -0.01)
-
-    def test_rejects_summary_not_from_ratio_summary(self) -> None:
-        with pytest.raises(ValueError, match="method"):
-            widen_with_within(summarize([1.0, 2.0, 3.0]), 0.01)
-
-    def test_rejects_confidence_mismatch(self) -> None:
-        with pytest.raises(ValueError, match="confidence"):
-            widen_with_within(ratio_summary([1.1, 1.2], confidence=0.9), 0.01)

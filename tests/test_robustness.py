@@ -1,0 +1,99 @@
+"""Sweeps that survive: a killed sweep resumes, a failing cell is isolated, a launcher plugin runs it.
+
+All on the real engine (small cells for 2 cores). The faults are real: the
+sweep process group is SIGKILLed mid-cell, a draft folder holds no model, a
+results file is overwritten with garbage.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.engine
+
+SMALL = ["workload.num_prompts=2", "workload.max_tokens=12", "repetitions=1"]
+
+
+def specbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a multirun; stdout carries Hydra's log, so ``.stdout`` gets both streams."""
+    return subprocess.run([sys.executable, "-m", "specbench", "-m", *args, *SMALL], cwd=cwd,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
+
+
+def cell_rows(directory: Path) -> list[Path]:
+    return sorted(p for p in (directory / "cells").glob("*.parquet") if not p.name.endswith(".tokens.parquet"))
+
+
+def test_killed_sweep_resumes_to_complete_results_and_reruns_corrupt_cells(tmp_path):
+    sweep = tmp_path / "sweep"
+    grid = ["method=ngram", "num_speculative_tokens=2", "batch_size=1,2", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen([sys.executable, "-m", "specbench", "-m", *grid, *SMALL], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while len(cell_rows(sweep)) < 1 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(3)  # the next cell is now being measured
+        assert proc.poll() is None, "the sweep finished before it could be killed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    survivors = cell_rows(sweep)
+    assert 1 <= len(survivors) < 4
+    for path in survivors:  # atomic writes: whatever exists is whole
+        assert pq.read_table(path).num_rows == 1
+    started = {p.name: pq.read_table(p).column("started_at")[0].as_py() for p in survivors}
+
+    resumed = specbench(*grid, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"{len(survivors)} already complete, skipped; {4 - len(survivors)} to run" in resumed.stdout
+    results = pd.read_parquet(sweep / "results.parquet")
+    assert len(results) == 4 and (results["status"] == "ok").all()
+    assert results.loc[results["method"] == "ngram", "exact_match"].all()
+    for path in survivors:  # finished cells were not measured again
+        assert pq.read_table(path).column("started_at")[0].as_py() == started[path.name]
+
+    victim = cell_rows(sweep)[0]
+    victim.write_bytes(b"not parquet")
+    again = specbench(*grid, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "3 already complete, skipped; 1 to run" in again.stdout
+    assert f"corrupt result for {victim.stem}" in again.stdout
+    assert pq.read_table(victim).num_rows == 1
+    assert len(pd.read_parquet(sweep / "results.parquet")) == 4
+
+
+def test_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
+    not_a_model = tmp_path / "empty-draft"
+    not_a_model.mkdir()
+    sweep = tmp_path / "sweep"
+    done = specbench("method=ngram,draft_model", "num_speculative_tokens=2", f"model.drafts.small={not_a_model}",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert done.returncode != 0
+    results = pd.read_parquet(sweep / "results.parquet")
+    by_method = results.set_index("method")
+    assert by_method.loc["draft_model", "status"] == "failed"
+    assert "engine failed to start" in by_method.loc["draft_model", "error"]
+    assert by_method.loc["ngram", "status"] == "ok" and by_method.loc["ngram", "speedup"] > 0
+    failed_id = by_method.loc["draft_model", "cell_id"]
+    assert failed_id in done.stdout and "1 of 3 cells failed" in done.stdout
+
+
+def test_submitit_local_launcher_runs_cells_and_merges(tmp_path):
+    sweep = tmp_path / "sweep"
+    done = specbench("hydra/launcher=submitit_local", "method=ngram", "num_speculative_tokens=2",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:]
+    results = pd.read_parquet(sweep / "results.parquet")
+    assert sorted(results["method"]) == ["baseline", "ngram"]
+    assert (results["status"] == "ok").all() and results["exact_match"].all()
+    assert (sweep / ".submitit").exists() or any(sweep.rglob("*_submitted.pkl"))
