@@ -60,6 +60,13 @@ class Generator(Protocol):
         """The engine's cumulative speculative-decoding counters now."""
         ...
 
+    def reference_pass(self, batches: Sequence[Sequence[Sequence[int]]], max_tokens: int) -> None:
+        """Decode ``batches`` plainly, untimed, for a proposer that drafts from the outputs.
+
+        Called only for plans with ``reference_pass`` set (method controlled).
+        """
+        ...
+
 
 @dataclass(frozen=True)
 class CellPlan:
@@ -75,6 +82,9 @@ class CellPlan:
     max_tokens: int
     repetitions: int
     warmup: bool = True
+    # Before the warm-up, an untimed plain pass whose outputs the proposer
+    # drafts from (controlled acceptance, specbench.controlled).
+    reference_pass: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or len(self.prompts) % self.batch_size:
@@ -123,7 +133,10 @@ def measure(
     timed region only. Token ids come from the first timed repetition;
     ``outputs_stable`` says whether every repetition produced the same ones.
     ``on_batch`` is called after every timed batch (progress display).
+    With ``plan.reference_pass``, ``engine.reference_pass`` runs first, untimed.
     """
+    if plan.reference_pass:
+        engine.reference_pass(plan.batches(), plan.max_tokens)
     warmup_s = None
     if plan.warmup:
         start = time.perf_counter()

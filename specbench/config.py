@@ -16,11 +16,11 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specbench import models
+from specbench import controlled, models
 from specbench.engine import EngineSpec
 from specbench.workloads import validate_workload_config
 
-METHODS = ("baseline", "ngram", "eagle", "eagle3", "draft_model")
+METHODS = ("baseline", "ngram", "eagle", "eagle3", "draft_model", "controlled")
 # Methods whose speculative_config names a checkpoint in `model`.
 CHECKPOINT_METHODS = ("eagle", "eagle3", "draft_model")
 MAX_K = 64  # vLLM accepts more, but past this a sweep point is a typo
@@ -115,7 +115,15 @@ class Cell:
             cpu_kvcache_space_gib=engine["cpu_kvcache_space_gib"],
             speculative_config_json=json.dumps(speculative, sort_keys=True) if speculative else None,
             instance=self.pass_index,
+            worker_env=self._worker_env(),
         )
+
+
+    def _worker_env(self) -> tuple[tuple[str, str], ...]:
+        # vLLM's speculative_config forbids unknown keys, so the controlled
+        # proposer's alpha travels to the worker by environment.
+        alpha = self.identity["method"].get("alpha")
+        return () if alpha is None else ((controlled.ALPHA_ENV, repr(float(alpha))),)
 
 
 _BASELINE_METHOD = {"name": "baseline", "speculative_config": None}
@@ -138,6 +146,8 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
         "method": _BASELINE_METHOD if baseline else {
             "name": method["name"],
             "speculative_config": method["speculative_config"],
+            # Controlled acceptance: alpha decides the measurement, outside speculative_config.
+            **({"alpha": float(method["alpha"])} if method["name"] == "controlled" else {}),
         },
         "num_speculative_tokens": 0 if baseline else plain["num_speculative_tokens"],
         "batch_size": plain["batch_size"],
@@ -178,6 +188,8 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     elif not (isinstance(pass_index, int) and 0 <= pass_index < passes):
         errors.append(f"pass_index={pass_index!r} must be in 0..{passes - 1}")
 
+    if name == "controlled":
+        errors += _check_controlled(method)
     if name in CHECKPOINT_METHODS:
         checkpoint = (method.get("speculative_config") or {}).get("model")
         errors += _check_checkpoint(f"method={name} (speculative_config.model)", checkpoint)
@@ -198,6 +210,21 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         errors.append(
             f"workload.max_prompt_tokens={prompt} + workload.max_tokens={output} "
             f"exceeds engine.max_model_len={max_len}"
+        )
+    return errors
+
+
+def _check_controlled(method: Mapping[str, Any]) -> list[str]:
+    errors = []
+    try:
+        controlled.check_alpha(method.get("alpha"))
+    except ValueError:
+        errors.append(f"method.alpha={method.get('alpha')!r} must be a number in [0, 1]")
+    spec = method.get("speculative_config") or {}
+    if spec.get("method") != "custom_class" or spec.get("model") != controlled.PROPOSER_CLASS:
+        errors.append(
+            "method=controlled needs speculative_config.method=custom_class and "
+            f"speculative_config.model={controlled.PROPOSER_CLASS}"
         )
     return errors
 

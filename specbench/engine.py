@@ -47,6 +47,9 @@ class EngineSpec:
     cpu_kvcache_space_gib: float
     speculative_config_json: str | None = None
     instance: int = 0
+    # (name, value) pairs added to the worker's environment: settings a custom
+    # proposer reads that vLLM's speculative_config has no field for.
+    worker_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def speculative_config(self) -> dict[str, Any] | None:
@@ -98,7 +101,7 @@ def worker_environment(spec: EngineSpec) -> dict[str, str]:
         # vLLM otherwise drops torch to one thread "for serving"; an offline
         # benchmark owns the machine's cores.
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
-    }
+    } | dict(spec.worker_env)
 
 
 class EngineWorker:
@@ -212,6 +215,14 @@ class VllmEngine:
             [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
         )
         return [_request_result(o) for o in outputs]
+
+    def reference_pass(self, batches: Sequence[Sequence[Sequence[int]]], max_tokens: int) -> None:
+        """Decode ``batches`` plainly, untimed, and hand the outputs to the controlled proposer."""
+        from specbench import controlled
+
+        controlled.reference_pass(
+            lambda prompts, n: [r.token_ids for r in self.generate(prompts, n)], batches, max_tokens
+        )
 
     def spec_counters(self) -> SpecCounters:
         """Read vLLM's cumulative spec-decode counters (zero without speculation)."""

@@ -106,6 +106,12 @@ SCHEMA = pa.schema(
         ("load_avg_1m", _F),  # machine load while the cell ran (max over passes)
         ("cpu_cores", _INT),
         ("gpu_state", _STR),  # clocks and memory as the driver reported them
+        # --- the analytic model beside the measurement (results.parquet only; specbench.prediction)
+        ("controlled_alpha", _F),  # method=controlled: the per-token acceptance it was set to
+        ("predicted_speedup", _F),  # roofline model with this row's measured tokens_per_pass
+        ("predicted_speedup_bs1_alpha", _F),  # ... with tokens_per_pass measured at batch size 1
+        ("hardware_profile", _STR),  # the hardware profile priced with, and its source
+        ("prediction_note", _STR),  # why a prediction is null
         # --- provenance --------------------------------------------------------
         ("specbench_version", _STR),
         ("git_commit", _STR),
@@ -207,15 +213,20 @@ def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Read a results or cell file; :class:`ResultsError` names the file if it is unreadable."""
+    """Read a results or cell file; :class:`ResultsError` names the file if it is unreadable.
+
+    Every column of :data:`SCHEMA` is present in the returned rows.
+    """
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for damaged files
         raise ResultsError(f"{path}: not a readable Parquet file ({exc})") from exc
-    missing = set(COLUMNS) - set(table.column_names)
+    missing = {"cell_id", "status"} - set(table.column_names)
     if missing:
-        raise ResultsError(f"{path}: missing columns {sorted(missing)} (schema version {SCHEMA_VERSION})")
-    return table.to_pylist()
+        raise ResultsError(f"{path}: not a specbench results file (no {', '.join(sorted(missing))} column)")
+    # Columns added since the file was written read as null: a newer specbench
+    # still merges (and resumes from) cells measured by an older one.
+    return [{c: row.get(c) for c in COLUMNS} | row for row in table.to_pylist()]
 
 
 # --- one cell's files --------------------------------------------------------------

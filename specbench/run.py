@@ -149,6 +149,7 @@ def _plan(cell: Cell, workload: Workload) -> CellPlan:
         max_tokens=cell.workload["max_tokens"],
         repetitions=cell.identity["repetitions"],
         warmup=cell.identity["warmup"],
+        reference_pass=cell.method == "controlled",
     )
 
 

@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from specbench.config import Cell, ConfigError, cell_from_config, validate
 from specbench import run
+from specbench.prediction import predict_sweep
 from specbench.results import merge, write_results
 from specbench.run import CellFiles, completed_row
 
@@ -104,7 +105,10 @@ def plan_cells(
                 baselines.append(PlannedCell(overrides, cell))
                 continue
             speculative.append(PlannedCell(overrides, cell))
-            base_overrides = _replace(job, method="baseline", pass_index=pass_index)
+            # Overrides inside the method (method.alpha, +method.speculative_config...)
+            # do not exist in the baseline's method config.
+            outside_method = [o for o in job if not _key(o).startswith("method.")]
+            base_overrides = _replace(outside_method, method="baseline", pass_index=pass_index)
             baselines.append(PlannedCell(base_overrides, cell_in_pass(compose(base_overrides), pass_index)))
         # Cells sharing an engine run back to back; the pool keeps it alive.
         engine_rank: dict[Any, int] = {}
@@ -209,8 +213,10 @@ class FinishSweep(Callback):
 
 
 def finish(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Merge, report, summarise; exit non-zero naming failed cells."""
-    rows = merge(sweep_dir / "cells", read_plan(sweep_dir))
+    """Merge, price with the analytic model (specbench.prediction), report, summarise; exit non-zero naming failed cells."""
+    rows, calibrate_hint = predict_sweep(merge(sweep_dir / "cells", read_plan(sweep_dir)))
+    if calibrate_hint:
+        print(calibrate_hint)
     results = sweep_dir / RESULTS_FILE
     write_results(rows, results)
     print(f"results: {results} ({len(rows)} cells)")

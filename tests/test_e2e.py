@@ -17,8 +17,9 @@ import pytest
 pytestmark = pytest.mark.engine
 
 GRID = [
-    "method=ngram,draft_model", "method.draft=self", "num_speculative_tokens=2", "batch_size=1,2",
-    "workload=summarize", "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1",
+    "method=ngram,draft_model", "model.drafts.small=embedded:smollm2-135m-instruct",  # self-draft oracle
+    "num_speculative_tokens=2", "batch_size=1,2",
+    "workload=summarize", "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1", "passes=1",
 ]
 
 

@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.engine
 
-SMALL = ["workload.num_prompts=2", "workload.max_tokens=12", "repetitions=1"]
+SMALL = ["workload.num_prompts=2", "workload.max_tokens=12", "repetitions=1", "passes=1"]
 
 
 def specbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,145 @@
+"""The sweep report: one self-contained HTML page built from ``results.parquet``.
+
+:func:`write_report` reads the results (Parquet only: no vLLM, so a report can
+be rebuilt on a laptop), draws the figures (:mod:`specbench.report.plots`),
+computes the tables (:mod:`specbench.report.tables`) and renders
+``templates/report.html.j2``. Images are embedded as base64 PNG and styles
+are inline, so the page makes no network request and can be mailed as is.
+Every text taken from data, configs or error messages goes through jinja2's
+autoescaping; nothing from the data is marked safe.
+
+``python -m specbench.report <sweep dir or results.parquet>`` does the same
+from the command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+import yaml
+
+from specbench.report import plots, tables
+
+__all__ = ["REPORT_FILE", "render_report", "write_report"]
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "report.html"
+_RESULTS_FILE = "results.parquet"
+
+
+def write_report(results: Path | str, out: Path | None = None) -> Path:
+    """Write the HTML report for a sweep and return its path.
+
+    ``results`` is a sweep directory (holding ``results.parquet``) or the
+    Parquet file itself; ``out`` defaults to ``report.html`` beside it. The
+    file is written to a temporary name and renamed, so a reader never sees
+    half a page. Raises FileNotFoundError when there is no results file.
+    """
+    path = Path(results)
+    if path.is_dir():
+        path = path / _RESULTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no results file at {path}")
+    target = Path(out) if out is not None else path.parent / REPORT_FILE
+    html = render_report(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(html)
+        # mkstemp creates the file private (0600); a report is meant to be shared.
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def render_report(results_path: Path) -> str:
+    """The report page for one results file, as an HTML string.
+
+    Hydra's ``multirun.yaml`` (or a single run's ``.hydra/overrides.yaml``)
+    beside the results supplies the command that reproduces the sweep.
+    """
+    df, missing_columns = tables.load_frame(results_path)
+    encoding = plots.Encoding.for_frame(df)
+    multirun, run_overrides, config_note = _saved_config(results_path.parent)
+    command = tables.reproduce_command(multirun, run_overrides, df)
+    template = _environment().get_template("report.html.j2")
+    return template.render(
+        title=f"specbench report: {results_path.parent.name}",
+        results_path=str(results_path),
+        generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        summary=tables.summary(df, missing_columns),
+        plots=[_draw(figure, df, encoding) for figure in plots.FIGURES],
+        best_configs=tables.best_configs(df),
+        break_even=tables.break_even(df),
+        has_model=tables.PREDICTED in df.columns,
+        schedules=tables.schedules(df),
+        exactness=tables.exactness(df),
+        flagged=tables.flagged(df, missing_columns),
+        failed=tables.failed(df),
+        all_cells=tables.all_cells(df),
+        provenance=tables.provenance(df),
+        command=command,
+        config_note=config_note,
+    )
+
+
+def _draw(
+    figure: Callable[[pd.DataFrame, plots.Encoding], plots.Plot], df: pd.DataFrame, encoding: plots.Encoding
+) -> plots.Plot:
+    """One figure; an unexpected drawing error costs that figure, not the page."""
+    try:
+        return figure(df, encoding)
+    except Exception as exc:  # a partial sweep must still get a page; the error is shown and logged
+        log.exception("report figure %s failed", figure.__name__)
+        doc = (figure.__doc__ or figure.__name__).splitlines()[0].rstrip(".")
+        return plots.Plot(
+            anchor=figure.__name__.replace("_", "-"),
+            title=doc,
+            caption="",
+            missing=f"This figure could not be drawn: {type(exc).__name__}: {exc}",
+        )
+
+
+def _saved_config(sweep_dir: Path) -> tuple[Mapping[str, Any] | None, Sequence[str] | None, str | None]:
+    """Hydra's saved multirun config, or a single run's overrides, from beside the results.
+
+    Returns (multirun config, single-run overrides, note); the note says why a
+    file that exists could not be used.
+    """
+    candidates = (("multirun", sweep_dir / "multirun.yaml"), ("run", sweep_dir / ".hydra" / "overrides.yaml"))
+    for kind, path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            return None, None, f"{path.name} could not be read ({exc}); the command below is reconstructed."
+        if kind == "multirun" and isinstance(loaded, Mapping):
+            return loaded, None, None
+        if kind == "run" and isinstance(loaded, list):
+            return None, [str(o) for o in loaded], None
+        return None, None, f"{path.name} is not a Hydra config; the command below is reconstructed."
+    return None, None, None
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("specbench.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )

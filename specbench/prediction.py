@@ -1,0 +1,363 @@
+"""The analytic model beside every measurement: predicted speedups for merged rows.
+
+For each measured row, :func:`annotate` prices the row's own cell with
+:func:`specbench.theory.predicted_speedup`:
+
+- hardware: the profile the sweep's config names (``hardware=<name>``, from
+  ``conf/hardware``), else the calibrated profile of this machine that
+  ``python -m specbench.calibrate`` stored in the user cache;
+- model: the target's own config.json (``ModelProfile.from_config_json``),
+  at the dtype the cell ran in; for ``draft_model`` the draft checkpoint's
+  config.json too; EAGLE heads are priced from the target's shape, as the
+  theory does;
+- acceptance: the row's measured ``tokens_per_pass`` (``predicted_speedup``)
+  or that of the batch-size-1 row of the same method, K and workload
+  (``predicted_speedup_bs1_alpha``), which tests whether acceptance
+  measured once predicts the whole batch-size curve;
+- context: mean prompt tokens per request plus half the mean output tokens
+  per request (the average KV length a decode step attends to).
+
+``controlled`` cells are priced like ``ngram``: their draft is a table
+lookup on the host, free next to a forward pass. A row the model cannot
+price gets nulls and a ``prediction_note`` saying why. Pure: pandas-free
+dicts in, dicts out; no vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specbench import models, theory
+
+CALIBRATED_FILE = "calibrated.yaml"
+CALIBRATE_HINT = (
+    "no hardware profile for the analytic model: run `python -m specbench.calibrate` "
+    "(measures this machine, ~3 min) or pass hardware=<name> (conf/hardware); "
+    "predicted_speedup columns left empty"
+)
+# Methods the theory prices under another name: drafting that costs nothing
+# next to a forward pass.
+_PRICED_AS = {"controlled": "ngram"}
+
+
+def hardware_dir() -> Path:
+    """Where calibrated hardware profiles live: ``$SPECBENCH_CACHE/hardware`` or ``~/.cache/specbench/hardware``."""
+    return models.cache_dir().parent / "hardware"
+
+
+def calibrated_path() -> Path:
+    """The calibrated profile of this machine that later sweeps use."""
+    return hardware_dir() / CALIBRATED_FILE
+
+
+@dataclass(frozen=True)
+class HardwareChoice:
+    """The hardware profile a sweep is priced with, and where it came from."""
+
+    profile: theory.HardwareProfile
+    label: str  # what the hardware_profile column records
+
+
+def choose_hardware(config_hardware: Mapping[str, Any] | None) -> HardwareChoice | None:
+    """The config's hardware profile if set, else the calibrated one, else None."""
+    if config_hardware:
+        profile = theory.HardwareProfile.from_mapping(config_hardware)
+        return HardwareChoice(profile, f"{profile.name} ({profile.source}, hardware={profile.name})")
+    path = calibrated_path()
+    if not path.is_file():
+        return None
+    return load_hardware_file(path)
+
+
+def load_hardware_file(path: Path) -> HardwareChoice:
+    """A hardware profile YAML (conf/hardware or calibrated) as a :class:`HardwareChoice`."""
+    data = yaml.safe_load(path.read_text())
+    profile = theory.HardwareProfile.from_mapping(data)
+    when = f", measured {data['measured_at']}" if data.get("measured_at") else ""
+    return HardwareChoice(profile, f"{profile.name} ({profile.source}{when}, {path})")
+
+
+def context_length(row: Mapping[str, Any]) -> float | None:
+    """Mean KV length a decode step attends to: prompt tokens + half the output, per request."""
+    requests = row.get("num_requests")
+    if not requests or row.get("prompt_tokens") is None or row.get("output_tokens") is None:
+        return None
+    return (row["prompt_tokens"] + 0.5 * row["output_tokens"]) / requests
+
+
+def effective_k(speculative_config: Mapping[str, Any] | None, k: int, batch_size: int) -> int:
+    """The K vLLM uses at this batch size: the schedule's entry (capped at K) when one is set.
+
+    Mirrors vLLM's lookup: inclusive ranges, a gap takes the previous
+    range's K, sizes past the last range keep the last K.
+    """
+    schedule = (speculative_config or {}).get("num_speculative_tokens_per_batch_size")
+    if not schedule:
+        return k
+    chosen = None
+    for start, end, entry_k in sorted(tuple(e) for e in schedule):
+        if start > batch_size:
+            break
+        chosen = entry_k
+    return k if chosen is None else min(k, int(chosen))
+
+
+@lru_cache(maxsize=32)
+def _profile_from(folder: str, dtype: str, name: str) -> theory.ModelProfile:
+    return theory.ModelProfile.from_config_json(folder, dtype=dtype, name=name)
+
+
+def model_profile(reference: str, dtype: str, name: str | None = None) -> theory.ModelProfile:
+    """Profile of a checkpoint from its config.json; ValueError naming what is missing.
+
+    ``reference`` is what a config names: ``embedded:<name>`` (resolved to its
+    prepared folder, without preparing it), a local folder, or a hub id found
+    in the local Hugging Face cache.
+    """
+    folder = Path(models.resolve(reference, prepare=False)).expanduser()
+    if not (folder / "config.json").is_file():
+        cached = _hub_config(reference)
+        if cached is None:
+            raise ValueError(f"no config.json for {reference} (looked in {folder} and the HF cache)")
+        folder = cached.parent
+    return _profile_from(str(folder), dtype, name or reference)
+
+
+def _hub_config(reference: str) -> Path | None:
+    if models.is_embedded(reference) or reference.count("/") != 1:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = try_to_load_from_cache(reference, "config.json")
+    return Path(found) if isinstance(found, str) and os.path.isfile(found) else None
+
+
+def _config(row: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return json.loads(row.get("config_json") or "{}")
+    except json.JSONDecodeError:
+        return {}
+
+
+def _curve_key(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> str:
+    """Everything that identifies a cell except its batch size and pass."""
+    method = cfg.get("method") or {}
+    return json.dumps(
+        {
+            "model": (cfg.get("model") or {}).get("path"),
+            "dtype": row.get("dtype"),
+            "method": row.get("method"),
+            "speculative_config": method.get("speculative_config"),
+            "alpha": method.get("alpha") if row.get("method") == "controlled" else None,
+            "k": row.get("num_speculative_tokens"),
+            "workload": cfg.get("workload"),
+            "engine": cfg.get("engine"),
+        },
+        sort_keys=True,
+        default=str,
+    )
+
+
+class _Unpriced(Exception):
+    """A row the model cannot price; the message says why."""
+
+
+def _predict(
+    row: Mapping[str, Any],
+    cfg: Mapping[str, Any],
+    hw: theory.HardwareProfile,
+    tokens_per_pass: float | None,
+) -> float:
+    method = row["method"]
+    if method == "baseline":
+        return 1.0
+    priced_as = _PRICED_AS.get(method, method)
+    if priced_as not in theory.METHODS:
+        raise _Unpriced(f"method {method} has no cost model")
+    context = context_length(row)
+    if context is None:
+        raise _Unpriced("prompt/output token counts missing")
+    if tokens_per_pass is None or not math.isfinite(tokens_per_pass):
+        raise _Unpriced("no measured tokens_per_pass")
+    model_cfg = cfg.get("model") or {}
+    dtype = row.get("dtype") or model_cfg.get("dtype") or "bfloat16"
+    speculative = (cfg.get("method") or {}).get("speculative_config") or {}
+    try:
+        target = model_profile(model_cfg["path"], dtype, row.get("model"))
+        draft = None
+        if priced_as == "draft_model":
+            draft = model_profile(speculative["model"], dtype)
+    except (KeyError, ValueError) as exc:
+        raise _Unpriced(f"no model profile: {exc}") from exc
+    k = effective_k(speculative, int(row["num_speculative_tokens"]), int(row["batch_size"]))
+    # Tokens accepted past max_tokens are counted by vLLM but cut from the
+    # output, which can push the measured ratio past the bound K + 1.
+    tokens_per_pass = min(max(tokens_per_pass, 1.0), k + 1.0)
+    return theory.predicted_speedup(
+        method=priced_as, k=k, batch_size=int(row["batch_size"]),
+        tokens_per_pass=tokens_per_pass, target=target, hw=hw,
+        context_len=context, draft=draft,
+    )
+
+
+def annotate(
+    rows: Sequence[dict[str, Any]], hardware: HardwareChoice | None
+) -> list[dict[str, Any]]:
+    """Rows with controlled_alpha, predicted_speedup, predicted_speedup_bs1_alpha,
+    hardware_profile and prediction_note set.
+
+    Failed rows get only controlled_alpha. Without a hardware profile every
+    prediction is null and the note is :data:`CALIBRATE_HINT`.
+    """
+    configs = [_config(r) for r in rows]
+    bs1: dict[str, float | None] = {}
+    for row, cfg in zip(rows, configs):
+        if row.get("status") == "ok" and row.get("batch_size") == 1:
+            bs1[_curve_key(row, cfg)] = row.get("tokens_per_pass")
+
+    out = []
+    for row, cfg in zip(rows, configs):
+        method_cfg = cfg.get("method") or {}
+        alpha = method_cfg.get("alpha") if row.get("method") == "controlled" else None
+        new = dict(row, controlled_alpha=None if alpha is None else float(alpha))
+        if row.get("status") != "ok":
+            out.append(new)
+            continue
+        if hardware is None:
+            out.append(new | {"predicted_speedup": None, "predicted_speedup_bs1_alpha": None,
+                              "hardware_profile": None, "prediction_note": CALIBRATE_HINT})
+            continue
+        notes = []
+        try:
+            predicted = _predict(row, cfg, hardware.profile, row.get("tokens_per_pass"))
+        except _Unpriced as exc:
+            predicted = None
+            notes.append(str(exc))
+        key = _curve_key(row, cfg)
+        try:
+            if key not in bs1:
+                raise _Unpriced("no batch-size-1 row of this method, K and workload")
+            from_bs1 = _predict(row, cfg, hardware.profile, bs1[key])
+        except _Unpriced as exc:
+            from_bs1 = None
+            notes.append(f"bs1 alpha: {exc}")
+        out.append(new | {
+            "predicted_speedup": predicted,
+            "predicted_speedup_bs1_alpha": from_bs1,
+            "hardware_profile": hardware.label,
+            "prediction_note": "; ".join(dict.fromkeys(notes)) or None,
+        })
+    return out
+
+
+def predict_sweep(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """:func:`annotate` with the sweep's hardware choice; the second item is a
+    line telling how to calibrate when there is no profile at all, else None."""
+    config_hardware = next((c["hardware"] for c in map(_config, rows) if c.get("hardware")), None)
+    choice = choose_hardware(config_hardware)
+    return annotate(rows, choice), (CALIBRATE_HINT if choice is None else None)
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+def _median(values: Iterable[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def accuracy(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """How well the predictions match, per speculative method.
+
+    For each method: the number of priced rows and the median absolute
+    relative error |predicted / measured - 1| of predicted_speedup against
+    the wall-time speedup and against the decode-only speedup (TPOT ratio,
+    prefill excluded), and of predicted_speedup_bs1_alpha against the
+    wall-time speedup.
+    """
+    by_method: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row.get("status") == "ok" and row.get("method") != "baseline":
+            by_method.setdefault(row["method"], []).append(row)
+
+    def error(group: Sequence[Mapping[str, Any]], predicted: str, measured: str) -> float | None:
+        return _median(
+            abs(r[predicted] / r[measured] - 1.0) for r in group
+            if r.get(predicted) is not None and r.get(measured)
+        )
+
+    return [
+        {
+            "method": method,
+            "rows": sum(r.get("predicted_speedup") is not None for r in group),
+            "mdape_wall": error(group, "predicted_speedup", "speedup"),
+            "mdape_decode": error(group, "predicted_speedup", "decode_speedup"),
+            "mdape_bs1_alpha_wall": error(group, "predicted_speedup_bs1_alpha", "speedup"),
+        }
+        for method, group in sorted(by_method.items())
+    ]
+
+
+def break_even(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Measured and predicted break-even batch size for each batch-size curve.
+
+    A curve is one method, K (and alpha) and workload over at least two batch
+    sizes; ``theory.break_even_batch_size`` interpolates where each speedup
+    series first falls below 1 (None: it never does within the grid).
+    """
+    curves: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row.get("status") == "ok" and row.get("method") != "baseline":
+            curves.setdefault(_curve_key(row, _config(row)), []).append(row)
+    out = []
+    for group in curves.values():
+        group = sorted(group, key=lambda r: r["batch_size"])
+        if len(group) < 2:
+            continue
+        sizes = [r["batch_size"] for r in group]
+        first = group[0]
+        entry = {"method": first["method"], "k": first.get("num_speculative_tokens"),
+                 "alpha": first.get("controlled_alpha"), "workload": first.get("workload"),
+                 "batch_sizes": sizes}
+        for column, name in (("speedup", "measured"), ("decode_speedup", "measured_decode"),
+                             ("predicted_speedup", "predicted"),
+                             ("predicted_speedup_bs1_alpha", "predicted_bs1_alpha")):
+            values = [r.get(column) for r in group]
+            entry[name] = (
+                theory.break_even_batch_size(sizes, values)
+                if all(v is not None and math.isfinite(v) for v in values) else "n/a"
+            )
+        out.append(entry)
+    return sorted(out, key=lambda e: (e["method"], e["k"] or 0, e["alpha"] or 0.0, e["workload"] or ""))
+
+
+__all__ = [
+    "CALIBRATE_HINT",
+    "CALIBRATED_FILE",
+    "HardwareChoice",
+    "accuracy",
+    "annotate",
+    "break_even",
+    "calibrated_path",
+    "choose_hardware",
+    "context_length",
+    "effective_k",
+    "hardware_dir",
+    "load_hardware_file",
+    "model_profile",
+    "predict_sweep",
+]

@@ -1,0 +1,440 @@
+"""The report's figures: seaborn on matplotlib, rendered to embedded PNG data URIs.
+
+Each public function takes the results frame (:func:`tables.load_frame`) and
+returns a :class:`Plot`: an image, or a sentence saying why there is none.
+Figures are built as ``matplotlib.figure.Figure`` objects drawn on the Agg
+canvas, not through ``pyplot``, and styles are applied in a context, so
+building a report changes no global state of the process that called it (the
+sweep's launcher, for one).
+
+Colours follow seaborn's colour-blind-safe palette, one colour per method,
+and markers tell K apart; both mappings are fixed per report so that a method
+has the same colour in every figure.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, NullLocator
+
+from specbench import theory
+from specbench.report.tables import CONFIG, PANEL, PREDICTED, compared, measured, speculative
+
+DPI = 110
+_PANEL_W, _PANEL_H = 4.4, 3.3  # inches per facet
+_MIN_WIDTH = 6.4  # inches: room for a one-facet figure's legend
+_MAX_COLS = 3
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
+_BASELINE_COLOUR = "#4d4d4d"
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure section of the page."""
+
+    anchor: str  # HTML id
+    title: str
+    caption: str  # one sentence: what to look for
+    image: str | None = None  # data:image/png;base64,...
+    missing: str | None = None  # why there is no image
+    notes: list[str] = field(default_factory=list)  # what the image leaves out, and why
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """Colour per method and marker per K, shared by every figure of one report."""
+
+    colours: dict[str, tuple[float, float, float] | str]
+    markers: dict[int, str]
+
+    @classmethod
+    def for_frame(cls, df: pd.DataFrame) -> Encoding:
+        """Assign colours to the methods and markers to the Ks found in ``df``."""
+        methods = sorted(m for m in df["method"].dropna().unique() if m != "baseline")
+        palette = sns.color_palette("colorblind", max(len(methods), 1))
+        colours: dict[str, tuple[float, float, float] | str] = dict(zip(methods, palette))
+        colours["baseline"] = _BASELINE_COLOUR
+        ks = sorted(int(k) for k in df["num_speculative_tokens"].dropna().unique() if k > 0)
+        return cls(colours, {k: _MARKERS[i % len(_MARKERS)] for i, k in enumerate(ks)})
+
+    def colour(self, method: str) -> tuple[float, float, float] | str:
+        """The method's colour."""
+        return self.colours.get(method, _BASELINE_COLOUR)
+
+    def marker(self, k: int) -> str:
+        """The marker for K."""
+        return self.markers.get(k, "o")
+
+    def legend(self, methods: Sequence[str], ks: Sequence[int]) -> list[Line2D]:
+        """Legend handles: a coloured line per method, a grey marker per K."""
+        handles = [Line2D([], [], color=self.colour(m), lw=2, label=m) for m in methods]
+        handles += [
+            Line2D([], [], color="0.35", marker=self.marker(k), ls="none", label=f"K={k}")
+            for k in ks
+            if k > 0
+        ]
+        return handles
+
+
+@contextmanager
+def _style() -> Iterator[None]:
+    # Contexts instead of sns.set_theme(): the caller's rcParams stay as they were.
+    with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=0.85):
+        yield
+
+
+def _text(value: object) -> str:
+    # Two "$" in a workload or method name would switch matplotlib to mathtext, which may fail to parse.
+    return str(value).replace("$", r"\$")
+
+
+def _facets(panels: Sequence[str]) -> tuple[Figure, list[Axes]]:
+    """One axes per panel, wrapped at three columns; unused axes are removed."""
+    cols = min(len(panels), _MAX_COLS)
+    rows = math.ceil(len(panels) / cols)
+    width = max(_PANEL_W * cols, _MIN_WIDTH)
+    fig = Figure(figsize=(width, _PANEL_H * rows), layout="constrained")
+    grid = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    axes = list(grid.flat)
+    for ax in axes[len(panels) :]:
+        fig.delaxes(ax)
+    for ax, panel in zip(axes, panels):
+        ax.set_title(_text(panel))
+    return fig, axes[: len(panels)]
+
+
+def _legend(fig: Figure, handles: list[Line2D]) -> None:
+    """A figure legend below the axes, in as many columns as fit the figure's width."""
+    labels = [_text(h.get_label()) for h in handles]
+    # An entry is its key (~0.45 in) plus its text (~0.075 in per character at this font size).
+    entry = 0.45 + 0.075 * max(len(label) for label in labels)
+    width, height = fig.get_size_inches()
+    cols = max(1, min(len(handles), int(width // entry)))
+    rows = math.ceil(len(handles) / cols)
+    # The constrained layout takes the legend's room from the axes; give it back.
+    fig.set_size_inches(width, height + 0.25 * rows + 0.1)
+    fig.legend(handles=handles, labels=labels, loc="outside lower center", ncols=cols, frameon=False)
+
+
+def _log2_batches(ax: Axes, batches: Sequence[int]) -> None:
+    """Log-2 x axis with a labelled tick at each measured batch size."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(int(b) for b in batches))
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(b) for b in ticks])
+    # Room either side so that the outermost points and their bars are not clipped.
+    ax.set_xlim(ticks[0] / 1.6, ticks[-1] * 1.6)
+    ax.set_xlabel("batch size")
+
+
+def _png(fig: Figure) -> str:
+    # An Agg canvas of its own: no pyplot, so no backend is chosen for the whole process.
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    # No "Software" text chunk: it carries a URL, and the page must hold none.
+    fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _without(plot: Plot, reason: str) -> Plot:
+    return replace(plot, missing=reason)
+
+
+def _series(df: pd.DataFrame) -> Iterator[tuple[str, int, pd.DataFrame]]:
+    """(method, K, rows sorted by batch size) for each configuration in ``df``."""
+    for (method, k), rows in df.groupby(["method", "num_speculative_tokens"], sort=True):
+        yield str(method), int(k), rows.sort_values("batch_size")
+
+
+def _panels(df: pd.DataFrame) -> list[str]:
+    return sorted(df[PANEL].unique())
+
+
+def _ks(df: pd.DataFrame) -> list[int]:
+    return sorted(int(k) for k in df["num_speculative_tokens"].unique())
+
+
+# --- headline: speedup vs batch size --------------------------------------------------------------
+
+
+def speedup_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
+    """Measured speedup against batch size per method and K, with CIs, the model's curve and 1×."""
+    plot = Plot(
+        anchor="speedup",
+        title="Speedup against batch size",
+        caption=(
+            "Speedup over plain decoding at the same batch size, with confidence-interval bars; "
+            "look for where each curve crosses the dotted 1× line, past which speculation costs "
+            "more than it saves."
+        ),
+    )
+    comp = compared(df)
+    if comp.empty:
+        return _without(plot, "No speedups to plot: no speculative cell was compared with a baseline.")
+    notes = []
+    has_model = PREDICTED in comp.columns and comp[PREDICTED].notna().any()
+    if not has_model:
+        notes.append(
+            "The model's predicted curve is not drawn: this results file has no predicted_speedup values."
+        )
+    with _style():
+        fig, axes = _facets(_panels(comp))
+        for ax, panel in zip(axes, _panels(comp)):
+            rows = comp[comp[PANEL] == panel]
+            series = list(_series(rows))
+            for i, (method, k, s) in enumerate(series):
+                batches = s["batch_size"].astype(float).to_numpy()
+                # Nudge series apart along x so that overlapping CI bars stay readable.
+                x = batches * 2 ** ((i - (len(series) - 1) / 2) * 0.07)
+                y = s["speedup"].to_numpy(dtype=float)
+                low = (y - s["speedup_ci_low"].to_numpy(dtype=float, na_value=np.nan)).clip(min=0)
+                high = (s["speedup_ci_high"].to_numpy(dtype=float, na_value=np.nan) - y).clip(min=0)
+                ax.errorbar(
+                    x, y, yerr=np.nan_to_num([low, high]), color=enc.colour(method), marker=enc.marker(k),
+                    ms=6, lw=1.6, capsize=3, elinewidth=1,
+                )
+                if has_model:
+                    model = s.dropna(subset=[PREDICTED])
+                    ax.plot(
+                        model["batch_size"].astype(float), model[PREDICTED].astype(float),
+                        color=enc.colour(method), ls="--", lw=1.3, alpha=0.9,
+                    )
+            ax.axhline(1.0, color="0.2", ls=":", lw=1.3)
+            _log2_batches(ax, rows["batch_size"].astype(int))
+        axes[0].set_ylabel("speedup (× plain decoding)")
+        handles = enc.legend(sorted(comp["method"].unique()), _ks(comp))
+        handles.append(Line2D([], [], color="0.2", ls=":", label="1× (break-even)"))
+        if has_model:
+            handles.append(Line2D([], [], color="0.35", ls="--", label="model prediction"))
+        _legend(fig, handles)
+        return replace(plot, image=_png(fig), notes=notes)
+
+
+# --- acceptance length vs K -----------------------------------------------------------------------
+
+
+def acceptance_vs_k(df: pd.DataFrame, enc: Encoding) -> Plot:
+    """Measured acceptance length (and tokens per pass) against K, with E(alpha, K) for the fitted alpha."""
+    plot = Plot(
+        anchor="acceptance",
+        title="Acceptance length against K",
+        caption=(
+            "Filled points are acceptance length (tokens per target pass over the steps that carried a "
+            "draft), hollow points tokens per pass over all steps, and each line E(α, K) for the "
+            "method's median fitted α: look for points falling below their line (acceptance decays "
+            "faster than a constant α) and for gaps between filled and hollow points (many steps "
+            "carried no draft)."
+        ),
+    )
+    spec = speculative(df)
+    spec = spec[spec["acceptance_length"].notna()]
+    if spec.empty:
+        return _without(plot, "No acceptance lengths to plot: no speculative cell ran to the end.")
+    notes = []
+    with _style():
+        fig, axes = _facets(_panels(spec))
+        for ax, panel in zip(axes, _panels(spec)):
+            rows = spec[spec[PANEL] == panel]
+            methods = sorted(rows["method"].unique())
+            max_k = int(rows["num_speculative_tokens"].max())
+            for j, method in enumerate(methods):
+                own = rows[rows["method"] == method]
+                colour = enc.colour(method)
+                # Methods side by side at each K so their points do not cover each other.
+                x = own["num_speculative_tokens"].astype(float) + (j - (len(methods) - 1) / 2) * 0.12
+                ax.scatter(x, own["acceptance_length"].astype(float), color=colour, s=36, zorder=3)
+                per_pass = own["tokens_per_pass"].astype(float)
+                ax.scatter(x, per_pass, facecolors="none", edgecolors=colour, s=36, lw=1.3, zorder=3)
+                alphas = own["alpha"].dropna().astype(float)
+                if alphas.empty:
+                    notes.append(f"{panel}, {method}: no fitted α, so no E(α, K) line.")
+                    continue
+                alpha = float(alphas.median())
+                ks = np.arange(1, max_k + 1)
+                expected = [theory.expected_tokens_per_pass(alpha, int(k)) for k in ks]
+                ax.plot(ks, expected, color=colour, lw=1.4)
+                # Right of the last K's points, so the label never sits on one.
+                ax.text(
+                    max_k + 0.3, expected[-1], f"α={alpha:.2f}", color=colour, fontsize=8, va="center",
+                )
+            ax.set_xticks(range(1, max_k + 1))
+            ax.set_xlim(0.5, max_k + 1.1)
+            ax.set_xlabel("K (num_speculative_tokens)")
+        axes[0].set_ylabel("tokens per target pass")
+        handles = enc.legend(sorted(spec["method"].unique()), [])
+        handles += [
+            Line2D([], [], color="0.35", marker="o", ls="none", label="acceptance length (drafted steps)"),
+            Line2D(
+                [], [], color="0.35", marker="o", mfc="none", ls="none", label="tokens per pass (all steps)"
+            ),
+            Line2D([], [], color="0.35", lw=1.4, label="E(α, K)"),
+        ]
+        _legend(fig, handles)
+        return replace(plot, image=_png(fig), notes=notes)
+
+
+# --- per-position acceptance ----------------------------------------------------------------------
+
+
+def acceptance_per_position(df: pd.DataFrame, enc: Encoding) -> Plot:
+    """Acceptance rate by draft position per method and K, at batch 1 or the smallest batch measured."""
+    plot = Plot(
+        anchor="per-position",
+        title="Acceptance rate by draft position",
+        caption=(
+            "The share of drafts whose token at each position was accepted (position i counts only if "
+            "every earlier one was): look for how fast it falls, since draft tokens past a steep drop "
+            "are mostly wasted work."
+        ),
+    )
+    spec = speculative(df)
+    if spec.empty:
+        return _without(plot, "No per-position acceptance rates to plot: no speculative cell ran to the end.")
+    spec = spec[[rates is not None and len(rates) > 0 for rates in spec["acceptance_rate_per_pos"]]]
+    if spec.empty:
+        return _without(
+            plot,
+            "No per-position acceptance rates to plot: no speculative cell proposed a draft "
+            "(every acceptance_rate_per_pos is empty).",
+        )
+    notes = []
+    with _style():
+        fig, axes = _facets(_panels(spec))
+        for ax, panel in zip(axes, _panels(spec)):
+            rows = spec[spec[PANEL] == panel]
+            for method, k, s in _series(rows):
+                batch = int(s["batch_size"].min())
+                if batch != 1:
+                    notes.append(f"{panel}, {method} K={k}: batch 1 not measured; batch {batch} shown.")
+                at_batch = s.loc[s["batch_size"] == batch, "acceptance_rate_per_pos"]
+                rates = [np.asarray(r, dtype=float) for r in at_batch]
+                width = max(len(r) for r in rates)
+                # Several rows share a configuration when the sweep varied another setting
+                # (engine options, prompt counts): their rates are averaged.
+                padded = [np.pad(r, (0, width - len(r)), constant_values=np.nan) for r in rates]
+                ax.plot(
+                    np.arange(1, width + 1), np.nanmean(padded, axis=0),
+                    color=enc.colour(method), marker=enc.marker(k), lw=1.5, ms=6,
+                )
+            width = max(len(r) for r in rows["acceptance_rate_per_pos"])
+            ax.set_xticks(range(1, width + 1))
+            ax.set_xlim(0.7, width + 0.3)
+            ax.set_ylim(0, 1.02)
+            ax.set_xlabel("draft position")
+        axes[0].set_ylabel("acceptance rate")
+        _legend(fig, enc.legend(sorted(spec["method"].unique()), _ks(spec)))
+        return replace(plot, image=_png(fig), notes=notes)
+
+
+# --- heatmap at the smallest batch ----------------------------------------------------------------
+
+
+def speedup_heatmap(df: pd.DataFrame, enc: Encoding) -> Plot:
+    """Speedup at batch 1 (or the smallest batch compared) by method+K and workload, values annotated."""
+    plot = Plot(
+        anchor="heatmap",
+        title="Speedup at the smallest batch size",
+        caption=(
+            "Speedup by configuration and workload where speculation has its best chance, the smallest "
+            "batch: look for the row that is blue across every workload, and for workloads where nothing is."
+        ),
+    )
+    comp = compared(df)
+    if comp.empty:
+        return _without(plot, "No speedups to map: no speculative cell was compared with a baseline.")
+    batch = int(comp["batch_size"].min())
+    notes = [] if batch == 1 else [
+        f"Batch 1 was not measured; batch {batch}, the smallest compared, is shown."
+    ]
+    at = comp[comp["batch_size"] == batch]
+    order = at.sort_values(["method", "num_speculative_tokens"])[CONFIG].drop_duplicates().tolist()
+    grid = at.pivot_table(index=CONFIG, columns=PANEL, values="speedup", aggfunc="median").reindex(order)
+    if grid.isna().any().any():
+        notes.append("Blank squares: configuration not measured, or not compared, on that workload.")
+    with _style():
+        width = max(4.5, 1.5 * grid.shape[1] + 2.8)
+        fig = Figure(figsize=(width, max(2.4, 0.5 * grid.shape[0] + 1.4)), layout="constrained")
+        ax = fig.subplots()
+        # Speedups are ratios: a log scale symmetric about 1x gives 0.5x and 2x equal weight.
+        values = grid.to_numpy(dtype=float)
+        reach = max(float(np.nanmax(values)), 1 / max(float(np.nanmin(values)), 1e-3), 1.1)
+        sns.heatmap(
+            grid.astype(float), ax=ax, annot=True, fmt=".2f", cmap="vlag_r", norm=LogNorm(1 / reach, reach),
+            linewidths=0.5, linecolor="white", cbar_kws={"label": "speedup (× plain decoding)"},
+        )
+        colourbar = ax.collections[0].colorbar
+        ticks = [t for t in (0.25, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0) if 1 / reach <= t <= reach]
+        colourbar.set_ticks(ticks, labels=[f"{t:g}×" for t in ticks])
+        colourbar.ax.minorticks_off()
+        ax.set_xticklabels([_text(t.get_text()) for t in ax.get_xticklabels()], rotation=0)
+        ax.set_yticklabels([_text(t.get_text()) for t in ax.get_yticklabels()], rotation=0)
+        ax.set_xlabel("workload")
+        ax.set_ylabel("")
+        ax.set_title(f"batch size {batch}")
+        return replace(plot, image=_png(fig), notes=notes)
+
+
+# --- time per output token ------------------------------------------------------------------------
+
+
+def tpot_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
+    """Median time per output token against batch size per method and K, with a band to the p90."""
+    plot = Plot(
+        anchor="tpot",
+        title="Time per output token against batch size",
+        caption=(
+            "Median time per output token (line) with a band up to the 90th percentile: look for where "
+            "a speculative line rises above the grey baseline, where speculation makes each token slower."
+        ),
+    )
+    ok = measured(df)
+    ok = ok[ok["tpot_s_p50"].notna()]
+    if ok.empty:
+        reasons = sorted({str(n) for n in measured(df)["latency_note"].dropna()})
+        why = f" ({'; '.join(reasons)})" if reasons else ""
+        return _without(
+            plot, f"No time-per-output-token figures: no cell recorded per-request latencies{why}."
+        )
+    notes = []
+    if ok["tpot_s_p90"].isna().any():
+        notes.append("Some cells have no 90th percentile: no band is drawn at those points.")
+    with _style():
+        fig, axes = _facets(_panels(ok))
+        for ax, panel in zip(axes, _panels(ok)):
+            rows = ok[ok[PANEL] == panel]
+            for method, k, s in _series(rows):
+                colour = enc.colour(method)
+                x = s["batch_size"].astype(float).to_numpy()
+                p50 = 1000 * s["tpot_s_p50"].astype(float).to_numpy()
+                p90 = 1000 * s["tpot_s_p90"].to_numpy(dtype=float, na_value=np.nan)
+                ax.plot(x, p50, color=colour, marker=enc.marker(k), lw=2.2 if k == 0 else 1.5, ms=5)
+                if len(x) > 1:
+                    ax.fill_between(x, p50, np.where(np.isnan(p90), p50, p90), color=colour, alpha=0.15, lw=0)
+                else:
+                    ax.vlines(x, p50, np.where(np.isnan(p90), p50, p90), color=colour, alpha=0.4, lw=4)
+            _log2_batches(ax, rows["batch_size"].astype(int))
+        # Once all panels are drawn: set_ylim freezes the shared upper limit at the data seen so far.
+        axes[0].set_ylim(bottom=0)
+        axes[0].set_ylabel("time per output token (ms)")
+        methods = sorted(ok["method"].unique(), key=lambda m: (m != "baseline", m))
+        _legend(fig, enc.legend(methods, _ks(ok)))
+        return replace(plot, image=_png(fig), notes=notes)
+
+
+FIGURES = (speedup_vs_batch, acceptance_vs_k, acceptance_per_position, speedup_heatmap, tpot_vs_batch)
+"""Every figure of the report, in page order; each takes the frame and the report's Encoding."""

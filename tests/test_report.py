@@ -1,0 +1,577 @@
+"""The HTML report: figures, tables, escaping, partial sweeps, the CLI and the sweep hook.
+
+Results files are built with the real schema (``rows_to_table`` +
+``write_table``) from plausible rows whose speedups are chosen so that the
+best configuration, break-even batch sizes and K schedule can be worked out
+by hand.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from specbench.report import write_report
+from specbench.results import CellFiles, rows_to_table, write_table
+
+REPO = Path(__file__).resolve().parents[1]
+XSS = "<script>alert(1)</script>"
+
+# Speedup by (workload, method, K) at batch sizes 1, 4, 16.
+GRID: dict[tuple[str, str, int], tuple[float, float, float]] = {
+    ("summarize", "ngram", 2): (1.5, 1.2, 0.8),
+    ("summarize", "ngram", 4): (1.8, 1.1, 0.6),
+    ("summarize", "draft_model", 2): (0.9, 0.7, 0.5),
+    ("summarize", "draft_model", 4): (0.8, 0.6, 0.4),
+    ("creative", "ngram", 2): (1.05, 0.95, 0.7),
+    ("creative", "ngram", 4): (0.98, 0.85, 0.5),
+    ("creative", "draft_model", 2): (1.1, 0.9, 0.6),
+    ("creative", "draft_model", 4): (1.2, 0.8, 0.5),
+}
+BATCHES = (1, 4, 16)
+
+
+def make_row(
+    method: str = "ngram",
+    k: int = 2,
+    batch: int = 1,
+    workload: str = "summarize",
+    speedup: float | None = 1.5,
+    alpha: float = 0.8,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """A plausible results.parquet row; keyword overrides replace any column."""
+    baseline = method == "baseline"
+    k = 0 if baseline else k
+    speedup = 1.0 if baseline else speedup
+    base_id = f"baseline-k0-b{batch}-{workload}-p0"
+    base_wall = 2.0 + 0.1 * batch
+    rates = [] if baseline else [alpha ** (i + 1) for i in range(k)]
+    accepted = 0 if baseline else round(40 * sum(rates))
+    output = 256
+    row: dict[str, Any] = {
+        "schema_version": 1,
+        "cell_id": base_id if baseline else f"{method}-k{k}-b{batch}-{workload}-p0",
+        "baseline_cell_id": None if baseline else base_id,
+        "status": "ok",
+        "error": None,
+        "model": "smollm2-135m",
+        "method": method,
+        "num_speculative_tokens": k,
+        "batch_size": batch,
+        "workload": workload,
+        "passes": 1,
+        "repetitions": 2,
+        "num_requests": 4,
+        "prompt_tokens": 900,
+        "output_tokens": output,
+        "wall_time_s": base_wall / speedup if speedup else base_wall,
+        "wall_time_s_cv": 0.02,
+        "wall_time_s_reps": [base_wall, base_wall],
+        "tokens_per_s": output / base_wall,
+        "ttft_s_p50": 0.3,
+        "ttft_s_p90": 0.35,
+        "tpot_s_p50": 0.04 * (1 + 0.05 * batch) / (speedup or 1.0),
+        "tpot_s_p90": 0.05 * (1 + 0.05 * batch) / (speedup or 1.0),
+        "drafts": 0 if baseline else 40,
+        "draft_tokens": 0 if baseline else 40 * k,
+        "accepted_tokens": accepted,
+        "acceptance_length": 1.0 + accepted / 40 if not baseline else 1.0,
+        "acceptance_rate_per_pos": rates,
+        "alpha": None if baseline else alpha,
+        "target_passes": output - accepted,
+        "tokens_per_pass": output / (output - accepted),
+        "draft_coverage": 0.0 if baseline else 40 / (output - accepted),
+        "speedup": speedup,
+        "speedup_ci_low": None if speedup is None else speedup * 0.9,
+        "speedup_ci_high": None if speedup is None else speedup * 1.1,
+        "decode_speedup": speedup,
+        "exact_match": None if speedup is None else True,
+        "mismatched_requests": None if speedup is None else 0,
+        "flagged": False,
+        "flag_reasons": [],
+        "specbench_version": "0.1.0",
+        "git_commit": "abc123def456",
+        "vllm_version": "0.32.0",
+        "torch_version": "2.13.0+cpu",
+        "transformers_version": "5.19.0",
+        "python_version": "3.11.7",
+        "hardware": "CPU AMD EPYC (2 cores)",
+        "host": "vm",
+        "started_at": f"2026-11-29T11:{10 + batch:02d}:00+00:00",
+        "prompt_ids": ["summarize-001", "summarize-002"],
+        "config_json": json.dumps(
+            {"method": {"name": method}, "num_speculative_tokens": k, "batch_size": batch,
+             "workload": {"name": workload, "num_prompts": 4, "max_tokens": 64},
+             "model": {"name": "smollm2-135m"}, "repetitions": 2, "passes": 1, "seed": 0,
+             "sweep_name": "demo"}
+        ),
+    }
+    return row | overrides
+
+
+def grid_rows() -> list[dict[str, Any]]:
+    """Baselines plus every (workload, method, K, batch) of GRID."""
+    rows = [make_row("baseline", batch=b, workload=w) for w in ("summarize", "creative") for b in BATCHES]
+    for (workload, method, k), speedups in GRID.items():
+        alpha = 0.8 if method == "ngram" else 0.4
+        rows += [make_row(method, k, b, workload, s, alpha) for b, s in zip(BATCHES, speedups)]
+    return rows
+
+
+def write_results(
+    directory: Path,
+    rows: Iterable[dict[str, Any]],
+    extra: Mapping[str, list] | None = None,
+    drop: Iterable[str] = (),
+) -> Path:
+    """results.parquet in ``directory`` with the real schema, plus columns not in it yet, less ``drop``."""
+    table = rows_to_table(list(rows)).drop_columns(list(drop))
+    for name, values in (extra or {}).items():
+        table = table.append_column(name, pa.array(values))
+    path = directory / "results.parquet"
+    write_table(table, path)
+    return path
+
+
+class Page(HTMLParser):
+    """The rendered page as text: section texts and table rows, keyed by section id."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.sections: dict[str, str] = {}
+        self.tables: dict[str, list[list[str]]] = {}
+        self.images: list[dict[str, str | None]] = []
+        self._section: str | None = None
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        self._space()
+        if tag == "section":
+            self._section = attributes.get("id")
+            self.sections[self._section or ""] = ""
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "img":
+            self.images.append(attributes)
+
+    def handle_endtag(self, tag: str) -> None:
+        self._space()
+        if tag in ("td", "th") and self._row is not None and self._cell is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None and self._section:
+            self.tables.setdefault(self._section, []).append(self._row)
+            self._row = None
+        elif tag == "section":
+            self._section = None
+
+    def handle_data(self, data: str) -> None:
+        if self._section:
+            self.sections[self._section] += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def _space(self) -> None:
+        # Tags separate words ("<dt>Cells</dt><dd>2</dd>" reads "Cells 2").
+        if self._section:
+            self.sections[self._section] += " "
+
+    def text(self, section: str) -> str:
+        """The section's text with whitespace collapsed."""
+        return " ".join(self.sections[section].split())
+
+
+def render(
+    tmp_path: Path,
+    rows: Iterable[dict[str, Any]],
+    extra: Mapping[str, list] | None = None,
+    drop: Iterable[str] = (),
+) -> tuple[str, Page]:
+    path = write_report(write_results(tmp_path, rows, extra, drop))
+    text = path.read_text()
+    return text, Page(text)
+
+
+@pytest.fixture(scope="module")
+def grid_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Page]:
+    return render(tmp_path_factory.mktemp("grid"), grid_rows())
+
+
+# --- the full grid ------------------------------------------------------------------------------
+
+PLOT_SECTIONS = ("speedup", "acceptance", "per-position", "heatmap", "tpot")
+
+
+def test_every_figure_is_an_embedded_png_with_a_caption(grid_page: tuple[str, Page]) -> None:
+    text, page = grid_page
+    assert [i["id"] for i in page.images] == [f"img-{s}" for s in PLOT_SECTIONS]
+    for image in page.images:
+        assert (image["src"] or "").startswith("data:image/png;base64,")
+        assert len(image["src"] or "") > 5000
+    assert text.count("<figcaption>") == 5
+
+
+def test_page_requests_nothing_from_the_network(grid_page: tuple[str, Page]) -> None:
+    text, _ = grid_page
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", text, re.I)
+    assert "@import" not in text and "url(" not in text
+    assert "<link" not in text
+
+
+def test_page_prints_figures_and_tables_whole(grid_page: tuple[str, Page]) -> None:
+    text, _ = grid_page
+    print_css = text[text.index("@media print") :]
+    assert "page-break-inside: avoid" in print_css and "figure, table" in print_css
+
+
+def test_summary_counts_best_and_verdicts(grid_page: tuple[str, Page]) -> None:
+    _, page = grid_page
+    summary = page.text("summary")
+    assert "Cells 30" in summary and "Failed 0" in summary
+    assert "1.80× (CI [1.62, 1.98]) with ngram K=4 at batch 1 on summarize" in summary
+    assert "summarize: ngram K=4 pays up to batch 4 (1.80× at batch 1)" in summary
+    assert "creative: draft_model K=4 pays up to batch 1 (1.20× at batch 1)" in summary
+    assert "No model columns (predicted_speedup)" in summary
+
+
+def test_best_configuration_per_workload_and_batch(grid_page: tuple[str, Page]) -> None:
+    _, page = grid_page
+    rows = page.tables["best"]
+    assert rows[0] == ["workload", "batch size", "configuration", "speedup", "CI", "decode speedup"]
+    assert ["summarize", "1", "ngram K=4", "1.80×", "[1.62, 1.98]", "1.80×"] in rows
+    assert ["summarize", "4", "ngram K=2", "1.20×", "[1.08, 1.32]", "1.20×"] in rows
+    assert ["creative", "16", "ngram K=2", "0.70×", "[0.63, 0.77]", "0.70×"] in rows
+    assert len(rows) == 1 + 6
+
+
+def test_break_even_is_interpolated_in_log_batch(grid_page: tuple[str, Page]) -> None:
+    _, page = grid_page
+    rows = {(r[0], r[1]): r[2:] for r in page.tables["break-even"][1:]}
+    # ngram K=2: 1.2 at batch 4, 0.8 at 16 -> halfway in log2 -> batch 8.
+    assert rows[("summarize", "ngram K=2")] == ["1, 4, 16", "8.0", "n/a: no model columns"]
+    # ngram K=4: 1.1 at 4, 0.6 at 16 -> log2 b = 2 + 0.2 * 2 = 2.4.
+    assert rows[("summarize", "ngram K=4")][1] == f"{2 ** 2.4:.1f}"
+    assert rows[("summarize", "draft_model K=2")][1] == "below 1× from batch 1, the smallest measured"
+
+
+def test_schedule_is_paste_ready_json(grid_page: tuple[str, Page]) -> None:
+    text, page = grid_page
+    blocks = re.findall(r'<h3>([^<]*)</h3>\s*<p[^>]*>[^<]*</p>\s*<pre class="schedule">([^<]*)</pre>', text)
+    schedules = {html.unescape(title): json.loads(html.unescape(body)) for title, body in blocks}
+    # Best K by batch: 1 -> 4 (1.8x), 4 -> 2 (1.2x), 16 -> none above 1x -> 0.
+    assert schedules["ngram on summarize"] == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "num_speculative_tokens_per_batch_size": [[1, 3, 4], [4, 15, 2], [16, 16, 0]],
+    }
+    creative = schedules["draft_model on creative"]
+    assert creative["num_speculative_tokens_per_batch_size"] == [[1, 3, 4], [4, 16, 0]]
+    assert "draft_model on summarize" not in schedules
+    assert "No K beats plain decoding at any batch size measured" in page.text("schedule")
+    assert "ngram on summarize Best K by batch size: 1 → 4, 4 → 2, 16 → 0" in page.text("schedule")
+
+
+def test_exactness_failed_and_provenance(grid_page: tuple[str, Page]) -> None:
+    _, page = grid_page
+    matched = "All speculative outputs matched the baseline token for token (24 cell(s) compared)"
+    assert matched in page.text("exactness")
+    assert "No cell failed." in page.text("failed")
+    assert "No cell was flagged" in page.text("flagged")
+    provenance = dict((r[0], r[1]) for r in page.tables["provenance"])
+    assert provenance["vLLM"] == "0.32.0"
+    assert provenance["git commit"] == "abc123def456"
+    assert provenance["cells started"] == "2026-11-29T11:11:00+00:00 to 2026-11-29T11:26:00+00:00"
+    assert provenance["schema version"] == "1"
+
+
+def test_command_reconstructed_from_config_json_without_multirun_yaml(grid_page: tuple[str, Page]) -> None:
+    _, page = grid_page
+    assert (
+        "python -m specbench -m model=smollm2-135m method=draft_model,ngram num_speculative_tokens=2,4 "
+        "batch_size=1,4,16 workload=creative,summarize workload.num_prompts=4 workload.max_tokens=64 "
+        "repetitions=2 passes=1 seed=0 sweep_name=demo"
+    ) in page.text("provenance")
+    assert "Reconstructed from the cells' config_json" in page.text("provenance")
+
+
+def test_command_from_multirun_yaml(tmp_path: Path) -> None:
+    saved = {
+        "hydra": {
+            "overrides": {"task": ["sweep=cpu_demo", "workload.max_tokens=16", "model.path=a b"]},
+            "sweeper": {"params": {"method": "ngram,draft_model", "batch_size": "1,4"}},
+        }
+    }
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump(saved))
+    _, page = render(tmp_path, grid_rows()[:8])
+    provenance = page.text("provenance")
+    assert "python -m specbench -m sweep=cpu_demo workload.max_tokens=16 'model.path=a b'" in provenance
+    assert "Read from multirun.yaml (hydra.overrides.task)." in provenance
+    assert "method: ngram,draft_model" in provenance and "batch_size: 1,4" in provenance
+
+
+def test_command_of_a_single_run(tmp_path: Path) -> None:
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["method=ngram", "batch_size=4"]))
+    _, page = render(tmp_path, [make_row("baseline"), make_row("ngram", 2)])
+    assert "python -m specbench method=ngram batch_size=4" in page.text("provenance")
+    assert "a single run, one cell and its baseline" in page.text("provenance")
+
+
+def test_verdict_warns_when_the_interval_includes_one(tmp_path: Path) -> None:
+    rows = [make_row("baseline"), make_row("ngram", 2, speedup=1.05, speedup_ci_low=0.9, speedup_ci_high=1.2)]
+    _, page = render(tmp_path, rows)
+    assert (
+        "summarize: ngram K=2 pays at batch 1, the only batch size measured "
+        "(1.05×; its CI [0.90, 1.20] does not exclude 1×)"
+    ) in page.text("summary")
+
+
+# --- escaping -------------------------------------------------------------------------------------
+
+
+def test_data_and_errors_are_escaped(tmp_path: Path) -> None:
+    rows = [
+        make_row("baseline", workload=XSS),
+        make_row("ngram", 2, workload=XSS, speedup=1.4, prompt_ids=[XSS]),
+        make_row("ngram", 4, workload=XSS, speedup=None, status="failed", error=f"engine died: {XSS}"),
+    ]
+    text, page = render(tmp_path, rows)
+    assert "<script>alert" not in text
+    assert html.escape(XSS) in text
+    assert f"engine died: {XSS}" in page.text("failed")
+    assert f"{XSS}: ngram K=2 pays" in page.text("summary")
+
+
+# --- partial sweeps -----------------------------------------------------------------------------------
+
+
+def without_baselines() -> list[dict[str, Any]]:
+    return [
+        make_row(
+            "ngram", k, b, speedup=None,
+            error=f"no successful baseline measurement: baseline-k0-b{b}-summarize-p0",
+        )
+        for k in (2, 4)
+        for b in (1, 4)
+    ]
+
+
+PARTIAL_CASES: dict[str, tuple[list[dict[str, Any]], list[str]]] = {
+    "missing baselines": (
+        without_baselines(),
+        [
+            "No baseline measured: speedups unavailable.",
+            "No speedups to plot: no speculative cell was compared with a baseline.",
+            "No speedups to map",
+            "Exactness unknown: no speculative cell was compared",
+            "no successful baseline measurement: baseline-k0-b1-summarize-p0",
+        ],
+    ),
+    "one method, one batch size": (
+        [make_row("baseline"), make_row("ngram", 2, speedup=1.3), make_row("ngram", 4, speedup=1.6)],
+        ["Only batch size 1 was compared: break-even batch sizes cannot be interpolated.",
+         "summarize: ngram K=4 pays at batch 1, the only batch size measured (1.60×)"],
+    ),
+    "failed cells": (
+        [make_row("baseline"), make_row("ngram", 2, speedup=1.3),
+         make_row("ngram", 4, speedup=None, status="failed", error="CUDA out of memory")],
+        ["Failed 1", "CUDA out of memory"],
+    ),
+    "all cells failed": (
+        # As the merge writes unreadable cell files: no method, K, batch size or workload.
+        [
+            {"cell_id": f"cell-{i}", "status": "failed", "error": "not a readable Parquet file"}
+            for i in range(3)
+        ],
+        ["Every cell failed: nothing was measured", "No acceptance lengths to plot",
+         "No time-per-output-token figures", "Failed 3", "not a readable Parquet file"],
+    ),
+    "missing model columns": (
+        [make_row("baseline"), make_row("ngram", 2)],
+        ["No model columns (predicted_speedup)", "n/a: no model columns",
+         "The model's predicted curve is not drawn"],
+    ),
+    "empty acceptance lists": (
+        [
+            make_row("baseline"),
+            make_row("ngram", 2) | {"acceptance_rate_per_pos": [], "alpha": None, "drafts": 0},
+        ],
+        ["No per-position acceptance rates to plot", "summarize, ngram: no fitted α, so no E(α, K) line."],
+    ),
+    "null latencies": (
+        [make_row(m, 2, tpot_s_p50=None, tpot_s_p90=None,
+                  latency_note="the engine reported no per-request metrics") for m in ("baseline", "ngram")],
+        ["No time-per-output-token figures: no cell recorded per-request latencies "
+         "(the engine reported no per-request metrics)."],
+    ),
+    "no cells": ([], ["The results file holds no cells: nothing was measured.", "Cells 0"]),
+}
+
+
+@pytest.mark.parametrize("case", PARTIAL_CASES)
+def test_partial_sweeps_render_and_say_what_is_missing(tmp_path: Path, case: str) -> None:
+    rows, sentences = PARTIAL_CASES[case]
+    text, page = render(tmp_path, rows)
+    flat = " ".join(" ".join(page.sections.values()).split())
+    for sentence in sentences:
+        assert sentence in flat, sentence
+    assert "could not be drawn" not in flat
+    # Every figure section shows an image or a sentence saying why not.
+    for section in PLOT_SECTIONS:
+        assert section in page.sections
+        assert f'id="img-{section}"' in text or "No " in page.text(section)
+
+
+def test_exactness_lists_mismatches_and_unknowns(tmp_path: Path) -> None:
+    rows = [
+        make_row("baseline"), make_row("baseline", batch=4),
+        make_row("ngram", 2, speedup=1.3, exact_match=False, mismatched_requests=2),
+        make_row("ngram", 4, speedup=1.5),
+        make_row("ngram", 2, batch=4, speedup=1.1, exact_match=None, mismatched_requests=None),
+    ]
+    _, page = render(tmp_path, rows)
+    exactness = page.tables["exactness"]
+    assert ["summarize", "ngram K=2", "1", "2 of 4 requests differ", "ngram-k2-b1-summarize-p0"] in exactness
+    assert [
+        "summarize", "ngram K=2", "4", "output tokens of the cell or its baseline were not found",
+        "ngram-k2-b4-summarize-p0",
+    ] in exactness
+    assert "All speculative outputs matched" not in page.text("exactness")
+    assert "1 speculative cell(s) produced output that differs" in page.text("exactness")
+
+
+def test_model_columns_and_flags_are_used_when_present(tmp_path: Path) -> None:
+    rows = [make_row("baseline", batch=b) for b in (1, 4)]
+    rows += [
+        make_row("ngram", 2, 1, speedup=1.5),
+        make_row("ngram", 2, 4, speedup=0.9, flagged=True, flag_reasons=["passes disagree: 0.70x, 1.10x"]),
+    ]
+    predicted = [1.0, 1.0, 1.6, 1.2]  # never below 1: the model says it always pays
+    text, page = render(tmp_path, rows, {"predicted_speedup": predicted})
+    row = next(r for r in page.tables["break-even"] if r[1] == "ngram K=2")
+    # Measured: 1.5 at 1, 0.9 at 4 -> log2 b = 0 + 0.5 / 0.6 * 2 -> b = 2^(5/3).
+    assert row[3:] == [f"{2 ** (5 / 3):.1f}", "not reached: ≥1× through batch 4"]
+    assert "No model columns" not in text
+    assert "The model's predicted curve is not drawn" not in text
+    assert [
+        "summarize", "ngram K=2", "4", "passes disagree: 0.70x, 1.10x (speedup 0.90×, CI [0.81, 0.99])",
+        "ngram-k2-b4-summarize-p0",
+    ] in page.tables["flagged"]
+
+
+def test_a_file_without_flags_has_no_flagged_section(tmp_path: Path) -> None:
+    _, page = render(tmp_path, [make_row("baseline"), make_row("ngram", 2)], drop=["flagged", "flag_reasons"])
+    assert "flagged" not in page.sections
+    assert "Columns missing from this results file" in page.text("summary")
+
+
+def test_heatmap_names_the_smallest_batch_when_batch_one_is_absent(tmp_path: Path) -> None:
+    rows = [make_row("baseline", batch=4), make_row("ngram", 2, batch=4, speedup=1.2)]
+    _, page = render(tmp_path, rows)
+    assert "Batch 1 was not measured; batch 4, the smallest compared, is shown." in page.text("heatmap")
+    assert "summarize, ngram K=2: batch 1 not measured; batch 4 shown." in page.text("per-position")
+
+
+# --- entry points -----------------------------------------------------------------------------------------
+
+
+def test_write_report_accepts_a_file_and_an_output_path(tmp_path: Path) -> None:
+    results = write_results(tmp_path, [make_row("baseline"), make_row("ngram", 2)])
+    assert write_report(results) == tmp_path / "report.html"
+    out = write_report(tmp_path, tmp_path / "elsewhere" / "page.html")
+    assert out.read_text().startswith("<!DOCTYPE html>")
+    with pytest.raises(FileNotFoundError, match="no results file"):
+        write_report(tmp_path / "nowhere")
+
+
+def test_cli_writes_report_beside_results_and_prints_its_path(tmp_path: Path) -> None:
+    write_results(tmp_path, [make_row("baseline"), make_row("ngram", 2)])
+    done = subprocess.run(
+        [sys.executable, "-m", "specbench.report", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )
+    assert done.stdout.strip() == str(tmp_path / "report.html")
+    assert (tmp_path / "report.html").is_file()
+    assert "vllm" not in done.stderr.lower()
+    missing = subprocess.run(
+        [sys.executable, "-m", "specbench.report", str(tmp_path / "nowhere")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert missing.returncode == 2 and "no results file" in missing.stderr
+
+
+def test_report_never_imports_vllm() -> None:
+    code = (
+        "import sys, specbench.report\n"
+        "assert not any(m.split('.')[0] in ('vllm', 'torch') for m in sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+# --- the sweep hook ---------------------------------------------------------------------------------------
+
+
+def sweep_dir_with_cells(root: Path, spec_error: str | None = None) -> Path:
+    """A sweep directory holding a plan and cell files for one baseline and one ngram cell."""
+    cells = root / "cells"
+    # Cell files carry no comparison columns: the merge computes them.
+    uncompared = dict.fromkeys(
+        ("speedup", "speedup_ci_low", "speedup_ci_high", "decode_speedup", "exact_match",
+         "mismatched_requests")
+    )
+    base = make_row("baseline", pass_index=0, config_hash="b") | uncompared
+    spec = make_row("ngram", 2, speedup=1.5, pass_index=0, config_hash="s") | uncompared
+    if spec_error:
+        spec |= {"status": "failed", "error": spec_error}
+    for row in (base, spec):
+        CellFiles(cells, row["cell_id"]).write(row, [[1, 2, 3]], ["p0"])
+    plan = [{"cell_id": r["cell_id"], "overrides": []} for r in (base, spec)]
+    (root / "plan.json").write_text(json.dumps(plan))
+    return root
+
+
+def test_finish_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from specbench.sweep import finish
+
+    rows = finish(sweep_dir_with_cells(tmp_path))
+    assert len(rows) == 2
+    assert f"report: {tmp_path / 'report.html'}" in capsys.readouterr().out
+    page = Page((tmp_path / "report.html").read_text())
+    assert "Cells 2" in page.text("summary")
+    speedup = float(page.tables["best"][1][3].rstrip("×"))
+    assert math.isclose(speedup, 1.5, rel_tol=0.01)
+
+
+def test_a_broken_report_loses_neither_results_nor_the_failed_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import specbench.report
+    from specbench.sweep import finish
+
+    def broken(results: Path | str, out: Path | None = None) -> Path:
+        raise RuntimeError("template exploded")
+
+    monkeypatch.setattr(specbench.report, "write_report", broken)
+    with pytest.raises(SystemExit, match="1 of 2 cells failed"):
+        finish(sweep_dir_with_cells(tmp_path, spec_error="engine died"))
+    assert (tmp_path / "results.parquet").is_file()
+    assert not (tmp_path / "report.html").exists()
+    assert "could not write the report" in caplog.text and "template exploded" in caplog.text
