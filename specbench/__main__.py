@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from specbench.config import cell_from_config
 from specbench.run import run_cell
-from specbench.sweep import PlannedCell, cell_in_pass, write_plan
+from specbench.sweep import PlannedCell, write_plan
 
 
 @hydra.main(version_base="1.3", config_path="pkg://specbench.conf", config_name="config")
@@ -33,8 +33,9 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.run.dir)
     cells = []
     for pass_index in range(cfg.passes):
-        measured = cell_in_pass(cfg, pass_index)
-        cells += [measured] if measured.is_baseline else [measured.baseline(), measured]
+        measured = cell.in_pass(pass_index)
+        pair = [measured] if measured.is_baseline else [measured.baseline(), measured]
+        cells += pair if pass_index % 2 == 0 else pair[::-1]  # drift hits both sides alike
     write_plan(run_dir, [PlannedCell((), c) for c in cells])
     for c in cells:
         run_cell(c, run_dir / "cells", passes=cfg.passes, timeout_s=timeout)

@@ -87,6 +87,13 @@ class Cell:
             f"-{self.config_hash}-p{self.pass_index}"
         )
 
+    def in_pass(self, pass_index: int) -> Cell:
+        """The same cell in another independent pass."""
+        return Cell(
+            identity=dict(self.identity, pass_index=pass_index),
+            config=dict(self.config, pass_index=pass_index),
+        )
+
     def baseline(self) -> Cell:
         """The plain-decoding cell this cell's speedup and exactness are measured against.
 

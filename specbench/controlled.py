@@ -178,7 +178,7 @@ def reference_pass(
     batches: Sequence[Sequence[Sequence[int]]],
     max_tokens: int,
 ) -> None:
-    """Decode every batch plainly and give the continuations to the proposer.
+    """Decode every batch plainly and give the continuations to the loaded proposer.
 
     ``generate(prompts, max_tokens)`` returns each prompt's output token ids.
     Generates K tokens beyond ``max_tokens`` (K from the loaded proposer), so
@@ -194,7 +194,7 @@ def reference_pass(
     with drafting_paused():
         for batch in batches:
             pairs += zip(batch, generate(batch, max_tokens + _active.k))
-    REFERENCES.replace(pairs)
+    _active.references.replace(pairs)
 
 
 # --------------------------------------------------------------------------- the proposer

@@ -19,15 +19,23 @@ For each measured row, :func:`annotate` prices the row's own cell with
 
 ``controlled`` cells are priced like ``ngram``: their draft is a table
 lookup on the host, free next to a forward pass. A row the model cannot
-price gets nulls and a ``prediction_note`` saying why. Pure: pandas-free
-dicts in, dicts out; no vLLM.
+price gets nulls and a ``prediction_note`` saying why.
+
+:func:`accuracy` and :func:`break_even` hold the predictions against the
+measurements; ``python -m specbench.prediction <sweep>`` prints both (and
+``--reprice`` prices an existing sweep again, e.g. after a new calibration).
+Pure: result rows (dicts) in and out, the theory module and the standard
+library; no vLLM.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import statistics
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -273,11 +281,8 @@ def predict_sweep(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
 
 
 def _median(values: Iterable[float]) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    values = list(values)
+    return statistics.median(values) if values else None
 
 
 def accuracy(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -345,6 +350,64 @@ def break_even(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: (e["method"], e["k"] or 0, e["alpha"] or 0.0, e["workload"] or ""))
 
 
+def format_check(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The accuracy and break-even tables as text."""
+
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{value * 100:.1f}%"
+
+    def size(value: Any) -> str:
+        return "none in grid" if value is None else value if isinstance(value, str) else f"{value:.1f}"
+
+    profiles = sorted({r["hardware_profile"] for r in rows if r.get("hardware_profile")})
+    lines = [f"hardware profile: {', '.join(profiles) or 'none'}",
+             "median |predicted / measured - 1| per method:",
+             f"  {'method':<12} {'rows':>4} {'vs wall':>8} {'vs decode':>9} {'bs1-alpha vs wall':>17}"]
+    for a in accuracy(rows):
+        lines.append(f"  {a['method']:<12} {a['rows']:>4} {pct(a['mdape_wall']):>8} "
+                     f"{pct(a['mdape_decode']):>9} {pct(a['mdape_bs1_alpha_wall']):>17}")
+    lines.append("break-even batch size (speedup first below 1):")
+    for c in break_even(rows):
+        alpha = f" alpha={c['alpha']}" if c["alpha"] is not None else ""
+        lines.append(
+            f"  {c['method']} K={c['k']}{alpha} {c['workload']} (batch {c['batch_sizes'][0]}-"
+            f"{c['batch_sizes'][-1]}): measured {size(c['measured'])}, "
+            f"decode-only {size(c['measured_decode'])}, predicted {size(c['predicted'])}, "
+            f"predicted from bs1 alpha {size(c['predicted_bs1_alpha'])}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m specbench.prediction <sweep dir or results.parquet> [--reprice]``.
+
+    Prints how well the analytic model predicts the sweep's speedups;
+    ``--reprice`` first prices the rows again with the current hardware
+    profile (e.g. after a new calibration) and rewrites the file.
+    """
+    parser = argparse.ArgumentParser(prog="python -m specbench.prediction",
+                                     description="Predicted against measured speedups of a sweep.")
+    parser.add_argument("results", type=Path, help="a sweep directory or its results.parquet")
+    parser.add_argument("--reprice", action="store_true",
+                        help="price the rows again with the current hardware profile and rewrite the file")
+    args = parser.parse_args(argv)
+    from specbench.results import ResultsError, read_rows, write_results
+
+    path = args.results / "results.parquet" if args.results.is_dir() else args.results
+    try:
+        rows = read_rows(path)
+    except (ResultsError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.reprice:
+        rows, hint = predict_sweep(rows)
+        if hint:
+            print(hint)
+        write_results(rows, path)
+    print(format_check(rows))
+    return 0
+
+
 __all__ = [
     "CALIBRATE_HINT",
     "CALIBRATED_FILE",
@@ -356,8 +419,13 @@ __all__ = [
     "choose_hardware",
     "context_length",
     "effective_k",
+    "format_check",
     "hardware_dir",
     "load_hardware_file",
     "model_profile",
     "predict_sweep",
 ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,7 +36,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from specbench.config import Cell, ConfigError, cell_from_config, validate
 from specbench import run
@@ -91,25 +91,33 @@ def plan_cells(
         unique = list(dict.fromkeys(errors))
         raise ConfigError(f"{len(unique)} invalid setting(s) in the sweep:\n  " + "\n  ".join(unique))
 
-    passes = max(int(cfg.passes) for _, cfg in composed)
+    cells = [(job, cell_from_config(cfg), int(cfg.passes)) for job, cfg in composed]
+    baselines_by_overrides: dict[tuple[str, ...], Cell] = {}
+
+    def baseline_of(job: tuple[str, ...]) -> tuple[tuple[str, ...], Cell]:
+        # Overrides inside the method (method.alpha, method.draft, ...) and K do
+        # not exist in, or do not matter to, the baseline; many jobs share it.
+        kept = [o for o in job if _key(o) not in ("method", "num_speculative_tokens")
+                and not _key(o).startswith("method.")]
+        overrides = _replace(kept, method="baseline")
+        if overrides not in baselines_by_overrides:
+            baselines_by_overrides[overrides] = cell_from_config(compose(overrides))
+        return overrides, baselines_by_overrides[overrides]
+
     planned: list[PlannedCell] = []
     seen: set[str] = set()
-    for pass_index in range(passes):
+    for pass_index in range(max(passes for _, _, passes in cells)):
         baselines, speculative = [], []
-        for job, cfg in composed:
-            if pass_index >= cfg.passes:
+        for job, cell, passes in cells:
+            if pass_index >= passes:
                 continue
-            overrides = _replace(job, pass_index=pass_index)
-            cell = cell_in_pass(cfg, pass_index)
+            item = PlannedCell(_replace(job, pass_index=pass_index), cell.in_pass(pass_index))
             if cell.is_baseline:
-                baselines.append(PlannedCell(overrides, cell))
+                baselines.append(item)
                 continue
-            speculative.append(PlannedCell(overrides, cell))
-            # Overrides inside the method (method.alpha, +method.speculative_config...)
-            # do not exist in the baseline's method config.
-            outside_method = [o for o in job if not _key(o).startswith("method.")]
-            base_overrides = _replace(outside_method, method="baseline", pass_index=pass_index)
-            baselines.append(PlannedCell(base_overrides, cell_in_pass(compose(base_overrides), pass_index)))
+            speculative.append(item)
+            base_overrides, base = baseline_of(job)
+            baselines.append(PlannedCell(_replace(base_overrides, pass_index=pass_index), base.in_pass(pass_index)))
         # Cells sharing an engine run back to back; the pool keeps it alive.
         engine_rank: dict[Any, int] = {}
         for item in speculative:
@@ -121,14 +129,6 @@ def plan_cells(
                 seen.add(item.cell.cell_id)
                 planned.append(item)
     return planned
-
-
-def cell_in_pass(cfg: DictConfig, pass_index: int) -> Cell:
-    """The cell ``cfg`` describes, in the given pass."""
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        cfg.pass_index = pass_index
-    return cell_from_config(cfg)
 
 
 def write_plan(sweep_dir: Path, planned: Sequence[PlannedCell]) -> None:
@@ -234,7 +234,7 @@ def finish(sweep_dir: Path) -> list[dict[str, Any]]:
                 "token for token; greedy speculative decoding should be exact",
                 file=sys.stderr,
             )
-    failed = [r for r in rows if r.get("status") != "ok" or (r["method"] != "baseline" and r.get("speedup") is None)]
+    failed = [r for r in rows if r.get("status") != "ok" or (r.get("method") != "baseline" and r.get("speedup") is None)]
     for row in failed:
         print(f"FAILED {row['cell_id']}: {row.get('error')}", file=sys.stderr)
     if failed:

@@ -47,7 +47,7 @@ def test_installed_copy_composes_from_another_directory(wheel, tmp_path):
         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert "SpecbenchSweeper" in done.stdout and "ngram,draft_model" in done.stdout
+    assert "SpecbenchSweeper" in done.stdout and "workload: summarize,creative" in done.stdout
     where = subprocess.run([sys.executable, "-c", "import specbench; print(specbench.__file__)"],
                            cwd=elsewhere, env=env, capture_output=True, text=True, check=True)
     assert where.stdout.strip().startswith(str(site))

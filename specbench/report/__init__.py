@@ -84,7 +84,7 @@ def render_report(results_path: Path) -> str:
         plots=[_draw(figure, df, encoding) for figure in plots.FIGURES],
         best_configs=tables.best_configs(df),
         break_even=tables.break_even(df),
-        has_model=tables.PREDICTED in df.columns,
+        has_model=tables.has_predictions(df),
         schedules=tables.schedules(df),
         exactness=tables.exactness(df),
         flagged=tables.flagged(df, missing_columns),

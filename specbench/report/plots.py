@@ -32,7 +32,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from specbench import theory
-from specbench.report.tables import CONFIG, PANEL, PREDICTED, compared, measured, speculative
+from specbench.report.tables import CONFIG, PANEL, PREDICTED, compared, has_predictions, measured, speculative
 
 DPI = 110
 _PANEL_W, _PANEL_H = 4.4, 3.3  # inches per facet
@@ -187,7 +187,7 @@ def speedup_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
     if comp.empty:
         return _without(plot, "No speedups to plot: no speculative cell was compared with a baseline.")
     notes = []
-    has_model = PREDICTED in comp.columns and comp[PREDICTED].notna().any()
+    has_model = has_predictions(comp)
     if not has_model:
         notes.append(
             "The model's predicted curve is not drawn: this results file has no predicted_speedup values."

@@ -30,6 +30,11 @@ PANEL = "panel"
 CONFIG = "config_label"
 """Derived column: ``"<method> K=<K>"``."""
 PREDICTED = "predicted_speedup"
+
+
+def has_predictions(df: pd.DataFrame) -> bool:
+    """Whether any row carries the analytic model's predicted speedup (none without a hardware profile)."""
+    return PREDICTED in df.columns and bool(df[PREDICTED].notna().any())
 """The analytic model's speedup column; not in the schema yet, so optional everywhere."""
 FLAGGED = "flagged"
 """Boolean column marking cells whose speedup needs care; absent from files of older schemas."""
@@ -211,9 +216,9 @@ def missing_pieces(df: pd.DataFrame, missing_columns: Sequence[str]) -> list[str
         notes.append(
             f"{uncompared} speculative cell(s) have no baseline comparison: their speedups are unavailable."
         )
-    if PREDICTED not in df.columns:
+    if not has_predictions(df):
         notes.append(
-            "No model columns (predicted_speedup) in this results file: the model's predicted "
+            "No model columns (predicted_speedup) with values in this results file: the model's predicted "
             "speedup curves and predicted break-even batch sizes are not shown."
         )
     if missing_columns:
@@ -303,13 +308,9 @@ def break_even(df: pd.DataFrame) -> list[BreakEven]:
         curve = group.groupby("batch_size")["speedup"].median().sort_index()
         batches = [int(b) for b in curve.index]
         predicted = NO_MODEL
-        if PREDICTED in group.columns:
+        if has_predictions(group):
             model = group.dropna(subset=[PREDICTED]).groupby("batch_size")[PREDICTED].median().sort_index()
-            predicted = (
-                _crossing([int(b) for b in model.index], [float(s) for s in model])
-                if len(model)
-                else "n/a: no predicted values for these cells"
-            )
+            predicted = _crossing([int(b) for b in model.index], [float(s) for s in model])
         out.append(
             BreakEven(
                 panel=str(panel),

@@ -1,0 +1,340 @@
+"""``python -m specbench.calibrate``: measure this machine and fit its hardware profile.
+
+One engine (the plain-decoding engine a sweep's baseline would use, from the
+same Hydra config and overrides) decodes batches of synthetic prompts over a
+grid of batch sizes (tokens per step) and prompt lengths (KV-cache traffic).
+Each grid point gives one :class:`specbench.theory.StepSample`: the decode
+step time is the median TPOT vLLM reports for the batch's requests
+(first-to-last-token time over the tokens after the first, so prefill is
+excluded), at the mean context length the steps attend to (prompt + half the
+output). :func:`specbench.theory.fit_hardware_profile` then fits effective
+memory bandwidth, peak FLOP/s and per-step overhead to those samples.
+
+Only grid points whose whole batch prefills in one engine step are measured
+(batch size x prompt length <= ``--max-step-tokens``, vLLM's
+``max_num_batched_tokens``, 4096 for the offline LLM on CPU): otherwise
+chunked prefill mixes prefill chunks into the decode steps of requests that
+started early and inflates their TPOT. Every request in a batch then decodes
+in lockstep.
+
+The profile, the samples and their residuals are printed and written to
+``$SPECBENCH_CACHE/hardware/calibrated.yaml`` (default
+``~/.cache/specbench/hardware/``), where :mod:`specbench.prediction` finds it
+for every later sweep that names no ``hardware``.
+
+    python -m specbench.calibrate                      # ~2-3 min on 2 CPU cores
+    python -m specbench.calibrate model=qwen2.5-7b-instruct --max-step-tokens 8192
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specbench import models, prediction, theory
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_PROMPT_LENGTHS = (64, 512, 1024)
+DEFAULT_MAX_TOKENS = 24
+DEFAULT_REPETITIONS = 2
+DEFAULT_MAX_STEP_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One calibration measurement: batch_size prompts of prompt_len tokens each."""
+
+    batch_size: int
+    prompt_len: int
+
+
+def grid(
+    batch_sizes: Sequence[int], prompt_lengths: Sequence[int], max_step_tokens: int
+) -> list[GridPoint]:
+    """Every (batch size, prompt length) whose batch prefills in one step, by length then size."""
+    points = [
+        GridPoint(b, n)
+        for n in sorted(set(prompt_lengths))
+        for b in sorted(set(batch_sizes))
+        if b * n <= max_step_tokens
+    ]
+    if len(points) < 3:
+        raise ValueError(
+            f"only {len(points)} grid point(s) fit --max-step-tokens={max_step_tokens}; "
+            "the fit needs at least 3 (lower prompt lengths or batch sizes)"
+        )
+    return points
+
+
+def synthetic_prompts(stream: Sequence[int], length: int, count: int) -> tuple[tuple[int, ...], ...]:
+    """``count`` distinct prompts of exactly ``length`` tokens: consecutive windows of ``stream``.
+
+    Windows wrap around the stream; they are distinct as long as
+    count * length <= len(stream) (otherwise they repeat, which with prefix
+    caching off changes nothing in the timing).
+    """
+    if length < 1 or len(stream) < length:
+        raise ValueError(f"need a token stream of at least {length} tokens, got {len(stream)}")
+    span = len(stream) - length + 1
+    return tuple(tuple(stream[(i * length) % span : (i * length) % span + length]) for i in range(count))
+
+
+def step_sample(
+    point: GridPoint, max_tokens: int, tpot_s: Sequence[float], output_tokens: Sequence[int]
+) -> tuple[theory.StepSample, dict[str, Any]]:
+    """The decode step sample of one grid point, and its record for the YAML.
+
+    ``tpot_s`` holds every request's time per output token over all
+    repetitions; ``output_tokens`` each repetition's total output. The step
+    time is the median TPOT; the context is prompt_len + max_tokens / 2, the
+    mean KV length over the decode steps. Raises ValueError when no request
+    reported a TPOT.
+    """
+    times = [t for t in tpot_s if t is not None and t > 0]
+    if not times:
+        raise ValueError(
+            f"batch {point.batch_size} x {point.prompt_len} tokens: no request reported a TPOT "
+            "(request metrics off, or every request stopped after one token)"
+        )
+    seconds = statistics.median(times)
+    context = point.prompt_len + max_tokens / 2
+    sample = theory.StepSample(
+        num_tokens=point.batch_size, num_seqs=point.batch_size, context_len=context, seconds=seconds
+    )
+    expected = point.batch_size * max_tokens
+    record = {
+        "batch_size": point.batch_size,
+        "prompt_tokens": point.prompt_len,
+        "context_len": context,
+        "seconds": seconds,
+        "tpot_spread": [min(times), max(times)],
+        # Below batch_size * max_tokens: some request hit EOS, the batch shrank near the end.
+        "output_tokens_per_rep": min(output_tokens) if output_tokens else None,
+        "complete": bool(output_tokens) and min(output_tokens) == expected,
+    }
+    return sample, record
+
+
+def fit(
+    samples: Sequence[theory.StepSample],
+    records: Sequence[dict[str, Any]],
+    model: theory.ModelProfile,
+    name: str,
+) -> tuple[theory.HardwareProfile, list[dict[str, Any]]]:
+    """Fit the profile; each record gains predicted_seconds and residual (predicted / measured - 1)."""
+    profile, residuals = theory.fit_hardware_profile(samples, model, name=name)
+    out = []
+    for sample, record, residual in zip(samples, records, residuals):
+        predicted = theory.step_time(
+            model, profile, num_tokens=sample.num_tokens, num_seqs=sample.num_seqs,
+            context_len=sample.context_len,
+        )
+        out.append(dict(record, predicted_seconds=predicted, residual=residual))
+    return profile, out
+
+
+def profile_document(
+    profile: theory.HardwareProfile,
+    records: Sequence[dict[str, Any]],
+    *,
+    model: dict[str, Any],
+    device: str,
+    measured_at: str,
+    vllm_version: str | None,
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """The YAML document: conf/hardware keys, then the evidence behind them."""
+    residuals = [r["residual"] for r in records]
+    doc: dict[str, Any] = {
+        "name": profile.name,
+        "source": "calibrated",
+        "memory_bandwidth_gbps": round(profile.memory_bandwidth / 1e9, 4),
+        "peak_tflops": round(profile.peak_flops / 1e12, 6),
+        "fixed_overhead_ms": round(profile.fixed_overhead_s * 1e3, 4),
+    }
+    memory = _host_memory_gb()
+    if memory is not None and device.startswith("CPU"):
+        doc["memory_gb"] = memory
+    doc |= {
+        "notes": (
+            f"Fitted by python -m specbench.calibrate to {len(records)} plain-decode step times "
+            f"(median TPOT) of {model['name']} ({model['dtype']}) on vLLM {vllm_version}; effective "
+            "figures for this engine and model, not datasheet values."
+        ),
+        "device": device,
+        "model": model,
+        "measured_at": measured_at,
+        "vllm_version": vllm_version,
+        "settings": settings,
+        "rms_residual": (sum(r * r for r in residuals) / len(residuals)) ** 0.5,
+        "residuals": residuals,
+        "samples": list(records),
+    }
+    return doc
+
+
+def write_profile(doc: dict[str, Any], path: Path) -> None:
+    """Write the YAML atomically (temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(doc, f, sort_keys=False)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def format_fit(profile: theory.HardwareProfile, records: Sequence[dict[str, Any]]) -> str:
+    """The fit and its per-sample residuals as a text table."""
+    lines = [
+        f"hardware profile {profile.name!r} (calibrated): "
+        f"memory bandwidth {profile.memory_bandwidth / 1e9:.2f} GB/s, "
+        f"peak {profile.peak_flops / 1e12:.4f} TFLOP/s, "
+        f"fixed overhead {profile.fixed_overhead_s * 1e3:.2f} ms per step",
+        f"{'batch':>5} {'prompt':>6} {'context':>8} {'measured ms':>12} {'model ms':>9} {'residual':>9}",
+    ]
+    for r in records:
+        mark = "" if r.get("complete", True) else "  (some requests stopped early)"
+        lines.append(
+            f"{r['batch_size']:>5} {r['prompt_tokens']:>6} {r['context_len']:>8.0f} "
+            f"{r['seconds'] * 1e3:>12.2f} {r['predicted_seconds'] * 1e3:>9.2f} "
+            f"{r['residual'] * 100:>+8.1f}%{mark}"
+        )
+    rms = (sum(r["residual"] ** 2 for r in records) / len(records)) ** 0.5
+    lines.append(f"rms residual {rms * 100:.1f}%")
+    return "\n".join(lines)
+
+
+def _host_memory_gb() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "this-machine"
+
+
+def _token_stream(tokenizer: Any) -> list[int]:
+    """Natural text to cut prompts from: the built-in summarize articles, tokenized plainly."""
+    from specbench.workloads import load_prompts
+
+    prompts, _ = load_prompts({
+        "name": "summarize", "source": "builtin", "path": None, "num_prompts": 1, "seed": 0,
+        "max_tokens": 1, "max_prompt_tokens": 1, "chat_template": False,
+    })
+    text = "\n\n".join(p.text for p in prompts)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _compose(overrides: Sequence[str]) -> Any:
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=["method=baseline", *overrides])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, fit, print and store; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m specbench.calibrate",
+        description="Fit this machine's hardware profile for the analytic model from real plain-decode steps.",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the engine/model, e.g. model=...")
+    parser.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)))
+    parser.add_argument("--prompt-lengths", default=",".join(map(str, DEFAULT_PROMPT_LENGTHS)))
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                        help="output tokens per request (decode steps per sample)")
+    parser.add_argument("--repetitions", type=int, default=DEFAULT_REPETITIONS)
+    parser.add_argument("--max-step-tokens", type=int, default=DEFAULT_MAX_STEP_TOKENS,
+                        help="vLLM's max_num_batched_tokens: larger batches would prefill in chunks")
+    parser.add_argument("--name", default=None, help="profile name (default: from the device)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"where to write the profile (default: {prediction.calibrated_path()})")
+    args = parser.parse_args(argv)
+
+    from specbench.cell import CellPlan
+    from specbench.config import cell_from_config
+    from specbench.engine import EngineWorker
+    from specbench.results import now_iso
+    from transformers import AutoTokenizer
+
+    try:
+        points = grid(_ints(args.batch_sizes), _ints(args.prompt_lengths), args.max_step_tokens)
+        cell = cell_from_config(_compose(args.overrides))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    model_cfg = cell.identity["model"]
+    dtype = cell.identity["engine"]["dtype"]
+    folder = models.resolve(model_cfg["path"])
+    model = prediction.model_profile(model_cfg["path"], dtype, model_cfg["name"])
+    stream = _token_stream(AutoTokenizer.from_pretrained(folder))
+    longest = max(p.prompt_len for p in points) + args.max_tokens
+    if longest > cell.identity["engine"]["max_model_len"]:
+        print(f"error: prompt + output of {longest} tokens exceeds engine.max_model_len", file=sys.stderr)
+        return 2
+
+    print(f"calibrating with {len(points)} samples of {model_cfg['name']} ({dtype}), "
+          f"{args.max_tokens} tokens each, {args.repetitions} repetitions")
+    measured_at = now_iso()
+    worker = EngineWorker(cell.engine_spec())
+    samples, records = [], []
+    try:
+        for i, point in enumerate(points):
+            plan = CellPlan(
+                prompts=synthetic_prompts(stream, point.prompt_len, point.batch_size),
+                batch_size=point.batch_size, max_tokens=args.max_tokens,
+                repetitions=args.repetitions, warmup=i == 0,
+            )
+            m = worker.measure(plan)
+            sample, record = step_sample(point, args.max_tokens, m.tpot_s, m.rep_output_tokens)
+            samples.append(sample)
+            records.append(record)
+            print(f"  batch {point.batch_size:>3} x {point.prompt_len:>5} tokens: "
+                  f"{sample.seconds * 1e3:.2f} ms per step", flush=True)
+    finally:
+        worker.close()
+
+    name = args.name or _slug(worker.info.hardware)
+    profile, records = fit(samples, records, model, name)
+    print(format_fit(profile, records))
+    doc = profile_document(
+        profile, records,
+        model={"name": model_cfg["name"], "path": model_cfg["path"], "dtype": dtype},
+        device=worker.info.hardware, measured_at=measured_at,
+        vllm_version=worker.info.vllm_version,
+        settings={"max_tokens": args.max_tokens, "repetitions": args.repetitions,
+                  "max_step_tokens": args.max_step_tokens, "overrides": list(args.overrides)},
+    )
+    out = args.out or prediction.calibrated_path()
+    write_profile(doc, out)
+    print(f"profile: {out}")
+    return 0
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise ValueError(f"expected positive integers, got {text!r}")
+    return values
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Calibration without an engine: the grid, synthetic prompts, sample extraction, the fit and its file."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from specbench import calibrate, prediction, theory
+from specbench.calibrate import GridPoint
+
+MODEL = theory.ModelProfile(
+    name="m", num_params=135_000_000, num_layers=30, hidden_size=576, intermediate_size=1536,
+    num_attention_heads=9, num_kv_heads=3, head_dim=64, vocab_size=49152,
+    bytes_per_weight=4.0, kv_bytes_per_element=4.0,
+)
+TRUE = theory.HardwareProfile(
+    name="true", memory_bandwidth=20e9, peak_flops=0.3e12, fixed_overhead_s=4e-3, source="calibrated"
+)
+
+
+def test_grid_keeps_only_batches_that_prefill_in_one_step():
+    points = calibrate.grid([1, 2, 4, 8, 16, 32], [64, 512, 1024], 4096)
+    assert [(p.batch_size, p.prompt_len) for p in points] == [
+        (1, 64), (2, 64), (4, 64), (8, 64), (16, 64), (32, 64),
+        (1, 512), (2, 512), (4, 512), (8, 512),
+        (1, 1024), (2, 1024), (4, 1024),
+    ]
+    with pytest.raises(ValueError, match="at least 3"):
+        calibrate.grid([64], [1024], 4096)
+
+
+def test_synthetic_prompts_have_the_exact_length_and_differ():
+    stream = list(range(1000))
+    prompts = calibrate.synthetic_prompts(stream, 100, 5)
+    assert all(len(p) == 100 for p in prompts) and len(set(prompts)) == 5
+    wrapped = calibrate.synthetic_prompts(stream, 400, 4)  # more tokens than the stream: windows wrap
+    assert all(len(p) == 400 for p in wrapped)
+    with pytest.raises(ValueError):
+        calibrate.synthetic_prompts(stream[:10], 100, 1)
+
+
+def test_step_sample_is_the_median_tpot_at_the_mean_decode_context():
+    point = GridPoint(batch_size=4, prompt_len=512)
+    tpot = [0.020, 0.021, 0.019, 0.5, 0.020, None, 0.022, 0.020]  # one straggler, one without metrics
+    sample, record = calibrate.step_sample(point, 16, tpot, [64, 64])
+    assert sample == theory.StepSample(num_tokens=4, num_seqs=4, context_len=520.0, seconds=0.020)
+    assert record["complete"] and record["tpot_spread"] == [0.019, 0.5]
+    _, short = calibrate.step_sample(point, 16, tpot, [64, 60])
+    assert not short["complete"] and short["output_tokens_per_rep"] == 60
+    with pytest.raises(ValueError, match="TPOT"):
+        calibrate.step_sample(point, 16, [None], [64])
+
+
+def _synthetic_samples():
+    points = calibrate.grid([1, 2, 4, 8, 16, 32], [64, 512, 1024], 4096)
+    samples, records = [], []
+    for p in points:
+        seconds = theory.step_time(MODEL, TRUE, num_tokens=p.batch_size, num_seqs=p.batch_size,
+                                   context_len=p.prompt_len + 8)
+        tpot = [seconds] * p.batch_size
+        sample, record = calibrate.step_sample(p, 16, tpot, [p.batch_size * 16])
+        samples.append(sample)
+        records.append(record)
+    return samples, records
+
+
+def test_fit_recovers_a_known_machine_and_reports_residuals():
+    samples, records = _synthetic_samples()
+    profile, fitted = calibrate.fit(samples, records, MODEL, "test")
+    assert profile.memory_bandwidth == pytest.approx(TRUE.memory_bandwidth, rel=1e-3)
+    assert profile.fixed_overhead_s == pytest.approx(TRUE.fixed_overhead_s, rel=1e-2)
+    assert all(abs(r["residual"]) < 1e-6 for r in fitted)
+    assert all(r["predicted_seconds"] == pytest.approx(r["seconds"]) for r in fitted)
+    text = calibrate.format_fit(profile, fitted)
+    assert "GB/s" in text and "rms residual" in text and len(text.splitlines()) == len(fitted) + 3
+
+
+def test_profile_file_round_trips_and_sweeps_find_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    samples, records = _synthetic_samples()
+    profile, fitted = calibrate.fit(samples, records, MODEL, "my-cpu")
+    doc = calibrate.profile_document(
+        profile, fitted, model={"name": "m", "path": "embedded:x", "dtype": "float32"},
+        device="CPU Test (2 cores)", measured_at="2026-01-01T00:00:00+00:00", vllm_version="0.32.0",
+        settings={"max_tokens": 16},
+    )
+    assert set(doc) >= {"name", "source", "memory_bandwidth_gbps", "peak_tflops", "fixed_overhead_ms",
+                        "notes", "residuals", "samples", "model", "measured_at"}
+    calibrate.write_profile(doc, prediction.calibrated_path())
+    assert prediction.calibrated_path() == tmp_path / "hardware" / "calibrated.yaml"
+    assert yaml.safe_load(prediction.calibrated_path().read_text())["residuals"] == doc["residuals"]
+    choice = prediction.choose_hardware(None)
+    assert choice.profile.source == "calibrated" and choice.profile.name == "my-cpu"
+    assert choice.profile.memory_bandwidth == pytest.approx(profile.memory_bandwidth, rel=1e-4)
+    assert "2026-01-01" in choice.label
+
+
+def test_bad_integer_lists_are_refused():
+    assert calibrate._ints("1, 2,4") == [1, 2, 4]
+    for bad in ("", "0,1", "a"):
+        with pytest.raises(ValueError):
+            calibrate._ints(bad)

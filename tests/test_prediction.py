@@ -1,0 +1,183 @@
+"""The analytic model beside measured rows: hardware choice, pricing, notes, accuracy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from specbench import prediction, theory
+from specbench.prediction import HardwareChoice
+
+HW = theory.HardwareProfile(
+    name="test-cpu", memory_bandwidth=20e9, peak_flops=0.1e12, fixed_overhead_s=0.015, source="calibrated"
+)
+CHOICE = HardwareChoice(HW, "test-cpu (calibrated)")
+TARGET_CONFIG = {
+    "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+    "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True,
+}
+
+
+@pytest.fixture
+def checkpoints(tmp_path):
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    for folder, layers in ((target, 30), (draft, 24)):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(TARGET_CONFIG | {"num_hidden_layers": layers}))
+    return target, draft
+
+
+def _row(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=None, alpha=None, **extra):
+    speculative = None if method == "baseline" else {"method": method, "num_speculative_tokens": k}
+    if draft:
+        speculative["model"] = str(draft)
+    method_cfg = {"name": method, "speculative_config": speculative}
+    if alpha is not None:
+        method_cfg["alpha"] = alpha
+    cfg = {"model": {"name": "m", "path": str(target), "dtype": "float32"}, "method": method_cfg,
+           "workload": {"name": "summarize", "max_tokens": 32}, "engine": {"dtype": "float32"},
+           "hardware": None}
+    return {"status": "ok", "method": method, "num_speculative_tokens": 0 if method == "baseline" else k,
+            "batch_size": batch, "model": "m", "workload": "summarize", "dtype": "float32",
+            "num_requests": 8, "prompt_tokens": 8 * 500, "output_tokens": 8 * 32,
+            "tokens_per_pass": 1.0 if method == "baseline" else tokens_per_pass,
+            "config_json": json.dumps(cfg)} | extra
+
+
+def _theory(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=None):
+    profile = theory.ModelProfile.from_config_json(target, dtype="float32")
+    draft_profile = theory.ModelProfile.from_config_json(draft, dtype="float32") if draft else None
+    return theory.predicted_speedup(method=method, k=k, batch_size=batch, tokens_per_pass=tokens_per_pass,
+                                    target=profile, hw=HW, context_len=516.0, draft=draft_profile)
+
+
+def test_context_is_prompt_plus_half_the_output_per_request():
+    assert prediction.context_length({"num_requests": 4, "prompt_tokens": 400, "output_tokens": 80}) == 110
+    assert prediction.context_length({"num_requests": 0, "prompt_tokens": 1, "output_tokens": 1}) is None
+
+
+def test_each_row_is_priced_with_its_own_measured_acceptance(checkpoints):
+    target, draft = checkpoints
+    rows = [
+        _row(target, "baseline", batch=1), _row(target, "baseline", batch=8),
+        _row(target, batch=1, tokens_per_pass=2.5), _row(target, batch=8, tokens_per_pass=2.0),
+        _row(target, "draft_model", k=2, batch=1, tokens_per_pass=1.8, draft=draft),
+    ]
+    out = prediction.annotate(rows, CHOICE)
+    assert [r["predicted_speedup"] for r in out[:2]] == [1.0, 1.0]
+    assert out[2]["predicted_speedup"] == pytest.approx(_theory(target, tokens_per_pass=2.5))
+    assert out[3]["predicted_speedup"] == pytest.approx(_theory(target, batch=8, tokens_per_pass=2.0))
+    # Across batch sizes: batch 8 priced with the acceptance measured at batch 1.
+    assert out[3]["predicted_speedup_bs1_alpha"] == pytest.approx(_theory(target, batch=8, tokens_per_pass=2.5))
+    assert out[2]["predicted_speedup_bs1_alpha"] == out[2]["predicted_speedup"]
+    assert out[4]["predicted_speedup"] == pytest.approx(
+        _theory(target, "draft_model", k=2, tokens_per_pass=1.8, draft=draft))
+    assert out[4]["predicted_speedup"] < _theory(target, k=2, tokens_per_pass=1.8)  # the draft costs
+    assert all(r["hardware_profile"] == "test-cpu (calibrated)" and r["prediction_note"] is None for r in out)
+
+
+def test_controlled_rows_are_marked_and_priced_as_a_free_draft(checkpoints):
+    target, _ = checkpoints
+    (row,) = prediction.annotate([_row(target, "controlled", alpha=0.7, tokens_per_pass=2.7)], CHOICE)
+    assert row["controlled_alpha"] == 0.7
+    assert row["predicted_speedup"] == pytest.approx(_theory(target, tokens_per_pass=2.7))
+    (plain,) = prediction.annotate([_row(target)], CHOICE)
+    assert plain["controlled_alpha"] is None
+
+
+def test_rows_the_model_cannot_price_get_nulls_and_a_reason(checkpoints, tmp_path):
+    target, _ = checkpoints
+    missing = tmp_path / "nowhere"
+    rows = [
+        _row(target, batch=4),  # no batch-size-1 row in its curve
+        _row(missing, batch=1),  # no config.json
+        _row(target, batch=1, k=2, tokens_per_pass=None),
+        _row(target, batch=1, k=3, status="failed"),
+    ]
+    out = prediction.annotate(rows, CHOICE)
+    assert out[0]["predicted_speedup"] is not None and out[0]["predicted_speedup_bs1_alpha"] is None
+    assert "batch-size-1" in out[0]["prediction_note"]
+    assert out[1]["predicted_speedup"] is None and "config.json" in out[1]["prediction_note"]
+    assert out[2]["predicted_speedup"] is None and "tokens_per_pass" in out[2]["prediction_note"]
+    assert out[3].get("predicted_speedup") is None and out[3].get("prediction_note") is None
+
+
+def test_measured_acceptance_past_the_bound_is_clamped(checkpoints):
+    target, _ = checkpoints
+    (row,) = prediction.annotate([_row(target, k=4, tokens_per_pass=6.4)], CHOICE)
+    assert row["predicted_speedup"] == pytest.approx(_theory(target, k=4, tokens_per_pass=5.0))
+
+
+def test_a_schedule_prices_the_k_vllm_uses_at_that_batch_size(checkpoints):
+    schedule = [[1, 3, 4], [8, 15, 2], [16, 32, 0]]
+    assert [prediction.effective_k({"num_speculative_tokens_per_batch_size": schedule}, 4, b)
+            for b in (1, 3, 5, 8, 16, 64)] == [4, 4, 4, 2, 0, 0]
+    assert prediction.effective_k({"num_speculative_tokens_per_batch_size": [[1, 8, 6]]}, 4, 2) == 4
+    assert prediction.effective_k(None, 3, 8) == 3
+    target, _ = checkpoints
+    row = _row(target, batch=16, tokens_per_pass=1.0)
+    cfg = json.loads(row["config_json"])
+    cfg["method"]["speculative_config"]["num_speculative_tokens_per_batch_size"] = schedule
+    (priced,) = prediction.annotate([dict(row, config_json=json.dumps(cfg))], CHOICE)
+    assert priced["predicted_speedup"] == 1.0
+
+
+def test_hardware_choice_config_first_then_calibrated_then_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    assert prediction.choose_hardware(None) is None
+    vendor = {"name": "h200", "source": "vendor", "memory_bandwidth_gbps": 4800, "peak_tflops": 989,
+              "fixed_overhead_ms": 0.1}
+    assert prediction.choose_hardware(vendor).profile.name == "h200"
+    path = prediction.calibrated_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump({"name": "mine", "source": "calibrated", "memory_bandwidth_gbps": 20,
+                                    "peak_tflops": 0.1, "fixed_overhead_ms": 15,
+                                    "measured_at": "2026-01-01T00:00:00+00:00"}))
+    chosen = prediction.choose_hardware(None)
+    assert chosen.profile.name == "mine" and str(path) in chosen.label
+    assert prediction.choose_hardware(vendor).profile.name == "h200"
+
+
+def test_without_any_profile_predictions_are_null_and_the_sweep_says_how_to_calibrate(
+    checkpoints, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "empty"))
+    target, _ = checkpoints
+    rows, hint = prediction.predict_sweep([_row(target), _row(target, "baseline")])
+    assert "python -m specbench.calibrate" in hint and "\n" not in hint
+    assert all(r["predicted_speedup"] is None and r["hardware_profile"] is None for r in rows)
+    cfg = json.loads(rows[0]["config_json"])
+    cfg["hardware"] = {"name": "a100", "source": "vendor", "memory_bandwidth_gbps": 2039,
+                       "peak_tflops": 312, "fixed_overhead_ms": 0.1}
+    rows, hint = prediction.predict_sweep([dict(rows[0], config_json=json.dumps(cfg))])
+    assert hint is None and rows[0]["hardware_profile"].startswith("a100 (vendor")
+
+
+def test_embedded_models_are_profiled_from_their_prepared_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    folder = tmp_path / "models" / "smollm2-135m-instruct"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(TARGET_CONFIG))
+    profile = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
+    assert profile.num_layers == 30 and profile.bytes_per_weight == 4.0
+    with pytest.raises(ValueError, match="config.json"):
+        prediction.model_profile("embedded:smollm2-135m-instruct-l24", "float32")
+
+
+def test_accuracy_and_break_even_per_curve():
+    def row(batch, measured, predicted, decode=None):
+        return {"status": "ok", "method": "ngram", "num_speculative_tokens": 4, "batch_size": batch,
+                "workload": "w", "speedup": measured, "decode_speedup": decode or measured,
+                "predicted_speedup": predicted, "predicted_speedup_bs1_alpha": predicted,
+                "dtype": "float32", "config_json": "{}"}
+
+    rows = [row(1, 2.0, 2.2), row(2, 1.5, 1.5), row(4, 1.2, 0.9), row(8, 0.8, 0.7)]
+    (acc,) = prediction.accuracy(rows)
+    assert acc["method"] == "ngram" and acc["rows"] == 4
+    assert acc["mdape_wall"] == pytest.approx((0.1 + 0.125) / 2)
+    (curve,) = prediction.break_even(rows)
+    assert curve["batch_sizes"] == [1, 2, 4, 8]
+    assert curve["measured"] == pytest.approx(theory.break_even_batch_size([1, 2, 4, 8], [2.0, 1.5, 1.2, 0.8]))
+    assert curve["predicted"] == pytest.approx(theory.break_even_batch_size([1, 2, 4, 8], [2.2, 1.5, 0.9, 0.7]))

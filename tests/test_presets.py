@@ -1,0 +1,43 @@
+"""Every preset in sweeps/ composes, validates cell by cell, and spans the grid it documents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from specbench.sweep import CellSweeper, plan_cells
+
+SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+
+# preset -> (speculative cells in the grid, baselines, passes)
+EXPECTED = {
+    "cpu_demo": (1 * 2 * 2 * 2, 2 * 2, 2),
+    "full_grid": (4 * 4 * 3 * 7, 3 * 7, 2),
+    "batch_decay": (2 * 1 * 2 * 8, 2 * 8, 2),
+    "k_sweep": (4 * 8 * 3 * 1, 3 * 1, 2),
+}
+
+
+def test_every_preset_is_listed():
+    assert {p.stem for p in SWEEPS.glob("*.yaml")} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("preset", sorted(EXPECTED))
+def test_preset_plans_its_grid(preset):
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
+        root = compose(config_name="config", overrides=[f"sweep={preset}"], return_hydra_config=True)
+        assert root.hydra.mode.name == "MULTIRUN"
+        params = [f"{k}={v}" for k, v in root.hydra.sweeper.params.items()]
+        jobs = CellSweeper.split_arguments(OverridesParser.create().parse_overrides(params), None)[0]
+        planned = plan_cells(jobs, lambda job: compose(config_name="config", overrides=[f"sweep={preset}", *job]))
+    GlobalHydra.instance().clear()
+    speculative, baselines, passes = EXPECTED[preset]
+    assert len(jobs) == speculative
+    assert len(planned) == (speculative + baselines) * passes
+    assert {p.cell.pass_index for p in planned} == set(range(passes))
+    assert sum(p.cell.is_baseline for p in planned) == baselines * passes

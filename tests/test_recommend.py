@@ -1,0 +1,80 @@
+"""The best-K-per-batch-size recommendation, from result rows to a vLLM schedule and a check command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specbench import recommend
+from specbench.results import write_results
+
+
+def _row(k, batch, speedup, schedule=None, workload="summarize"):
+    speculative = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2}
+    if schedule:
+        speculative["num_speculative_tokens_per_batch_size"] = schedule
+    cfg = {"model": {"name": "smollm2-135m"}, "method": {"name": "ngram", "speculative_config": speculative},
+           "workload": {"name": workload, "num_prompts": 32, "max_tokens": 32}, "repetitions": 1,
+           "engine": {"dtype": "float32"}}
+    return {"status": "ok", "method": "ngram", "num_speculative_tokens": k, "batch_size": batch,
+            "speedup": speedup, "model": "smollm2-135m", "workload": workload, "repetitions": 1,
+            "cell_id": f"ngram-k{k}-b{batch}", "config_json": json.dumps(cfg)}
+
+
+GRID = {  # batch -> {K: speedup}
+    1: {2: 1.5, 4: 1.8, 8: 1.6},
+    4: {2: 1.4, 4: 1.45, 8: 1.2},
+    8: {2: 1.2, 4: 1.1, 8: 0.9},
+    16: {2: 0.95, 4: 0.9, 8: 0.7},
+}
+
+
+def _rows():
+    return [_row(k, b, s) for b, by_k in GRID.items() for k, s in by_k.items()]
+
+
+def test_best_k_per_batch_size_becomes_a_vllm_schedule():
+    (rec,) = recommend.recommend(_rows())
+    assert rec.best == {1: (4, 1.8), 4: (4, 1.45), 8: (2, 1.2), 16: (0, None)}
+    assert rec.schedule == [(1, 7, 4), (8, 15, 2), (16, 16, 0)]
+    assert rec.max_k == 4
+    assert rec.speculative_config_yaml() == (
+        "num_speculative_tokens: 4\nnum_speculative_tokens_per_batch_size: [[1, 7, 4], [8, 15, 2], [16, 16, 0]]"
+    )
+    command = rec.check_command()
+    assert command.startswith("python -m specbench -m model=smollm2-135m method=ngram workload=summarize")
+    assert "num_speculative_tokens=4 batch_size=1,4,8,16" in command
+    assert "'+method.speculative_config.num_speculative_tokens_per_batch_size=[[1,7,4],[8,15,2],[16,16,0]]'" in command
+
+
+def test_workloads_are_recommended_separately_and_schedule_rows_are_the_check():
+    rows = _rows() + [_row(4, 1, 1.3, workload="creative"), _row(2, 1, 1.1, workload="creative")]
+    rows += [_row(4, 1, 1.78, schedule=[[1, 7, 4], [8, 16, 2]]), _row(4, 8, 1.19, schedule=[[1, 7, 4], [8, 16, 2]])]
+    recs = recommend.recommend(rows)
+    assert [r.label for r in recs] == ["ngram on creative (smollm2-135m)", "ngram on summarize (smollm2-135m)"]
+    summarize = recs[1]
+    assert summarize.best[1] == (4, 1.8)  # schedule rows never choose K
+    assert summarize.checked == {1: 1.78, 8: 1.19}
+    text = recommend.format_recommendation(summarize)
+    assert "with schedule 1.19x" in text and "check it:" in text
+
+
+def test_no_speculation_when_nothing_beats_plain_decoding():
+    (rec,) = recommend.recommend([_row(2, 1, 0.9), _row(4, 1, 0.8)])
+    assert rec.schedule == [(1, 1, 0)]
+    assert "no speculation" in recommend.format_recommendation(rec)
+
+
+def test_cli_reads_a_sweep_directory(tmp_path, capsys):
+    write_results(_rows(), tmp_path / "results.parquet")
+    assert recommend.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "schedule (start, end, K): [(1, 7, 4), (8, 15, 2), (16, 16, 0)]" in out
+    assert recommend.main([str(tmp_path / "missing.parquet")]) == 2
+
+
+@pytest.mark.parametrize("rows", [[], [_row(2, 1, None)]])
+def test_cli_refuses_results_without_speedups(tmp_path, rows):
+    write_results(rows, tmp_path / "results.parquet")
+    assert recommend.main([str(tmp_path)]) == 2
