@@ -7,7 +7,9 @@ Each grid point gives one :class:`specbench.theory.StepSample`: the decode
 step time is the median TPOT vLLM reports for the batch's requests
 (first-to-last-token time over the tokens after the first, so prefill is
 excluded), at the mean context length the steps attend to (prompt + half the
-output). :func:`specbench.theory.fit_hardware_profile` then fits effective
+output). The grid is measured in ``--rounds`` passes and each point keeps its
+fastest round: on a machine shared with other work, interference only ever
+adds time. :func:`specbench.theory.fit_hardware_profile` then fits effective
 memory bandwidth, peak FLOP/s and per-step overhead to those samples.
 
 Only grid points whose whole batch prefills in one engine step are measured
@@ -46,7 +48,7 @@ from specbench import models, prediction, theory
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_PROMPT_LENGTHS = (64, 512, 1024)
 DEFAULT_MAX_TOKENS = 24
-DEFAULT_REPETITIONS = 2
+DEFAULT_ROUNDS = 3
 DEFAULT_MAX_STEP_TOKENS = 4096
 
 
@@ -90,37 +92,41 @@ def synthetic_prompts(stream: Sequence[int], length: int, count: int) -> tuple[t
 
 
 def step_sample(
-    point: GridPoint, max_tokens: int, tpot_s: Sequence[float], output_tokens: Sequence[int]
+    point: GridPoint,
+    max_tokens: int,
+    rounds: Sequence[Sequence[float | None]],
+    output_tokens: Sequence[int],
 ) -> tuple[theory.StepSample, dict[str, Any]]:
     """The decode step sample of one grid point, and its record for the YAML.
 
-    ``tpot_s`` holds every request's time per output token over all
-    repetitions; ``output_tokens`` each repetition's total output. The step
-    time is the median TPOT; the context is prompt_len + max_tokens / 2, the
-    mean KV length over the decode steps. Raises ValueError when no request
-    reported a TPOT.
+    ``rounds`` holds, for each round over the grid, every request's time per
+    output token; ``output_tokens`` each round's total output. A round's step
+    time is the median TPOT of its requests (they decode in lockstep); the
+    sample takes the fastest round, because interference from other work on
+    the machine only ever adds time. The context is prompt_len +
+    max_tokens / 2, the mean KV length over the decode steps. Raises
+    ValueError when no request of any round reported a TPOT.
     """
-    times = [t for t in tpot_s if t is not None and t > 0]
-    if not times:
+    medians = [statistics.median(ts) for ts in ([t for t in r if t is not None and t > 0] for r in rounds) if ts]
+    if not medians:
         raise ValueError(
             f"batch {point.batch_size} x {point.prompt_len} tokens: no request reported a TPOT "
             "(request metrics off, or every request stopped after one token)"
         )
-    seconds = statistics.median(times)
+    seconds = min(medians)
     context = point.prompt_len + max_tokens / 2
     sample = theory.StepSample(
         num_tokens=point.batch_size, num_seqs=point.batch_size, context_len=context, seconds=seconds
     )
-    expected = point.batch_size * max_tokens
     record = {
         "batch_size": point.batch_size,
         "prompt_tokens": point.prompt_len,
         "context_len": context,
         "seconds": seconds,
-        "tpot_spread": [min(times), max(times)],
+        "round_seconds": medians,
         # Below batch_size * max_tokens: some request hit EOS, the batch shrank near the end.
-        "output_tokens_per_rep": min(output_tokens) if output_tokens else None,
-        "complete": bool(output_tokens) and min(output_tokens) == expected,
+        "output_tokens_per_round": min(output_tokens) if output_tokens else None,
+        "complete": bool(output_tokens) and min(output_tokens) == point.batch_size * max_tokens,
     }
     return sample, record
 
@@ -168,7 +174,7 @@ def profile_document(
     doc |= {
         "notes": (
             f"Fitted by python -m specbench.calibrate to {len(records)} plain-decode step times "
-            f"(median TPOT) of {model['name']} ({model['dtype']}) on vLLM {vllm_version}; effective "
+            f"(median TPOT, fastest of {settings.get('rounds')} rounds) of {model['name']} ({model['dtype']}) on vLLM {vllm_version}; effective "
             "figures for this engine and model, not datasheet values."
         ),
         "device": device,
@@ -217,6 +223,13 @@ def format_fit(profile: theory.HardwareProfile, records: Sequence[dict[str, Any]
     return "\n".join(lines)
 
 
+def _load() -> str:
+    try:
+        return ", ".join(f"{v:.2f}" for v in os.getloadavg()) + f" on {os.cpu_count()} cores"
+    except OSError:
+        return "unknown"
+
+
 def _host_memory_gb() -> float | None:
     try:
         return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)
@@ -258,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-lengths", default=",".join(map(str, DEFAULT_PROMPT_LENGTHS)))
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                         help="output tokens per request (decode steps per sample)")
-    parser.add_argument("--repetitions", type=int, default=DEFAULT_REPETITIONS)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help="passes over the grid; each sample keeps its fastest round")
     parser.add_argument("--max-step-tokens", type=int, default=DEFAULT_MAX_STEP_TOKENS,
                         help="vLLM's max_num_batched_tokens: larger batches would prefill in chunks")
     parser.add_argument("--name", default=None, help="profile name (default: from the device)")
@@ -289,25 +303,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     print(f"calibrating with {len(points)} samples of {model_cfg['name']} ({dtype}), "
-          f"{args.max_tokens} tokens each, {args.repetitions} repetitions")
+          f"{args.max_tokens} tokens each, {args.rounds} rounds; load average {_load()}")
     measured_at = now_iso()
+    tpot: dict[GridPoint, list[list[float]]] = {p: [] for p in points}
+    outputs: dict[GridPoint, list[int]] = {p: [] for p in points}
     worker = EngineWorker(cell.engine_spec())
-    samples, records = [], []
     try:
-        for i, point in enumerate(points):
-            plan = CellPlan(
-                prompts=synthetic_prompts(stream, point.prompt_len, point.batch_size),
-                batch_size=point.batch_size, max_tokens=args.max_tokens,
-                repetitions=args.repetitions, warmup=i == 0,
-            )
-            m = worker.measure(plan)
-            sample, record = step_sample(point, args.max_tokens, m.tpot_s, m.rep_output_tokens)
-            samples.append(sample)
-            records.append(record)
-            print(f"  batch {point.batch_size:>3} x {point.prompt_len:>5} tokens: "
-                  f"{sample.seconds * 1e3:.2f} ms per step", flush=True)
+        for round_index in range(args.rounds):
+            for i, point in enumerate(points):
+                plan = CellPlan(
+                    prompts=synthetic_prompts(stream, point.prompt_len, point.batch_size),
+                    batch_size=point.batch_size, max_tokens=args.max_tokens,
+                    repetitions=1, warmup=round_index == 0 and i == 0,
+                )
+                m = worker.measure(plan)
+                tpot[point].append(m.tpot_s)
+                outputs[point] += m.rep_output_tokens
+                step = statistics.median(m.tpot_s) * 1e3 if m.tpot_s else float("nan")
+                print(f"  round {round_index + 1}: batch {point.batch_size:>3} x {point.prompt_len:>5} "
+                      f"tokens: {step:.2f} ms per step", flush=True)
     finally:
         worker.close()
+    samples, records = [], []
+    for point in points:
+        sample, record = step_sample(point, args.max_tokens, tpot[point], outputs[point])
+        samples.append(sample)
+        records.append(record)
+    print(f"load average after: {_load()}")
 
     name = args.name or _slug(worker.info.hardware)
     profile, records = fit(samples, records, model, name)
@@ -317,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         model={"name": model_cfg["name"], "path": model_cfg["path"], "dtype": dtype},
         device=worker.info.hardware, measured_at=measured_at,
         vllm_version=worker.info.vllm_version,
-        settings={"max_tokens": args.max_tokens, "repetitions": args.repetitions,
+        settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": list(args.overrides)},
     )
     out = args.out or prediction.calibrated_path()

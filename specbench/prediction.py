@@ -188,8 +188,6 @@ def _predict(
     tokens_per_pass: float | None,
 ) -> float:
     method = row["method"]
-    if method == "baseline":
-        return 1.0
     priced_as = _PRICED_AS.get(method, method)
     if priced_as not in theory.METHODS:
         raise _Unpriced(f"method {method} has no cost model")
@@ -245,6 +243,10 @@ def annotate(
         if hardware is None:
             out.append(new | {"predicted_speedup": None, "predicted_speedup_bs1_alpha": None,
                               "hardware_profile": None, "prediction_note": CALIBRATE_HINT})
+            continue
+        if row.get("method") == "baseline":
+            out.append(new | {"predicted_speedup": 1.0, "predicted_speedup_bs1_alpha": 1.0,
+                              "hardware_profile": hardware.label, "prediction_note": None})
             continue
         notes = []
         try:

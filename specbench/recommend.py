@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     recommendations = recommend(rows)
     if not recommendations:
-        print(f"error: {path} holds no speculative cell with a measured speedup", file=sys.stderr)
+        print(f"error: {path} holds no speculative cell with a measured speedup at a fixed K",
+              file=sys.stderr)
         return 2
     print("\n\n".join(format_recommendation(r) for r in recommendations))
     return 0

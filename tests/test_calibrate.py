@@ -39,16 +39,17 @@ def test_synthetic_prompts_have_the_exact_length_and_differ():
         calibrate.synthetic_prompts(stream[:10], 100, 1)
 
 
-def test_step_sample_is_the_median_tpot_at_the_mean_decode_context():
+def test_step_sample_is_the_fastest_rounds_median_tpot_at_the_mean_decode_context():
     point = GridPoint(batch_size=4, prompt_len=512)
-    tpot = [0.020, 0.021, 0.019, 0.5, 0.020, None, 0.022, 0.020]  # one straggler, one without metrics
-    sample, record = calibrate.step_sample(point, 16, tpot, [64, 64])
+    quiet = [0.020, 0.021, 0.019, 0.5, 0.020, None, 0.022, 0.020]  # a straggler, one without metrics
+    disturbed = [0.300, 0.310, 0.290, 0.305]  # other work on the machine during this round
+    sample, record = calibrate.step_sample(point, 16, [disturbed, quiet], [64, 64])
     assert sample == theory.StepSample(num_tokens=4, num_seqs=4, context_len=520.0, seconds=0.020)
-    assert record["complete"] and record["tpot_spread"] == [0.019, 0.5]
-    _, short = calibrate.step_sample(point, 16, tpot, [64, 60])
-    assert not short["complete"] and short["output_tokens_per_rep"] == 60
+    assert record["complete"] and record["round_seconds"] == [0.3025, 0.020]
+    _, short = calibrate.step_sample(point, 16, [quiet], [64, 60])
+    assert not short["complete"] and short["output_tokens_per_round"] == 60
     with pytest.raises(ValueError, match="TPOT"):
-        calibrate.step_sample(point, 16, [None], [64])
+        calibrate.step_sample(point, 16, [[None], []], [64])
 
 
 def _synthetic_samples():
@@ -57,8 +58,8 @@ def _synthetic_samples():
     for p in points:
         seconds = theory.step_time(MODEL, TRUE, num_tokens=p.batch_size, num_seqs=p.batch_size,
                                    context_len=p.prompt_len + 8)
-        tpot = [seconds] * p.batch_size
-        sample, record = calibrate.step_sample(p, 16, tpot, [p.batch_size * 16])
+        rounds = [[seconds * 1.3] * p.batch_size, [seconds] * p.batch_size]
+        sample, record = calibrate.step_sample(p, 16, rounds, [p.batch_size * 16] * 2)
         samples.append(sample)
         records.append(record)
     return samples, records
@@ -82,7 +83,7 @@ def test_profile_file_round_trips_and_sweeps_find_it(tmp_path, monkeypatch):
     doc = calibrate.profile_document(
         profile, fitted, model={"name": "m", "path": "embedded:x", "dtype": "float32"},
         device="CPU Test (2 cores)", measured_at="2026-01-01T00:00:00+00:00", vllm_version="0.32.0",
-        settings={"max_tokens": 16},
+        settings={"max_tokens": 16, "rounds": 2},
     )
     assert set(doc) >= {"name", "source", "memory_bandwidth_gbps", "peak_tflops", "fixed_overhead_ms",
                         "notes", "residuals", "samples", "model", "measured_at"}

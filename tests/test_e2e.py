@@ -84,3 +84,14 @@ def test_rerun_into_the_same_directory_resumes(sweep):
     again = specbench("-m", *GRID, f"hydra.sweep.dir={directory}", cwd=directory.parent)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "6 already complete, skipped; 0 to run" in again.stdout + again.stderr
+
+
+def test_single_run_measures_the_cell_with_its_baseline(tmp_path):
+    run_dir = tmp_path / "run"
+    done = specbench("method=ngram", "num_speculative_tokens=2", "workload=creative", "workload.num_prompts=2",
+                     "workload.max_tokens=8", "repetitions=1", "passes=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = pd.read_parquet(run_dir / "results.parquet")
+    assert sorted(results["method"]) == ["baseline", "ngram"]
+    assert results["exact_match"].all() and (results["status"] == "ok").all()
+    assert (run_dir / "report.html").is_file()

@@ -66,7 +66,7 @@ def test_each_row_is_priced_with_its_own_measured_acceptance(checkpoints):
         _row(target, "draft_model", k=2, batch=1, tokens_per_pass=1.8, draft=draft),
     ]
     out = prediction.annotate(rows, CHOICE)
-    assert [r["predicted_speedup"] for r in out[:2]] == [1.0, 1.0]
+    assert [(r["predicted_speedup"], r["predicted_speedup_bs1_alpha"]) for r in out[:2]] == [(1.0, 1.0)] * 2
     assert out[2]["predicted_speedup"] == pytest.approx(_theory(target, tokens_per_pass=2.5))
     assert out[3]["predicted_speedup"] == pytest.approx(_theory(target, batch=8, tokens_per_pass=2.0))
     # Across batch sizes: batch 8 priced with the acceptance measured at batch 1.

@@ -2,10 +2,12 @@
 
 Prints figures; asserts nothing. Run on a quiet machine:
 
-    .venv/bin/python tests/benchmarks/coverage.py [passes]
+    .venv/bin/python tests/benchmarks/coverage.py [FIRST_SWEEP_DIR]
 
-The same small sweep (ngram K=2,4 x batch 1,4 x summarize, creative) runs
-twice into fresh directories. For each speculative cell it checks whether the
+The CPU demo sweep (``sweep=cpu_demo``: ngram K=2,4 x batch 1,4 x summarize,
+creative, two passes) runs twice into fresh directories; pass the directory of
+a finished demo sweep (e.g. ``outputs/cpu_demo`` after ``make demo``) to reuse
+it as the first run. For each speculative cell it checks whether the
 second run's speedup falls inside the first run's 95% intervals, and prints
 the coverage and median width of:
 
@@ -28,13 +30,10 @@ import pandas as pd
 from specbench import stats
 from specbench.results import merge
 
-GRID = ["method=ngram", "num_speculative_tokens=2,4", "batch_size=1,4", "workload=summarize,creative",
-        "workload.num_prompts=4", "workload.max_tokens=48", "repetitions=2"]
-
-
-def sweep(directory: Path, passes: int) -> pd.DataFrame:
-    subprocess.run([sys.executable, "-m", "specbench", "-m", *GRID, f"passes={passes}",
-                    f"hydra.sweep.dir={directory}"], check=True, capture_output=True)
+def sweep(directory: Path) -> pd.DataFrame:
+    if not (directory / "results.parquet").exists():
+        subprocess.run([sys.executable, "-m", "specbench", "sweep=cpu_demo", f"hydra.sweep.dir={directory}"],
+                       check=True, capture_output=True)
     return pd.read_parquet(directory / "results.parquet")
 
 
@@ -57,10 +56,10 @@ def report(name: str, first: pd.DataFrame, second: pd.DataFrame, low: str, high:
 
 
 def main() -> None:
-    passes = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [Path(tmp) / "first", Path(tmp) / "second"]
-        frames = [sweep(d, passes) for d in runs]
+        runs = [Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tmp) / "first", Path(tmp) / "second"]
+        frames = [sweep(d) for d in runs]
+        passes = int(frames[0]["passes"].max())
         before = [first_pass_only(d) for d in runs]
         ratios = [r for f in frames for r in key(f)["speedup_per_pass"]]
         spread = stats.pooled_pass_spread([list(r) for r in ratios])
