@@ -3,6 +3,7 @@
 Prints figures; asserts nothing. Target: at most 1.5 for specbench.
 
     .venv/bin/python tests/benchmarks/overhead.py [extra overrides...]
+    .venv/bin/python tests/benchmarks/overhead.py --sweep outputs/cpu_demo --wall 355   # reuse a timed demo run
 
 1. specbench runs the CPU demo preset (``sweep=cpu_demo``, plus any extra
    overrides, e.g. ``passes=1`` for a quicker run) into a fresh directory;
@@ -36,16 +37,20 @@ def generation_seconds(rows: pd.DataFrame) -> float:
     return float(sum((r.warmup_s or 0.0) + sum(r.wall_time_s_reps) for r in rows.itertuples()))
 
 
-def run_specbench(directory: Path, extra: list[str]) -> tuple[float, pd.DataFrame]:
+def cell_rows(directory: Path) -> pd.DataFrame:
+    """One row per measured cell and pass, as the jobs wrote them."""
+    return pd.concat(pd.read_parquet(p) for p in (directory / "cells").glob("*.parquet") if ".tokens." not in p.name)
+
+
+def run_specbench(directory: Path, extra: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "specbench", "sweep=cpu_demo", f"hydra.sweep.dir={directory}", *extra],
                    check=True, capture_output=True)
-    wall = time.perf_counter() - start
-    return wall, pd.read_parquet(directory / "results.parquet")
+    return time.perf_counter() - start
 
 
-def run_naive(directory: Path) -> tuple[float, float]:
-    """Every planned cell on a fresh engine, in this process's children."""
+def run_naive(directory: Path, naive_dir: Path, extra: list[str]) -> tuple[float, float]:
+    """The first planned cells of ``directory``'s sweep, each on a fresh engine, into ``naive_dir``."""
     from hydra import compose, initialize_config_module
 
     from specbench.config import cell_from_config
@@ -53,28 +58,30 @@ def run_naive(directory: Path) -> tuple[float, float]:
     from specbench.run import run_cell
 
     plan = json.loads((directory / "plan.json").read_text())
-    naive_dir = directory / "naive"
     start = time.perf_counter()
     with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
         for entry in plan[:NAIVE_CELLS]:
-            cfg = compose(config_name="config", overrides=["sweep=cpu_demo", *entry["overrides"]])
+            cfg = compose(config_name="config", overrides=["sweep=cpu_demo", *extra, *entry["overrides"]])
             pool = EnginePool()  # a fresh engine for every cell
             run_cell(cell_from_config(cfg), naive_dir / "cells", passes=int(cfg.passes), pool=pool)
             pool.discard()
     wall = time.perf_counter() - start
-    rows = [pd.read_parquet(p) for p in (naive_dir / "cells").glob("*.parquet") if ".tokens." not in p.name]
-    return wall, generation_seconds(pd.concat(rows))
+    return wall, generation_seconds(cell_rows(naive_dir))
 
 
 def main() -> None:
-    extra = sys.argv[1:]
+    args = sys.argv[1:]
     with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(tmp) / "sweep"
-        wall, rows = run_specbench(directory, extra)
+        if args[:1] == ["--sweep"]:  # a finished demo sweep and the wall time its command took
+            directory, wall, extra = Path(args[1]), float(args[3]), []
+        else:
+            directory, extra = Path(tmp) / "sweep", args
+            wall = run_specbench(directory, extra)
+        rows = cell_rows(directory)
         gen = generation_seconds(rows)
         print(f"specbench: {len(rows)} cells, wall {wall:.0f} s, generation {gen:.0f} s, "
               f"overhead {wall / gen:.2f} (target <= 1.5)", flush=True)
-        naive_wall, naive_gen = run_naive(directory)
+        naive_wall, naive_gen = run_naive(directory, Path(tmp) / "naive", extra)
         print(f"naive (fresh engine per cell, first {NAIVE_CELLS} cells): wall {naive_wall:.0f} s, "
               f"generation {naive_gen:.0f} s, "
               f"overhead {naive_wall / naive_gen:.2f}")
