@@ -280,11 +280,12 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"where to write the profile (default: {prediction.calibrated_path()})")
     args = parser.parse_args(argv)
 
+    from transformers import AutoTokenizer
+
     from specbench.cell import CellPlan
     from specbench.config import cell_from_config
-    from specbench.engine import EngineWorker
+    from specbench.engine import EngineError, EngineWorker
     from specbench.results import now_iso
-    from transformers import AutoTokenizer
 
     try:
         points = grid(_ints(args.batch_sizes), _ints(args.prompt_lengths), args.max_step_tokens)
@@ -307,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     measured_at = now_iso()
     tpot: dict[GridPoint, list[list[float]]] = {p: [] for p in points}
     outputs: dict[GridPoint, list[int]] = {p: [] for p in points}
-    worker = EngineWorker(cell.engine_spec())
+    try:
+        worker = EngineWorker(cell.engine_spec())
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         for round_index in range(args.rounds):
             for i, point in enumerate(points):
@@ -322,17 +327,19 @@ def main(argv: list[str] | None = None) -> int:
                 step = statistics.median(m.tpot_s) * 1e3 if m.tpot_s else float("nan")
                 print(f"  round {round_index + 1}: batch {point.batch_size:>3} x {point.prompt_len:>5} "
                       f"tokens: {step:.2f} ms per step", flush=True)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         worker.close()
-    samples, records = [], []
-    for point in points:
-        sample, record = step_sample(point, args.max_tokens, tpot[point], outputs[point])
-        samples.append(sample)
-        records.append(record)
     print(f"load average after: {_load()}")
-
-    name = args.name or _slug(worker.info.hardware)
-    profile, records = fit(samples, records, model, name)
+    try:
+        pairs = [step_sample(p, args.max_tokens, tpot[p], outputs[p]) for p in points]
+        profile, records = fit([s for s, _ in pairs], [r for _, r in pairs], model,
+                               args.name or _slug(worker.info.hardware))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(format_fit(profile, records))
     doc = profile_document(
         profile, records,

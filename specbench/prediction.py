@@ -207,9 +207,12 @@ def _predict(
     except (KeyError, ValueError) as exc:
         raise _Unpriced(f"no model profile: {exc}") from exc
     k = effective_k(speculative, int(row["num_speculative_tokens"]), int(row["batch_size"]))
-    # Tokens accepted past max_tokens are counted by vLLM but cut from the
-    # output, which can push the measured ratio past the bound K + 1.
-    tokens_per_pass = min(max(tokens_per_pass, 1.0), k + 1.0)
+    # vLLM counts tokens accepted past max_tokens, which the output then cuts:
+    # target_passes (output - accepted) comes out short and tokens_per_pass
+    # high. A pass never yields more than a drafted pass does on average (the
+    # acceptance length), nor more than K + 1.
+    bound = min(k + 1.0, row.get("acceptance_length") or k + 1.0)
+    tokens_per_pass = min(max(tokens_per_pass, 1.0), max(bound, 1.0))
     return theory.predicted_speedup(
         method=priced_as, k=k, batch_size=int(row["batch_size"]),
         tokens_per_pass=tokens_per_pass, target=target, hw=hw,

@@ -1,8 +1,12 @@
-"""``python -m specbench.recommend <sweep dir or results.parquet>``: the best K per batch-size range.
+"""``python -m specbench.recommend <sweep dir or results.parquet>...``: the best K per batch-size range.
 
 From a sweep's measured speedups, for each method and workload (and every
 other setting held fixed), the K with the highest speedup at each measured
-batch size, or 0 where no K beats plain decoding. Consecutive batch sizes
+batch size among those that beat plain decoding, or 0 where none does. A K
+beats plain decoding when the lower end of its speedup interval exceeds
+1 + margin; rows without an interval (one pass of one repetition) are judged
+by their point estimate, which is then only as good as the run's noise
+(``--margin`` asks for a clear lead). Consecutive batch sizes
 with the same K merge into vLLM's ``num_speculative_tokens_per_batch_size``
 schedule of inclusive (start, end, K) ranges
 (:func:`specbench.theory.num_speculative_tokens_per_batch_size`): grid point
@@ -37,6 +41,7 @@ class Recommendation:
     label: str
     best: dict[int, tuple[int, float | None]]  # batch size -> (K, its speedup; None for K=0)
     measured: dict[int, dict[int, float]]  # batch size -> K -> speedup
+    lower: dict[int, dict[int, float]]  # batch size -> K -> lower end of the speedup interval
     schedule: list[tuple[int, int, int]]
     overrides: list[str]  # Hydra overrides that reproduce the family's settings
     checked: dict[int, float]  # batch size -> speedup measured with a schedule (if any)
@@ -88,10 +93,17 @@ def _overrides(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
     out.append(f"workload={row['workload']}")
     out += [f"workload.{key}={workload[key]}" for key in ("num_prompts", "max_tokens") if key in workload]
     out.append(f"repetitions={cfg.get('repetitions', row.get('repetitions'))}")
+    if cfg.get("passes") is not None:
+        out.append(f"passes={cfg['passes']}")
     return out
 
 
-def recommend(rows: Sequence[Mapping[str, Any]]) -> list[Recommendation]:
+def _lower(row: Mapping[str, Any]) -> float:
+    low, high = row.get("speedup_ci_low"), row.get("speedup_ci_high")
+    return low if low is not None and high is not None and low < high else row["speedup"]
+
+
+def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Recommendation]:
     """One :class:`Recommendation` per method/workload family with measured speedups."""
     families: dict[str, list[tuple[Mapping[str, Any], dict[str, Any]]]] = {}
     for row in rows:
@@ -103,6 +115,7 @@ def recommend(rows: Sequence[Mapping[str, Any]]) -> list[Recommendation]:
     out = []
     for members in families.values():
         measured: dict[int, dict[int, float]] = {}
+        lower: dict[int, dict[int, float]] = {}
         checked: dict[int, float] = {}
         checked_schedule = None
         for row, cfg in members:
@@ -112,12 +125,16 @@ def recommend(rows: Sequence[Mapping[str, Any]]) -> list[Recommendation]:
                 checked_schedule = schedule
             else:
                 measured.setdefault(row["batch_size"], {})[row["num_speculative_tokens"]] = row["speedup"]
+                lower.setdefault(row["batch_size"], {})[row["num_speculative_tokens"]] = _lower(row)
         if not measured:
             continue
         best = {}
         for batch, by_k in measured.items():
-            k, speedup = max(by_k.items(), key=lambda kv: (kv[1], -kv[0]))
-            best[batch] = (k, speedup) if speedup > 1.0 else (0, None)
+            paying = {k: s for k, s in by_k.items() if lower[batch][k] > 1.0 + margin}
+            if paying:
+                best[batch] = max(paying.items(), key=lambda kv: (kv[1], -kv[0]))
+            else:
+                best[batch] = (0, None)
         row, cfg = members[0]
         label = f"{row['method']}"
         if row["method"] == "controlled":
@@ -127,6 +144,7 @@ def recommend(rows: Sequence[Mapping[str, Any]]) -> list[Recommendation]:
             label=label,
             best=dict(sorted(best.items())),
             measured={b: dict(sorted(v.items())) for b, v in sorted(measured.items())},
+            lower=lower,
             schedule=theory.num_speculative_tokens_per_batch_size({b: k for b, (k, _) in best.items()}),
             overrides=_overrides(row, cfg),
             checked=dict(sorted(checked.items())),
@@ -140,8 +158,8 @@ def format_recommendation(rec: Recommendation) -> str:
     lines = [rec.label]
     for batch, (k, speedup) in rec.best.items():
         others = ", ".join(f"K={kk} {s:.2f}x" for kk, s in rec.measured[batch].items())
-        choice = f"K={k} ({speedup:.2f}x)" if k else "K=0 (no K beats plain decoding)"
-        line = f"  batch {batch:>4}: {choice:<34} measured: {others}"
+        choice = f"K={k} ({speedup:.2f}x)" if k else "K=0 (no K clearly beats plain decoding)"
+        line = f"  batch {batch:>4}: {choice:<40} measured: {others}"
         if batch in rec.checked:
             line += f"; with schedule {rec.checked[batch]:.2f}x"
         lines.append(line)
@@ -168,22 +186,31 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m specbench.recommend",
         description="Best K per batch-size range (vLLM num_speculative_tokens_per_batch_size) from a sweep.",
     )
-    parser.add_argument("results", type=Path, help="a sweep directory or its results.parquet")
+    parser.add_argument("results", type=Path, nargs="+",
+                        help="sweep directories or results.parquet files (e.g. a sweep and its schedule check)")
+    parser.add_argument("--margin", type=float, default=0.0,
+                        help="a K must beat plain decoding by more than this (e.g. 0.05)")
     args = parser.parse_args(argv)
     from specbench.results import ResultsError, read_rows
 
-    path = _results_path(args.results)
+    paths = [_results_path(p) for p in args.results]
+    rows = []
     try:
-        rows = read_rows(path)
+        for path in paths:
+            rows += read_rows(path)
     except (ResultsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    recommendations = recommend(rows)
+    recommendations = recommend(rows, args.margin)
     if not recommendations:
-        print(f"error: {path} holds no speculative cell with a measured speedup at a fixed K",
+        print(f"error: {', '.join(map(str, paths))}: no speculative cell with a measured speedup at a fixed K",
               file=sys.stderr)
         return 2
     print("\n\n".join(format_recommendation(r) for r in recommendations))
+    if all(all(low == rec.measured[b][k] for k, low in by_k.items())
+           for rec in recommendations for b, by_k in rec.lower.items()):
+        print(f"\nnote: no speedup intervals in this sweep (one pass of one repetition): K was chosen "
+              f"on point estimates with margin {args.margin}; rerun with passes>=2 or raise --margin")
     return 0
 
 

@@ -108,6 +108,9 @@ def test_measured_acceptance_past_the_bound_is_clamped(checkpoints):
     target, _ = checkpoints
     (row,) = prediction.annotate([_row(target, k=4, tokens_per_pass=6.4)], CHOICE)
     assert row["predicted_speedup"] == pytest.approx(_theory(target, k=4, tokens_per_pass=5.0))
+    # Never more tokens per pass than per drafted pass (the acceptance length).
+    (row,) = prediction.annotate([_row(target, k=4, tokens_per_pass=4.7, acceptance_length=4.2)], CHOICE)
+    assert row["predicted_speedup"] == pytest.approx(_theory(target, k=4, tokens_per_pass=4.2))
 
 
 def test_a_schedule_prices_the_k_vllm_uses_at_that_batch_size(checkpoints):

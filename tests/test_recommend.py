@@ -60,6 +60,19 @@ def test_workloads_are_recommended_separately_and_schedule_rows_are_the_check():
     assert "with schedule 1.19x" in text and "check it:" in text
 
 
+def test_a_k_must_clearly_beat_plain_decoding():
+    rows = _rows()
+    (rec,) = recommend.recommend(rows, margin=0.25)
+    assert rec.best[8] == (0, None) and rec.best[4] == (4, 1.45)
+    # With an interval, its lower end decides: K=4's 1.45x at batch 4 is not clear of 1.
+    for row in rows:
+        if row["batch_size"] == 4:
+            row |= {"speedup_ci_low": 0.98, "speedup_ci_high": 1.9} if row["num_speculative_tokens"] == 4 else {
+                "speedup_ci_low": 1.1, "speedup_ci_high": 1.5}
+    (rec,) = recommend.recommend(rows)
+    assert rec.best[4] == (2, 1.4)
+
+
 def test_no_speculation_when_nothing_beats_plain_decoding():
     (rec,) = recommend.recommend([_row(2, 1, 0.9), _row(4, 1, 0.8)])
     assert rec.schedule == [(1, 1, 0)]

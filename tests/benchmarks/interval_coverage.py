@@ -2,7 +2,7 @@
 
 Prints figures; asserts nothing. Run on a quiet machine:
 
-    .venv/bin/python tests/benchmarks/coverage.py [FIRST_SWEEP_DIR]
+    .venv/bin/python tests/benchmarks/interval_coverage.py [FIRST_SWEEP_DIR]
 
 The CPU demo sweep (``sweep=cpu_demo``: ngram K=2,4 x batch 1,4 x summarize,
 creative, two passes) runs twice into fresh directories; pass the directory of
