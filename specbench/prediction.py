@@ -106,7 +106,10 @@ def effective_k(speculative_config: Mapping[str, Any] | None, k: int, batch_size
     """The K vLLM uses at this batch size: the schedule's entry (capped at K) when one is set.
 
     Mirrors vLLM's lookup: inclusive ranges, a gap takes the previous
-    range's K, sizes past the last range keep the last K.
+    range's K, sizes past the last range keep the last K. vLLM looks up the
+    number of requests scheduled in each step, which falls below the
+    submitted batch size while a batch prefills in chunks or drains; the
+    prediction uses the submitted batch size.
     """
     schedule = (speculative_config or {}).get("num_speculative_tokens_per_batch_size")
     if not schedule:
