@@ -1,7 +1,7 @@
 """The analytic model beside every measurement: predicted speedups for merged rows.
 
 For each measured row, :func:`annotate` prices the row's own cell with
-:func:`specbench.theory.predicted_speedup`:
+:mod:`specbench.theory`:
 
 - hardware: the profile the sweep's config names (``hardware=<name>``, from
   ``conf/hardware``), else the calibrated profile of this machine that
@@ -10,12 +10,20 @@ For each measured row, :func:`annotate` prices the row's own cell with
   at the dtype the cell ran in; for ``draft_model`` the draft checkpoint's
   config.json too; EAGLE heads are priced from the target's shape, as the
   theory does;
-- acceptance: the row's measured ``tokens_per_pass`` (``predicted_speedup``)
-  or that of the batch-size-1 row of the same method, K and workload
-  (``predicted_speedup_bs1_alpha``), which tests whether acceptance
-  measured once predicts the whole batch-size curve;
+- acceptance: tokens and drafted tokens per *decode* pass
+  (:func:`decode_acceptance`), from the row's own counters
+  (``predicted_speedup``, ``predicted_decode_speedup``) or from those of the
+  batch-size-1 row of the same method, K and workload
+  (``predicted_speedup_bs1_alpha``), which tests whether acceptance measured
+  once predicts the whole batch-size curve;
 - context: mean prompt tokens per request plus half the mean output tokens
   per request (the average KV length a decode step attends to).
+
+``predicted_decode_speedup`` is :func:`theory.predicted_speedup`, to be held
+against the measured ``decode_speedup`` (TPOT ratio). ``predicted_speedup``
+adds what speculation leaves alone, the prefill of each batch
+(:func:`theory.prefill_time`), and is held against the wall-time
+``speedup``: on long prompts prefill dilutes the decode gain.
 
 ``controlled`` cells are priced like ``ngram``: their draft is a table
 lookup on the host, free next to a forward pass. A row the model cannot
@@ -55,6 +63,7 @@ CALIBRATE_HINT = (
 # Methods the theory prices under another name: drafting that costs nothing
 # next to a forward pass.
 _PRICED_AS = {"controlled": "ngram"}
+PREDICTED_COLUMNS = ("predicted_speedup", "predicted_decode_speedup", "predicted_speedup_bs1_alpha")
 
 
 def hardware_dir() -> Path:
@@ -184,12 +193,54 @@ class _Unpriced(Exception):
     """A row the model cannot price; the message says why."""
 
 
+@dataclass(frozen=True)
+class DecodeAcceptance:
+    """What a row's counters say about its decode passes (prefill passes excluded)."""
+
+    tokens_per_pass: float  # output tokens after each request's first / decode passes
+    draft_tokens_per_pass: float  # drafted tokens per decode pass (K when every pass drafts fully)
+
+
+def decode_acceptance(row: Mapping[str, Any]) -> DecodeAcceptance:
+    """Tokens and drafted tokens per decode pass, from a row's counters.
+
+    Each request's first token comes from its prefill pass, which carries no
+    draft; the rest come from decode passes, which is what the decode speedup
+    (the TPOT ratio) and the step model describe. Passes are bounded below by
+    requests + drafts, as :func:`specbench.results.measured_fields` does
+    (rows written before it did get the same bound here).
+    """
+    runs = len(row.get("wall_time_s_reps") or [])
+    requests = (row.get("num_requests") or 0) * runs
+    if not runs or not requests or row.get("target_passes") is None or row.get("output_tokens") is None:
+        raise _Unpriced("no pass counts (target_passes, output_tokens, repetitions)")
+    k = int(row["num_speculative_tokens"])
+    drafts = row.get("drafts") or 0
+    passes = max(float(row["target_passes"]), requests + drafts)
+    decode_passes = passes - requests
+    decode_tokens = row["output_tokens"] * runs - requests
+    if decode_passes <= 0 or decode_tokens <= 0:
+        raise _Unpriced("no decode passes (one output token per request)")
+    return DecodeAcceptance(
+        tokens_per_pass=min(max(decode_tokens / decode_passes, 1.0), k + 1.0),
+        draft_tokens_per_pass=min((row.get("draft_tokens") or 0) / decode_passes, float(k)),
+    )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's speedups for one row: decode only, and end to end with prefill."""
+
+    decode: float
+    end_to_end: float
+
+
 def _predict(
     row: Mapping[str, Any],
     cfg: Mapping[str, Any],
     hw: theory.HardwareProfile,
-    tokens_per_pass: float | None,
-) -> float:
+    acceptance: DecodeAcceptance,
+) -> Prediction:
     method = row["method"]
     priced_as = _PRICED_AS.get(method, method)
     if priced_as not in theory.METHODS:
@@ -197,8 +248,6 @@ def _predict(
     context = context_length(row)
     if context is None:
         raise _Unpriced("prompt/output token counts missing")
-    if tokens_per_pass is None or not math.isfinite(tokens_per_pass):
-        raise _Unpriced("no measured tokens_per_pass")
     model_cfg = cfg.get("model") or {}
     dtype = row.get("dtype") or model_cfg.get("dtype") or "bfloat16"
     speculative = (cfg.get("method") or {}).get("speculative_config") or {}
@@ -209,18 +258,21 @@ def _predict(
             draft = model_profile(speculative["model"], dtype)
     except (KeyError, ValueError) as exc:
         raise _Unpriced(f"no model profile: {exc}") from exc
-    k = effective_k(speculative, int(row["num_speculative_tokens"]), int(row["batch_size"]))
-    # vLLM counts tokens accepted past max_tokens, which the output then cuts:
-    # target_passes (output - accepted) comes out short and tokens_per_pass
-    # high. A pass never yields more than a drafted pass does on average (the
-    # acceptance length), nor more than K + 1.
-    bound = min(k + 1.0, row.get("acceptance_length") or k + 1.0)
-    tokens_per_pass = min(max(tokens_per_pass, 1.0), max(bound, 1.0))
-    return theory.predicted_speedup(
-        method=priced_as, k=k, batch_size=int(row["batch_size"]),
-        tokens_per_pass=tokens_per_pass, target=target, hw=hw,
+    batch = int(row["batch_size"])
+    k = effective_k(speculative, int(row["num_speculative_tokens"]), batch)
+    decode = theory.predicted_speedup(
+        method=priced_as, k=k, batch_size=batch,
+        tokens_per_pass=min(acceptance.tokens_per_pass, k + 1.0), target=target, hw=hw,
         context_len=context, draft=draft,
+        draft_tokens_per_pass=min(acceptance.draft_tokens_per_pass, float(k)),
     )
+    # One batch as the cell runs it: prefill every prompt, then decode the
+    # tokens after each request's first (which the prefill pass emits).
+    requests = row["num_requests"]
+    prefill = theory.prefill_time(target, hw, batch, max(row["prompt_tokens"] / requests, 1.0))
+    decode_steps = max(row["output_tokens"] / requests - 1.0, 0.0)
+    plain_decode = decode_steps * theory.plain_decode_step(target, hw, batch, context)
+    return Prediction(decode, theory.end_to_end_speedup(decode, prefill, plain_decode))
 
 
 def annotate(
@@ -233,10 +285,10 @@ def annotate(
     prediction is null and the note is :data:`CALIBRATE_HINT`.
     """
     configs = [_config(r) for r in rows]
-    bs1: dict[str, float | None] = {}
+    bs1: dict[str, Mapping[str, Any]] = {}
     for row, cfg in zip(rows, configs):
         if row.get("status") == "ok" and row.get("batch_size") == 1:
-            bs1[_curve_key(row, cfg)] = row.get("tokens_per_pass")
+            bs1[_curve_key(row, cfg)] = row
 
     out = []
     for row, cfg in zip(rows, configs):
@@ -247,16 +299,16 @@ def annotate(
             out.append(new)
             continue
         if hardware is None:
-            out.append(new | {"predicted_speedup": None, "predicted_speedup_bs1_alpha": None,
-                              "hardware_profile": None, "prediction_note": CALIBRATE_HINT})
+            out.append(new | dict.fromkeys(PREDICTED_COLUMNS)
+                       | {"hardware_profile": None, "prediction_note": CALIBRATE_HINT})
             continue
         if row.get("method") == "baseline":
-            out.append(new | {"predicted_speedup": 1.0, "predicted_speedup_bs1_alpha": 1.0,
-                              "hardware_profile": hardware.label, "prediction_note": None})
+            out.append(new | dict.fromkeys(PREDICTED_COLUMNS, 1.0)
+                       | {"hardware_profile": hardware.label, "prediction_note": None})
             continue
         notes = []
         try:
-            predicted = _predict(row, cfg, hardware.profile, row.get("tokens_per_pass"))
+            predicted: Prediction | None = _predict(row, cfg, hardware.profile, decode_acceptance(row))
         except _Unpriced as exc:
             predicted = None
             notes.append(str(exc))
@@ -264,13 +316,14 @@ def annotate(
         try:
             if key not in bs1:
                 raise _Unpriced("no batch-size-1 row of this method, K and workload")
-            from_bs1 = _predict(row, cfg, hardware.profile, bs1[key])
+            from_bs1: Prediction | None = _predict(row, cfg, hardware.profile, decode_acceptance(bs1[key]))
         except _Unpriced as exc:
             from_bs1 = None
             notes.append(f"bs1 alpha: {exc}")
         out.append(new | {
-            "predicted_speedup": predicted,
-            "predicted_speedup_bs1_alpha": from_bs1,
+            "predicted_speedup": predicted and predicted.end_to_end,
+            "predicted_decode_speedup": predicted and predicted.decode,
+            "predicted_speedup_bs1_alpha": from_bs1 and from_bs1.end_to_end,
             "hardware_profile": hardware.label,
             "prediction_note": "; ".join(dict.fromkeys(notes)) or None,
         })
@@ -298,9 +351,9 @@ def accuracy(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
     For each method: the number of priced rows and the median absolute
     relative error |predicted / measured - 1| of predicted_speedup against
-    the wall-time speedup and against the decode-only speedup (TPOT ratio,
-    prefill excluded), and of predicted_speedup_bs1_alpha against the
-    wall-time speedup.
+    the wall-time speedup, of predicted_decode_speedup against the
+    decode-only speedup (TPOT ratio, prefill excluded), and of
+    predicted_speedup_bs1_alpha against the wall-time speedup.
     """
     by_method: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
@@ -318,7 +371,7 @@ def accuracy(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "method": method,
             "rows": sum(r.get("predicted_speedup") is not None for r in group),
             "mdape_wall": error(group, "predicted_speedup", "speedup"),
-            "mdape_decode": error(group, "predicted_speedup", "decode_speedup"),
+            "mdape_decode": error(group, "predicted_decode_speedup", "decode_speedup"),
             "mdape_bs1_alpha_wall": error(group, "predicted_speedup_bs1_alpha", "speedup"),
         }
         for method, group in sorted(by_method.items())
@@ -348,6 +401,7 @@ def break_even(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                  "batch_sizes": sizes}
         for column, name in (("speedup", "measured"), ("decode_speedup", "measured_decode"),
                              ("predicted_speedup", "predicted"),
+                             ("predicted_decode_speedup", "predicted_decode"),
                              ("predicted_speedup_bs1_alpha", "predicted_bs1_alpha")):
             values = [r.get(column) for r in group]
             entry[name] = (
@@ -379,9 +433,10 @@ def format_check(rows: Sequence[Mapping[str, Any]]) -> str:
         alpha = f" alpha={c['alpha']}" if c["alpha"] is not None else ""
         lines.append(
             f"  {c['method']} K={c['k']}{alpha} {c['workload']} (batch {c['batch_sizes'][0]}-"
-            f"{c['batch_sizes'][-1]}): measured {size(c['measured'])}, "
-            f"decode-only {size(c['measured_decode'])}, predicted {size(c['predicted'])}, "
-            f"predicted from bs1 alpha {size(c['predicted_bs1_alpha'])}"
+            f"{c['batch_sizes'][-1]}): measured {size(c['measured'])}, predicted "
+            f"{size(c['predicted'])} (from bs1 alpha {size(c['predicted_bs1_alpha'])}); "
+            f"decode only: measured {size(c['measured_decode'])}, "
+            f"predicted {size(c['predicted_decode'])}"
         )
     return "\n".join(lines)
 
@@ -419,13 +474,17 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = [
     "CALIBRATE_HINT",
     "CALIBRATED_FILE",
+    "PREDICTED_COLUMNS",
+    "DecodeAcceptance",
     "HardwareChoice",
+    "Prediction",
     "accuracy",
     "annotate",
     "break_even",
     "calibrated_path",
     "choose_hardware",
     "context_length",
+    "decode_acceptance",
     "effective_k",
     "format_check",
     "hardware_dir",

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from specbench import stats, theory
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: predicted_decode_speedup; target_passes >= requests + drafts
 
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 SCHEMA = pa.schema(
@@ -86,7 +86,7 @@ SCHEMA = pa.schema(
         ("acceptance_rate_per_pos", pa.list_(_F)),
         ("draft_acceptance_rate", _F),  # accepted / draft tokens
         ("alpha", _F),  # fitted per-token acceptance (theory.fit_alpha)
-        ("target_passes", _INT),  # output tokens - accepted tokens
+        ("target_passes", _INT),  # max(output - accepted, requests + drafts), see measured_fields
         ("tokens_per_pass", _F),  # output tokens / target passes, all steps
         ("draft_coverage", _F),  # drafts / target passes
         # --- comparison with the baseline (results.parquet only) ---------------
@@ -108,7 +108,8 @@ SCHEMA = pa.schema(
         ("gpu_state", _STR),  # clocks and memory as the driver reported them
         # --- the analytic model beside the measurement (results.parquet only; specbench.prediction)
         ("controlled_alpha", _F),  # method=controlled: the per-token acceptance it was set to
-        ("predicted_speedup", _F),  # roofline model with this row's measured tokens_per_pass
+        ("predicted_speedup", _F),  # roofline model, prefill included, this row's acceptance
+        ("predicted_decode_speedup", _F),  # ... decode only (held against decode_speedup)
         ("predicted_speedup_bs1_alpha", _F),  # ... with tokens_per_pass measured at batch size 1
         ("hardware_profile", _STR),  # the hardware profile priced with, and its source
         ("prediction_note", _STR),  # why a prediction is null
@@ -279,6 +280,7 @@ def measured_fields(
     *,
     rep_wall_s: Sequence[float],
     rep_output_tokens: Sequence[int],
+    num_requests: int,
     drafts: int,
     draft_tokens: int,
     accepted_tokens: int,
@@ -293,11 +295,20 @@ def measured_fields(
     a draft (vLLM's definition); ``tokens_per_pass`` counts every target pass,
     so it is what E(alpha, K) predicts. Rates are per-position acceptances over
     drafts (unconditional: position i accepted implies all before it).
+
+    Each target pass emits one token of its own plus those it accepted, so
+    passes = output - accepted; but vLLM counts the drafts a request's last
+    pass accepted beyond ``max_tokens`` (or its stop token) before the output
+    is cut, which makes that difference too small by up to K per request.
+    Each request also has one pass without a draft (the prefill that emits
+    its first token) plus one per draft, so passes >= requests + drafts: the
+    larger of the two bounds is kept. It is exact when every decode pass
+    carries a draft (draft_model, EAGLE, controlled).
     """
     wall = stats.summarize(rep_wall_s)
     rates = [a / drafts for a in accepted_per_pos] if drafts else []
     total_out = sum(rep_output_tokens)
-    target_passes = total_out - accepted_tokens
+    target_passes = max(total_out - accepted_tokens, num_requests * len(rep_output_tokens) + drafts)
     tps = [t / w for t, w in zip(rep_output_tokens, rep_wall_s)]
     tps_summary = stats.summarize(tps)
     row: dict[str, Any] = {
@@ -418,7 +429,7 @@ def _pooled_acceptance(passes: list[dict[str, Any]], row: dict[str, Any]) -> dic
         for i in range(width)
     ]
     rates = [a / drafts for a in per_pos]
-    out_total = row["accepted_tokens"] + row["target_passes"]
+    out_total = sum(r["output_tokens"] * len(r["wall_time_s_reps"]) for r in passes)
     return {
         "acceptance_length": 1.0 + row["accepted_tokens"] / drafts,
         "acceptance_rate_per_pos": rates,

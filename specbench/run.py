@@ -185,6 +185,7 @@ def _measured_columns(
     return measured_fields(
         rep_wall_s=m.rep_wall_s,
         rep_output_tokens=m.rep_output_tokens,
+        num_requests=len(plan.prompts),
         drafts=c.drafts,
         draft_tokens=c.draft_tokens,
         accepted_tokens=c.accepted_tokens,

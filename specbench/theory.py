@@ -28,6 +28,7 @@ __all__ = [
     "best_k",
     "break_even_batch_size",
     "draft_time",
+    "end_to_end_speedup",
     "expected_tokens_from_rates",
     "expected_tokens_per_pass",
     "fit_alpha",
@@ -35,6 +36,7 @@ __all__ = [
     "num_speculative_tokens_per_batch_size",
     "plain_decode_step",
     "predicted_speedup",
+    "prefill_time",
     "ridge_point",
     "step_time",
     "verify_step",
@@ -388,7 +390,7 @@ def _roofline(hw: HardwareProfile, bytes_moved: float, flops: float) -> float:
 
 
 def _work(
-    model: ModelProfile, num_tokens: int, num_seqs: int, context_len: float
+    model: ModelProfile, num_tokens: float, num_seqs: int, context_len: float
 ) -> tuple[float, float]:
     bytes_moved = model.weight_bytes + num_seqs * context_len * model.kv_bytes_per_token
     # QK^T and PV: each a head_dim-long multiply-add (2 FLOPs) per head, layer and cached token.
@@ -397,15 +399,16 @@ def _work(
     return bytes_moved, num_tokens * model.flops_per_token + attention
 
 
-def _check_step(num_tokens: int, num_seqs: int, context_len: float) -> tuple[int, int, float]:
+def _check_step(num_tokens: float, num_seqs: int, context_len: float) -> tuple[float, int, float]:
     num_seqs = _check_int("num_seqs", num_seqs, 1)
-    # Every sequence in the pass contributes at least one token.
-    num_tokens = _check_int("num_tokens", num_tokens, num_seqs)
+    # Every sequence in the pass contributes at least one token. A mean over
+    # passes (ngram drafts only some of them) need not be a whole number.
+    num_tokens = _check_real("num_tokens", num_tokens, num_seqs)
     return num_tokens, num_seqs, _check_real("context_len", context_len, 0.0)
 
 
 def step_time(
-    model: ModelProfile, hw: HardwareProfile, *, num_tokens: int, num_seqs: int, context_len: float
+    model: ModelProfile, hw: HardwareProfile, *, num_tokens: float, num_seqs: int, context_len: float
 ) -> float:
     """Seconds for one forward pass of num_tokens tokens over num_seqs sequences.
 
@@ -431,13 +434,55 @@ def plain_decode_step(
 
 
 def verify_step(
-    model: ModelProfile, hw: HardwareProfile, batch_size: int, k: int, context_len: float
+    model: ModelProfile,
+    hw: HardwareProfile,
+    batch_size: int,
+    k: int,
+    context_len: float,
+    draft_tokens_per_pass: float | None = None,
 ) -> float:
-    """Seconds for one verification pass: step_time with num_tokens = batch_size * (k + 1)."""
+    """Seconds for one verification pass over batch_size sequences.
+
+    step_time with num_tokens = batch_size * (1 + draft_tokens_per_pass):
+    vLLM verifies only what was drafted. draft_tokens_per_pass (mean drafted
+    tokens per sequence and pass, in [0, k]) defaults to k, a full draft on
+    every pass (draft_model, EAGLE); ngram drafts only where its lookup finds
+    a match, so its measured mean is lower.
+    """
     k = _check_int("k", k, 0)
     batch_size = _check_int("batch_size", batch_size, 1)
+    drafted = k if draft_tokens_per_pass is None else _check_real(
+        "draft_tokens_per_pass", draft_tokens_per_pass, 0.0, k
+    )
     return step_time(
-        model, hw, num_tokens=batch_size * (k + 1), num_seqs=batch_size, context_len=context_len
+        model, hw, num_tokens=batch_size * (1.0 + drafted), num_seqs=batch_size,
+        context_len=context_len,
+    )
+
+
+def prefill_time(
+    model: ModelProfile,
+    hw: HardwareProfile,
+    batch_size: int,
+    prompt_len: float,
+    max_step_tokens: int = 4096,
+) -> float:
+    """Seconds to prefill batch_size prompts of prompt_len tokens each.
+
+    vLLM prefills at most max_step_tokens tokens per step (its
+    max_num_batched_tokens), so the batch takes ceil(batch_size * prompt_len
+    / max_step_tokens) steps of equal size; each token attends to half the
+    prompt on average. Speculation leaves prefill unchanged, but it is part
+    of every wall-time measurement.
+    """
+    batch_size = _check_int("batch_size", batch_size, 1)
+    prompt_len = _check_real("prompt_len", prompt_len, 1.0)
+    max_step_tokens = _check_int("max_step_tokens", max_step_tokens, 1)
+    total = batch_size * prompt_len
+    steps = math.ceil(total / max_step_tokens)
+    return steps * step_time(
+        model, hw, num_tokens=max(total / steps, batch_size), num_seqs=batch_size,
+        context_len=prompt_len / 2.0,
     )
 
 
@@ -504,12 +549,15 @@ def predicted_speedup(
     hw: HardwareProfile,
     context_len: float,
     draft: ModelProfile | None = None,
+    draft_tokens_per_pass: float | None = None,
 ) -> float:
     """Predicted decode speedup of speculation over plain decoding (dimensionless).
 
     S(B, K) = E * T_plain(B) / (T_verify(B, K) + T_draft(B, K)), with
     E = tokens_per_pass (tokens per target pass, e.g. expected_tokens_per_pass
-    or a measured value, in [1, K + 1]). 1 for method "baseline" or k = 0.
+    or a measured value, in [1, K + 1]). draft_tokens_per_pass is passed to
+    verify_step (default K: every pass carries a full draft). 1 for method
+    "baseline" or k = 0.
     """
     _check_method(method)
     k = _check_int("k", k, 0)
@@ -517,12 +565,28 @@ def predicted_speedup(
         return 1.0
     tokens_per_pass = _check_real("tokens_per_pass", tokens_per_pass, 1.0, k + 1.0)
     plain = plain_decode_step(target, hw, batch_size, context_len)
-    verify = verify_step(target, hw, batch_size, k, context_len)
+    verify = verify_step(target, hw, batch_size, k, context_len, draft_tokens_per_pass)
     drafting = draft_time(
         method, hw=hw, batch_size=batch_size, k=k, context_len=context_len,
         draft=draft, target=target,
     )
     return tokens_per_pass * plain / (verify + drafting)
+
+
+def end_to_end_speedup(decode_speedup: float, prefill_s: float, plain_decode_s: float) -> float:
+    """Wall-time speedup when only decode speeds up: (P + D) / (P + D / S).
+
+    prefill_s (P) and plain_decode_s (D) are the times a plain engine spends
+    prefilling and decoding the same batch; decode_speedup (S) is the decode
+    speedup (predicted_speedup). Prefill dilutes S towards 1 as P grows,
+    which on long prompts and large batches it does.
+    """
+    decode_speedup = _check_real("decode_speedup", decode_speedup, 0.0, low_open=True)
+    prefill_s = _check_real("prefill_s", prefill_s, 0.0)
+    plain_decode_s = _check_real("plain_decode_s", plain_decode_s, 0.0)
+    if prefill_s + plain_decode_s == 0.0:
+        return 1.0
+    return (prefill_s + plain_decode_s) / (prefill_s + plain_decode_s / decode_speedup)
 
 
 def break_even_batch_size(batch_sizes: Sequence[int], speedups: Sequence[float]) -> float | None:

@@ -29,7 +29,13 @@ def checkpoints(tmp_path):
     return target, draft
 
 
-def _row(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=None, alpha=None, **extra):
+REQUESTS, PROMPT_LEN, OUTPUT_LEN = 8, 500, 32
+
+
+def _row(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft_tokens_per_pass=None,
+         draft=None, alpha=None, **extra):
+    """A merged row whose counters give ``tokens_per_pass`` tokens and
+    ``draft_tokens_per_pass`` drafted tokens (default K) per decode pass."""
     speculative = None if method == "baseline" else {"method": method, "num_speculative_tokens": k}
     if draft:
         speculative["model"] = str(draft)
@@ -37,20 +43,30 @@ def _row(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=None, 
     if alpha is not None:
         method_cfg["alpha"] = alpha
     cfg = {"model": {"name": "m", "path": str(target), "dtype": "float32"}, "method": method_cfg,
-           "workload": {"name": "summarize", "max_tokens": 32}, "engine": {"dtype": "float32"},
+           "workload": {"name": "summarize", "max_tokens": OUTPUT_LEN}, "engine": {"dtype": "float32"},
            "hardware": None}
+    out = REQUESTS * OUTPUT_LEN
+    decode_passes = (out - REQUESTS) / (1.0 if method == "baseline" else tokens_per_pass)
+    drafted = k if draft_tokens_per_pass is None else draft_tokens_per_pass
     return {"status": "ok", "method": method, "num_speculative_tokens": 0 if method == "baseline" else k,
             "batch_size": batch, "model": "m", "workload": "summarize", "dtype": "float32",
-            "num_requests": 8, "prompt_tokens": 8 * 500, "output_tokens": 8 * 32,
-            "tokens_per_pass": 1.0 if method == "baseline" else tokens_per_pass,
+            "num_requests": REQUESTS, "prompt_tokens": REQUESTS * PROMPT_LEN, "output_tokens": out,
+            "wall_time_s_reps": [1.0], "target_passes": REQUESTS + decode_passes,
+            "drafts": 0, "draft_tokens": 0 if method == "baseline" else drafted * decode_passes,
             "config_json": json.dumps(cfg)} | extra
 
 
-def _theory(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=None):
+def _theory(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=None, drafted=None):
+    """(decode, end-to-end) speedup of such a row, straight from the theory module."""
     profile = theory.ModelProfile.from_config_json(target, dtype="float32")
     draft_profile = theory.ModelProfile.from_config_json(draft, dtype="float32") if draft else None
-    return theory.predicted_speedup(method=method, k=k, batch_size=batch, tokens_per_pass=tokens_per_pass,
-                                    target=profile, hw=HW, context_len=516.0, draft=draft_profile)
+    context = PROMPT_LEN + OUTPUT_LEN / 2
+    decode = theory.predicted_speedup(method=method, k=k, batch_size=batch, tokens_per_pass=tokens_per_pass,
+                                      target=profile, hw=HW, context_len=context, draft=draft_profile,
+                                      draft_tokens_per_pass=drafted)
+    prefill = theory.prefill_time(profile, HW, batch, PROMPT_LEN)
+    plain = (OUTPUT_LEN - 1) * theory.plain_decode_step(profile, HW, batch, context)
+    return decode, theory.end_to_end_speedup(decode, prefill, plain)
 
 
 def test_context_is_prompt_plus_half_the_output_per_request():
@@ -66,23 +82,46 @@ def test_each_row_is_priced_with_its_own_measured_acceptance(checkpoints):
         _row(target, "draft_model", k=2, batch=1, tokens_per_pass=1.8, draft=draft),
     ]
     out = prediction.annotate(rows, CHOICE)
-    assert [(r["predicted_speedup"], r["predicted_speedup_bs1_alpha"]) for r in out[:2]] == [(1.0, 1.0)] * 2
-    assert out[2]["predicted_speedup"] == pytest.approx(_theory(target, tokens_per_pass=2.5))
-    assert out[3]["predicted_speedup"] == pytest.approx(_theory(target, batch=8, tokens_per_pass=2.0))
+    for baseline in out[:2]:
+        assert [baseline[c] for c in prediction.PREDICTED_COLUMNS] == [1.0, 1.0, 1.0]
+    decode, wall = _theory(target, tokens_per_pass=2.5)
+    assert (out[2]["predicted_decode_speedup"], out[2]["predicted_speedup"]) == pytest.approx((decode, wall))
+    assert out[3]["predicted_speedup"] == pytest.approx(_theory(target, batch=8, tokens_per_pass=2.0)[1])
     # Across batch sizes: batch 8 priced with the acceptance measured at batch 1.
-    assert out[3]["predicted_speedup_bs1_alpha"] == pytest.approx(_theory(target, batch=8, tokens_per_pass=2.5))
+    assert out[3]["predicted_speedup_bs1_alpha"] == pytest.approx(_theory(target, batch=8, tokens_per_pass=2.5)[1])
     assert out[2]["predicted_speedup_bs1_alpha"] == out[2]["predicted_speedup"]
     assert out[4]["predicted_speedup"] == pytest.approx(
-        _theory(target, "draft_model", k=2, tokens_per_pass=1.8, draft=draft))
-    assert out[4]["predicted_speedup"] < _theory(target, k=2, tokens_per_pass=1.8)  # the draft costs
+        _theory(target, "draft_model", k=2, tokens_per_pass=1.8, draft=draft)[1])
+    assert out[4]["predicted_speedup"] < _theory(target, k=2, tokens_per_pass=1.8)[1]  # the draft costs
     assert all(r["hardware_profile"] == "test-cpu (calibrated)" and r["prediction_note"] is None for r in out)
+
+
+def test_prefill_dilutes_the_wall_time_prediction_more_at_larger_batches(checkpoints):
+    target, _ = checkpoints
+    out = prediction.annotate([_row(target, batch=b, tokens_per_pass=3.0) for b in (1, 8)], CHOICE)
+    for row in out:
+        assert 1.0 < row["predicted_speedup"] < row["predicted_decode_speedup"]
+    share = [(r["predicted_speedup"] - 1) / (r["predicted_decode_speedup"] - 1) for r in out]
+    assert share[1] < share[0]
+
+
+def test_verification_is_priced_for_the_tokens_actually_drafted(checkpoints):
+    # ngram drafts only where its lookup matches: half-empty drafts verify
+    # fewer tokens, which matters once the batch is past the ridge.
+    target, _ = checkpoints
+    full, half = prediction.annotate(
+        [_row(target, batch=32, tokens_per_pass=2.0), _row(target, batch=32, tokens_per_pass=2.0,
+                                                           draft_tokens_per_pass=2.0)], CHOICE)
+    assert half["predicted_decode_speedup"] == pytest.approx(
+        _theory(target, batch=32, tokens_per_pass=2.0, drafted=2.0)[0])
+    assert half["predicted_decode_speedup"] > full["predicted_decode_speedup"]
 
 
 def test_controlled_rows_are_marked_and_priced_as_a_free_draft(checkpoints):
     target, _ = checkpoints
     (row,) = prediction.annotate([_row(target, "controlled", alpha=0.7, tokens_per_pass=2.7)], CHOICE)
     assert row["controlled_alpha"] == 0.7
-    assert row["predicted_speedup"] == pytest.approx(_theory(target, tokens_per_pass=2.7))
+    assert row["predicted_speedup"] == pytest.approx(_theory(target, tokens_per_pass=2.7)[1])
     (plain,) = prediction.annotate([_row(target)], CHOICE)
     assert plain["controlled_alpha"] is None
 
@@ -93,24 +132,29 @@ def test_rows_the_model_cannot_price_get_nulls_and_a_reason(checkpoints, tmp_pat
     rows = [
         _row(target, batch=4),  # no batch-size-1 row in its curve
         _row(missing, batch=1),  # no config.json
-        _row(target, batch=1, k=2, tokens_per_pass=None),
+        _row(target, batch=1, k=2, target_passes=None),
         _row(target, batch=1, k=3, status="failed"),
     ]
     out = prediction.annotate(rows, CHOICE)
     assert out[0]["predicted_speedup"] is not None and out[0]["predicted_speedup_bs1_alpha"] is None
     assert "batch-size-1" in out[0]["prediction_note"]
     assert out[1]["predicted_speedup"] is None and "config.json" in out[1]["prediction_note"]
-    assert out[2]["predicted_speedup"] is None and "tokens_per_pass" in out[2]["prediction_note"]
+    assert out[2]["predicted_speedup"] is None and "target_passes" in out[2]["prediction_note"]
     assert out[3].get("predicted_speedup") is None and out[3].get("prediction_note") is None
 
 
-def test_measured_acceptance_past_the_bound_is_clamped(checkpoints):
+def test_decode_acceptance_excludes_prefill_passes_and_bounds_old_pass_counts(checkpoints):
     target, _ = checkpoints
-    (row,) = prediction.annotate([_row(target, k=4, tokens_per_pass=6.4)], CHOICE)
-    assert row["predicted_speedup"] == pytest.approx(_theory(target, k=4, tokens_per_pass=5.0))
-    # Never more tokens per pass than per drafted pass (the acceptance length).
-    (row,) = prediction.annotate([_row(target, k=4, tokens_per_pass=4.7, acceptance_length=4.2)], CHOICE)
-    assert row["predicted_speedup"] == pytest.approx(_theory(target, k=4, tokens_per_pass=4.2))
+    row = _row(target, k=4, tokens_per_pass=2.0, draft_tokens_per_pass=1.5)
+    assert prediction.decode_acceptance(row) == prediction.DecodeAcceptance(2.0, 1.5)
+    # A row written before results bounded passes: 8 requests x 32 tokens,
+    # 60 drafts, and output - accepted = 40 passes, fewer than 8 + 60.
+    old = row | {"target_passes": 40, "drafts": 60, "draft_tokens": 240}
+    assert prediction.decode_acceptance(old) == prediction.DecodeAcceptance(248 / 60, 4.0)
+    (priced,) = prediction.annotate([old], CHOICE)
+    assert priced["predicted_decode_speedup"] == pytest.approx(_theory(target, tokens_per_pass=248 / 60)[0])
+    # Never more than K + 1 tokens per pass, whatever the counters say.
+    assert prediction.decode_acceptance(row | {"target_passes": 10}).tokens_per_pass == 5.0
 
 
 def test_a_schedule_prices_the_k_vllm_uses_at_that_batch_size(checkpoints):
@@ -120,7 +164,7 @@ def test_a_schedule_prices_the_k_vllm_uses_at_that_batch_size(checkpoints):
     assert prediction.effective_k({"num_speculative_tokens_per_batch_size": [[1, 8, 6]]}, 4, 2) == 4
     assert prediction.effective_k(None, 3, 8) == 3
     target, _ = checkpoints
-    row = _row(target, batch=16, tokens_per_pass=1.0)
+    row = _row(target, batch=16, tokens_per_pass=1.0, draft_tokens_per_pass=0.0)
     cfg = json.loads(row["config_json"])
     cfg["method"]["speculative_config"]["num_speculative_tokens_per_batch_size"] = schedule
     (priced,) = prediction.annotate([dict(row, config_json=json.dumps(cfg))], CHOICE)
@@ -173,13 +217,15 @@ def test_accuracy_and_break_even_per_curve():
     def row(batch, measured, predicted, decode=None):
         return {"status": "ok", "method": "ngram", "num_speculative_tokens": 4, "batch_size": batch,
                 "workload": "w", "speedup": measured, "decode_speedup": decode or measured,
-                "predicted_speedup": predicted, "predicted_speedup_bs1_alpha": predicted,
-                "dtype": "float32", "config_json": "{}"}
+                "predicted_speedup": predicted, "predicted_decode_speedup": predicted * 1.1,
+                "predicted_speedup_bs1_alpha": predicted, "dtype": "float32", "config_json": "{}"}
 
     rows = [row(1, 2.0, 2.2), row(2, 1.5, 1.5), row(4, 1.2, 0.9), row(8, 0.8, 0.7)]
     (acc,) = prediction.accuracy(rows)
     assert acc["method"] == "ngram" and acc["rows"] == 4
     assert acc["mdape_wall"] == pytest.approx((0.1 + 0.125) / 2)
+    # Decode predictions are held against the decode speedup: |2.42/2 - 1| ... |0.77/0.8 - 1|.
+    assert acc["mdape_decode"] == pytest.approx((0.1 + 0.175) / 2)
     (curve,) = prediction.break_even(rows)
     assert curve["batch_sizes"] == [1, 2, 4, 8]
     assert curve["measured"] == pytest.approx(theory.break_even_batch_size([1, 2, 4, 8], [2.0, 1.5, 1.2, 0.8]))

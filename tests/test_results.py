@@ -28,7 +28,7 @@ def cell_row(cell_id, method, wall, *, baseline_id=None, pass_index=0, config_ha
         "pass_index": pass_index, "passes": 1, "config_hash": config_hash or cell_id,
     }
     row |= measured_fields(
-        rep_wall_s=reps, rep_output_tokens=[100] * len(reps),
+        rep_wall_s=reps, rep_output_tokens=[100] * len(reps), num_requests=2,
         drafts=0 if method == "baseline" else 20, draft_tokens=0 if method == "baseline" else 40,
         accepted_tokens=0 if method == "baseline" else 30,
         accepted_per_pos=[] if method == "baseline" else [16, 14],
@@ -42,8 +42,8 @@ def write_cell(cells: Path, row, tokens):
 
 
 def test_measured_fields_follow_vllm_definitions():
-    row = measured_fields(rep_wall_s=[2.0, 1.0, 3.0], rep_output_tokens=[60, 60, 60], drafts=10,
-                          draft_tokens=40, accepted_tokens=25, accepted_per_pos=[9, 8, 5, 3],
+    row = measured_fields(rep_wall_s=[2.0, 1.0, 3.0], rep_output_tokens=[60, 60, 60], num_requests=2,
+                          drafts=10, draft_tokens=40, accepted_tokens=25, accepted_per_pos=[9, 8, 5, 3],
                           ttft_s=[], tpot_s=[], e2e_s=[])
     assert row["wall_time_s"] == 2.0
     assert row["acceptance_length"] == pytest.approx(1 + 25 / 10)
@@ -55,6 +55,21 @@ def test_measured_fields_follow_vllm_definitions():
     assert row["draft_coverage"] == pytest.approx(10 / 155)
     assert row["ttft_s_p50"] is None and "no per-request metrics" in row["latency_note"]
     assert 0 < row["alpha"] < 1
+
+
+def test_target_passes_never_fall_below_one_prefill_pass_per_request_plus_drafts():
+    # 2 requests x 16 tokens, K=4, every decode pass drafted: 2 prefill passes
+    # + 8 drafted passes. The last pass of each request accepted 4 drafts but
+    # needed 1 of them: vLLM still counts 4, so output - accepted (32 - 26 = 6)
+    # undercounts the 10 passes that really ran.
+    row = measured_fields(rep_wall_s=[1.0], rep_output_tokens=[32], num_requests=2, drafts=8,
+                          draft_tokens=32, accepted_tokens=26, accepted_per_pos=[8, 7, 6, 5],
+                          ttft_s=[], tpot_s=[], e2e_s=[])
+    assert row["target_passes"] == 2 + 8
+    assert row["tokens_per_pass"] == pytest.approx(32 / 10)
+    assert row["draft_coverage"] == pytest.approx(8 / 10)
+    # Acceptance itself stays vLLM's: the drafts were verified and accepted.
+    assert row["acceptance_length"] == pytest.approx(1 + 26 / 8)
 
 
 def test_unknown_column_is_rejected():

@@ -17,6 +17,7 @@ from specbench.theory import (
     best_k,
     break_even_batch_size,
     draft_time,
+    end_to_end_speedup,
     expected_tokens_from_rates,
     expected_tokens_per_pass,
     fit_alpha,
@@ -24,6 +25,7 @@ from specbench.theory import (
     num_speculative_tokens_per_batch_size,
     plain_decode_step,
     predicted_speedup,
+    prefill_time,
     ridge_point,
     step_time,
     verify_step,
@@ -264,6 +266,36 @@ def test_plain_and_verify_steps(qwen: ModelProfile, h200: HardwareProfile) -> No
     assert verify_step(qwen, h200, 8, 3, 512) == step_time(
         qwen, h200, num_tokens=32, num_seqs=8, context_len=512
     )
+    # Only drafted tokens are verified: 8 sequences x (1 + 1.5 drafted on average).
+    assert verify_step(qwen, h200, 8, 3, 512, draft_tokens_per_pass=1.5) == step_time(
+        qwen, h200, num_tokens=20, num_seqs=8, context_len=512
+    )
+    assert verify_step(qwen, h200, 8, 3, 512, draft_tokens_per_pass=0.0) == plain_decode_step(
+        qwen, h200, 8, 512
+    )
+    with pytest.raises(ValueError, match="draft_tokens_per_pass"):
+        verify_step(qwen, h200, 8, 3, 512, draft_tokens_per_pass=3.5)
+
+
+def test_prefill_runs_in_steps_of_at_most_max_step_tokens(smol: ModelProfile) -> None:
+    hw = HardwareProfile("toy", 1e12, 1e14, 1e-3, "vendor")
+    one_step = prefill_time(smol, hw, 4, 500, max_step_tokens=4096)
+    assert one_step == step_time(smol, hw, num_tokens=2000, num_seqs=4, context_len=250)
+    # 32 x 500 = 16000 tokens: 4 steps of 4000, each paying the fixed overhead.
+    assert prefill_time(smol, hw, 32, 500, max_step_tokens=4096) == pytest.approx(
+        4 * step_time(smol, hw, num_tokens=4000, num_seqs=32, context_len=250)
+    )
+    # Compute-bound: eight times the prompts cost about eight times as long.
+    assert 7 < prefill_time(smol, hw, 32, 500) / one_step < 9
+
+
+def test_end_to_end_speedup_is_decode_speedup_diluted_by_prefill() -> None:
+    assert end_to_end_speedup(2.0, 0.0, 10.0) == pytest.approx(2.0)
+    assert end_to_end_speedup(2.0, 10.0, 10.0) == pytest.approx(20 / 15)
+    assert end_to_end_speedup(0.5, 10.0, 10.0) == pytest.approx(20 / 30)
+    assert end_to_end_speedup(3.0, 1e9, 1.0) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="decode_speedup"):
+        end_to_end_speedup(0.0, 1.0, 1.0)
 
 
 # --------------------------------------------------------------------------- draft and speedup
