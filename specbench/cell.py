@@ -38,15 +38,26 @@ class SpecCounters:
 
 @dataclass(frozen=True)
 class GeneratedRequest:
-    """One finished request: its output token ids and the engine's timestamps.
+    """One finished request: its output token ids, the engine's timestamps and
+    its own speculative counts (passes that carried a draft, tokens accepted).
 
-    Latencies are None when the engine reported no request metrics.
+    Latencies are None when the engine reported no request metrics; the
+    counts are None without speculation.
     """
 
     token_ids: tuple[int, ...]
     ttft_s: float | None
     e2e_s: float | None
     tpot_s: float | None
+    drafts: int | None = None
+    accepted_tokens: int | None = None
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """1 + accepted / drafts for this request; None if none of its passes drafted."""
+        if not self.drafts or self.accepted_tokens is None:
+            return None
+        return 1.0 + self.accepted_tokens / self.drafts
 
 
 class Generator(Protocol):
@@ -118,6 +129,9 @@ class Measurement:
     ttft_s: list[float] = field(default_factory=list)
     tpot_s: list[float] = field(default_factory=list)
     e2e_s: list[float] = field(default_factory=list)
+    # Per request of the first timed repetition, in submission order (None:
+    # no draft or no per-request counts).
+    request_acceptance: list[float | None] = field(default_factory=list)
     warmup_s: float | None = None
 
 
@@ -147,6 +161,7 @@ def measure(
     rep_wall_s: list[float] = []
     rep_tokens: list[int] = []
     first_ids: list[tuple[int, ...]] | None = None
+    request_acceptance: list[float | None] = []
     stable = True
     ttft, tpot, e2e = [], [], []
     for _ in range(plan.repetitions):
@@ -163,6 +178,7 @@ def measure(
         ids = [r.token_ids for r in finished]
         if first_ids is None:
             first_ids = ids
+            request_acceptance = [r.acceptance_length for r in finished]
         elif ids != first_ids:
             stable = False
         ttft += [r.ttft_s for r in finished if _is_number(r.ttft_s)]
@@ -180,6 +196,7 @@ def measure(
         ttft_s=ttft,
         tpot_s=tpot,
         e2e_s=e2e,
+        request_acceptance=request_acceptance,
         warmup_s=warmup_s,
     )
 

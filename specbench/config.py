@@ -116,6 +116,7 @@ class Cell:
             seed=self.identity["seed"],
             max_model_len=engine["max_model_len"],
             max_num_seqs=engine["max_num_seqs"],
+            max_num_batched_tokens=engine.get("max_num_batched_tokens"),
             enforce_eager=engine["enforce_eager"],
             enable_prefix_caching=engine["enable_prefix_caching"],
             gpu_memory_utilization=engine["gpu_memory_utilization"],
@@ -209,6 +210,9 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
             errors.append(
                 f"batch_size={batch} exceeds engine.max_num_seqs={engine['max_num_seqs']}"
             )
+    step_tokens = engine.get("max_num_batched_tokens")
+    if step_tokens is not None and not (isinstance(step_tokens, int) and step_tokens >= 1):
+        errors.append(f"engine.max_num_batched_tokens={step_tokens!r} must be null or an integer >= 1")
     workload = plain.get("workload") or {}
     errors += validate_workload_config(workload)
     max_len = engine.get("max_model_len")

@@ -50,6 +50,8 @@ class EngineSpec:
     # (name, value) pairs added to the worker's environment: settings a custom
     # proposer reads that vLLM's speculative_config has no field for.
     worker_env: tuple[tuple[str, str], ...] = ()
+    # vLLM's max_num_batched_tokens; None keeps vLLM's default.
+    max_num_batched_tokens: int | None = None
 
     @property
     def speculative_config(self) -> dict[str, Any] | None:
@@ -58,6 +60,7 @@ class EngineSpec:
 
     def llm_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM``."""
+        speculative = self.speculative_config
         return dict(
             model=self.model,
             dtype=self.dtype,
@@ -67,9 +70,15 @@ class EngineSpec:
             enforce_eager=self.enforce_eager,
             enable_prefix_caching=self.enable_prefix_caching,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            speculative_config=self.speculative_config,
+            speculative_config=speculative,
             # Required for get_metrics() and per-request metrics.
             disable_log_stats=False,
+        ) | (
+            {"max_num_batched_tokens": self.max_num_batched_tokens}
+            if self.max_num_batched_tokens is not None else {}
+        ) | (
+            # Each request's own acceptance; vLLM refuses it without speculation.
+            {"per_request_spec_decode_metrics": "summary"} if speculative else {}
         )
 
 
@@ -250,7 +259,13 @@ def _request_result(output: Any) -> GeneratedRequest:
         e2e = ttft + decode
         if stats.num_generation_tokens > 1:
             tpot = decode / (stats.num_generation_tokens - 1)
-    return GeneratedRequest(tuple(completion.token_ids), ttft, e2e, tpot)
+    drafts = accepted = None
+    spec = getattr(completion, "spec_decode_metrics", None)
+    if spec is not None:
+        # histogram[j]: this request's passes whose draft had j tokens accepted.
+        drafts = sum(spec.histogram)
+        accepted = sum(j * n for j, n in enumerate(spec.histogram))
+    return GeneratedRequest(tuple(completion.token_ids), ttft, e2e, tpot, drafts, accepted)
 
 
 def describe_hardware() -> str:

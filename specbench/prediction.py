@@ -63,6 +63,10 @@ CALIBRATE_HINT = (
 # Methods the theory prices under another name: drafting that costs nothing
 # next to a forward pass.
 _PRICED_AS = {"controlled": "ngram"}
+# vLLM's max_num_batched_tokens for the offline LLM on CPU, used when the
+# engine config leaves it to vLLM (GPUs default higher; the difference is a
+# few fixed step overheads per batch).
+DEFAULT_STEP_TOKENS = 4096
 PREDICTED_COLUMNS = ("predicted_speedup", "predicted_decode_speedup", "predicted_speedup_bs1_alpha")
 
 
@@ -269,7 +273,10 @@ def _predict(
     # One batch as the cell runs it: prefill every prompt, then decode the
     # tokens after each request's first (which the prefill pass emits).
     requests = row["num_requests"]
-    prefill = theory.prefill_time(target, hw, batch, max(row["prompt_tokens"] / requests, 1.0))
+    step_tokens = (cfg.get("engine") or {}).get("max_num_batched_tokens") or DEFAULT_STEP_TOKENS
+    prefill = theory.prefill_time(
+        target, hw, batch, max(row["prompt_tokens"] / requests, 1.0), max_step_tokens=step_tokens
+    )
     decode_steps = max(row["output_tokens"] / requests - 1.0, 0.0)
     plain_decode = decode_steps * theory.plain_decode_step(target, hw, batch, context)
     return Prediction(decode, theory.end_to_end_speedup(decode, prefill, plain_decode))

@@ -35,7 +35,12 @@ import pyarrow.parquet as pq
 
 from specbench import stats, theory
 
-SCHEMA_VERSION = 2  # 2: predicted_decode_speedup; target_passes >= requests + drafts
+SCHEMA_VERSION = 2  # 2: predicted_decode_speedup; target_passes >= requests + drafts; per-request acceptance
+# An output counts as repetitive when at least this share of its 4-grams
+# already occurred earlier in it (stats.repeated_ngram_share).
+REPETITIVE_SHARE = 0.5
+# A speculative cell is flagged when at least this share of its outputs loop.
+LOOPING_FLAG_SHARE = 0.1
 
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 SCHEMA = pa.schema(
@@ -89,6 +94,9 @@ SCHEMA = pa.schema(
         ("target_passes", _INT),  # max(output - accepted, requests + drafts), see measured_fields
         ("tokens_per_pass", _F),  # output tokens / target passes, all steps
         ("draft_coverage", _F),  # drafts / target passes
+        ("acceptance_length_per_request", pa.list_(_F)),  # each request's own (null: never drafted)
+        ("acceptance_length_p50", _F),  # median of the above over requests that drafted
+        ("repetitive_requests", _INT),  # outputs caught in a loop (REPETITIVE_SHARE of 4-grams repeated)
         # --- comparison with the baseline (results.parquet only) ---------------
         ("speedup", _F),  # baseline wall time / this cell's
         ("speedup_ci_low", _F),
@@ -288,6 +296,8 @@ def measured_fields(
     ttft_s: Sequence[float],
     tpot_s: Sequence[float],
     e2e_s: Sequence[float],
+    request_acceptance: Sequence[float | None] = (),
+    token_ids: Sequence[Sequence[int]] = (),
 ) -> dict[str, Any]:
     """The measured columns of a cell row, from raw repetitions and counter deltas.
 
@@ -304,6 +314,11 @@ def measured_fields(
     its first token) plus one per draft, so passes >= requests + drafts: the
     larger of the two bounds is kept. It is exact when every decode pass
     carries a draft (draft_model, EAGLE, controlled).
+
+    The pooled acceptance length weights each request by its drafts, so a
+    request that loops (and drafts on every pass) can dominate it; the
+    median of the per-request acceptance lengths (``request_acceptance``)
+    and the count of repetitive outputs (from ``token_ids``) show when.
     """
     wall = stats.summarize(rep_wall_s)
     rates = [a / drafts for a in accepted_per_pos] if drafts else []
@@ -331,6 +346,11 @@ def measured_fields(
         "target_passes": target_passes,
         "tokens_per_pass": total_out / target_passes if target_passes > 0 else None,
         "draft_coverage": drafts / target_passes if target_passes > 0 else None,
+        "acceptance_length_per_request": list(request_acceptance),
+        "acceptance_length_p50": _median_known(request_acceptance),
+        "repetitive_requests": sum(
+            stats.repeated_ngram_share(ids) >= REPETITIVE_SHARE for ids in token_ids
+        ),
     }
     row |= stats.latency_percentiles(ttft_s, "ttft_s")
     row |= stats.latency_percentiles(tpot_s, "tpot_s")
@@ -338,6 +358,11 @@ def measured_fields(
     if not ttft_s:
         row["latency_note"] = "the engine reported no per-request metrics"
     return row
+
+
+def _median_known(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 # --- merge ---------------------------------------------------------------------------
@@ -437,6 +462,9 @@ def _pooled_acceptance(passes: list[dict[str, Any]], row: dict[str, Any]) -> dic
         "alpha": theory.fit_alpha(rates) if rates else None,
         "tokens_per_pass": out_total / row["target_passes"] if row["target_passes"] else None,
         "draft_coverage": drafts / row["target_passes"] if row["target_passes"] else None,
+        "acceptance_length_p50": _median_known(
+            v for r in passes for v in r.get("acceptance_length_per_request") or []
+        ),
     }
 
 
@@ -477,6 +505,12 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
     if missing:
         return {"speedup": None, "exact_match": None,
                 "error": f"no successful baseline measurement: {', '.join(missing)}"}
+    looping, requests = passes[0].get("repetitive_requests"), passes[0].get("num_requests")
+    if looping and requests and looping / requests >= LOOPING_FLAG_SHARE:
+        reasons.append(
+            f"{looping} of {requests} outputs loop: drafts of a loop are accepted whole, so acceptance "
+            "and speedup overstate what this workload gives on text that does not repeat itself"
+        )
     return {
         "speedup_per_pass": ratios,
         "_within_se": max(within) if within else None,

@@ -193,6 +193,8 @@ def _measured_columns(
         ttft_s=m.ttft_s,
         tpot_s=m.tpot_s,
         e2e_s=m.e2e_s,
+        request_acceptance=m.request_acceptance,
+        token_ids=m.token_ids,
     ) | {
         "status": "ok",
         "num_requests": len(plan.prompts),

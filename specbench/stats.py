@@ -31,6 +31,7 @@ __all__ = [
     "latency_percentiles",
     "percentile",
     "pooled_pass_spread",
+    "repeated_ngram_share",
     "speedup_interval",
     "student_t_quantile",
     "summarize",
@@ -367,3 +368,24 @@ def _positive(ratios: Sequence[float]) -> Sequence[float]:
     if any(r <= 0 for r in ratios):
         raise ValueError(f"ratios must be positive, got {list(ratios)}")
     return ratios
+
+
+def repeated_ngram_share(token_ids: Sequence[int], n: int = 4) -> float:
+    """Share of an output's n-grams that already occurred earlier in the same output.
+
+    Near 0 for ordinary text; near 1 for an output caught in a loop (small
+    models under greedy decoding repeat one sentence to max_tokens). Loops
+    matter to speculation: prompt lookup drafts them perfectly, so a few
+    looping requests can carry a workload's pooled acceptance length.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    grams = [tuple(token_ids[i : i + n]) for i in range(len(token_ids) - n + 1)]
+    if not grams:
+        return 0.0
+    seen: set[tuple[int, ...]] = set()
+    repeated = 0
+    for gram in grams:
+        repeated += gram in seen
+        seen.add(gram)
+    return repeated / len(grams)

@@ -2,8 +2,9 @@
 
 Read top to bottom, this module is the model's definition: acceptance (how
 many tokens one target pass yields), the hardware and model profiles (what a
-pass costs), the step-time roofline, the draft cost, the predicted speedup and
-the decisions derived from it, and last the calibration fit that turns
+pass costs), the step-time roofline (decode, verification and prefill passes),
+the draft cost, the predicted decode speedup and its dilution by prefill in
+wall time, the decisions derived from them, and last the calibration fit that turns
 measured step times into an effective hardware profile.
 
 Units throughout: seconds, bytes, FLOPs, tokens. Only the standard library is

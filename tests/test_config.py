@@ -86,6 +86,7 @@ def test_identity_ignores_output_settings_but_not_measurement_settings(compose_c
         (["method=draft_model", "model.drafts.small=/no/such/draft"],
          "method=draft_model (speculative_config.model)='/no/such/draft': no such directory"),
         (["batch_size=512"], "batch_size=512 exceeds engine.max_num_seqs=256"),
+        (["engine.max_num_batched_tokens=0"], "engine.max_num_batched_tokens=0 must be null or an integer >= 1"),
         (["workload.max_prompt_tokens=2000"],
          "workload.max_prompt_tokens=2000 + workload.max_tokens=128 exceeds engine.max_model_len=2048"),
         (["model.path=embedded:nope"], "unknown embedded model 'embedded:nope'"),
@@ -96,6 +97,14 @@ def test_bad_values_are_named_with_what_is_allowed(compose_cell, overrides, mess
     assert any(message in e for e in errors), errors
     with pytest.raises(ConfigError, match="invalid cell configuration"):
         cell_from_config(compose_cell(overrides))
+
+
+def test_engine_step_budget_reaches_the_engine_and_the_cells_identity(compose_cell):
+    default = cell_from_config(compose_cell([]))
+    wide = cell_from_config(compose_cell(["engine.max_num_batched_tokens=32768"]))
+    assert default.engine_spec(prepare=False).llm_kwargs().get("max_num_batched_tokens") is None
+    assert wide.engine_spec(prepare=False).llm_kwargs()["max_num_batched_tokens"] == 32768
+    assert wide.cell_id != default.cell_id
 
 
 def test_unknown_method_names_the_options(compose_cell):

@@ -69,6 +69,13 @@ def test_self_draft_accepts_every_token(results):
     assert (self_draft["acceptance_length"] == 3.0).all()  # K + 1
     for rates in self_draft["acceptance_rate_per_pos"]:
         assert list(rates) == [1.0, 1.0]
+    # vLLM's per-request counts agree, request by request.
+    for per_request in self_draft["acceptance_length_per_request"]:
+        assert list(per_request) == [3.0, 3.0]
+    assert (self_draft["acceptance_length_p50"] == 3.0).all()
+    # 16 tokens a request: 1 from its prefill pass, then 5 passes of 1 + 2 accepted.
+    assert (self_draft["target_passes"] == 2 * (1 + 5)).all()
+    assert (self_draft["draft_coverage"] == 5 / 6).all()
 
 
 def test_speculative_outputs_are_exact_and_speedups_computed(results):
@@ -77,6 +84,9 @@ def test_speculative_outputs_are_exact_and_speedups_computed(results):
     assert spec["speedup"].gt(0).all() and spec["output_tokens"].eq(32).all()
     ngram = spec[spec["method"] == "ngram"]
     assert ngram["acceptance_length"].between(1.0, 3.0).all()
+    for per_request in ngram["acceptance_length_per_request"]:
+        assert len(per_request) == 2
+        assert all(pd.isna(value) or 1.0 <= value <= 3.0 for value in per_request)
 
 
 def test_rerun_into_the_same_directory_resumes(sweep):

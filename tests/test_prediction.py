@@ -105,6 +105,22 @@ def test_prefill_dilutes_the_wall_time_prediction_more_at_larger_batches(checkpo
     assert share[1] < share[0]
 
 
+def test_prefill_steps_follow_the_engines_max_num_batched_tokens(checkpoints):
+    target, _ = checkpoints
+    row = _row(target, batch=8, tokens_per_pass=3.0)
+    cfg = json.loads(row["config_json"])
+    cfg["engine"]["max_num_batched_tokens"] = 1000
+    default, chunked = prediction.annotate([row, dict(row, config_json=json.dumps(cfg))], CHOICE)
+    profile = theory.ModelProfile.from_config_json(target, dtype="float32")
+    context = PROMPT_LEN + OUTPUT_LEN / 2
+    plain = (OUTPUT_LEN - 1) * theory.plain_decode_step(profile, HW, 8, context)
+    for priced, step_tokens in ((default, prediction.DEFAULT_STEP_TOKENS), (chunked, 1000)):
+        prefill = theory.prefill_time(profile, HW, 8, PROMPT_LEN, max_step_tokens=step_tokens)
+        assert priced["predicted_speedup"] == pytest.approx(
+            theory.end_to_end_speedup(priced["predicted_decode_speedup"], prefill, plain))
+    assert chunked["predicted_speedup"] < default["predicted_speedup"]  # 4 steps' overhead, not 1
+
+
 def test_verification_is_priced_for_the_tokens_actually_drafted(checkpoints):
     # ngram drafts only where its lookup matches: half-empty drafts verify
     # fewer tokens, which matters once the batch is past the ridge.

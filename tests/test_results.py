@@ -72,6 +72,21 @@ def test_target_passes_never_fall_below_one_prefill_pass_per_request_plus_drafts
     assert row["acceptance_length"] == pytest.approx(1 + 26 / 8)
 
 
+def test_per_request_acceptance_and_repetitive_outputs():
+    loop = [7, 8, 9, 10] * 8
+    row = measured_fields(rep_wall_s=[1.0], rep_output_tokens=[64], num_requests=2, drafts=12,
+                          draft_tokens=48, accepted_tokens=40, accepted_per_pos=[12, 11, 9, 8],
+                          ttft_s=[], tpot_s=[], e2e_s=[], request_acceptance=[5.0, None],
+                          token_ids=[loop, list(range(32))])
+    assert row["acceptance_length_per_request"] == [5.0, None]
+    assert row["acceptance_length_p50"] == 5.0  # the request that never drafted is left out
+    assert row["repetitive_requests"] == 1
+    plain = measured_fields(rep_wall_s=[1.0], rep_output_tokens=[64], num_requests=2, drafts=0,
+                            draft_tokens=0, accepted_tokens=0, accepted_per_pos=[],
+                            ttft_s=[], tpot_s=[], e2e_s=[])
+    assert plain["acceptance_length_p50"] is None and plain["repetitive_requests"] == 0
+
+
 def test_unknown_column_is_rejected():
     with pytest.raises(ResultsError, match="not in the schema"):
         rows_to_table([{"cell_id": "x", "speed": 1.0}])
@@ -167,6 +182,15 @@ def test_baseline_on_other_hardware_is_flagged(tmp_path):
     ids = write_pair(tmp_path, "a", 2.0, 1.0, 0, hardware="1x H200")
     row = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
     assert row["flagged"] and "this cell on 1x H200" in row["flag_reasons"][0]
+
+
+def test_cells_whose_outputs_loop_are_flagged(tmp_path):
+    # cell_row's cells hold 2 requests: one looping output is half of them.
+    ids = write_pair(tmp_path, "a", 2.0, 1.0, 0, repetitive_requests=1, num_requests=2)
+    ids += write_pair(tmp_path, "b", 2.0, 1.0, 0, repetitive_requests=0, num_requests=2)
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ids) if r["method"] == "ngram"}
+    assert rows["sa-p0"]["flagged"] and "1 of 2 outputs loop" in rows["sa-p0"]["flag_reasons"][0]
+    assert not rows["sb-p0"]["flagged"]
 
 
 def test_missing_or_failed_baseline_leaves_speedup_null_with_reason(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from specbench.stats import (
     PassSpread,
     pooled_pass_spread,
+    repeated_ngram_share,
     speedup_interval,
     Summary,
     bootstrap_median_ci,
@@ -241,3 +242,15 @@ class TestSpeedupInterval:
         with pytest.raises(ValueError, match="empty"):
             speedup_interval([], PassSpread(sd=0.1, df=3), None)
 
+
+
+def test_repeated_ngram_share_tells_a_loop_from_ordinary_text():
+    assert repeated_ngram_share([1, 2, 3, 4, 5, 6, 7, 8]) == 0.0
+    loop = [9, 8] + [1, 2, 3, 4, 5] * 10
+    assert repeated_ngram_share(loop) == pytest.approx(42 / 49)  # 7 distinct 4-grams
+    # One repeat of a 4-gram in 7 of them.
+    assert repeated_ngram_share([1, 2, 3, 4, 9, 1, 2, 3, 4, 7]) == pytest.approx(1 / 7)
+    assert repeated_ngram_share([1, 2, 3]) == 0.0
+    assert repeated_ngram_share([5, 5, 5], n=1) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="n must be"):
+        repeated_ngram_share([1], n=0)

@@ -466,9 +466,13 @@ class CellSummary:
     speedup: str
     ci: str
     decode_speedup: str
+    predicted: str
+    predicted_decode: str
     acceptance_length: str
+    acceptance_length_p50: str
     tokens_per_pass: str
     draft_coverage: str
+    repetitive: str
     tpot_ms: str
 
 
@@ -483,9 +487,16 @@ def all_cells(df: pd.DataFrame) -> list[CellSummary]:
             speedup=fmt_speedup(r["speedup"]),
             ci=fmt_ci(r["speedup_ci_low"], r["speedup_ci_high"]),
             decode_speedup=fmt_speedup(r["decode_speedup"]),
+            predicted=fmt_speedup(r[PREDICTED]),
+            predicted_decode=fmt_speedup(r["predicted_decode_speedup"]),
             acceptance_length=fmt_number(r["acceptance_length"]),
+            acceptance_length_p50=fmt_number(r["acceptance_length_p50"]),
             tokens_per_pass=fmt_number(r["tokens_per_pass"]),
             draft_coverage=fmt_number(r["draft_coverage"]),
+            repetitive=(
+                "–" if pd.isna(r["repetitive_requests"]) or pd.isna(r["num_requests"])
+                else f"{int(r['repetitive_requests'])}/{int(r['num_requests'])}"
+            ),
             tpot_ms=fmt_number(None if pd.isna(r["tpot_s_p50"]) else 1000 * r["tpot_s_p50"], 1),
         )
         for _, r in _sorted(df).iterrows()
