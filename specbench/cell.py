@@ -132,6 +132,10 @@ class Measurement:
     # Per request of the first timed repetition, in submission order (None:
     # no draft or no per-request counts).
     request_acceptance: list[float | None] = field(default_factory=list)
+    # Summed over the timed requests that reported a TPOT: decode seconds
+    # (first to last token) and the tokens decoded in them (all but the first).
+    decode_s: float = 0.0
+    decode_tokens: int = 0
     warmup_s: float | None = None
 
 
@@ -164,6 +168,7 @@ def measure(
     request_acceptance: list[float | None] = []
     stable = True
     ttft, tpot, e2e = [], [], []
+    decode_s, decode_tokens = 0.0, 0
     for _ in range(plan.repetitions):
         elapsed = 0.0
         finished: list[GeneratedRequest] = []
@@ -184,6 +189,10 @@ def measure(
         ttft += [r.ttft_s for r in finished if _is_number(r.ttft_s)]
         tpot += [r.tpot_s for r in finished if _is_number(r.tpot_s)]
         e2e += [r.e2e_s for r in finished if _is_number(r.e2e_s)]
+        for r in finished:
+            if _is_number(r.tpot_s):
+                decode_s += r.tpot_s * (len(r.token_ids) - 1)
+                decode_tokens += len(r.token_ids) - 1
     counters = engine.spec_counters() - before
 
     return Measurement(
@@ -197,6 +206,8 @@ def measure(
         tpot_s=tpot,
         e2e_s=e2e,
         request_acceptance=request_acceptance,
+        decode_s=decode_s,
+        decode_tokens=decode_tokens,
         warmup_s=warmup_s,
     )
 

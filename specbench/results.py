@@ -77,6 +77,7 @@ SCHEMA = pa.schema(
         ("tpot_s_p50", _F),
         ("tpot_s_p90", _F),
         ("tpot_s_p99", _F),
+        ("tpot_s_mean", _F),  # token-weighted: total decode time / tokens after each request's first
         ("e2e_s_p50", _F),
         ("e2e_s_p90", _F),
         ("e2e_s_p99", _F),
@@ -105,7 +106,7 @@ SCHEMA = pa.schema(
         ("speedup_rerun_low", _F),  # where an identical rerun is expected to land (95%)
         ("speedup_rerun_high", _F),
         ("speedup_per_pass", pa.list_(_F)),
-        ("decode_speedup", _F),  # baseline TPOT p50 / this cell's: prefill excluded
+        ("decode_speedup", _F),  # baseline tpot_s_mean / this cell's: decode time ratio, prefill excluded
         ("exact_match", _BOOL),
         ("mismatched_requests", _INT),
         ("outputs_stable", _BOOL),  # every repetition produced the same tokens
@@ -298,6 +299,8 @@ def measured_fields(
     e2e_s: Sequence[float],
     request_acceptance: Sequence[float | None] = (),
     token_ids: Sequence[Sequence[int]] = (),
+    decode_s: float = 0.0,
+    decode_tokens: int = 0,
 ) -> dict[str, Any]:
     """The measured columns of a cell row, from raw repetitions and counter deltas.
 
@@ -354,6 +357,7 @@ def measured_fields(
     }
     row |= stats.latency_percentiles(ttft_s, "ttft_s")
     row |= stats.latency_percentiles(tpot_s, "tpot_s")
+    row["tpot_s_mean"] = decode_s / decode_tokens if decode_tokens else None
     row |= stats.latency_percentiles(e2e_s, "e2e_s")
     if not ttft_s:
         row["latency_note"] = "the engine reported no per-request metrics"
@@ -490,8 +494,12 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
             if side.get("load_avg_1m") is not None and side.get("cpu_cores")
             and side["load_avg_1m"] > side["cpu_cores"]
         ]
-        if base.get("tpot_s_p50") and spec.get("tpot_s_p50"):
-            decode_ratios.append(base["tpot_s_p50"] / spec["tpot_s_p50"])
+        # Token-weighted mean TPOT: the ratio of total decode time. (A median
+        # request's TPOT is a latency; it moves with which request is median.)
+        # Rows written before tpot_s_mean existed fall back on the p50.
+        column = "tpot_s_mean" if base.get("tpot_s_mean") and spec.get("tpot_s_mean") else "tpot_s_p50"
+        if base.get(column) and spec.get(column):
+            decode_ratios.append(base[column] / spec[column])
         for side in (base, spec):
             cv, n = side.get("wall_time_s_cv"), len(side.get("wall_time_s_reps") or [])
             if cv is not None and n:

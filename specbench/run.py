@@ -195,6 +195,8 @@ def _measured_columns(
         e2e_s=m.e2e_s,
         request_acceptance=m.request_acceptance,
         token_ids=m.token_ids,
+        decode_s=m.decode_s,
+        decode_tokens=m.decode_tokens,
     ) | {
         "status": "ok",
         "num_requests": len(plan.prompts),

@@ -99,6 +99,21 @@ def test_atomic_write_leaves_only_the_final_file(tmp_path):
     assert pq.read_table(path).column_names == COLUMNS
 
 
+def test_decode_speedup_is_the_ratio_of_total_decode_time(tmp_path):
+    # Token-weighted mean TPOT: 3 s over 100 decoded tokens against 1 s; the
+    # median requests' TPOTs (0.02 s and 0.01 s in cell_row) would say 2x.
+    base = cell_row("base", "baseline", 2.0) | {"tpot_s_mean": 0.03}
+    spec = cell_row("spec", "ngram", 1.0, baseline_id="base") | {"tpot_s_mean": 0.01}
+    for row in (base, spec):
+        write_cell(tmp_path, row, [[1], [2]])
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ["base", "spec"])}
+    assert rows["spec"]["decode_speedup"] == pytest.approx(3.0)
+    row = measured_fields(rep_wall_s=[1.0], rep_output_tokens=[102], num_requests=2, drafts=0,
+                          draft_tokens=0, accepted_tokens=0, accepted_per_pos=[], ttft_s=[0.1, 0.1],
+                          tpot_s=[0.01, 0.03], e2e_s=[1.0, 3.0], decode_s=4.0, decode_tokens=100)
+    assert row["tpot_s_mean"] == pytest.approx(0.04)
+
+
 def test_corrupt_file_is_named(tmp_path):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 not really")
