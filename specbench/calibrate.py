@@ -13,11 +13,11 @@ adds time. :func:`specbench.theory.fit_hardware_profile` then fits effective
 memory bandwidth, peak FLOP/s and per-step overhead to those samples.
 
 Only grid points whose whole batch prefills in one engine step are measured
-(batch size x prompt length <= ``--max-step-tokens``, vLLM's
-``max_num_batched_tokens``, 4096 for the offline LLM on CPU): otherwise
-chunked prefill mixes prefill chunks into the decode steps of requests that
-started early and inflates their TPOT. Every request in a batch then decodes
-in lockstep.
+(batch size x prompt length <= ``--max-step-tokens``, which the calibration
+engine gets as its ``engine.max_num_batched_tokens`` unless the overrides set
+one): otherwise chunked prefill mixes prefill chunks into the decode steps of
+requests that started early and inflates their TPOT. Every request in a batch
+then decodes in lockstep.
 
 The profile, the samples and their residuals are printed and written to
 ``$SPECBENCH_CACHE/hardware/calibrated.yaml`` (default
@@ -49,6 +49,9 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_PROMPT_LENGTHS = (64, 512, 1024)
 DEFAULT_MAX_TOKENS = 24
 DEFAULT_ROUNDS = 3
+# vLLM's own default on CPU. A wider grid (16384: batch 32 at 512-token
+# prompts) was tried: one bandwidth cannot serve both the weight-bound small
+# batches and the KV-bound large ones, and the fit predicted speedups worse.
 DEFAULT_MAX_STEP_TOKENS = 4096
 
 
@@ -89,6 +92,15 @@ def synthetic_prompts(stream: Sequence[int], length: int, count: int) -> tuple[t
         raise ValueError(f"need a token stream of at least {length} tokens, got {len(stream)}")
     span = len(stream) - length + 1
     return tuple(tuple(stream[(i * length) % span : (i * length) % span + length]) for i in range(count))
+
+
+def engine_overrides(overrides: Sequence[str], max_step_tokens: int) -> list[str]:
+    """The Hydra overrides for the calibration engine: the user's, plus a step
+    budget of max_step_tokens unless they set engine.max_num_batched_tokens."""
+    out = list(overrides)
+    if not any(o.lstrip("+").startswith("engine.max_num_batched_tokens=") for o in out):
+        out.append(f"engine.max_num_batched_tokens={max_step_tokens}")
+    return out
 
 
 def step_sample(
@@ -274,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                         help="passes over the grid; each sample keeps its fastest round")
     parser.add_argument("--max-step-tokens", type=int, default=DEFAULT_MAX_STEP_TOKENS,
-                        help="vLLM's max_num_batched_tokens: larger batches would prefill in chunks")
+                        help="largest batch x prompt tokens measured; the engine's max_num_batched_tokens")
     parser.add_argument("--name", default=None, help="profile name (default: from the device)")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"where to write the profile (default: {prediction.calibrated_path()})")
@@ -287,9 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     from specbench.engine import EngineError, EngineWorker
     from specbench.results import now_iso
 
+    overrides = engine_overrides(args.overrides, args.max_step_tokens)
     try:
         points = grid(_ints(args.batch_sizes), _ints(args.prompt_lengths), args.max_step_tokens)
-        cell = cell_from_config(_compose(args.overrides))
+        cell = cell_from_config(_compose(overrides))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -347,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         device=worker.info.hardware, measured_at=measured_at,
         vllm_version=worker.info.vllm_version,
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
-                  "max_step_tokens": args.max_step_tokens, "overrides": list(args.overrides)},
+                  "max_step_tokens": args.max_step_tokens, "overrides": overrides},
     )
     out = args.out or prediction.calibrated_path()
     write_profile(doc, out)

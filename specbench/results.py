@@ -41,6 +41,9 @@ SCHEMA_VERSION = 2  # 2: predicted_decode_speedup; target_passes >= requests + d
 REPETITIVE_SHARE = 0.5
 # A speculative cell is flagged when at least this share of its outputs loop.
 LOOPING_FLAG_SHARE = 0.1
+# A measurement is flagged when other processes kept more than this share of
+# the machine's cores busy while it ran.
+OTHER_CPU_FLAG_SHARE = 0.1
 
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 SCHEMA = pa.schema(
@@ -113,6 +116,7 @@ SCHEMA = pa.schema(
         ("flagged", _BOOL),  # see flag_reasons: treat this speedup with care
         ("flag_reasons", pa.list_(_STR)),
         ("load_avg_1m", _F),  # machine load while the cell ran (max over passes)
+        ("other_cpu_share", _F),  # share of the cores other processes kept busy while the cell ran
         ("cpu_cores", _INT),
         ("gpu_state", _STR),  # clocks and memory as the driver reported them
         # --- the analytic model beside the measurement (results.parquet only; specbench.prediction)
@@ -435,8 +439,9 @@ def _combine_passes(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, 
         row["wall_time_s"] = statistics.median(r["wall_time_s"] for r in passes)
         row["wall_time_s_reps"] = reps
         row["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in passes)
-        loads = [r["load_avg_1m"] for r in passes if r.get("load_avg_1m") is not None]
-        row["load_avg_1m"] = max(loads) if loads else None
+        for column in ("load_avg_1m", "other_cpu_share"):
+            values = [r[column] for r in passes if r.get(column) is not None]
+            row[column] = max(values) if values else None
         for key in ("drafts", "draft_tokens", "accepted_tokens", "target_passes"):
             row[key] = sum(r[key] or 0 for r in passes)
         row |= _pooled_acceptance(passes, row)
@@ -472,6 +477,23 @@ def _pooled_acceptance(passes: list[dict[str, Any]], row: dict[str, Any]) -> dic
     }
 
 
+def _interference(who: str, side: dict[str, Any]) -> str | None:
+    """Why a measurement shared its machine, or None.
+
+    other_cpu_share counts only other processes' CPU time. The load average,
+    the fallback for rows without it, includes the engine's own threads, so
+    it flags only a load beyond the engine's own (one thread per core).
+    """
+    share, load, cores = side.get("other_cpu_share"), side.get("load_avg_1m"), side.get("cpu_cores")
+    if share is not None:
+        if share > OTHER_CPU_FLAG_SHARE:
+            return f"{who}: other processes kept {share:.0%} of the cores busy"
+        return None
+    if load is not None and cores and load > 2 * cores:
+        return f"{who} ran under load {load:.1f} on {cores} cores"
+    return None
+
+
 def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
     """Speedup and exactness of a speculative cell's passes against their baselines."""
     ratios, decode_ratios, within, mismatched, compared = [], [], [], 0, 0
@@ -489,10 +511,8 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
         if base.get("hardware") != spec.get("hardware"):
             reasons.append(f"baseline ran on {base.get('hardware')}, this cell on {spec.get('hardware')}")
         reasons += [
-            f"pass {side.get('pass_index')} {name} ran under load {side['load_avg_1m']:.1f} on {side['cpu_cores']} cores"
-            for name, side in (("baseline", base), ("cell", spec))
-            if side.get("load_avg_1m") is not None and side.get("cpu_cores")
-            and side["load_avg_1m"] > side["cpu_cores"]
+            reason for name, side in (("baseline", base), ("cell", spec))
+            if (reason := _interference(f"pass {side.get('pass_index')} {name}", side))
         ]
         # Token-weighted mean TPOT: the ratio of total decode time. (A median
         # request's TPOT is a latency; it moves with which request is median.)

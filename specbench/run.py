@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -119,7 +120,9 @@ def _run_cell(
         workload = load_workload(cell.workload, _tokenizer(models.resolve(cell.identity["model"]["path"])))
         plan = _plan(cell, workload)
         worker = pool.get(cell.engine_spec())
+        cpu_before = CpuTimes.now(worker.pid)
         measurement = worker.measure(plan, timeout_s)
+        other_share = cpu_before.other_share(CpuTimes.now(worker.pid))
     except Exception as exc:  # noqa: BLE001 - a failed cell is data, not a crash
         if isinstance(exc, EngineError):
             pool.discard()
@@ -129,7 +132,8 @@ def _run_cell(
         files.write(row, [], [])
         return CellOutcome(cell.cell_id, "failed", error)
 
-    row = base | _measured_columns(measurement, worker.info, workload, plan) | _machine_state(load_before)
+    row = (base | _measured_columns(measurement, worker.info, workload, plan)
+           | _machine_state(load_before) | {"other_cpu_share": other_share})
     files.write(row, measurement.token_ids, workload.prompt_ids)
     log.info(
         "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",
@@ -212,6 +216,42 @@ def _measured_columns(
         "prompt_ids": workload.prompt_ids,
         "skipped_too_long": workload.skipped_too_long,
     }
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """CPU seconds at one instant: the whole machine's busy time and this sweep's own
+    (this process and the engine worker), from /proc; None where /proc is missing."""
+
+    wall_s: float
+    busy_s: float | None
+    own_s: float | None
+
+    @classmethod
+    def now(cls, worker_pid: int | None) -> CpuTimes:
+        """Read the clocks now."""
+        tick = os.sysconf("SC_CLK_TCK")
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(v) for v in f.readline().split()[1:]]
+            # user nice system idle iowait irq softirq steal: all but idle and iowait.
+            busy = (sum(fields[:8]) - fields[3] - fields[4]) / tick
+            own = sum(os.times()[:2])
+            if worker_pid is not None:
+                with open(f"/proc/{worker_pid}/stat") as f:
+                    # Fields after the command name: utime and stime are the 12th and 13th.
+                    stat = f.read().rsplit(")", 1)[1].split()
+                own += (int(stat[11]) + int(stat[12])) / tick
+        except (OSError, ValueError, IndexError):
+            return cls(time.monotonic(), None, None)
+        return cls(time.monotonic(), busy, own)
+
+    def other_share(self, later: CpuTimes) -> float | None:
+        """Share of the machine's cores that other processes kept busy between the two readings."""
+        if None in (self.busy_s, self.own_s, later.busy_s, later.own_s) or later.wall_s <= self.wall_s:
+            return None
+        other = (later.busy_s - self.busy_s) - (later.own_s - self.own_s)  # type: ignore[operator]
+        return min(max(other / ((later.wall_s - self.wall_s) * (os.cpu_count() or 1)), 0.0), 1.0)
 
 
 def _machine_state(load_before: float) -> dict[str, Any]:

@@ -101,3 +101,9 @@ def test_bad_integer_lists_are_refused():
     for bad in ("", "0,1", "a"):
         with pytest.raises(ValueError):
             calibrate._ints(bad)
+
+
+def test_the_engine_prefills_every_grid_batch_in_one_step_unless_told_otherwise():
+    assert calibrate.engine_overrides(["model=x"], 16384) == ["model=x", "engine.max_num_batched_tokens=16384"]
+    mine = ["engine.max_num_batched_tokens=8192"]
+    assert calibrate.engine_overrides(mine, 16384) == mine

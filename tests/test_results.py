@@ -193,6 +193,16 @@ def test_single_pass_interval_is_within_engine_only_and_load_is_flagged(tmp_path
     assert row["flagged"] and "load 5.0 on 2 cores" in row["flag_reasons"][0]
 
 
+def test_interference_is_other_processes_cpu_not_the_engines_own_load(tmp_path):
+    # A load of 2.3 on 2 cores is the engine's own threads: no flag when
+    # other_cpu_share says the rest of the machine was quiet.
+    ids = write_pair(tmp_path, "q", 2.0, 1.0, 0, load_avg_1m=2.3, cpu_cores=2, other_cpu_share=0.02)
+    ids += write_pair(tmp_path, "n", 2.0, 1.0, 0, load_avg_1m=2.3, cpu_cores=2, other_cpu_share=0.4)
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ids) if r["method"] == "ngram"}
+    assert not rows["sq-p0"]["flagged"]
+    assert rows["sn-p0"]["flagged"] and "other processes kept 40% of the cores busy" in rows["sn-p0"]["flag_reasons"][0]
+
+
 def test_baseline_on_other_hardware_is_flagged(tmp_path):
     ids = write_pair(tmp_path, "a", 2.0, 1.0, 0, hardware="1x H200")
     row = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
