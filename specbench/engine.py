@@ -135,11 +135,11 @@ class EngineWorker:
         self.info: EngineInfo = self._receive(start_timeout_s, "starting the engine")
 
     @property
-    @property
     def pid(self) -> int | None:
         """The worker process's id (its CPU time is the engine's)."""
         return self._process.pid
 
+    @property
     def alive(self) -> bool:
         """Whether the worker process is still running."""
         return self._process.is_alive()
