@@ -52,7 +52,7 @@ DEFAULT_ROUNDS = 3
 # vLLM's own default on CPU. A wider grid (16384: batch 32 at 512-token
 # prompts) was tried: one bandwidth cannot serve both the weight-bound small
 # batches and the KV-bound large ones, and the fit predicted speedups worse.
-DEFAULT_MAX_STEP_TOKENS = 4096
+DEFAULT_MAX_STEP_TOKENS = prediction.DEFAULT_STEP_TOKENS
 
 
 @dataclass(frozen=True)

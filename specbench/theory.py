@@ -466,7 +466,7 @@ def prefill_time(
     hw: HardwareProfile,
     batch_size: int,
     prompt_len: float,
-    max_step_tokens: int = 4096,
+    max_step_tokens: int,
 ) -> float:
     """Seconds to prefill batch_size prompts of prompt_len tokens each.
 

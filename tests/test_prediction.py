@@ -64,7 +64,7 @@ def _theory(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=Non
     decode = theory.predicted_speedup(method=method, k=k, batch_size=batch, tokens_per_pass=tokens_per_pass,
                                       target=profile, hw=HW, context_len=context, draft=draft_profile,
                                       draft_tokens_per_pass=drafted)
-    prefill = theory.prefill_time(profile, HW, batch, PROMPT_LEN)
+    prefill = theory.prefill_time(profile, HW, batch, PROMPT_LEN, max_step_tokens=prediction.DEFAULT_STEP_TOKENS)
     plain = (OUTPUT_LEN - 1) * theory.plain_decode_step(profile, HW, batch, context)
     return decode, theory.end_to_end_speedup(decode, prefill, plain)
 
