@@ -9,6 +9,8 @@ inside the timed region.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -109,6 +111,18 @@ class CellPlan:
     def timed_batches(self) -> int:
         """How many generate() calls the timed region makes."""
         return self.repetitions * len(self.prompts) // self.batch_size
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the exact requests: every prompt's token ids in submission order, and max_tokens.
+
+        Two cells with equal fingerprints submitted the same work, whatever
+        their prompt files, tokenizer or chat template looked like; the
+        batching and timing settings are not part of it (they are in the
+        cell's config hash).
+        """
+        canonical = json.dumps({"max_tokens": self.max_tokens, "prompts": self.prompts}, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     def batches(self) -> list[tuple[tuple[int, ...], ...]]:
         """The request groups, in submission order."""

@@ -28,14 +28,19 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specbench import stats, theory
 
-SCHEMA_VERSION = 2  # 2: predicted_decode_speedup; target_passes >= requests + drafts; per-request acceptance
+# 2: predicted_decode_speedup; target_passes >= requests + drafts; per-request acceptance
+# 3: requests_fingerprint and provenance checks (resume, merge); merged columns describe every pass;
+#    speedup is the geometric mean of the per-pass ratios; no zero-width intervals (null instead);
+#    order-statistic intervals over repetitions with their coverage; exactness mismatches flagged;
+#    mismatched_requests counts requests, not requests x passes
+SCHEMA_VERSION = 3
 # An output counts as repetitive when at least this share of its 4-grams
 # already occurred earlier in it (stats.repeated_ngram_share).
 REPETITIVE_SHARE = 0.5
@@ -66,21 +71,24 @@ SCHEMA = pa.schema(
         ("prompt_tokens", _INT),
         ("output_tokens", _INT),  # per repetition
         # --- time ------------------------------------------------------------
-        ("wall_time_s", _F),  # median over repetitions (and passes)
-        ("wall_time_s_ci_low", _F),
+        # Merged rows: every column describes all passes (see _across_passes).
+        ("wall_time_s", _F),  # median over repetitions (of every pass)
+        ("wall_time_s_ci_low", _F),  # order-statistic interval of that median; null with one repetition
         ("wall_time_s_ci_high", _F),
         ("wall_time_s_cv", _F),
         ("wall_time_s_reps", pa.list_(_F)),
         ("tokens_per_s", _F),
         ("tokens_per_s_ci_low", _F),
         ("tokens_per_s_ci_high", _F),
+        ("reps_ci_coverage", _F),  # exact coverage of the two intervals above (0.75 for 3 repetitions)
+        # Latency percentiles are over the requests of one pass; merged rows hold their median over passes.
         ("ttft_s_p50", _F),
         ("ttft_s_p90", _F),
         ("ttft_s_p99", _F),
         ("tpot_s_p50", _F),
         ("tpot_s_p90", _F),
         ("tpot_s_p99", _F),
-        ("tpot_s_mean", _F),  # token-weighted: total decode time / tokens after each request's first
+        ("tpot_s_mean", _F),  # token-weighted: total decode time / tokens after each request's first (mean over passes)
         ("e2e_s_p50", _F),
         ("e2e_s_p90", _F),
         ("e2e_s_p99", _F),
@@ -98,12 +106,12 @@ SCHEMA = pa.schema(
         ("target_passes", _INT),  # max(output - accepted, requests + drafts), see measured_fields
         ("tokens_per_pass", _F),  # output tokens / target passes, all steps
         ("draft_coverage", _F),  # drafts / target passes
-        ("acceptance_length_per_request", pa.list_(_F)),  # each request's own (null: never drafted)
+        ("acceptance_length_per_request", pa.list_(_F)),  # each request's own (null: never drafted); median over passes
         ("acceptance_length_p50", _F),  # median of the above over requests that drafted
-        ("repetitive_requests", _INT),  # outputs caught in a loop (REPETITIVE_SHARE of 4-grams repeated)
+        ("repetitive_requests", _INT),  # outputs caught in a loop (REPETITIVE_SHARE of 4-grams repeated); max over passes
         # --- comparison with the baseline (results.parquet only) ---------------
-        ("speedup", _F),  # baseline wall time / this cell's
-        ("speedup_ci_low", _F),
+        ("speedup", _F),  # baseline wall time / this cell's: geometric mean over passes
+        ("speedup_ci_low", _F),  # null when there is no interval (speedup_ci_method says why)
         ("speedup_ci_high", _F),
         ("speedup_ci_method", _STR),
         ("speedup_rerun_low", _F),  # where an identical rerun is expected to land (95%)
@@ -111,8 +119,8 @@ SCHEMA = pa.schema(
         ("speedup_per_pass", pa.list_(_F)),
         ("decode_speedup", _F),  # baseline tpot_s_mean / this cell's: decode time ratio, prefill excluded
         ("exact_match", _BOOL),
-        ("mismatched_requests", _INT),
-        ("outputs_stable", _BOOL),  # every repetition produced the same tokens
+        ("mismatched_requests", _INT),  # requests whose outputs differ from the baseline's in any pass
+        ("outputs_stable", _BOOL),  # every repetition of every pass produced the same tokens
         ("flagged", _BOOL),  # see flag_reasons: treat this speedup with care
         ("flag_reasons", pa.list_(_STR)),
         ("load_avg_1m", _F),  # machine load while the cell ran (max over passes)
@@ -142,7 +150,8 @@ SCHEMA = pa.schema(
         ("max_model_len", _INT),
         ("seed", _INT),
         ("workload_source", _STR),
-        ("workload_fingerprint", _STR),
+        ("workload_fingerprint", _STR),  # sha256 of the workload's source file
+        ("requests_fingerprint", _STR),  # sha256 of the exact requests: prompt token ids and max_tokens
         ("prompt_ids", pa.list_(_STR)),
         ("skipped_too_long", _INT),
         ("config_hash", _STR),
@@ -172,6 +181,38 @@ def static_provenance() -> dict[str, Any]:
         "python_version": platform.python_version(),
         "host": socket.gethostname(),
     }
+
+
+# What must agree for two measurements to be compared, or for a stored row to
+# stand for what this run would measure: the row format, the software that
+# measured it, and the exact requests it submitted.
+COMPARABLE_COLUMNS = (
+    "schema_version",
+    "vllm_version",
+    "torch_version",
+    "git_commit",
+    "workload_fingerprint",
+    "requests_fingerprint",
+)
+
+
+def provenance_differences(row: Mapping[str, Any], reference: Mapping[str, Any]) -> list[str]:
+    """Each of :data:`COMPARABLE_COLUMNS` on which ``row`` differs from ``reference``, in words.
+
+    Used both ways a stale measurement could slip in: a resumed sweep
+    re-measures a stored cell that differs from the current run
+    (:func:`specbench.run.completed_row`), and the merge refuses to divide a
+    baseline by a speculative cell that differs from it. A value missing on
+    one side counts as a difference ("not recorded").
+    """
+    def shown(value: Any) -> str:
+        return "not recorded" if value is None else str(value)
+
+    return [
+        f"{column} {shown(row.get(column))} vs {shown(reference.get(column))}"
+        for column in COMPARABLE_COLUMNS
+        if row.get(column) != reference.get(column)
+    ]
 
 
 def now_iso() -> str:
@@ -343,6 +384,7 @@ def measured_fields(
         "tokens_per_s": tps_summary.median,
         "tokens_per_s_ci_low": tps_summary.ci_low,
         "tokens_per_s_ci_high": tps_summary.ci_high,
+        "reps_ci_coverage": wall.coverage,
         "drafts": drafts,
         "draft_tokens": draft_tokens,
         "accepted_tokens": accepted_tokens,
@@ -373,21 +415,26 @@ def _median_known(values: Iterable[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-# --- merge ---------------------------------------------------------------------------
+# --- merge ---------------------------------------------------------------------------------------
 
 
 def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     """Combine a sweep's cell files into results rows, one per cell (passes combined).
 
     Speculative cells get speedup and exactness against their baseline in the
-    same pass. The speedup is the median of the per-pass ratios. Its intervals
-    use the engine-to-engine spread of log ratios pooled over every cell of
-    the sweep (``stats.speedup_interval``); with a single pass everywhere only
-    the within-engine spread of the repetitions is known, and the method tag
-    says so. Cells are flagged when their passes disagree beyond that spread,
-    when a pass ran under heavy load, or when baseline and cell ran on
-    different hardware. Missing cells are skipped; unreadable ones become
-    failed rows naming the file.
+    same pass, provided both were measured with the same schema, software and
+    requests (:func:`provenance_differences`); otherwise the comparison fails
+    with the reason and no speedup. The speedup is the geometric mean of the
+    per-pass ratios. Its intervals use the engine-to-engine spread of log
+    ratios pooled over every cell of the sweep, its degrees of freedom counted
+    per shared baseline (``stats.pooled_pass_spread``); with a single pass
+    everywhere only the within-engine spread of the repetitions is known, and
+    the method tag says so; with one repetition as well there is no interval.
+    Cells are flagged when their passes disagree beyond that spread, when a
+    pass ran under heavy load, when baseline and cell ran on different
+    hardware, when their outputs differ from the baseline's, or when their
+    outputs loop. Missing cells are skipped; unreadable ones become failed
+    rows naming the file.
     """
     by_cell: dict[str, list[dict[str, Any]]] = {}
     for cell_id in cell_ids:
@@ -405,12 +452,13 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
         group.sort(key=lambda r: r.get("pass_index") or 0)
         rows.append(_combine_passes(cells_dir, group))
     speculative = [r for r in rows if r.get("method") != "baseline" and r.get("speedup_per_pass")]
-    spread = stats.pooled_pass_spread([r["speedup_per_pass"] for r in speculative])
+    spread = stats.pooled_pass_spread(
+        [r["speedup_per_pass"] for r in speculative], groups=[r["_baseline"] for r in speculative]
+    )
     for row in speculative:
-        within = row.pop("_within_se", None)
-        interval = stats.speedup_interval(row["speedup_per_pass"], spread, within)
+        interval = stats.speedup_interval(row["speedup_per_pass"], spread, row.pop("_within", None))
         row |= {
-            "speedup": interval.median,
+            "speedup": interval.point,
             "speedup_ci_low": interval.ci_low,
             "speedup_ci_high": interval.ci_high,
             "speedup_rerun_low": interval.rerun_low,
@@ -422,7 +470,8 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
                 "passes disagree: " + ", ".join(f"{r:.2f}x" for r in row["speedup_per_pass"])
             ]
     for row in rows:
-        row.pop("_within_se", None)
+        for private in ("_within", "_baseline"):
+            row.pop(private, None)
         row["flagged"] = bool(row.get("flag_reasons"))
     return rows
 
@@ -435,21 +484,90 @@ def _combine_passes(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, 
         return first | {"status": "failed", "error": failed.get("error"), "pass_index": None}
     row = first | {"pass_index": None, "passes": len(passes)}
     if len(passes) > 1:
-        reps = [w for r in passes for w in r["wall_time_s_reps"]]
-        row["wall_time_s"] = statistics.median(r["wall_time_s"] for r in passes)
-        row["wall_time_s_reps"] = reps
-        row["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in passes)
-        for column in ("load_avg_1m", "other_cpu_share"):
-            values = [r[column] for r in passes if r.get(column) is not None]
-            row[column] = max(values) if values else None
+        row |= _across_passes(cells_dir, passes)
         for key in ("drafts", "draft_tokens", "accepted_tokens", "target_passes"):
             row[key] = sum(r[key] or 0 for r in passes)
         row |= _pooled_acceptance(passes, row)
     if row["method"] == "baseline":
-        return row | {"speedup": 1.0, "speedup_ci_low": 1.0, "speedup_ci_high": 1.0,
+        # A baseline's speedup is 1 by definition: there is nothing to put an interval on.
+        return row | {"speedup": 1.0, "speedup_ci_low": None, "speedup_ci_high": None,
+                      "speedup_ci_method": "none: the baseline itself",
                       "speedup_per_pass": [1.0] * len(passes), "decode_speedup": 1.0,
                       "exact_match": True, "mismatched_requests": 0}
     return row | _compare(cells_dir, passes)
+
+
+_LATENCY_COLUMNS = tuple(f"{m}_p{q}" for m in ("ttft_s", "tpot_s", "e2e_s") for q in (50, 90, 99))
+# Provenance that should not differ between passes, but can (a cluster
+# launcher puts passes on several hosts): every distinct value is kept.
+_JOINED_COLUMNS = ("host", "hardware", "gpu_state", "specbench_version", "git_commit", "vllm_version",
+                   "torch_version", "transformers_version", "python_version")
+
+
+def _across_passes(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-cell columns of a merged row, each describing every pass (not pass 0's copy).
+
+    Time summaries are over the repetitions of all passes; latency
+    percentiles, TPOT, warm-up and start-up are medians (TPOT a mean) of the
+    passes' own; loads and looping outputs the worst pass; outputs are stable
+    only if every repetition of every pass produced the same tokens.
+    """
+    reps = [w for r in passes for w in r["wall_time_s_reps"]]
+    wall = stats.summarize(reps)
+    tps = stats.summarize([r["output_tokens"] / w for r in passes for w in r["wall_time_s_reps"]])
+    out: dict[str, Any] = {
+        "wall_time_s": wall.median,
+        "wall_time_s_ci_low": wall.ci_low,
+        "wall_time_s_ci_high": wall.ci_high,
+        "wall_time_s_cv": wall.cv,
+        "wall_time_s_reps": reps,
+        "tokens_per_s": tps.median,
+        "tokens_per_s_ci_low": tps.ci_low,
+        "tokens_per_s_ci_high": tps.ci_high,
+        "reps_ci_coverage": wall.coverage,
+        "output_tokens": statistics.median_low(r["output_tokens"] for r in passes),
+        "outputs_stable": _stable_across_passes(cells_dir, passes),
+        "repetitive_requests": _max_known(r.get("repetitive_requests") for r in passes),
+        "acceptance_length_per_request": _elementwise_median(
+            [r.get("acceptance_length_per_request") or [] for r in passes]
+        ),
+        "latency_note": next((r["latency_note"] for r in passes if r.get("latency_note")), None),
+        "started_at": min((r["started_at"] for r in passes if r.get("started_at")), default=None),
+        "load_avg_1m": _max_known(r.get("load_avg_1m") for r in passes),
+        "other_cpu_share": _max_known(r.get("other_cpu_share") for r in passes),
+    }
+    for column in (*_LATENCY_COLUMNS, "warmup_s", "engine_start_s"):
+        out[column] = _median_known(r.get(column) for r in passes)
+    # Each pass decodes the same requests, so their decode token counts agree
+    # and the plain mean of the passes' token-weighted TPOTs stays token-weighted.
+    tpots = [r["tpot_s_mean"] for r in passes if r.get("tpot_s_mean") is not None]
+    out["tpot_s_mean"] = statistics.fmean(tpots) if tpots else None
+    for column in _JOINED_COLUMNS:
+        values = list(dict.fromkeys(str(r[column]) for r in passes if r.get(column) is not None))
+        out[column] = " | ".join(values) if values else None
+    return out
+
+
+def _stable_across_passes(cells_dir: Path, passes: list[dict[str, Any]]) -> bool | None:
+    """False if any pass was unstable or two passes produced different tokens; None if unknown."""
+    flags = [r.get("outputs_stable") for r in passes]
+    if False in flags:
+        return False
+    tokens = [CellFiles(cells_dir, r["cell_id"]).read_tokens() for r in passes]
+    known = [t for t in tokens if t is not None]
+    if any(t != known[0] for t in known[1:]):
+        return False
+    return None if None in flags or len(known) < len(tokens) else True
+
+
+def _max_known(values: Iterable[Any]) -> Any:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _elementwise_median(lists: Sequence[Sequence[float | None]]) -> list[float | None]:
+    width = max((len(values) for values in lists), default=0)
+    return [_median_known(values[i] for values in lists if i < len(values)) for i in range(width)]
 
 
 def _pooled_acceptance(passes: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
@@ -495,9 +613,17 @@ def _interference(who: str, side: dict[str, Any]) -> str | None:
 
 
 def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Speedup and exactness of a speculative cell's passes against their baselines."""
-    ratios, decode_ratios, within, mismatched, compared = [], [], [], 0, 0
-    missing, reasons = [], []
+    """Speedup and exactness of a speculative cell's passes against their baselines.
+
+    A pass whose baseline is missing, failed, or measured with another
+    schema, software or set of requests fails the comparison: the row gets
+    no speedup and an error naming the difference.
+    """
+    ratios, decode_ratios, within = [], [], []
+    missing, incomparable, reasons = [], [], []
+    mismatched: set[int] = set()
+    compared, requests_compared = 0, 0
+    baseline_group = None
     for spec in passes:
         base_files = CellFiles(cells_dir, spec["baseline_cell_id"])
         try:
@@ -507,6 +633,11 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
         if base is None or base.get("status") != "ok":
             missing.append(spec["baseline_cell_id"])
             continue
+        differences = provenance_differences(spec, base)
+        if differences:
+            incomparable.append(f"{spec['cell_id']} against {base['cell_id']}: {'; '.join(differences)}")
+            continue
+        baseline_group = baseline_group or base.get("config_hash") or base["cell_id"]
         ratios.append(base["wall_time_s"] / spec["wall_time_s"])
         if base.get("hardware") != spec.get("hardware"):
             reasons.append(f"baseline ran on {base.get('hardware')}, this cell on {spec.get('hardware')}")
@@ -520,33 +651,61 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
         column = "tpot_s_mean" if base.get("tpot_s_mean") and spec.get("tpot_s_mean") else "tpot_s_p50"
         if base.get(column) and spec.get(column):
             decode_ratios.append(base[column] / spec[column])
-        for side in (base, spec):
-            cv, n = side.get("wall_time_s_cv"), len(side.get("wall_time_s_reps") or [])
-            if cv is not None and n:
-                within.append(cv / math.sqrt(n))
+        within.append(_within_noise(base, spec))
         base_tokens = base_files.read_tokens()
         spec_tokens = CellFiles(cells_dir, spec["cell_id"]).read_tokens()
         if base_tokens is not None and spec_tokens is not None:
             compared += 1
-            mismatched += sum(a != b for a, b in zip(base_tokens, spec_tokens))
-            mismatched += abs(len(base_tokens) - len(spec_tokens))
+            requests_compared = max(requests_compared, len(base_tokens), len(spec_tokens))
+            # By request index, so a request that differs in every pass counts once.
+            mismatched |= {i for i, (a, b) in enumerate(zip(base_tokens, spec_tokens)) if a != b}
+            mismatched |= set(range(min(len(base_tokens), len(spec_tokens)), max(len(base_tokens), len(spec_tokens))))
     if missing:
-        return {"speedup": None, "exact_match": None,
+        return {"speedup": None, "exact_match": None, "mismatched_requests": None,
                 "error": f"no successful baseline measurement: {', '.join(missing)}"}
-    looping, requests = passes[0].get("repetitive_requests"), passes[0].get("num_requests")
+    if incomparable:
+        return {"speedup": None, "exact_match": None, "mismatched_requests": None,
+                "error": "not compared: baseline measured differently: " + " | ".join(incomparable)}
+    exact = len(mismatched) == 0 if compared == len(passes) else None
+    if exact is False:
+        reasons.append(
+            f"outputs differ from the baseline's in {len(mismatched)} of {requests_compared} "
+            "requests: greedy speculative decoding should be exact, so this speedup is not of the same work"
+        )
+    looping = _max_known(r.get("repetitive_requests") for r in passes)
+    requests = passes[0].get("num_requests")
     if looping and requests and looping / requests >= LOOPING_FLAG_SHARE:
         reasons.append(
             f"{looping} of {requests} outputs loop: drafts of a loop are accepted whole, so acceptance "
             "and speedup overstate what this workload gives on text that does not repeat itself"
         )
+    known_within = [w for w in within if w is not None]
     return {
         "speedup_per_pass": ratios,
-        "_within_se": max(within) if within else None,
+        "_within": max(known_within, key=lambda w: w.se) if known_within else None,
+        "_baseline": baseline_group,
         "flag_reasons": reasons,
-        "decode_speedup": statistics.median(decode_ratios) if decode_ratios else None,
-        "exact_match": mismatched == 0 if compared == len(passes) else None,
-        "mismatched_requests": mismatched if compared == len(passes) else None,
+        "decode_speedup": _geometric_mean(decode_ratios),
+        "exact_match": exact,
+        "mismatched_requests": len(mismatched) if exact is not None else None,
     }
+
+
+def _within_noise(base: Mapping[str, Any], spec: Mapping[str, Any]) -> stats.WithinNoise | None:
+    """The repetitions' noise on a ratio of two medians; None when a side has one repetition."""
+    variance, df = 0.0, 0
+    for side in (base, spec):
+        cv, n = side.get("wall_time_s_cv"), len(side.get("wall_time_s_reps") or [])
+        if cv is None or n < 2:
+            return None
+        variance += cv * cv / n
+        df += n - 1
+    return stats.WithinNoise(se=math.sqrt(variance), df=df)
+
+
+def _geometric_mean(values: Sequence[float]) -> float | None:
+    """The centre of ratios, as for the speedup (stats.speedup_interval)."""
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
 
 
 def write_results(rows: Sequence[dict[str, Any]], path: Path) -> None:

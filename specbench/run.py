@@ -29,6 +29,7 @@ from specbench.results import (
     ResultsError,
     measured_fields,
     now_iso,
+    provenance_differences,
     read_rows,
     static_provenance,
 )
@@ -77,10 +78,15 @@ class CellOutcome:
 
 
 def completed_row(files: CellFiles, cell: Cell) -> dict[str, Any] | None:
-    """The cell's row if it is already measured successfully with this exact config.
+    """The cell's row if it is already measured successfully, with this exact config, by this run's setup.
 
-    A damaged file is reported and removed so that the cell is measured
-    again; it is never merged.
+    A stored row stands for the cell only if its schema, vLLM and torch
+    versions, git commit and workload fingerprints (source file and exact
+    requests) equal this run's (:func:`current_provenance`); otherwise the
+    cell is measured again and a warning says why, so a resume after an
+    upgrade, a schema change or an edited prompt file never mixes old and
+    new measurements. A damaged file is reported and removed so that the
+    cell is measured again; it is never merged.
     """
     if not files.row.exists():
         return None
@@ -90,9 +96,40 @@ def completed_row(files: CellFiles, cell: Cell) -> dict[str, Any] | None:
         log.warning("corrupt result for %s, measuring it again: %s", cell.cell_id, exc)
         files.row.unlink(missing_ok=True)
         return None
-    if row.get("status") == "ok" and row.get("config_hash") == cell.config_hash:
-        return row
-    return None
+    if row.get("status") != "ok" or row.get("config_hash") != cell.config_hash:
+        return None
+    try:
+        current = current_provenance(cell)
+    except Exception as exc:  # noqa: BLE001 - the measurement will fail with the full error
+        log.warning("%s: cannot check the stored result against this run (%s), measuring it again",
+                    cell.cell_id, exc)
+        return None
+    stale = provenance_differences(row, current)
+    if stale:
+        log.warning("%s: stored result is stale (stored vs now: %s), measuring it again",
+                    cell.cell_id, "; ".join(stale))
+        return None
+    return row
+
+
+def current_provenance(cell: Cell) -> dict[str, Any]:
+    """What this run would record in the columns :func:`provenance_differences` compares."""
+    workload, plan = _requests(cell)
+    static = static_provenance()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "vllm_version": static["vllm_version"],
+        "torch_version": static["torch_version"],
+        "git_commit": static["git_commit"],
+        "workload_fingerprint": workload.source_fingerprint,
+        "requests_fingerprint": plan.fingerprint,
+    }
+
+
+def _requests(cell: Cell) -> tuple[Workload, CellPlan]:
+    """The cell's workload, tokenized with its model's tokenizer, and the requests it submits."""
+    workload = load_workload(cell.workload, _tokenizer(models.resolve(cell.identity["model"]["path"])))
+    return workload, _plan(cell, workload)
 
 
 def run_cell(
@@ -117,8 +154,7 @@ def _run_cell(
     load_before = os.getloadavg()[0]
     base = _identity_columns(cell, passes) | static_provenance() | {"started_at": started_at}
     try:
-        workload = load_workload(cell.workload, _tokenizer(models.resolve(cell.identity["model"]["path"])))
-        plan = _plan(cell, workload)
+        workload, plan = _requests(cell)
         worker = pool.get(cell.engine_spec())
         cpu_before = CpuTimes.now(worker.pid)
         measurement = worker.measure(plan, timeout_s)
@@ -213,6 +249,7 @@ def _measured_columns(
         "transformers_version": info.transformers_version,
         "hardware": _hardware(info),
         "workload_fingerprint": workload.source_fingerprint,
+        "requests_fingerprint": plan.fingerprint,
         "prompt_ids": workload.prompt_ids,
         "skipped_too_long": workload.skipped_too_long,
     }

@@ -3,32 +3,36 @@
 Two kinds of spread are summarised here:
 
 - within one engine, repeated timings of the same cell (:func:`summarize`:
-  median with a percentile-bootstrap interval, robust to the odd slow
-  repetition);
+  median with a distribution-free order-statistic interval whose exact
+  coverage is stated, robust to the odd slow repetition);
 - between independent passes, the paired speedup ratios, one per pass
-  (:func:`ratio_summary`: a Student t interval on the log ratios, because
-  ratios are multiplicative and passes are few).
+  (:func:`speedup_interval`: a Student t interval on the log ratios, centred
+  on their mean like the point estimate, because ratios are multiplicative
+  and passes are few).
 
-Everything here is deterministic: the bootstrap draws from a seeded
-``numpy.random.default_rng``, and the t quantile is computed exactly for
-integer degrees of freedom, so the module needs neither scipy nor pandas.
+An interval is never reported with zero width for want of data: with one
+value there is no interval (None), not the point twice. Everything here is
+deterministic: the t quantile is computed exactly for integer degrees of
+freedom and the order-statistic coverage is an exact binomial sum, so the
+module needs neither scipy nor pandas.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
 
 __all__ = [
+    "NO_INTERVAL",
     "PassSpread",
     "SpeedupInterval",
     "Summary",
-    "bootstrap_median_ci",
+    "WithinNoise",
     "latency_percentiles",
+    "median_interval",
     "percentile",
     "pooled_pass_spread",
     "repeated_ngram_share",
@@ -45,21 +49,23 @@ class Summary:
     Attributes:
         median: median of the values (numpy's median: the mean of the two
             middle values when their count is even).
-        ci_low: lower end of the confidence interval.
-        ci_high: upper end of the confidence interval.
+        ci_low: lower end of the interval for the median; None with one value.
+        ci_high: upper end of the interval for the median; None with one value.
         cv: coefficient of variation, sample standard deviation (ddof=1)
             divided by the mean; None with fewer than 2 values or a zero mean.
         n: number of values summarised.
-        method: short tag naming how the interval was made, e.g.
-            ``"bootstrap-percentile-95"``, ``"t-log-95"``,
-            ``"t-log-95+within"`` or ``"single"`` (one value, zero width).
+        coverage: the interval's exact coverage (:func:`median_interval`),
+            which falls short of the confidence asked for when there are too
+            few values; None without an interval.
+        method: ``"order-statistic-<coverage %>"``, or ``"none"`` (one value).
     """
 
     median: float
-    ci_low: float
-    ci_high: float
+    ci_low: float | None
+    ci_high: float | None
     cv: float | None
     n: int
+    coverage: float | None
     method: str
 
 
@@ -127,53 +133,50 @@ def latency_percentiles(values: Sequence[float], prefix: str) -> dict[str, float
     return {f"{prefix}_p{q}": percentile(values, q) for q in (50, 90, 99)}
 
 
-def bootstrap_median_ci(
-    values: Sequence[float],
-    *,
-    confidence: float = 0.95,
-    resamples: int = 10_000,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Return a percentile-bootstrap confidence interval for the median.
+def median_interval(values: Sequence[float], *, confidence: float = 0.95) -> tuple[float, float, float] | None:
+    """A distribution-free interval for the median, from order statistics, with its exact coverage.
 
-    Draws ``resamples`` samples of size n from values with replacement
-    (``numpy.random.default_rng(seed)``), takes the median of each, and
-    returns the ``(1 - confidence)/2`` and ``(1 + confidence)/2`` percentiles
-    of those medians (linear interpolation, as in :func:`percentile`). The
-    result is the same for the same values, seed and numpy version. One value
-    gives (v, v); identical values give a zero-width interval.
-
-    Memory is O(resamples x n): meant for repetitions (tens of values), not
-    for raw per-request latencies.
+    With the n values sorted as x(1) <= ... <= x(n), the interval
+    [x(j), x(n+1-j)] holds the true median with probability
+    1 - 2 P(Bin(n, 1/2) < j) for any continuous distribution of the values.
+    The narrowest such interval whose coverage reaches ``confidence`` is
+    returned as ``(low, high, coverage)``. Few values cannot reach a high
+    confidence: the widest interval, [min, max], covers the median only with
+    probability 1 - 2^(1-n) (75% for n = 3, 93.75% for n = 5), and that is
+    the coverage returned then, so a caller labels it honestly instead of
+    calling it 95% (a percentile bootstrap of a median of 3 gives that same
+    [min, max] and calls it 95%). None for fewer than two values: one value
+    has no interval.
 
     Raises:
-        ValueError: on empty input, non-finite values, confidence outside
-            (0, 1) or resamples < 1.
+        ValueError: on non-finite values or confidence outside (0, 1).
     """
     _check_confidence(confidence)
-    if resamples < 1:
-        raise ValueError(f"resamples must be at least 1, got {resamples}")
-    array = _finite_array(values, "values")
-    if array.size == 0:
-        raise ValueError("values must not be empty")
-    if array.size == 1:
-        return float(array[0]), float(array[0])
-    rng = np.random.default_rng(seed)
-    indices = rng.integers(0, array.size, size=(resamples, array.size))
-    medians = np.median(array[indices], axis=1)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.percentile(medians, [100.0 * tail, 100.0 * (1.0 - tail)])
-    return float(low), float(high)
+    array = np.sort(_finite_array(values, "values"))
+    n = int(array.size)
+    if n < 2:
+        return None
+    # below[j] = P(Bin(n, 1/2) < j), built up exactly in integers.
+    j, below, coverage = 1, math.comb(n, 0), 1.0 - 2.0 * math.comb(n, 0) / 2**n
+    while j + 1 <= n // 2:
+        wider = 1.0 - 2.0 * (below + math.comb(n, j)) / 2**n
+        if wider < confidence:
+            break
+        below += math.comb(n, j)
+        j, coverage = j + 1, wider
+    return float(array[j - 1]), float(array[n - j]), coverage
 
 
-def summarize(values: Sequence[float], *, confidence: float = 0.95, seed: int = 0) -> Summary:
-    """Summarise timed repetitions: median, bootstrap CI of the median, CV.
+def summarize(values: Sequence[float], *, confidence: float = 0.95) -> Summary:
+    """Summarise timed repetitions: median, order-statistic interval of the median, CV.
 
-    The interval is :func:`bootstrap_median_ci` with 10,000 resamples and the
-    given seed; method is ``"bootstrap-percentile-<confidence %>"``. A single
-    value gives a zero-width interval at that value, cv None and method
-    ``"single"``. cv is the sample standard deviation (ddof=1) over the mean,
-    None with fewer than 2 values or a zero mean.
+    The interval is :func:`median_interval` at ``confidence``; its exact
+    coverage is kept in ``coverage`` and named in ``method``
+    (``"order-statistic-75"`` for three repetitions). A single value gives
+    no interval (``ci_low`` and ``ci_high`` None, method ``"none"``): a
+    zero-width interval would claim a precision nobody measured. cv is the
+    sample standard deviation (ddof=1) over the mean, None with fewer than 2
+    values or a zero mean.
 
     Raises:
         ValueError: on empty input, non-finite values or confidence outside
@@ -184,16 +187,18 @@ def summarize(values: Sequence[float], *, confidence: float = 0.95, seed: int = 
     if array.size == 0:
         raise ValueError("values must not be empty")
     median = float(np.median(array))
-    if array.size == 1:
-        return Summary(median=median, ci_low=median, ci_high=median, cv=None, n=1, method="single")
-    low, high = bootstrap_median_ci(array.tolist(), confidence=confidence, seed=seed)
+    interval = median_interval(array.tolist(), confidence=confidence)
+    if interval is None:
+        return Summary(median=median, ci_low=None, ci_high=None, cv=None, n=1, coverage=None, method="none")
+    low, high, coverage = interval
     return Summary(
         median=median,
         ci_low=low,
         ci_high=high,
         cv=_cv(array),
         n=int(array.size),
-        method=f"bootstrap-percentile-{_confidence_tag(confidence)}",
+        coverage=coverage,
+        method=f"order-statistic-{_confidence_tag(round(coverage, 3))}",
     )
 
 
@@ -267,68 +272,109 @@ class PassSpread:
     """Engine-to-engine spread of log speedups, pooled over a sweep's cells.
 
     ``sd`` is the pooled standard deviation of one pass's log ratio around
-    its cell's mean; ``df`` its degrees of freedom (passes minus one, summed
-    over cells). ``df == 0`` means no cell had two passes: the spread is
-    unknown.
+    its cell's mean; ``df`` its degrees of freedom, counted per shared
+    baseline (see :func:`pooled_pass_spread`). ``df == 0`` means no cell had
+    two passes: the spread is unknown.
     """
 
     sd: float
     df: int
 
 
-def pooled_pass_spread(ratios_by_cell: Sequence[Sequence[float]]) -> PassSpread:
+def pooled_pass_spread(
+    ratios_by_cell: Sequence[Sequence[float]], groups: Sequence[Hashable] | None = None
+) -> PassSpread:
     """Pool the between-pass variance of log ratios over every cell with two or more passes.
 
     A cell's passes differ because each uses fresh engines on a machine whose
     state drifts; that variation is a property of the machine and engine,
     not of the cell, so it is estimated from all cells together:
     s^2 = sum_cells sum_passes (ln r - mean_cell ln r)^2 / sum_cells (n - 1).
-    With two passes per cell, one cell alone gives one degree of freedom and
-    a uselessly wide t interval; a sweep of 20 cells gives 20.
+
+    Degrees of freedom: every speculative cell of one workload, batch size
+    and pass is divided by the same baseline measurement, so a slow baseline
+    pass moves all their ratios together and their residuals are correlated.
+    ``groups`` names each cell's baseline (cells with equal labels share it);
+    the t quantile then uses df = sum over baselines of (passes - 1), as if
+    each baseline's cells were one cell. That is the conservative end (the
+    residuals of cells sharing a baseline are correlated, not identical), so
+    the interval errs wide rather than narrow. Without ``groups`` every cell
+    counts on its own. With two passes per cell, one baseline alone gives one
+    degree of freedom and a uselessly wide t interval; a sweep of 20 gives 20.
     """
-    squares, df = 0.0, 0
-    for ratios in ratios_by_cell:
+    labels: Sequence[Hashable] = groups if groups is not None else list(range(len(ratios_by_cell)))
+    if len(labels) != len(ratios_by_cell):
+        raise ValueError(f"{len(labels)} group labels for {len(ratios_by_cell)} cells")
+    squares, cell_df = 0.0, 0
+    df_by_group: dict[Hashable, int] = {}
+    for ratios, label in zip(ratios_by_cell, labels):
         if len(ratios) < 2:
             continue
         logs = _finite_array([math.log(r) for r in _positive(ratios)], "ratios")
         squares += float(np.sum((logs - logs.mean()) ** 2))
-        df += logs.size - 1
-    return PassSpread(sd=math.sqrt(squares / df) if df else 0.0, df=df)
+        cell_df += logs.size - 1
+        df_by_group[label] = max(df_by_group.get(label, 0), logs.size - 1)
+    # The variance divides by the residuals' own count (each cell's n - 1);
+    # only the t quantile's df is reduced for the shared baselines.
+    return PassSpread(sd=math.sqrt(squares / cell_df) if cell_df else 0.0, df=sum(df_by_group.values()))
+
+
+@dataclass(frozen=True)
+class WithinNoise:
+    """Within-engine noise of a speedup from one pass: the repetitions' spread on both sides.
+
+    ``se`` is the relative standard error of the ratio (baseline and cell
+    combined: sqrt(cv_b^2 / n_b + cv_s^2 / n_s)); ``df`` its degrees of
+    freedom, (n_b - 1) + (n_s - 1).
+    """
+
+    se: float
+    df: int
 
 
 @dataclass(frozen=True)
 class SpeedupInterval:
-    """A cell's speedup: point estimate, confidence interval, and rerun interval."""
+    """A cell's speedup: point estimate, confidence interval, and rerun interval.
 
-    median: float
-    ci_low: float
-    ci_high: float
-    rerun_low: float
-    rerun_high: float
+    The interval ends are None when there is nothing to build an interval
+    from (one pass of one repetition); ``method`` then says so.
+    """
+
+    point: float
+    ci_low: float | None
+    ci_high: float | None
+    rerun_low: float | None
+    rerun_high: float | None
     method: str
     passes_disagree: bool
+
+
+NO_INTERVAL = "none: one pass of one repetition"
 
 
 def speedup_interval(
     ratios: Sequence[float],
     spread: PassSpread,
-    within_se: float | None,
+    within: WithinNoise | None,
     *,
     confidence: float = 0.95,
 ) -> SpeedupInterval:
     """Interval estimates for one cell's speedup from its per-pass ratios.
 
-    Point estimate: the median of the per-pass ratios. Intervals are built on
-    the log scale around the mean log ratio (the geometric mean) of the n passes:
+    Point estimate: the geometric mean of the per-pass ratios, exp(m) with m
+    the mean log ratio; the intervals are built on the log scale around the
+    same m, so the point always lies inside its own interval:
 
     - with a pooled spread (``spread.df > 0``): the confidence interval for
       the expected speedup is ``exp(m +- t_df * s / sqrt(n))``; the rerun
       interval, where an identical rerun of n passes is expected to land, is
       ``exp(m +- t_df * s * sqrt(2 / n))``. Method ``pooled-t-log-<conf>``.
     - without (every cell had one pass): only the within-engine noise of the
-      repetitions is known; ``within_se`` (relative standard error of each
-      side's median) gives ``exp(m +- z * sqrt(2) * within_se)`` for both.
-      Method ``within-only-<conf>``: it understates engine-to-engine variation.
+      repetitions is known; ``exp(m +- t_df * within.se)`` with the
+      repetitions' df, and sqrt(2) wider for a rerun. Method
+      ``within-only-t-<conf>``: it understates engine-to-engine variation.
+    - with neither (one pass of one repetition on each side): no interval
+      (None ends, method :data:`NO_INTERVAL`), never a zero-width one.
 
     ``passes_disagree`` is True when two passes of the cell differ by more than
     the pooled spread allows at this confidence (``|ln r_i - ln r_j| >
@@ -340,6 +386,7 @@ def speedup_interval(
     if logs.size == 0:
         raise ValueError("ratios must not be empty")
     center = float(logs.mean())
+    point = math.exp(center)
     tail = (1.0 + confidence) / 2.0
     tag = _confidence_tag(confidence)
     disagree = False
@@ -349,12 +396,14 @@ def speedup_interval(
         rerun_half = t * spread.sd * math.sqrt(2.0 / logs.size)
         disagree = logs.size > 1 and float(logs.max() - logs.min()) > t * spread.sd * math.sqrt(2.0)
         method = f"pooled-t-log-{tag}"
+    elif within is not None and within.df > 0 and within.se > 0.0:
+        ci_half = student_t_quantile(tail, within.df) * within.se
+        rerun_half = ci_half * math.sqrt(2.0)
+        method = f"within-only-t-{tag}"
     else:
-        z = NormalDist().inv_cdf(tail)
-        ci_half = rerun_half = z * math.sqrt(2.0) * (within_se or 0.0)
-        method = f"within-only-{tag}"
+        return SpeedupInterval(point, None, None, None, None, NO_INTERVAL, False)
     return SpeedupInterval(
-        median=float(np.median(np.exp(logs))),
+        point=point,
         ci_low=math.exp(center - ci_half),
         ci_high=math.exp(center + ci_half),
         rerun_low=math.exp(center - rerun_half),

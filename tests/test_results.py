@@ -137,7 +137,7 @@ def test_merge_computes_speedup_exactness_and_interval(tmp_path):
     assert rows["bad"]["exact_match"] is False and rows["bad"]["mismatched_requests"] == 1
 
 
-def test_merge_combines_passes_by_median_ratio(tmp_path):
+def test_merge_combines_passes_by_geometric_mean_ratio(tmp_path):
     for p, (b, s) in enumerate([(2.0, 1.0), (2.0, 1.6), (2.4, 1.2)]):
         write_cell(tmp_path, cell_row(f"base-p{p}", "baseline", b, pass_index=p, config_hash="B"), [[1]])
         write_cell(tmp_path, cell_row(f"spec-p{p}", "ngram", s, baseline_id=f"base-p{p}", pass_index=p,
@@ -147,10 +147,11 @@ def test_merge_combines_passes_by_median_ratio(tmp_path):
     spec = next(r for r in rows if r["method"] == "ngram")
     assert spec["passes"] == 3 and spec["pass_index"] is None
     assert spec["speedup_per_pass"] == pytest.approx([2.0, 1.25, 2.0])
-    assert spec["speedup"] == pytest.approx(2.0)
     # One cell, 3 passes: the pooled spread is this cell's own (df = 2).
     logs = [math.log(r) for r in (2.0, 1.25, 2.0)]
     mean = sum(logs) / 3
+    # The point is the interval's own centre, the geometric mean (not the median, 2.0).
+    assert spec["speedup"] == pytest.approx(math.exp(mean))
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
     half = 4.302652729749464 * sd / math.sqrt(3)  # t(0.975, df=2)
     assert spec["speedup_ci_method"] == "pooled-t-log-95"
@@ -188,7 +189,7 @@ def test_pass_spread_is_pooled_over_cells_and_outlying_cells_are_flagged(tmp_pat
 def test_single_pass_interval_is_within_engine_only_and_load_is_flagged(tmp_path):
     ids = write_pair(tmp_path, "a", 2.0, 1.0, 0, load_avg_1m=5.0, cpu_cores=2)
     row = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
-    assert row["speedup_ci_method"] == "within-only-95"
+    assert row["speedup_ci_method"] == "within-only-t-95"
     assert row["speedup_ci_low"] < 2.0 < row["speedup_ci_high"]
     assert row["flagged"] and "load 5.0 on 2 cores" in row["flag_reasons"][0]
 
@@ -230,3 +231,95 @@ def test_corrupt_cell_becomes_a_failed_row_not_a_crash(tmp_path):
     (tmp_path / "x.parquet").write_bytes(b"garbage")
     row = merge(tmp_path, ["x"])[0]
     assert row["status"] == "failed" and "not a readable Parquet file" in row["error"]
+
+
+def test_merge_refuses_a_baseline_measured_with_other_software_or_requests(tmp_path):
+    provenance = {"schema_version": 3, "vllm_version": "0.32.0", "torch_version": "2.13.0", "git_commit": "abc",
+                  "workload_fingerprint": "w", "requests_fingerprint": "r"}
+    ids = []
+    for name, changed in (("same", {}), ("vllm", {"vllm_version": "0.31.0"}), ("prompts", {"requests_fingerprint": "r2"}),
+                          ("schema", {"schema_version": 2})):
+        write_cell(tmp_path, cell_row(f"b{name}", "baseline", 2.0) | provenance | changed, [[1]])
+        write_cell(tmp_path, cell_row(f"s{name}", "ngram", 1.0, baseline_id=f"b{name}") | provenance, [[1]])
+        ids += [f"b{name}", f"s{name}"]
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ids)}
+    assert rows["ssame"]["speedup"] == pytest.approx(2.0) and rows["ssame"]["error"] is None
+    for name, words in (("vllm", "vllm_version 0.32.0 vs 0.31.0"), ("prompts", "requests_fingerprint r vs r2"),
+                        ("schema", "schema_version 3 vs 2")):
+        row = rows[f"s{name}"]
+        assert row["speedup"] is None and row["speedup_ci_low"] is None and row["exact_match"] is None
+        assert "not compared" in row["error"] and words in row["error"]
+
+
+def test_merged_columns_describe_every_pass_not_pass_0(tmp_path):
+    slow = {"ttft_s_p50": 0.5, "tpot_s_p90": 0.09, "e2e_s_p99": 9.0, "tpot_s_mean": 0.03,
+            "outputs_stable": False, "repetitive_requests": 1, "started_at": "2026-01-01T00:00:00+00:00"}
+    fast = {"ttft_s_p50": 0.1, "tpot_s_p90": 0.01, "e2e_s_p99": 1.0, "tpot_s_mean": 0.01,
+            "outputs_stable": True, "repetitive_requests": 0, "started_at": "2026-01-01T01:00:00+00:00"}
+    ids = []
+    for p, extra in enumerate([fast, slow, fast]):
+        ids += write_pair(tmp_path, "a", 2.0, 1.0 + p / 10, p, **extra)
+    spec = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
+    # Pass 0 alone would say: stable, ttft 0.1, no loops, ...
+    assert spec["outputs_stable"] is False
+    assert spec["ttft_s_p50"] == 0.1 and spec["tpot_s_p90"] == 0.01  # median over the 3 passes
+    assert spec["tpot_s_mean"] == pytest.approx((0.01 + 0.03 + 0.01) / 3)
+    assert spec["repetitive_requests"] == 1
+    assert spec["started_at"] == "2026-01-01T00:00:00+00:00"
+    reps = [w for wall in (1.0, 1.1, 1.2) for w in (wall * 0.99, wall, wall * 1.01)]
+    assert spec["wall_time_s"] == pytest.approx(sorted(reps)[4])  # median of all 9 repetitions
+    assert spec["wall_time_s_ci_low"] <= spec["wall_time_s"] <= spec["wall_time_s_ci_high"]
+    assert spec["reps_ci_coverage"] == pytest.approx(1 - 2 * (1 + 9) / 512)  # [x(2), x(8)] of 9
+
+
+def test_passes_whose_outputs_differ_from_each_other_are_not_stable(tmp_path):
+    write_cell(tmp_path, cell_row("b-p0", "baseline", 2.0, config_hash="B"), [[1, 2]])
+    write_cell(tmp_path, cell_row("b-p1", "baseline", 2.0, pass_index=1, config_hash="B") | {"outputs_stable": True},
+               [[1, 3]])
+    base = merge(tmp_path, ["b-p0", "b-p1"])[0]
+    assert base["outputs_stable"] is False
+
+
+def test_one_pass_of_one_repetition_has_no_interval_rather_than_a_zero_width_one(tmp_path):
+    write_cell(tmp_path, cell_row("base", "baseline", 2.0, reps=[2.0]), [[1]])
+    write_cell(tmp_path, cell_row("spec", "ngram", 1.0, baseline_id="base", reps=[1.0]), [[1]])
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ["base", "spec"])}
+    spec = rows["spec"]
+    assert spec["speedup"] == pytest.approx(2.0)
+    assert spec["speedup_ci_low"] is None and spec["speedup_ci_high"] is None
+    assert spec["speedup_rerun_low"] is None and spec["speedup_ci_method"].startswith("none")
+    assert spec["wall_time_s_ci_low"] is None and spec["wall_time_s_ci_high"] is None
+    assert rows["base"]["speedup_ci_low"] is None and rows["base"]["speedup"] == 1.0
+
+
+def test_shared_baselines_count_once_in_the_degrees_of_freedom(tmp_path):
+    # Two K values over one baseline, two passes each: 1 df (t = 12.7), not 2 (t = 4.3).
+    ids = []
+    for p, (b, s2, s4) in enumerate([(2.0, 1.0, 1.1), (2.1, 1.0, 1.2)]):
+        write_cell(tmp_path, cell_row(f"b-p{p}", "baseline", b, pass_index=p, config_hash="B"), [[1]])
+        for k, wall in ((2, s2), (4, s4)):
+            write_cell(tmp_path, cell_row(f"k{k}-p{p}", "ngram", wall, baseline_id=f"b-p{p}", pass_index=p,
+                                          config_hash=f"K{k}", k=k), [[1]])
+            ids.append(f"k{k}-p{p}")
+        ids.append(f"b-p{p}")
+    rows = [r for r in merge(tmp_path, ids) if r["method"] == "ngram"]
+    logs = [[math.log(2.0 / 1.0), math.log(2.1 / 1.0)], [math.log(2.0 / 1.1), math.log(2.1 / 1.2)]]
+    squares = sum((x - sum(c) / 2) ** 2 for c in logs for x in c)
+    sd = math.sqrt(squares / 2)
+    t_df1 = 12.706204736174698
+    row = next(r for r in rows if r["num_speculative_tokens"] == 2)
+    centre = sum(logs[0]) / 2
+    assert row["speedup_ci_high"] == pytest.approx(math.exp(centre + t_df1 * sd / math.sqrt(2)))
+
+
+def test_an_exactness_mismatch_is_flagged_and_counted_once_per_request(tmp_path):
+    ids = []
+    for p in range(2):
+        write_cell(tmp_path, cell_row(f"b-p{p}", "baseline", 2.0, pass_index=p, config_hash="B"), [[1, 2], [3, 4]])
+        write_cell(tmp_path, cell_row(f"s-p{p}", "ngram", 1.0, baseline_id=f"b-p{p}", pass_index=p, config_hash="S"),
+                   [[1, 2], [3, 5]])
+        ids += [f"b-p{p}", f"s-p{p}"]
+    spec = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
+    assert spec["exact_match"] is False
+    assert spec["mismatched_requests"] == 1  # the same request in both passes: 1 of 2, not 2
+    assert spec["flagged"] and any("differ from the baseline's in 1 of 2" in r for r in spec["flag_reasons"])

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from specbench.stats import (
+    NO_INTERVAL,
     PassSpread,
+    WithinNoise,
+    median_interval,
     pooled_pass_spread,
     repeated_ngram_share,
     speedup_interval,
     Summary,
-    bootstrap_median_ci,
     latency_percentiles,
     percentile,
     student_t_quantile,
@@ -73,63 +75,34 @@ class TestLatencyPercentiles:
         }
 
 
-class TestBootstrapMedianCI:
-    def test_contains_median(self) -> None:
-        values = [10.2, 10.5, 9.8, 10.1, 11.0, 10.3, 9.9]
-        low, high = bootstrap_median_ci(values)
-        assert low <= float(np.median(values)) <= high
-        assert low < high
+class TestMedianInterval:
+    def test_three_values_give_min_max_at_their_true_coverage(self) -> None:
+        # [min, max] of 3 misses the median only if all 3 fall on one side: 2/8.
+        assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0, 0.75)
 
-    def test_within_sample_range(self) -> None:
-        # Bootstrap medians are medians of resampled data, so they cannot
-        # leave [min, max].
-        values = [3.0, 1.0, 4.0, 1.5, 5.0, 9.0, 2.6]
-        low, high = bootstrap_median_ci(values)
-        assert min(values) <= low <= high <= max(values)
+    def test_narrowest_interval_that_reaches_the_confidence(self) -> None:
+        # n = 10: [x(2), x(9)] covers 1 - 2 (1 + 10) / 1024 = 97.9%; [x(3), x(8)] only 89%.
+        low, high, coverage = median_interval([float(v) for v in range(10)])
+        assert (low, high) == (1.0, 8.0)
+        assert coverage == pytest.approx(1 - 22 / 1024)
+        assert median_interval([float(v) for v in range(6)])[2] == pytest.approx(1 - 2 / 64)
 
-    def test_deterministic_for_seed(self) -> None:
-        values = [1.0, 2.0, 2.5, 3.0, 8.0, 4.0]
-        assert bootstrap_median_ci(values, seed=3) == bootstrap_median_ci(values, seed=3)
+    def test_coverage_holds_by_simulation(self) -> None:
+        # The claimed coverage is what a skewed timing distribution really gets.
+        rng = np.random.default_rng(0)
+        for n in (3, 5, 9):
+            hits, claimed = 0, None
+            for _ in range(4000):
+                low, high, claimed = median_interval(rng.lognormal(0.0, 0.5, size=n).tolist())
+                hits += low <= 1.0 <= high  # the lognormal(0, .) median is 1
+            assert hits / 4000 == pytest.approx(claimed, abs=0.02)
 
-    def test_seed_changes_draws(self) -> None:
-        values = list(np.random.default_rng(1).normal(10.0, 1.0, size=15))
-        assert bootstrap_median_ci(values, seed=0) != bootstrap_median_ci(values, seed=1)
+    def test_one_value_has_no_interval(self) -> None:
+        assert median_interval([2.5]) is None
 
-    def test_narrows_as_n_grows(self) -> None:
-        rng = np.random.default_rng(42)
-        small = rng.normal(100.0, 5.0, size=10)
-        large = rng.normal(100.0, 5.0, size=400)
-        small_low, small_high = bootstrap_median_ci(small.tolist())
-        large_low, large_high = bootstrap_median_ci(large.tolist())
-        assert large_high - large_low < (small_high - small_low) / 2
-
-    def test_narrows_as_confidence_drops(self) -> None:
-        values = list(np.random.default_rng(5).normal(10.0, 1.0, size=30))
-        low95, high95 = bootstrap_median_ci(values, confidence=0.95)
-        low50, high50 = bootstrap_median_ci(values, confidence=0.5)
-        assert low95 <= low50 <= high50 <= high95
-
-    def test_identical_values_degenerate(self) -> None:
-        assert bootstrap_median_ci([3.0, 3.0, 3.0, 3.0]) == (3.0, 3.0)
-
-    def test_single_value(self) -> None:
-        assert bootstrap_median_ci([2.5]) == (2.5, 2.5)
-
-    @pytest.mark.parametrize(
-        ("kwargs", "match"),
-        [
-            ({"confidence": 1.0}, "confidence"),
-            ({"confidence": 0.0}, "confidence"),
-            ({"resamples": 0}, "resamples"),
-        ],
-    )
-    def test_rejects_bad_arguments(self, kwargs: dict[str, float], match: str) -> None:
-        with pytest.raises(ValueError, match=match):
-            bootstrap_median_ci([1.0, 2.0], **kwargs)  # type: ignore[arg-type]
-
-    def test_empty_rejected(self) -> None:
-        with pytest.raises(ValueError, match="empty"):
-            bootstrap_median_ci([])
+    def test_rejects_bad_confidence(self) -> None:
+        with pytest.raises(ValueError, match="confidence"):
+            median_interval([1.0, 2.0], confidence=1.0)
 
 
 class TestSummarize:
@@ -139,20 +112,17 @@ class TestSummarize:
         assert summary.cv == pytest.approx(0.5)
         assert summary.median == 2.0
         assert summary.n == 3
-        assert summary.method == "bootstrap-percentile-95"
 
-    def test_interval_is_the_bootstrap_interval(self) -> None:
-        values = [5.0, 5.2, 4.9, 5.1, 6.0]
-        summary = summarize(values, seed=7)
-        assert (summary.ci_low, summary.ci_high) == bootstrap_median_ci(values, seed=7)
+    def test_three_repetitions_are_labelled_with_their_real_coverage(self) -> None:
+        # A percentile bootstrap called this [min, max] "95%"; it covers 75%.
+        summary = summarize([5.0, 5.2, 4.9])
+        assert (summary.ci_low, summary.ci_high) == (4.9, 5.2)
+        assert summary.coverage == 0.75
+        assert summary.method == "order-statistic-75"
 
-    def test_method_names_confidence(self) -> None:
-        assert summarize([1, 2, 3], confidence=0.9).method == "bootstrap-percentile-90"
-        assert summarize([1, 2, 3], confidence=0.975).method == "bootstrap-percentile-97.5"
-
-    def test_single_value(self) -> None:
+    def test_single_value_has_no_interval(self) -> None:
         assert summarize([4.0]) == Summary(
-            median=4.0, ci_low=4.0, ci_high=4.0, cv=None, n=1, method="single"
+            median=4.0, ci_low=None, ci_high=None, cv=None, n=1, coverage=None, method="none"
         )
 
     def test_identical_values(self) -> None:
@@ -206,6 +176,17 @@ class TestPooledPassSpread:
         assert spread.df == 3
         assert spread.sd == pytest.approx(math.sqrt(2 * math.log(1.1) ** 2 / 3))
 
+    def test_cells_sharing_a_baseline_count_its_degrees_of_freedom_once(self) -> None:
+        # Three K values over one baseline, two passes: their residuals share the
+        # baseline's pass-to-pass noise, so they give 1 df, not 3. The variance
+        # still averages the three cells' own residuals.
+        ratios = [[1.0, 1.21], [2.0, 2.42], [1.5, 1.5]]
+        shared = pooled_pass_spread(ratios, groups=["b", "b", "b"])
+        separate = pooled_pass_spread(ratios)
+        assert (shared.df, separate.df) == (1, 3)
+        assert shared.sd == pytest.approx(separate.sd)
+        assert pooled_pass_spread(ratios, groups=["b", "b", "c"]).df == 2
+
     def test_no_cell_with_two_passes_means_unknown_spread(self) -> None:
         assert pooled_pass_spread([[1.2], [0.9]]) == PassSpread(sd=0.0, df=0)
 
@@ -217,10 +198,10 @@ class TestPooledPassSpread:
 class TestSpeedupInterval:
     def test_pooled_t_interval_and_rerun_interval_by_hand(self) -> None:
         spread = PassSpread(sd=0.05, df=4)
-        interval = speedup_interval([1.0, 1.21], spread, within_se=0.01)
+        interval = speedup_interval([1.0, 1.21], spread, None)
         t = 2.7764451051977987  # t(0.975, 4)
         center = math.log(1.1)
-        assert interval.median == pytest.approx(1.105)
+        assert interval.point == pytest.approx(1.1)
         assert interval.ci_low == pytest.approx(math.exp(center - t * 0.05 / math.sqrt(2)))
         assert interval.ci_high == pytest.approx(math.exp(center + t * 0.05 / math.sqrt(2)))
         assert interval.rerun_high == pytest.approx(math.exp(center + t * 0.05))
@@ -228,20 +209,36 @@ class TestSpeedupInterval:
         # The passes differ by ln(1.21) = 0.1906, within t * 0.05 * sqrt(2) = 0.1963.
         assert interval.passes_disagree is False
 
+    def test_point_and_interval_share_one_centre(self) -> None:
+        # Ratios [1, 1, 3]: their median (1) lies outside a t interval around
+        # their geometric mean; the point is that geometric mean instead.
+        interval = speedup_interval([1.0, 1.0, 3.0], PassSpread(sd=0.01, df=30), None)
+        assert interval.point == pytest.approx(3 ** (1 / 3))
+        assert interval.ci_low < interval.point < interval.ci_high
+        assert math.log(interval.point) == pytest.approx(
+            (math.log(interval.ci_low) + math.log(interval.ci_high)) / 2
+        )
+
     def test_passes_that_differ_beyond_the_spread_disagree(self) -> None:
         assert speedup_interval([1.0, 1.3], PassSpread(sd=0.05, df=4), None).passes_disagree
 
-    def test_without_spread_uses_within_engine_noise_only(self) -> None:
-        interval = speedup_interval([1.3], PassSpread(sd=0.0, df=0), within_se=0.01)
-        half = 1.959963984540054 * math.sqrt(2) * 0.01
-        assert interval.method == "within-only-95"
+    def test_without_spread_uses_within_engine_noise_with_its_t_quantile(self) -> None:
+        interval = speedup_interval([1.3], PassSpread(sd=0.0, df=0), WithinNoise(se=0.01, df=4))
+        half = 2.7764451051977987 * 0.01
+        assert interval.method == "within-only-t-95"
         assert interval.ci_low == pytest.approx(1.3 * math.exp(-half))
-        assert interval.rerun_high == interval.ci_high == pytest.approx(1.3 * math.exp(half))
+        assert interval.ci_high == pytest.approx(1.3 * math.exp(half))
+        assert interval.rerun_high == pytest.approx(1.3 * math.exp(half * math.sqrt(2)))
+
+    def test_one_pass_of_one_repetition_has_no_interval(self) -> None:
+        interval = speedup_interval([1.3], PassSpread(sd=0.0, df=0), None)
+        assert interval.point == pytest.approx(1.3)
+        assert (interval.ci_low, interval.ci_high, interval.rerun_low, interval.rerun_high) == (None,) * 4
+        assert interval.method == NO_INTERVAL
 
     def test_empty_ratios_rejected(self) -> None:
         with pytest.raises(ValueError, match="empty"):
             speedup_interval([], PassSpread(sd=0.1, df=3), None)
-
 
 
 def test_repeated_ngram_share_tells_a_loop_from_ordinary_text():
