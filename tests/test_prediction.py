@@ -246,3 +246,24 @@ def test_accuracy_and_break_even_per_curve():
     assert curve["batch_sizes"] == [1, 2, 4, 8]
     assert curve["measured"] == pytest.approx(theory.break_even_batch_size([1, 2, 4, 8], [2.0, 1.5, 1.2, 0.8]))
     assert curve["predicted"] == pytest.approx(theory.break_even_batch_size([1, 2, 4, 8], [2.2, 1.5, 0.9, 0.7]))
+
+
+def test_default_step_budget_follows_vllms_default_for_the_hardware_the_row_ran_on(checkpoints):
+    # EngineArgs.get_batch_defaults (vLLM 0.32), offline LLM: CPU 4096; GPUs >= 70 GiB but A100 16384; others 8192.
+    assert prediction.default_step_tokens("CPU AMD EPYC 7B13 (2 cores)") == 4096
+    assert prediction.default_step_tokens("1x NVIDIA H200") == 16384
+    assert prediction.default_step_tokens("8x NVIDIA H100 80GB HBM3") == 16384
+    assert prediction.default_step_tokens("1x NVIDIA A100-SXM4-80GB") == 8192
+    assert prediction.default_step_tokens("1x NVIDIA GeForce RTX 4090") == 8192
+    assert prediction.default_step_tokens(None) == 4096
+    # A GPU row left at vLLM's default is priced with 16384-token prefill steps, not the CPU's 4096.
+    target, _ = checkpoints
+    row = _row(target, batch=32, tokens_per_pass=3.0)
+    cpu, gpu = prediction.annotate([row, dict(row, hardware="1x NVIDIA H200")], CHOICE)
+    profile = theory.ModelProfile.from_config_json(target, dtype="float32")
+    context = PROMPT_LEN + OUTPUT_LEN / 2
+    plain = (OUTPUT_LEN - 1) * theory.plain_decode_step(profile, HW, 32, context)
+    prefill = theory.prefill_time(profile, HW, 32, PROMPT_LEN, max_step_tokens=16384)
+    assert gpu["predicted_speedup"] == pytest.approx(
+        theory.end_to_end_speedup(gpu["predicted_decode_speedup"], prefill, plain))
+    assert gpu["predicted_speedup"] != cpu["predicted_speedup"]

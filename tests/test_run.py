@@ -21,3 +21,79 @@ def test_other_cpu_share_subtracts_the_sweeps_own_cpu_time():
     # The real clocks: this process is always readable on Linux.
     now = CpuTimes.now(os.getpid())
     assert now.busy_s is None or now.own_s >= 0
+
+
+# --- resume: a stored row must have been measured the way this run would measure it --------------
+
+
+class _CharTokenizer:
+    """Token ids are character codes: enough to fingerprint the requests, no model needed."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def apply_chat_template(self, conversation, **kwargs):  # pragma: no cover - chat_template=false here
+        raise AssertionError("not used")
+
+
+@pytest.fixture
+def resumable(tmp_path, compose_cell, monkeypatch):
+    """A cell over a jsonl prompt file, and a stored ok row that matches this run exactly."""
+    from specbench import run
+    from specbench.config import cell_from_config
+    from specbench.results import CellFiles
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "one"}\n{"id": "b", "prompt": "two"}\n')
+    monkeypatch.setattr(run, "_tokenizer", lambda path: _CharTokenizer())
+    monkeypatch.setattr(run.models, "resolve", lambda ref, prepare=True: "unused")
+    cell = cell_from_config(compose_cell([
+        "workload.source=jsonl", f"workload.path={prompts}", "workload.num_prompts=2",
+        "workload.chat_template=false", "method=baseline",
+    ]))
+    files = CellFiles(tmp_path / "cells", cell.cell_id)
+    row = {"cell_id": cell.cell_id, "status": "ok", "config_hash": cell.config_hash} | run.current_provenance(cell)
+    files.write(row, [], [])
+    return cell, files, row, prompts
+
+
+def test_resume_reuses_a_row_measured_by_this_exact_setup(resumable):
+    from specbench.run import completed_row
+
+    cell, files, _, _ = resumable
+    assert completed_row(files, cell) is not None
+
+
+@pytest.mark.parametrize(
+    ("column", "stored"),
+    [("schema_version", 2), ("vllm_version", "0.31.0"), ("torch_version", "2.12.0"), ("git_commit", "0123abc")],
+)
+def test_resume_measures_again_a_row_from_another_schema_or_software(resumable, caplog, column, stored):
+    from specbench.results import CellFiles
+    from specbench.run import completed_row
+
+    cell, files, row, _ = resumable
+    CellFiles(files.cells_dir, cell.cell_id).write(row | {column: stored}, [], [])
+    with caplog.at_level("WARNING"):
+        assert completed_row(files, cell) is None
+    assert f"{column} {stored}" in caplog.text and "measuring it again" in caplog.text
+
+
+def test_resume_measures_again_after_the_prompt_file_changed(resumable, caplog):
+    from specbench.run import completed_row
+
+    cell, files, _, prompts = resumable
+    prompts.write_text('{"id": "a", "prompt": "one!"}\n{"id": "b", "prompt": "two"}\n')
+    with caplog.at_level("WARNING"):
+        assert completed_row(files, cell) is None
+    assert "workload_fingerprint" in caplog.text and "requests_fingerprint" in caplog.text
+
+
+def test_requests_fingerprint_covers_prompt_tokens_and_max_tokens():
+    from specbench.cell import CellPlan
+
+    plan = CellPlan(prompts=((1, 2), (3,)), batch_size=1, max_tokens=8, repetitions=1)
+    same = CellPlan(prompts=((1, 2), (3,)), batch_size=2 - 1, max_tokens=8, repetitions=3, warmup=False)
+    assert plan.fingerprint == same.fingerprint
+    assert plan.fingerprint != CellPlan(prompts=((1, 2), (4,)), batch_size=1, max_tokens=8, repetitions=1).fingerprint
+    assert plan.fingerprint != CellPlan(prompts=((1, 2), (3,)), batch_size=1, max_tokens=9, repetitions=1).fingerprint
