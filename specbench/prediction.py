@@ -53,6 +53,7 @@ from typing import Any
 import yaml
 
 from specbench import models, theory
+from specbench.results import SCHEDULE_KEY, curve_key, results_path, row_config
 
 CALIBRATED_FILE = "calibrated.yaml"
 CALIBRATE_HINT = (
@@ -146,7 +147,7 @@ def effective_k(speculative_config: Mapping[str, Any] | None, k: int, batch_size
     submitted batch size while a batch prefills in chunks or drains; the
     prediction uses the submitted batch size.
     """
-    schedule = (speculative_config or {}).get("num_speculative_tokens_per_batch_size")
+    schedule = (speculative_config or {}).get(SCHEDULE_KEY)
     if not schedule:
         return k
     chosen = None
@@ -187,32 +188,6 @@ def _hub_config(reference: str) -> Path | None:
         return None
     found = try_to_load_from_cache(reference, "config.json")
     return Path(found) if isinstance(found, str) and os.path.isfile(found) else None
-
-
-def _config(row: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        return json.loads(row.get("config_json") or "{}")
-    except json.JSONDecodeError:
-        return {}
-
-
-def _curve_key(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> str:
-    """Everything that identifies a cell except its batch size and pass."""
-    method = cfg.get("method") or {}
-    return json.dumps(
-        {
-            "model": (cfg.get("model") or {}).get("path"),
-            "dtype": row.get("dtype"),
-            "method": row.get("method"),
-            "speculative_config": method.get("speculative_config"),
-            "alpha": method.get("alpha") if row.get("method") == "controlled" else None,
-            "k": row.get("num_speculative_tokens"),
-            "workload": cfg.get("workload"),
-            "engine": cfg.get("engine"),
-        },
-        sort_keys=True,
-        default=str,
-    )
 
 
 class _Unpriced(Exception):
@@ -313,11 +288,11 @@ def annotate(
     Failed rows get only controlled_alpha. Without a hardware profile every
     prediction is null and the note is :data:`CALIBRATE_HINT`.
     """
-    configs = [_config(r) for r in rows]
+    configs = [row_config(r) for r in rows]
     bs1: dict[str, Mapping[str, Any]] = {}
     for row, cfg in zip(rows, configs):
         if row.get("status") == "ok" and row.get("batch_size") == 1:
-            bs1[_curve_key(row, cfg)] = row
+            bs1[curve_key(row)] = row
 
     out = []
     for row, cfg in zip(rows, configs):
@@ -341,7 +316,7 @@ def annotate(
         except _Unpriced as exc:
             predicted = None
             notes.append(str(exc))
-        key = _curve_key(row, cfg)
+        key = curve_key(row)
         try:
             if key not in bs1:
                 raise _Unpriced("no batch-size-1 row of this method, K and workload")
@@ -362,7 +337,7 @@ def annotate(
 def predict_sweep(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
     """:func:`annotate` with the sweep's hardware choice; the second item is a
     line telling how to calibrate when there is no profile at all, else None."""
-    config_hardware = next((c["hardware"] for c in map(_config, rows) if c.get("hardware")), None)
+    config_hardware = next((c["hardware"] for c in map(row_config, rows) if c.get("hardware")), None)
     choice = choose_hardware(config_hardware)
     return annotate(rows, choice), (CALIBRATE_HINT if choice is None else None)
 
@@ -407,35 +382,46 @@ def accuracy(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+BREAK_EVEN_SERIES = (("speedup", "measured"), ("decode_speedup", "measured_decode"),
+                     ("predicted_speedup", "predicted"), ("predicted_decode_speedup", "predicted_decode"),
+                     ("predicted_speedup_bs1_alpha", "predicted_bs1_alpha"))
+
+
 def break_even(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Measured and predicted break-even batch size for each batch-size curve.
 
-    A curve is one method, K (and alpha) and workload over at least two batch
-    sizes; ``theory.break_even_batch_size`` interpolates where each speedup
-    series first falls below 1 (None: it never does within the grid).
+    The one break-even rule: the report's table and ``python -m
+    specbench.prediction`` both print these. A curve is the rows of one
+    :func:`specbench.results.curve_key` (method, K, alpha, workload, engine,
+    ...); each series (speedup, decode speedup, the predictions) takes the
+    median of its rows at each batch size, and ``theory.break_even_batch_size``
+    interpolates where it first falls below 1 (None: it never does within
+    the grid; "n/a": a batch size has no value). ``series`` keeps the values
+    per batch size, ``rows`` the curve's rows.
     """
     curves: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
         if row.get("status") == "ok" and row.get("method") != "baseline":
-            curves.setdefault(_curve_key(row, _config(row)), []).append(row)
+            curves.setdefault(curve_key(row), []).append(row)
     out = []
     for group in curves.values():
         group = sorted(group, key=lambda r: r["batch_size"])
-        if len(group) < 2:
-            continue
-        sizes = [r["batch_size"] for r in group]
+        sizes = sorted({r["batch_size"] for r in group})
         first = group[0]
-        entry = {"method": first["method"], "k": first.get("num_speculative_tokens"),
-                 "alpha": first.get("controlled_alpha"), "workload": first.get("workload"),
-                 "batch_sizes": sizes}
-        for column, name in (("speedup", "measured"), ("decode_speedup", "measured_decode"),
-                             ("predicted_speedup", "predicted"),
-                             ("predicted_decode_speedup", "predicted_decode"),
-                             ("predicted_speedup_bs1_alpha", "predicted_bs1_alpha")):
-            values = [r.get(column) for r in group]
+        entry: dict[str, Any] = {
+            "method": first["method"], "k": first.get("num_speculative_tokens"),
+            "alpha": first.get("controlled_alpha"), "workload": first.get("workload"),
+            "batch_sizes": sizes, "rows": group, "series": {},
+        }
+        for column, name in BREAK_EVEN_SERIES:
+            values = [
+                _median(r[column] for r in group
+                        if r["batch_size"] == size and r.get(column) is not None and math.isfinite(r[column]))
+                for size in sizes
+            ]
+            entry["series"][column] = values
             entry[name] = (
-                theory.break_even_batch_size(sizes, values)
-                if all(v is not None and math.isfinite(v) for v in values) else "n/a"
+                theory.break_even_batch_size(sizes, values) if all(v is not None for v in values) else "n/a"
             )
         out.append(entry)
     return sorted(out, key=lambda e: (e["method"], e["k"] or 0, e["alpha"] or 0.0, e["workload"] or ""))
@@ -459,6 +445,8 @@ def format_check(rows: Sequence[Mapping[str, Any]]) -> str:
                      f"{pct(a['mdape_decode']):>9} {pct(a['mdape_bs1_alpha_wall']):>17}")
     lines.append("break-even batch size (speedup first below 1):")
     for c in break_even(rows):
+        if len(c["batch_sizes"]) < 2:
+            continue  # one batch size: nothing to interpolate
         alpha = f" alpha={c['alpha']}" if c["alpha"] is not None else ""
         lines.append(
             f"  {c['method']} K={c['k']}{alpha} {c['workload']} (batch {c['batch_sizes'][0]}-"
@@ -485,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from specbench.results import ResultsError, read_rows, write_results
 
-    path = args.results / "results.parquet" if args.results.is_dir() else args.results
+    path = results_path(args.results)
     try:
         rows = read_rows(path)
     except (ResultsError, FileNotFoundError) as exc:

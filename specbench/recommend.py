@@ -1,12 +1,15 @@
 """``python -m specbench.recommend <sweep dir or results.parquet>...``: the best K per batch-size range.
 
 From a sweep's measured speedups, for each method and workload (and every
-other setting held fixed), the K with the highest speedup at each measured
-batch size among those that beat plain decoding, or 0 where none does. A K
-beats plain decoding when the lower end of its speedup interval exceeds
-1 + margin; rows without an interval (one pass of one repetition) are judged
-by their point estimate, which is then only as good as the run's noise
-(``--margin`` asks for a clear lead). Consecutive batch sizes
+other setting held fixed: :func:`specbench.results.curve_key`), the K with
+the highest speedup at each measured batch size among those that beat plain
+decoding, or 0 where none does (:func:`best_row`, the one rule the report's
+best configuration, verdicts and schedule use too). Only rows fit to be
+recommended count (:func:`specbench.results.recommendable`: outputs exact,
+not flagged). A K beats plain decoding when the lower end of its speedup
+interval exceeds 1 + margin; rows without an interval (one pass of one
+repetition) are judged by their point estimate, which is then only as good
+as the run's noise (``--margin`` asks for a clear lead). Consecutive batch sizes
 with the same K merge into vLLM's ``num_speculative_tokens_per_batch_size``
 schedule of inclusive (start, end, K) ranges
 (:func:`specbench.theory.num_speculative_tokens_per_batch_size`): grid point
@@ -30,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench import theory
-
-SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
+from specbench.results import SCHEDULE_KEY, curve_key, recommendable, results_path, row_config
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,9 @@ class Recommendation:
     """The best K per batch size of one method/workload curve family, as a schedule."""
 
     label: str
+    method: str
+    workload: str
+    model: str
     best: dict[int, tuple[int, float | None]]  # batch size -> (K, its speedup; None for K=0)
     measured: dict[int, dict[int, float]]  # batch size -> K -> speedup
     lower: dict[int, dict[int, float]]  # batch size -> K -> lower end of the speedup interval
@@ -57,6 +62,18 @@ class Recommendation:
         ranges = ", ".join(f"[{a}, {b}, {k}]" for a, b, k in self.schedule)
         return f"num_speculative_tokens: {self.max_k}\n{SCHEDULE_KEY}: [{ranges}]"
 
+    def speculative_config_json(self) -> str:
+        """The ``speculative_config`` fragment as JSON: method, K and the schedule, one range per line."""
+        # One range per line reads better than json.dumps(indent=...), which puts every number on its own line.
+        body = ",\n    ".join(json.dumps(list(r)) for r in self.schedule)
+        return (
+            "{\n"
+            f'  "method": {json.dumps(self.method)},\n'
+            f'  "num_speculative_tokens": {self.max_k},\n'
+            f'  "{SCHEDULE_KEY}": [\n    {body}\n  ]\n'
+            "}"
+        )
+
     def check_command(self) -> str:
         """The specbench sweep that measures this schedule at the same batch sizes."""
         ranges = ",".join(f"[{a},{b},{k}]" for a, b, k in self.schedule)
@@ -66,20 +83,6 @@ class Recommendation:
             + f" num_speculative_tokens={self.max_k} batch_size={sizes}"
             + f" '+method.speculative_config.{SCHEDULE_KEY}=[{ranges}]'"
         )
-
-
-def _config(row: Mapping[str, Any]) -> dict[str, Any]:
-    return json.loads(row.get("config_json") or "{}")
-
-
-def _family(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> str:
-    method = dict(cfg.get("method") or {})
-    speculative = {k: v for k, v in (method.get("speculative_config") or {}).items()
-                   if k not in ("num_speculative_tokens", SCHEDULE_KEY)}
-    method["speculative_config"] = speculative
-    return json.dumps({"model": cfg.get("model"), "method": method, "workload": cfg.get("workload"),
-                       "engine": cfg.get("engine"), "repetitions": cfg.get("repetitions")},
-                      sort_keys=True, default=str)
 
 
 def _overrides(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
@@ -98,24 +101,43 @@ def _overrides(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _lower(row: Mapping[str, Any]) -> float:
+def lower_bound(row: Mapping[str, Any]) -> float:
+    """The lower end of a row's speedup interval; its point estimate when it has no interval."""
     low, high = row.get("speedup_ci_low"), row.get("speedup_ci_high")
     return low if low is not None and high is not None and low < high else row["speedup"]
 
 
+def pays(row: Mapping[str, Any], margin: float = 0.0) -> bool:
+    """Whether a row clearly beats plain decoding: its interval's lower end exceeds 1 + margin."""
+    return lower_bound(row) > 1.0 + margin
+
+
+def best_row(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> tuple[Mapping[str, Any], bool] | None:
+    """The configuration to name among rows of one batch size, and whether it clearly pays.
+
+    The fastest row (ties: the smaller K) among those that clearly beat plain
+    decoding (:func:`pays`); when none does, the fastest row overall, with
+    False. Rows not fit to be recommended (:func:`specbench.results.recommendable`)
+    never count. None when no row is left.
+    """
+    candidates = [r for r in rows if recommendable(r)]
+    if not candidates:
+        return None
+    paying = [r for r in candidates if pays(r, margin)]
+    chosen = max(paying or candidates, key=lambda r: (r["speedup"], -(r.get("num_speculative_tokens") or 0)))
+    return chosen, bool(paying)
+
+
 def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Recommendation]:
-    """One :class:`Recommendation` per method/workload family with measured speedups."""
+    """One :class:`Recommendation` per method/workload family with recommendable speedups."""
     families: dict[str, list[tuple[Mapping[str, Any], dict[str, Any]]]] = {}
     for row in rows:
-        if row.get("status") != "ok" or row.get("method") == "baseline" or row.get("speedup") is None:
-            continue
-        cfg = _config(row)
-        families.setdefault(_family(row, cfg), []).append((row, cfg))
+        if recommendable(row):
+            families.setdefault(curve_key(row, across_k=True), []).append((row, row_config(row)))
 
     out = []
     for members in families.values():
-        measured: dict[int, dict[int, float]] = {}
-        lower: dict[int, dict[int, float]] = {}
+        by_batch: dict[int, list[Mapping[str, Any]]] = {}
         checked: dict[int, float] = {}
         checked_schedule = None
         for row, cfg in members:
@@ -124,17 +146,15 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Re
                 checked[row["batch_size"]] = row["speedup"]
                 checked_schedule = schedule
             else:
-                measured.setdefault(row["batch_size"], {})[row["num_speculative_tokens"]] = row["speedup"]
-                lower.setdefault(row["batch_size"], {})[row["num_speculative_tokens"]] = _lower(row)
-        if not measured:
+                by_batch.setdefault(row["batch_size"], []).append(row)
+        if not by_batch:
             continue
         best = {}
-        for batch, by_k in measured.items():
-            paying = {k: s for k, s in by_k.items() if lower[batch][k] > 1.0 + margin}
-            if paying:
-                best[batch] = max(paying.items(), key=lambda kv: (kv[1], -kv[0]))
-            else:
-                best[batch] = (0, None)
+        for batch, at_batch in by_batch.items():
+            chosen = best_row(at_batch, margin)
+            assert chosen is not None  # every member is recommendable
+            top, paying = chosen
+            best[batch] = (top["num_speculative_tokens"], top["speedup"]) if paying else (0, None)
         row, cfg = members[0]
         label = f"{row['method']}"
         if row["method"] == "controlled":
@@ -142,9 +162,13 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Re
         label += f" on {row['workload']} ({row['model']})"
         out.append(Recommendation(
             label=label,
+            method=str(row["method"]),
+            workload=str(row["workload"]),
+            model=str(row["model"]),
             best=dict(sorted(best.items())),
-            measured={b: dict(sorted(v.items())) for b, v in sorted(measured.items())},
-            lower=lower,
+            measured={b: dict(sorted((r["num_speculative_tokens"], r["speedup"]) for r in v))
+                      for b, v in sorted(by_batch.items())},
+            lower={b: {r["num_speculative_tokens"]: lower_bound(r) for r in v} for b, v in by_batch.items()},
             schedule=theory.num_speculative_tokens_per_batch_size({b: k for b, (k, _) in best.items()}),
             overrides=_overrides(row, cfg),
             checked=dict(sorted(checked.items())),
@@ -176,10 +200,6 @@ def format_recommendation(rec: Recommendation) -> str:
     return "\n".join(lines)
 
 
-def _results_path(path: Path) -> Path:
-    return path / "results.parquet" if path.is_dir() else path
-
-
 def main(argv: list[str] | None = None) -> int:
     """Print the recommendations of a sweep; exit 2 when there is nothing to recommend from."""
     parser = argparse.ArgumentParser(
@@ -193,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from specbench.results import ResultsError, read_rows
 
-    paths = [_results_path(p) for p in args.results]
+    paths = [results_path(p) for p in args.results]
     rows = []
     try:
         for path in paths:
@@ -203,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     recommendations = recommend(rows, args.margin)
     if not recommendations:
-        print(f"error: {', '.join(map(str, paths))}: no speculative cell with a measured speedup at a fixed K",
+        print(f"error: {', '.join(map(str, paths))}: no speculative cell with a measured speedup at a fixed K "
+              "(that is exact and not flagged)",
               file=sys.stderr)
         return 2
     print("\n\n".join(format_recommendation(r) for r in recommendations))

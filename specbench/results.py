@@ -16,6 +16,7 @@ a killed sweep leaves either a complete file or none.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -162,8 +163,78 @@ COLUMNS = SCHEMA.names
 TOKENS_SCHEMA = pa.schema([("request_index", _INT), ("prompt_id", _STR), ("token_ids", pa.list_(_INT))])
 
 
+RESULTS_FILE = "results.parquet"
+# vLLM's per-batch-size K schedule inside speculative_config.
+SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
+
+
 class ResultsError(RuntimeError):
     """A results file that cannot be read or does not follow the schema."""
+
+
+# --- reading rows: one rule each, for the report, the CLIs and the sweep ----------------------------
+
+
+def results_path(path: Path | str) -> Path:
+    """The results file of a sweep directory (:data:`RESULTS_FILE`), or ``path`` itself when it is a file."""
+    path = Path(path)
+    return path / RESULTS_FILE if path.is_dir() else path
+
+
+def row_config(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's resolved cell config (``config_json``); {} when absent or unreadable."""
+    try:
+        config = json.loads(row.get("config_json") or "{}")
+    except (TypeError, json.JSONDecodeError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def curve_key(row: Mapping[str, Any], *, across_k: bool = False) -> str:
+    """What a batch-size curve shares: everything that decides a cell except batch size and pass.
+
+    Two rows with equal keys differ only in batch size (and pass): they are
+    points of one speedup curve (break-even, batch-size-1 acceptance). With
+    ``across_k`` K and any per-batch-size K schedule are left out too, so the
+    key names a family of curves over which K is chosen (the K schedule).
+    """
+    cfg = row_config(row)
+    method = dict(cfg.get("method") or {})
+    speculative = dict(method.get("speculative_config") or {})
+    k: Any = row.get("num_speculative_tokens")
+    if across_k:
+        speculative.pop("num_speculative_tokens", None)
+        speculative.pop(SCHEDULE_KEY, None)
+        k = None
+    method["speculative_config"] = speculative or None
+    return json.dumps(
+        {"model": cfg.get("model"), "model_name": row.get("model"), "method": method,
+         "method_name": row.get("method"), "k": k, "workload": cfg.get("workload"),
+         "engine": cfg.get("engine")},
+        sort_keys=True, default=str,
+    )
+
+
+def recommendable(row: Mapping[str, Any]) -> bool:
+    """Whether a speculative row may be named best or chosen for a K schedule.
+
+    It must have run to the end and have a speedup, its outputs must not
+    differ from the baseline's (unknown exactness is allowed: old files, lost
+    token files), and it must not be flagged (interference, looping outputs,
+    passes that disagree, hardware that differs): a speedup that needs care
+    is shown, never recommended.
+    """
+    return (
+        row.get("status") == "ok"
+        and row.get("method") != "baseline"
+        and _known(row.get("speedup"))
+        and row.get("exact_match") is not False
+        and not row.get("flagged")
+    )
+
+
+def _known(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
 # --- provenance ----------------------------------------------------------------

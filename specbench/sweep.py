@@ -41,13 +41,12 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.config import Cell, ConfigError, cell_from_config, validate
 from specbench import run
 from specbench.prediction import predict_sweep
-from specbench.results import merge, write_results
+from specbench.results import merge, results_path, write_results
 from specbench.run import CellFiles, completed_row
 
 log = logging.getLogger(__name__)
 
 PLAN_FILE = "plan.json"
-RESULTS_FILE = "results.parquet"
 
 
 @dataclass(frozen=True)
@@ -217,7 +216,7 @@ def finish(sweep_dir: Path) -> list[dict[str, Any]]:
     rows, calibrate_hint = predict_sweep(merge(sweep_dir / "cells", read_plan(sweep_dir)))
     if calibrate_hint:
         print(calibrate_hint)
-    results = sweep_dir / RESULTS_FILE
+    results = results_path(sweep_dir)
     write_results(rows, results)
     print(f"results: {results} ({len(rows)} cells)")
     try:

@@ -91,3 +91,17 @@ def test_cli_reads_a_sweep_directory(tmp_path, capsys):
 def test_cli_refuses_results_without_speedups(tmp_path, rows):
     write_results(rows, tmp_path / "results.parquet")
     assert recommend.main([str(tmp_path)]) == 2
+
+
+def test_inexact_or_flagged_cells_never_choose_k():
+    rows = [_row(4, 1, 3.0) | {"exact_match": False}, _row(8, 1, 2.5) | {"flagged": True}, _row(2, 1, 1.5)]
+    (rec,) = recommend.recommend(rows)
+    assert rec.best == {1: (2, 1.5)}
+
+
+def test_a_row_with_an_unreadable_config_is_read_as_every_other_reader_reads_it():
+    # config_json is read by one function everywhere (specbench.results.row_config): unreadable means {}.
+    rows = _rows() + [_row(2, 1, 1.1) | {"config_json": "{not json"}]
+    recs = recommend.recommend(rows)  # the unreadable row is a family of its own
+    assert sorted(len(r.best) for r in recs) == [1, 4]
+    assert next(r for r in recs if len(r.best) == 4).best[1] == (4, 1.8)

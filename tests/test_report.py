@@ -576,3 +576,56 @@ def test_a_broken_report_loses_neither_results_nor_the_failed_exit(
     assert (tmp_path / "results.parquet").is_file()
     assert not (tmp_path / "report.html").exists()
     assert "could not write the report" in caplog.text and "template exploded" in caplog.text
+
+
+# --- one rule per decision: what the page names is what the CLIs name ----------------------------------
+
+
+def test_best_configuration_and_verdict_skip_inexact_and_flagged_cells(tmp_path: Path) -> None:
+    rows = [
+        make_row("baseline"),
+        make_row("ngram", 4, speedup=3.0, exact_match=False, mismatched_requests=2),
+        make_row("ngram", 8, speedup=2.5, flagged=True, flag_reasons=["3 of 4 outputs loop"]),
+        make_row("ngram", 2, speedup=1.5),
+    ]
+    _, page = render(tmp_path, rows)
+    summary = page.text("summary")
+    assert "1.50× (CI [1.35, 1.65]) with ngram K=2 at batch 1 on summarize" in summary
+    assert "3.00×" not in summary and "2.50×" not in summary
+    assert "summarize: ngram K=2 pays at batch 1" in summary and "2 inexact or flagged cell(s) left out" in summary
+    assert ["summarize", "1", "ngram K=2", "1.50×", "[1.35, 1.65]", "1.50×"] in page.tables["best"]
+
+
+def test_page_and_cli_choose_k_by_the_same_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # K=4 is faster on its point estimate but its interval reaches below 1x;
+    # K=2 clearly beats plain decoding. The schedule, the best-configuration
+    # table and `python -m specbench.recommend` all pick K=2.
+    from specbench import recommend
+
+    rows = [
+        make_row("baseline"),
+        make_row("ngram", 4, speedup=1.3, speedup_ci_low=0.95, speedup_ci_high=1.7),
+        make_row("ngram", 2, speedup=1.2, speedup_ci_low=1.1, speedup_ci_high=1.3),
+    ]
+    text, page = render(tmp_path, rows)
+    assert ["summarize", "1", "ngram K=2", "1.20×", "[1.10, 1.30]", "1.20×"] in page.tables["best"]
+    assert "Best K by batch size: 1 → 2" in page.text("schedule")
+    assert recommend.main([str(tmp_path)]) == 0
+    assert "batch    1: K=2 (1.20x)" in capsys.readouterr().out
+
+
+def test_page_and_prediction_cli_share_the_break_even_curves(tmp_path: Path) -> None:
+    # Two engine settings of one method and K are two curves (one crossing each), as the CLI has them.
+    from specbench import prediction
+    from specbench.results import read_rows
+
+    rows = [make_row("baseline", batch=b) for b in (1, 4)]
+    for budget, speedups in ((None, (1.5, 0.9)), (1000, (1.2, 0.8))):
+        for batch, speedup in zip((1, 4), speedups):
+            row = make_row("ngram", 2, batch, speedup=speedup)
+            cfg = json.loads(row["config_json"]) | {"engine": {"max_num_batched_tokens": budget}}
+            rows.append(row | {"config_json": json.dumps(cfg), "cell_id": f"{row['cell_id']}-{budget}"})
+    _, page = render(tmp_path, rows)
+    shown = sorted(r[3] for r in page.tables["break-even"][1:])
+    from_cli = sorted(f"{c['measured']:.1f}" for c in prediction.break_even(read_rows(tmp_path / "results.parquet")))
+    assert len(shown) == 2 and shown == from_cli

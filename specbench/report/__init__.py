@@ -27,13 +27,13 @@ import pandas as pd
 import yaml
 
 from specbench.report import plots, tables
+from specbench.results import results_path
 
 __all__ = ["REPORT_FILE", "render_report", "write_report"]
 
 log = logging.getLogger(__name__)
 
 REPORT_FILE = "report.html"
-_RESULTS_FILE = "results.parquet"
 
 
 def write_report(results: Path | str, out: Path | None = None) -> Path:
@@ -44,9 +44,7 @@ def write_report(results: Path | str, out: Path | None = None) -> Path:
     file is written to a temporary name and renamed, so a reader never sees
     half a page. Raises FileNotFoundError when there is no results file.
     """
-    path = Path(results)
-    if path.is_dir():
-        path = path / _RESULTS_FILE
+    path = results_path(results)
     if not path.is_file():
         raise FileNotFoundError(f"no results file at {path}")
     target = Path(out) if out is not None else path.parent / REPORT_FILE

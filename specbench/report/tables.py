@@ -11,7 +11,6 @@ Reads Parquet only: no vLLM, no Hydra, so a report can be rebuilt on a laptop.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,8 +21,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specbench import theory
-from specbench.results import COLUMNS
+from specbench import prediction, recommend
+from specbench.results import COLUMNS, recommendable, row_config
 
 PANEL = "panel"
 """Derived column: the workload, prefixed by the model when a file holds several models."""
@@ -102,6 +101,25 @@ def compared(df: pd.DataFrame) -> pd.DataFrame:
     return spec[spec["speedup"].notna()]
 
 
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The frame's rows as plain dicts, nulls as None: what the shared rules of
+    :mod:`specbench.recommend` and :mod:`specbench.prediction` read."""
+    plain = df.astype(object).where(df.notna(), None)
+    return plain.to_dict("records")
+
+
+def eligible(df: pd.DataFrame) -> pd.DataFrame:
+    """Compared cells fit to be named best (:func:`specbench.results.recommendable`: exact, not flagged)."""
+    comp = compared(df)
+    return comp[pd.Series([recommendable(r) for r in records(comp)], index=comp.index, dtype=bool)]
+
+
+def _best(df: pd.DataFrame) -> pd.Series | None:
+    """The row :func:`specbench.recommend.best_row` names among ``df``'s rows, or None."""
+    chosen = recommend.best_row([r | {"_index": i} for i, r in zip(df.index, records(df))])
+    return None if chosen is None else df.loc[chosen[0]["_index"]]
+
+
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values([PANEL, "method", "num_speculative_tokens", "batch_size"], na_position="last")
 
@@ -145,11 +163,16 @@ class Summary:
 
 
 def summary(df: pd.DataFrame, missing_columns: Sequence[str]) -> Summary:
-    """Counts, the best speedup overall, a verdict per workload and the missing pieces."""
-    comp = compared(df)
+    """Counts, the best speedup overall, a verdict per workload and the missing pieces.
+
+    The best speedup and the verdicts name only cells fit to be recommended
+    (exact outputs, not flagged), chosen by the rule the K schedule uses
+    (:func:`specbench.recommend.best_row`).
+    """
+    good = eligible(df)
+    top = _best(good)
     best = None
-    if not comp.empty:
-        top = comp.loc[comp["speedup"].idxmax()]
+    if top is not None:
         best = (
             f"{fmt_speedup(top['speedup'])} (CI {fmt_ci(top['speedup_ci_low'], top['speedup_ci_high'])}) "
             f"with {top[CONFIG]} at batch {_batch(top['batch_size'])} on {top[PANEL]}"
@@ -159,26 +182,39 @@ def summary(df: pd.DataFrame, missing_columns: Sequence[str]) -> Summary:
         cells=len(df),
         failed=int(failed_mask(df).sum()),
         best=best,
-        verdicts=[verdict(comp[comp[PANEL] == p], p) for p in panels],
+        verdicts=[verdict(good[good[PANEL] == p], p, excluded=_excluded(df, p)) for p in panels],
         missing=missing_pieces(df, missing_columns),
     )
 
 
-def verdict(panel_rows: pd.DataFrame, panel: str) -> str:
+def _excluded(df: pd.DataFrame, panel: str) -> int:
+    """Compared cells of a panel left out of best and verdict (inexact or flagged)."""
+    comp = compared(df)
+    comp = comp[comp[PANEL] == panel]
+    return len(comp) - len(eligible(comp))
+
+
+def verdict(panel_rows: pd.DataFrame, panel: str, excluded: int = 0) -> str:
     """One line on whether speculation pays on one workload, and up to which batch size.
 
-    Follows the configuration that is fastest at the smallest batch size
-    measured, since that is where speculation has its best chance, and reports
-    the contiguous run of batch sizes from there on which it beats 1×.
+    ``panel_rows`` are the workload's cells fit to be recommended. Follows the
+    configuration :func:`specbench.recommend.best_row` names at the smallest
+    batch size measured, since that is where speculation has its best
+    chance, and reports the contiguous run of batch sizes from there on
+    which it beats 1×. ``excluded`` cells (inexact or flagged) are counted
+    in the line, never chosen.
     """
+    left_out = f" ({excluded} inexact or flagged cell(s) left out)" if excluded else ""
     if panel_rows.empty:
+        if excluded:
+            return f"{panel}: no verdict: every compared cell is inexact or flagged{left_out}"
         return f"{panel}: no speedup measured (no speculative cell was compared with a baseline)"
     smallest = panel_rows["batch_size"].min()
-    at_smallest = panel_rows[panel_rows["batch_size"] == smallest]
-    top = at_smallest.loc[at_smallest["speedup"].idxmax()]
+    top = _best(panel_rows[panel_rows["batch_size"] == smallest])
+    assert top is not None  # panel_rows holds recommendable rows only
     label, speed = top[CONFIG], fmt_speedup(top["speedup"])
     if top["speedup"] <= 1.0:
-        return f"{panel}: nothing beats plain decoding (best at batch {smallest}: {label}, {speed})"
+        return f"{panel}: nothing beats plain decoding (best at batch {smallest}: {label}, {speed}){left_out}"
     curve = panel_rows[panel_rows[CONFIG] == label].sort_values("batch_size")
     paying = []
     for batch, value in zip(curve["batch_size"], curve["speedup"]):
@@ -189,13 +225,14 @@ def verdict(panel_rows: pd.DataFrame, panel: str) -> str:
     if _ci_side(top["speedup_ci_low"], top["speedup_ci_high"]) != "above":
         caveat = f"; its CI {fmt_ci(top['speedup_ci_low'], top['speedup_ci_high'])} does not exclude 1×"
     if len(curve) == 1:
-        return f"{panel}: {label} pays at batch {smallest}, the only batch size measured ({speed}{caveat})"
+        return (f"{panel}: {label} pays at batch {smallest}, the only batch size measured "
+                f"({speed}{caveat}){left_out}")
     reach = (
         f"pays at every measured batch size, up to {paying[-1]}"
         if len(paying) == len(curve)
         else f"pays up to batch {paying[-1]}"
     )
-    return f"{panel}: {label} {reach} ({speed} at batch {smallest}{caveat})"
+    return f"{panel}: {label} {reach} ({speed} at batch {smallest}{caveat}){left_out}"
 
 
 def missing_pieces(df: pd.DataFrame, missing_columns: Sequence[str]) -> list[str]:
@@ -252,11 +289,16 @@ class BestConfig:
 
 
 def best_configs(df: pd.DataFrame) -> list[BestConfig]:
-    """Max speedup among compared speculative cells, per workload and batch size."""
+    """Per workload and batch size, the configuration :func:`specbench.recommend.best_row` names.
+
+    Among cells fit to be recommended (exact, not flagged): the fastest that
+    clearly beats plain decoding, which is the K the schedule picks there,
+    else the fastest.
+    """
     out = []
-    comp = compared(df)
-    for (panel, batch), group in comp.groupby([PANEL, "batch_size"], sort=True):
-        top = group.loc[group["speedup"].idxmax()]
+    for (panel, batch), group in eligible(df).groupby([PANEL, "batch_size"], sort=True):
+        top = _best(group)
+        assert top is not None  # eligible rows only
         out.append(
             BestConfig(
                 panel=str(panel),
@@ -290,37 +332,43 @@ class BreakEven:
     predicted: str
 
 
-def _crossing(batches: Sequence[int], speedups: Sequence[float]) -> str:
-    """The break-even batch size in words (theory.break_even_batch_size on one curve)."""
-    value = theory.break_even_batch_size(batches, speedups)
+def _crossing(value: float | str | None, batches: Sequence[int], speedups: Sequence[float | None]) -> str:
+    """A break-even batch size from :func:`specbench.prediction.break_even`, in words."""
+    if isinstance(value, str):
+        return "n/a: a batch size has no value"
     if value is None:
         return f"not reached: ≥1× through batch {batches[-1]}"
-    if speedups[0] < 1.0:
+    first = speedups[0]
+    if first is not None and first < 1.0:
         return f"below 1× from batch {batches[0]}, the smallest measured"
     return f"{value:.1f}"
 
 
 def break_even(df: pd.DataFrame) -> list[BreakEven]:
-    """Measured (and, with model columns, predicted) break-even batch size per method/K/workload."""
+    """Measured (and, with model columns, predicted) break-even batch size per curve.
+
+    The curves and crossings are :func:`specbench.prediction.break_even`'s,
+    the ones ``python -m specbench.prediction`` prints, over the compared cells.
+    """
+    panel_of = dict(zip(df["cell_id"], df[PANEL]))
+    label_of = dict(zip(df["cell_id"], df[CONFIG]))
     out = []
-    comp = compared(df)
-    for (panel, _, _), group in comp.groupby([PANEL, "method", "num_speculative_tokens"], sort=True):
-        curve = group.groupby("batch_size")["speedup"].median().sort_index()
-        batches = [int(b) for b in curve.index]
+    for curve in prediction.break_even(records(compared(df))):
+        first = curve["rows"][0]
+        batches = curve["batch_sizes"]
         predicted = NO_MODEL
-        if has_predictions(group):
-            model = group.dropna(subset=[PREDICTED]).groupby("batch_size")[PREDICTED].median().sort_index()
-            predicted = _crossing([int(b) for b in model.index], [float(s) for s in model])
+        if any(v is not None for v in curve["series"]["predicted_speedup"]):
+            predicted = _crossing(curve["predicted"], batches, curve["series"]["predicted_speedup"])
         out.append(
             BreakEven(
-                panel=str(panel),
-                config=str(group[CONFIG].iloc[0]),
+                panel=str(panel_of[first["cell_id"]]),
+                config=str(label_of[first["cell_id"]]),
                 batch_sizes=", ".join(str(b) for b in batches),
-                measured=_crossing(batches, [float(s) for s in curve]),
+                measured=_crossing(curve["measured"], batches, curve["series"]["speedup"]),
                 predicted=predicted,
             )
         )
-    return out
+    return sorted(out, key=lambda b: (b.panel, b.config))
 
 
 @dataclass(frozen=True)
@@ -329,45 +377,28 @@ class Schedule:
 
     panel: str
     method: str
-    best_k: dict[int, int]  # batch size -> best K (0: nothing beats 1×)
+    best_k: dict[int, int]  # batch size -> best K (0: nothing clearly beats 1×)
     json: str | None  # speculative_config fragment; None when speculation never pays
 
 
 def schedules(df: pd.DataFrame) -> list[Schedule]:
-    """Per method and workload: the K with the highest speedup at each batch size, as a vLLM schedule.
+    """The K schedules of :func:`specbench.recommend.recommend`, the ones ``python -m specbench.recommend`` prints.
 
-    K = 0 at a batch size where no K beats plain decoding (point estimates).
+    Per method and workload, from the cells fit to be recommended: the K with
+    the highest speedup among those whose interval clears 1× at each batch
+    size, K = 0 where none does.
     """
-    out = []
-    comp = compared(df)
-    for (panel, method), group in comp.groupby([PANEL, "method"], sort=True):
-        best_k: dict[int, int] = {}
-        for batch, at_batch in group.groupby("batch_size", sort=True):
-            top = at_batch.loc[at_batch["speedup"].idxmax()]
-            best_k[int(batch)] = int(top["num_speculative_tokens"]) if top["speedup"] > 1.0 else 0
-        ranges = theory.num_speculative_tokens_per_batch_size(best_k)
-        max_k = max(k for _, _, k in ranges)
-        out.append(
-            Schedule(
-                panel=str(panel),
-                method=str(method),
-                best_k=best_k,
-                json=_schedule_json(str(method), max_k, ranges) if max_k else None,
-            )
+    several_models = df["model"].dropna().nunique() > 1
+    out = [
+        Schedule(
+            panel=_panel(rec.model, rec.workload, several_models),
+            method=rec.method,
+            best_k={batch: k for batch, (k, _) in rec.best.items()},
+            json=rec.speculative_config_json() if rec.max_k else None,
         )
-    return out
-
-
-def _schedule_json(method: str, max_k: int, ranges: Sequence[tuple[int, int, int]]) -> str:
-    # One range per line reads better than json.dumps(indent=...), which puts every number on its own line.
-    body = ",\n    ".join(json.dumps(list(r)) for r in ranges)
-    return (
-        "{\n"
-        f'  "method": {json.dumps(method)},\n'
-        f'  "num_speculative_tokens": {max_k},\n'
-        f'  "num_speculative_tokens_per_batch_size": [\n    {body}\n  ]\n'
-        "}"
-    )
+        for rec in recommend.recommend(records(compared(df)))
+    ]
+    return sorted(out, key=lambda s: (s.panel, s.method))
 
 
 # --- exactness, flagged, failed -------------------------------------------------------------------
@@ -607,12 +638,7 @@ _CONFIG_KEYS = (
 
 
 def _overrides_from_configs(df: pd.DataFrame) -> list[str]:
-    configs = []
-    for text in df["config_json"].dropna():
-        try:
-            configs.append(json.loads(text))
-        except json.JSONDecodeError:
-            continue
+    configs = [cfg for cfg in map(row_config, records(df)) if cfg]
     overrides = []
     for key, path in _CONFIG_KEYS:
         values: list[str] = []
