@@ -21,8 +21,10 @@ For each measured row, :func:`annotate` prices the row's own cell with
 
 ``predicted_decode_speedup`` is :func:`theory.predicted_speedup`, to be held
 against the measured ``decode_speedup`` (TPOT ratio). ``predicted_speedup``
-adds what speculation leaves alone, the prefill of each batch
-(:func:`theory.prefill_time`), and is held against the wall-time
+adds the prefill of each batch (:func:`theory.prefill_time`), which the
+target pays alike with and without speculation, and the drafter's own pass
+over the prompts (:func:`theory.draft_prefill_time`: draft_model and EAGLE),
+which only the speculative side pays; it is held against the wall-time
 ``speedup``: on long prompts prefill dilutes the decode gain.
 
 ``controlled`` cells are priced like ``ngram``: their draft is a table
@@ -271,12 +273,16 @@ def _predict(
     # tokens after each request's first (which the prefill pass emits).
     requests = row["num_requests"]
     step_tokens = (cfg.get("engine") or {}).get("max_num_batched_tokens") or default_step_tokens(row.get("hardware"))
-    prefill = theory.prefill_time(
-        target, hw, batch, max(row["prompt_tokens"] / requests, 1.0), max_step_tokens=step_tokens
+    prompt_len = max(row["prompt_tokens"] / requests, 1.0)
+    prefill = theory.prefill_time(target, hw, batch, prompt_len, max_step_tokens=step_tokens)
+    # A draft model or EAGLE head processes the prompts too; only the speculative side pays it.
+    draft_prefill = theory.draft_prefill_time(
+        priced_as, hw=hw, batch_size=batch, prompt_len=prompt_len, max_step_tokens=step_tokens,
+        draft=draft, target=target,
     )
     decode_steps = max(row["output_tokens"] / requests - 1.0, 0.0)
     plain_decode = decode_steps * theory.plain_decode_step(target, hw, batch, context)
-    return Prediction(decode, theory.end_to_end_speedup(decode, prefill, plain_decode))
+    return Prediction(decode, theory.end_to_end_speedup(decode, prefill, plain_decode, draft_prefill))
 
 
 def annotate(

@@ -105,7 +105,7 @@ SCHEMA = pa.schema(
         ("draft_acceptance_rate", _F),  # accepted / draft tokens
         ("alpha", _F),  # fitted per-token acceptance (theory.fit_alpha)
         ("target_passes", _INT),  # max(output - accepted, requests + drafts), see measured_fields
-        ("tokens_per_pass", _F),  # output tokens / target passes, all steps
+        ("tokens_per_pass", _F),  # output tokens / target passes, prefill and undrafted passes included
         ("draft_coverage", _F),  # drafts / target passes
         ("acceptance_length_per_request", pa.list_(_F)),  # each request's own (null: never drafted); median over passes
         ("acceptance_length_p50", _F),  # median of the above over requests that drafted
@@ -421,9 +421,13 @@ def measured_fields(
     """The measured columns of a cell row, from raw repetitions and counter deltas.
 
     Acceptance length is ``1 + accepted / drafts`` over the steps that carried
-    a draft (vLLM's definition); ``tokens_per_pass`` counts every target pass,
-    so it is what E(alpha, K) predicts. Rates are per-position acceptances over
-    drafts (unconditional: position i accepted implies all before it).
+    a draft (vLLM's definition). ``tokens_per_pass`` divides all output tokens
+    by all target passes, each request's prefill pass (one token, no draft)
+    and passes without a draft included: it is what the wall time pays for,
+    and it falls below E(alpha, K), which assumes a full K-token draft on
+    every pass, whenever passes carry no draft or a shorter one. Rates are
+    per-position acceptances over drafts (unconditional: position i accepted
+    implies all before it).
 
     Each target pass emits one token of its own plus those it accepted, so
     passes = output - accepted; but vLLM counts the drafts a request's last

@@ -28,6 +28,7 @@ __all__ = [
     "StepSample",
     "best_k",
     "break_even_batch_size",
+    "draft_prefill_time",
     "draft_time",
     "end_to_end_speedup",
     "expected_tokens_from_rates",
@@ -391,13 +392,17 @@ def _roofline(hw: HardwareProfile, bytes_moved: float, flops: float) -> float:
 
 
 def _work(
-    model: ModelProfile, num_tokens: float, num_seqs: int, context_len: float
+    model: ModelProfile, num_tokens: float, num_seqs: int, context_len: float, logits: float | None = None
 ) -> tuple[float, float]:
+    """Bytes and FLOPs of one pass; ``logits`` tokens (default: all) go through the LM head."""
     bytes_moved = model.weight_bytes + num_seqs * context_len * model.kv_bytes_per_token
     # QK^T and PV: each a head_dim-long multiply-add (2 FLOPs) per head, layer and cached token.
     per_context_token = 4.0 * model.num_layers * model.num_attention_heads * model.head_dim
     attention = num_tokens * context_len * per_context_token
-    return bytes_moved, num_tokens * model.flops_per_token + attention
+    flops = num_tokens * model.flops_per_token + attention
+    if logits is not None:
+        flops -= (num_tokens - logits) * 2.0 * model.vocab_size * model.hidden_size
+    return bytes_moved, flops
 
 
 def _check_step(num_tokens: float, num_seqs: int, context_len: float) -> tuple[float, int, float]:
@@ -473,18 +478,67 @@ def prefill_time(
     vLLM prefills at most max_step_tokens tokens per step (its
     max_num_batched_tokens), so the batch takes ceil(batch_size * prompt_len
     / max_step_tokens) steps of equal size; each token attends to half the
-    prompt on average. Speculation leaves prefill unchanged, but it is part
-    of every wall-time measurement.
+    prompt on average. Only each prompt's last position goes through the LM
+    head (vLLM computes logits there alone), so the head's FLOPs are paid
+    batch_size times, not once per prompt token. Speculation leaves the
+    target's prefill unchanged, but it is part of every wall-time measurement.
     """
     batch_size = _check_int("batch_size", batch_size, 1)
     prompt_len = _check_real("prompt_len", prompt_len, 1.0)
     max_step_tokens = _check_int("max_step_tokens", max_step_tokens, 1)
     total = batch_size * prompt_len
     steps = math.ceil(total / max_step_tokens)
-    return steps * step_time(
-        model, hw, num_tokens=max(total / steps, batch_size), num_seqs=batch_size,
-        context_len=prompt_len / 2.0,
+    num_tokens = max(total / steps, batch_size)
+    return steps * _roofline(
+        hw, *_work(model, num_tokens, batch_size, prompt_len / 2.0, logits=batch_size / steps)
     )
+
+
+def draft_prefill_time(
+    method: str,
+    *,
+    hw: HardwareProfile,
+    batch_size: int,
+    prompt_len: float,
+    max_step_tokens: int,
+    draft: ModelProfile | None = None,
+    target: ModelProfile | None = None,
+) -> float:
+    """Seconds the drafter spends on the prompts, beside the target's own prefill.
+
+    A draft model prefills every prompt as the target does
+    (:func:`prefill_time` of ``draft``); an EAGLE head runs its layer and fc
+    over every prompt token (it needs their hidden states before it can
+    propose) and its LM head read at each prompt's last position, in the
+    same steps as the target. ngram and plain decoding: 0.
+    """
+    _check_method(method)
+    if method in ("baseline", "ngram"):
+        return 0.0
+    if method == "draft_model":
+        if draft is None:
+            raise ValueError("draft must be given for method 'draft_model'")
+        return prefill_time(draft, hw, batch_size, prompt_len, max_step_tokens)
+    if target is None:
+        raise ValueError(f"target must be given for method {method!r}")
+    batch_size = _check_int("batch_size", batch_size, 1)
+    prompt_len = _check_real("prompt_len", prompt_len, 1.0)
+    max_step_tokens = _check_int("max_step_tokens", max_step_tokens, 1)
+    hidden = target.hidden_size
+    layer = target.layer_matmul_params + _EAGLE_FC_INPUTS[method] * hidden * hidden
+    head = target.vocab_size * hidden
+    total = batch_size * prompt_len
+    steps = math.ceil(total / max_step_tokens)
+    num_tokens = max(total / steps, batch_size)
+    context = prompt_len / 2.0
+    bytes_moved = (layer + head) * target.kv_bytes_per_element + (
+        batch_size * context * target.kv_bytes_per_token / target.num_layers
+    )
+    flops = (
+        num_tokens * (2.0 * layer + 4.0 * context * target.num_attention_heads * target.head_dim)
+        + batch_size / steps * 2.0 * head
+    )
+    return steps * _roofline(hw, bytes_moved, flops)
 
 
 # --------------------------------------------------------------------------- draft cost
@@ -574,20 +628,25 @@ def predicted_speedup(
     return tokens_per_pass * plain / (verify + drafting)
 
 
-def end_to_end_speedup(decode_speedup: float, prefill_s: float, plain_decode_s: float) -> float:
-    """Wall-time speedup when only decode speeds up: (P + D) / (P + D / S).
+def end_to_end_speedup(
+    decode_speedup: float, prefill_s: float, plain_decode_s: float, draft_prefill_s: float = 0.0
+) -> float:
+    """Wall-time speedup when only decode speeds up: (P + D) / (P + P_d + D / S).
 
     prefill_s (P) and plain_decode_s (D) are the times a plain engine spends
     prefilling and decoding the same batch; decode_speedup (S) is the decode
-    speedup (predicted_speedup). Prefill dilutes S towards 1 as P grows,
+    speedup (predicted_speedup); draft_prefill_s (P_d) is what the drafter
+    adds to the prefill (:func:`draft_prefill_time`: a draft model or EAGLE
+    head processes the prompts too). Prefill dilutes S towards 1 as P grows,
     which on long prompts and large batches it does.
     """
     decode_speedup = _check_real("decode_speedup", decode_speedup, 0.0, low_open=True)
     prefill_s = _check_real("prefill_s", prefill_s, 0.0)
     plain_decode_s = _check_real("plain_decode_s", plain_decode_s, 0.0)
+    draft_prefill_s = _check_real("draft_prefill_s", draft_prefill_s, 0.0)
     if prefill_s + plain_decode_s == 0.0:
         return 1.0
-    return (prefill_s + plain_decode_s) / (prefill_s + plain_decode_s / decode_speedup)
+    return (prefill_s + plain_decode_s) / (prefill_s + draft_prefill_s + plain_decode_s / decode_speedup)
 
 
 def break_even_batch_size(batch_sizes: Sequence[int], speedups: Sequence[float]) -> float | None:

@@ -65,8 +65,11 @@ def _theory(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=Non
                                       target=profile, hw=HW, context_len=context, draft=draft_profile,
                                       draft_tokens_per_pass=drafted)
     prefill = theory.prefill_time(profile, HW, batch, PROMPT_LEN, max_step_tokens=prediction.DEFAULT_STEP_TOKENS)
+    draft_prefill = theory.draft_prefill_time(method, hw=HW, batch_size=batch, prompt_len=PROMPT_LEN,
+                                              max_step_tokens=prediction.DEFAULT_STEP_TOKENS,
+                                              draft=draft_profile, target=profile)
     plain = (OUTPUT_LEN - 1) * theory.plain_decode_step(profile, HW, batch, context)
-    return decode, theory.end_to_end_speedup(decode, prefill, plain)
+    return decode, theory.end_to_end_speedup(decode, prefill, plain, draft_prefill)
 
 
 def test_context_is_prompt_plus_half_the_output_per_request():
@@ -93,6 +96,10 @@ def test_each_row_is_priced_with_its_own_measured_acceptance(checkpoints):
     assert out[4]["predicted_speedup"] == pytest.approx(
         _theory(target, "draft_model", k=2, tokens_per_pass=1.8, draft=draft)[1])
     assert out[4]["predicted_speedup"] < _theory(target, k=2, tokens_per_pass=1.8)[1]  # the draft costs
+    # ... in prefill too: the draft model prefills every prompt, which only the speculative side pays.
+    draft_profile = theory.ModelProfile.from_config_json(draft, dtype="float32")
+    assert theory.draft_prefill_time("draft_model", hw=HW, batch_size=1, prompt_len=PROMPT_LEN,
+                                     max_step_tokens=prediction.DEFAULT_STEP_TOKENS, draft=draft_profile) > 0
     assert all(r["hardware_profile"] == "test-cpu (calibrated)" and r["prediction_note"] is None for r in out)
 
 

@@ -279,11 +279,15 @@ def test_plain_and_verify_steps(qwen: ModelProfile, h200: HardwareProfile) -> No
 
 def test_prefill_runs_in_steps_of_at_most_max_step_tokens(smol: ModelProfile) -> None:
     hw = HardwareProfile("toy", 1e12, 1e14, 1e-3, "vendor")
+    head = 2.0 * smol.vocab_size * smol.hidden_size  # LM head FLOPs per token
     one_step = prefill_time(smol, hw, 4, 500, max_step_tokens=4096)
-    assert one_step == step_time(smol, hw, num_tokens=2000, num_seqs=4, context_len=250)
-    # 32 x 500 = 16000 tokens: 4 steps of 4000, each paying the fixed overhead.
+    # Compute-bound here; logits only at the 4 prompts' last positions, not at all 2000 tokens.
+    assert one_step == pytest.approx(
+        step_time(smol, hw, num_tokens=2000, num_seqs=4, context_len=250) - (2000 - 4) * head / hw.peak_flops
+    )
+    # 32 x 500 = 16000 tokens: 4 steps of 4000 (8 logits each), each paying the fixed overhead.
     assert prefill_time(smol, hw, 32, 500, max_step_tokens=4096) == pytest.approx(
-        4 * step_time(smol, hw, num_tokens=4000, num_seqs=32, context_len=250)
+        4 * (step_time(smol, hw, num_tokens=4000, num_seqs=32, context_len=250) - (4000 - 8) * head / hw.peak_flops)
     )
     # Compute-bound: eight times the prompts cost about eight times as long.
     assert 7 < prefill_time(smol, hw, 32, 500, max_step_tokens=4096) / one_step < 9
@@ -531,3 +535,17 @@ def test_invalid_step_and_method_inputs(qwen: ModelProfile, h200: HardwareProfil
         fit_hardware_profile([StepSample(1, 1, 0, 1e-3)] * 2, qwen, name="x")
     with pytest.raises(ValueError, match=r"samples\[0\].seconds"):
         fit_hardware_profile([StepSample(1, 1, 0, 0.0)] * 3, qwen, name="x")
+
+
+def test_drafters_prefill_the_prompts_too(smol: ModelProfile) -> None:
+    from specbench.theory import draft_prefill_time
+
+    hw = HardwareProfile("toy", 1e12, 1e14, 1e-3, "vendor")
+    common = dict(hw=hw, batch_size=4, prompt_len=500, max_step_tokens=4096)
+    assert draft_prefill_time("ngram", **common) == 0.0
+    assert draft_prefill_time("draft_model", draft=smol, **common) == prefill_time(smol, hw, 4, 500, 4096)
+    eagle = draft_prefill_time("eagle", target=smol, **common)
+    # One layer (plus fc) over the prompt tokens: far below the target's prefill, yet not free.
+    assert 0.0 < eagle < prefill_time(smol, hw, 4, 500, 4096) / 4
+    # The wall-time speedup pays it: (P + D) / (P + P_d + D / S).
+    assert end_to_end_speedup(2.0, 10.0, 10.0, draft_prefill_s=5.0) == pytest.approx(20 / 20)

@@ -234,11 +234,14 @@ def acceptance_vs_k(df: pd.DataFrame, enc: Encoding) -> Plot:
         anchor="acceptance",
         title="Acceptance length against K",
         caption=(
-            "Filled points are acceptance length (tokens per target pass over the steps that carried a "
-            "draft), hollow points tokens per pass over all steps, and each line E(α, K) for the "
-            "method's median fitted α: look for points falling below their line (acceptance decays "
-            "faster than a constant α) and for gaps between filled and hollow points (many steps "
-            "carried no draft)."
+            "Filled points are acceptance length, 1 + accepted / drafts: tokens per target pass over the "
+            "passes that carried a draft (vLLM's definition). Hollow points are output tokens per target "
+            "pass over every pass, each request's prefill pass (one token, no draft) and passes without a "
+            "draft included: what the wall time pays for. Each line is E(α, K), the tokens per pass a full "
+            "K-token draft on every pass gives at the method's median fitted α. Points below their line "
+            "mean acceptance decays faster than a constant α, or (ngram) drafts shorter than K; a gap "
+            "between filled and hollow points means many passes carried no draft, or prompts were long "
+            "next to the output."
         ),
     )
     spec = speculative(df)
