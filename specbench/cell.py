@@ -25,17 +25,26 @@ class SpecCounters:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_pos: tuple[int, ...] = ()
+    # Drafts that reached each position: below ``drafts`` where drafts can be
+    # shorter than K (ngram). Empty when the engine does not report it.
+    drafted_per_pos: tuple[int, ...] = ()
 
     def __sub__(self, earlier: SpecCounters) -> SpecCounters:
-        width = max(len(self.accepted_per_pos), len(earlier.accepted_per_pos))
-        now = list(self.accepted_per_pos) + [0] * (width - len(self.accepted_per_pos))
-        then = list(earlier.accepted_per_pos) + [0] * (width - len(earlier.accepted_per_pos))
+        """The counts between two readings (per-position lists padded with zeros to equal width)."""
         return SpecCounters(
             drafts=self.drafts - earlier.drafts,
             draft_tokens=self.draft_tokens - earlier.draft_tokens,
             accepted_tokens=self.accepted_tokens - earlier.accepted_tokens,
-            accepted_per_pos=tuple(a - b for a, b in zip(now, then)),
+            accepted_per_pos=_difference(self.accepted_per_pos, earlier.accepted_per_pos),
+            drafted_per_pos=_difference(self.drafted_per_pos, earlier.drafted_per_pos),
         )
+
+
+def _difference(now: Sequence[int], then: Sequence[int]) -> tuple[int, ...]:
+    width = max(len(now), len(then))
+    padded_now = list(now) + [0] * (width - len(now))
+    padded_then = list(then) + [0] * (width - len(then))
+    return tuple(a - b for a, b in zip(padded_now, padded_then))
 
 
 @dataclass(frozen=True)

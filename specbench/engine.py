@@ -212,12 +212,43 @@ class EnginePool:
 # --- inside the worker process ------------------------------------------------
 
 
+# Drafts that reached each position, counted in this worker. vLLM counts them
+# (SpecDecodingStats.num_draft_tokens_per_pos) but exports only the accepted
+# tokens per position; with drafts shorter than K (ngram) the accepted count
+# over all drafts understates each position's acceptance.
+_DRAFTED_PER_POS: list[int] = []
+
+
+def _count_drafted_positions() -> None:
+    """Wrap vLLM's per-draft statistics hook to count drafted positions; a no-op if it moved.
+
+    The scheduler calls it in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0).
+    """
+    try:
+        from vllm.v1.spec_decode.metrics import SpecDecodingStats
+    except ImportError:
+        return
+    original = SpecDecodingStats.observe_draft
+    if getattr(original, "_specbench_counts", False):
+        return
+
+    def observe_draft(self: Any, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        original(self, num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)
+        _DRAFTED_PER_POS.extend([0] * (num_draft_tokens - len(_DRAFTED_PER_POS)))
+        for position in range(num_draft_tokens):
+            _DRAFTED_PER_POS[position] += 1
+
+    observe_draft._specbench_counts = True  # type: ignore[attr-defined]
+    SpecDecodingStats.observe_draft = observe_draft  # type: ignore[method-assign]
+
+
 class VllmEngine:
     """A vLLM ``LLM`` with the :class:`specbench.cell.Generator` interface."""
 
     def __init__(self, spec: EngineSpec) -> None:
         from vllm import LLM
 
+        _count_drafted_positions()
         self.llm = LLM(**spec.llm_kwargs())
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[GeneratedRequest]:
@@ -251,6 +282,7 @@ class VllmEngine:
             accepted_per_pos=tuple(
                 int(v) for v in values.get("vllm:spec_decode_num_accepted_tokens_per_pos", ())
             ),
+            drafted_per_pos=tuple(_DRAFTED_PER_POS),
         )
 
 

@@ -101,7 +101,8 @@ SCHEMA = pa.schema(
         ("draft_tokens", _INT),
         ("accepted_tokens", _INT),
         ("acceptance_length", _F),  # 1 + accepted / drafts, over steps with a draft
-        ("acceptance_rate_per_pos", pa.list_(_F)),
+        ("acceptance_rate_per_pos", pa.list_(_F)),  # accepted at i / drafts that reached position i
+        ("drafted_per_pos", pa.list_(_INT)),  # drafts that reached each position (empty: not reported)
         ("draft_acceptance_rate", _F),  # accepted / draft tokens
         ("alpha", _F),  # fitted per-token acceptance (theory.fit_alpha)
         ("target_passes", _INT),  # max(output - accepted, requests + drafts), see measured_fields
@@ -417,6 +418,7 @@ def measured_fields(
     token_ids: Sequence[Sequence[int]] = (),
     decode_s: float = 0.0,
     decode_tokens: int = 0,
+    drafted_per_pos: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The measured columns of a cell row, from raw repetitions and counter deltas.
 
@@ -425,9 +427,13 @@ def measured_fields(
     by all target passes, each request's prefill pass (one token, no draft)
     and passes without a draft included: it is what the wall time pays for,
     and it falls below E(alpha, K), which assumes a full K-token draft on
-    every pass, whenever passes carry no draft or a shorter one. Rates are
-    per-position acceptances over drafts (unconditional: position i accepted
-    implies all before it).
+    every pass, whenever passes carry no draft or a shorter one. Rate i is
+    the share of the drafts that reached position i whose position i was
+    accepted (accepted there implies accepted before it), so under a
+    constant per-token acceptance it is alpha^(i+1) whatever the drafts'
+    lengths. ngram drafts can stop short of K: over all drafts
+    (``drafted_per_pos`` unknown, as from engines that do not report it) the
+    rates and the fitted alpha would be biased low.
 
     Each target pass emits one token of its own plus those it accepted, so
     passes = output - accepted; but vLLM counts the drafts a request's last
@@ -444,7 +450,7 @@ def measured_fields(
     and the count of repetitive outputs (from ``token_ids``) show when.
     """
     wall = stats.summarize(rep_wall_s)
-    rates = [a / drafts for a in accepted_per_pos] if drafts else []
+    rates = _position_rates(accepted_per_pos, drafted_per_pos, drafts)
     total_out = sum(rep_output_tokens)
     target_passes = max(total_out - accepted_tokens, num_requests * len(rep_output_tokens) + drafts)
     tps = [t / w for t, w in zip(rep_output_tokens, rep_wall_s)]
@@ -465,6 +471,7 @@ def measured_fields(
         "accepted_tokens": accepted_tokens,
         "acceptance_length": 1.0 + accepted_tokens / drafts if drafts else 1.0,
         "acceptance_rate_per_pos": rates,
+        "drafted_per_pos": list(drafted_per_pos),
         "draft_acceptance_rate": accepted_tokens / draft_tokens if draft_tokens else None,
         "alpha": theory.fit_alpha(rates) if rates else None,
         "target_passes": target_passes,
@@ -483,6 +490,17 @@ def measured_fields(
     if not ttft_s:
         row["latency_note"] = "the engine reported no per-request metrics"
     return row
+
+
+def _position_rates(accepted: Sequence[int], drafted: Sequence[int], drafts: int) -> list[float]:
+    """Acceptance per draft position: accepted there over the drafts that reached it (else over all drafts)."""
+    if not drafts:
+        return []
+    if not drafted:
+        return [a / drafts for a in accepted]
+    # A position no draft reached has no rate; it ends the list (later ones are unreached too).
+    padded = list(drafted) + [0] * (len(accepted) - len(drafted))
+    return [a / d for a, d in zip(accepted, padded) if d > 0]
 
 
 def _median_known(values: Iterable[float | None]) -> float | None:
@@ -649,17 +667,25 @@ def _pooled_acceptance(passes: list[dict[str, Any]], row: dict[str, Any]) -> dic
     drafts = row["drafts"]
     if not drafts:
         return {}
-    width = max(len(r["acceptance_rate_per_pos"] or []) for r in passes)
-    per_pos = [
-        sum((r["acceptance_rate_per_pos"][i] if i < len(r["acceptance_rate_per_pos"] or []) else 0.0) * r["drafts"]
-            for r in passes)
-        for i in range(width)
-    ]
-    rates = [a / drafts for a in per_pos]
+    # Back from each pass's rates to its counts, then rates over the pooled counts.
+    accepted: list[float] = []
+    drafted: list[int] = []
+    known = all(r.get("drafted_per_pos") or not r["drafts"] for r in passes)
+    for r in passes:
+        rates = r["acceptance_rate_per_pos"] or []
+        denominators = (r.get("drafted_per_pos") or []) if known else [r["drafts"]] * len(rates)
+        for i, (rate, d) in enumerate(zip(rates, denominators)):
+            if i == len(accepted):
+                accepted.append(0.0)
+                drafted.append(0)
+            accepted[i] += rate * d
+            drafted[i] += d
+    rates = [a / d for a, d in zip(accepted, drafted) if d] if known else [a / drafts for a in accepted]
     out_total = sum(r["output_tokens"] * len(r["wall_time_s_reps"]) for r in passes)
     return {
         "acceptance_length": 1.0 + row["accepted_tokens"] / drafts,
         "acceptance_rate_per_pos": rates,
+        "drafted_per_pos": drafted if known else [],
         "draft_acceptance_rate": row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None,
         "alpha": theory.fit_alpha(rates) if rates else None,
         "tokens_per_pass": out_total / row["target_passes"] if row["target_passes"] else None,

@@ -230,6 +230,7 @@ def _measured_columns(
         draft_tokens=c.draft_tokens,
         accepted_tokens=c.accepted_tokens,
         accepted_per_pos=c.accepted_per_pos,
+        drafted_per_pos=c.drafted_per_pos,
         ttft_s=m.ttft_s,
         tpot_s=m.tpot_s,
         e2e_s=m.e2e_s,

@@ -323,3 +323,35 @@ def test_an_exactness_mismatch_is_flagged_and_counted_once_per_request(tmp_path)
     assert spec["exact_match"] is False
     assert spec["mismatched_requests"] == 1  # the same request in both passes: 1 of 2, not 2
     assert spec["flagged"] and any("differ from the baseline's in 1 of 2" in r for r in spec["flag_reasons"])
+
+
+def test_position_rates_count_only_the_drafts_that_reached_each_position():
+    # ngram, K=3: 80 drafts, but only 48 reached position 1 and 16 position 2.
+    # Each drafted position is accepted with alpha = 0.5, so rate i = 0.5^(i+1).
+    common = dict(rep_wall_s=[1.0], rep_output_tokens=[400], num_requests=2, drafts=80, draft_tokens=144,
+                  accepted_tokens=54, accepted_per_pos=[40, 12, 2], ttft_s=[], tpot_s=[], e2e_s=[])
+    row = measured_fields(**common, drafted_per_pos=[80, 48, 16])
+    assert row["acceptance_rate_per_pos"] == pytest.approx([0.5, 0.25, 0.125])
+    assert row["alpha"] == pytest.approx(0.5)
+    # Over all 80 drafts the deeper positions would read 0.15 and 0.025: alpha biased low.
+    biased = measured_fields(**common)
+    assert biased["acceptance_rate_per_pos"] == pytest.approx([0.5, 0.15, 0.025])
+    assert biased["alpha"] < 0.45
+    # A position no draft reached has no rate.
+    short = measured_fields(rep_wall_s=[1.0], rep_output_tokens=[40], num_requests=2, drafts=4,
+                            draft_tokens=4, accepted_tokens=2, accepted_per_pos=[2, 0, 0],
+                            ttft_s=[], tpot_s=[], e2e_s=[], drafted_per_pos=[4])
+    assert short["acceptance_rate_per_pos"] == [0.5]
+
+
+def test_pooled_position_rates_pool_the_counts_of_every_pass(tmp_path):
+    ids = []
+    for p, (accepted, drafted) in enumerate([([8, 2], [10, 4]), ([4, 3], [10, 6])]):
+        ids += write_pair(tmp_path, "a", 2.0, 1.0, p)
+        row = cell_row(f"sa-p{p}", "ngram", 1.0, baseline_id=f"ba-p{p}", pass_index=p, config_hash="Sa") | {
+            "drafts": 10, "acceptance_rate_per_pos": [a / d for a, d in zip(accepted, drafted)],
+            "drafted_per_pos": drafted}
+        write_cell(tmp_path, row, [[1]])
+    spec = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
+    assert spec["drafted_per_pos"] == [20, 10]
+    assert spec["acceptance_rate_per_pos"] == pytest.approx([12 / 20, 5 / 10])
