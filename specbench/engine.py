@@ -158,7 +158,8 @@ class EngineWorker:
                     f"engine process died while {doing} (exit code {self._process.exitcode})"
                 )
             if deadline is not None and time.monotonic() > deadline:
-                self.close()
+                # A hung engine reads no stop message: kill it now rather than wait for one.
+                self.close(wait_s=0.0)
                 raise EngineError(f"timed out after {timeout_s:.0f} s while {doing}")
         try:
             status, payload = self._conn.recv()
@@ -168,14 +169,14 @@ class EngineWorker:
             raise EngineError(payload)
         return payload
 
-    def close(self) -> None:
-        """Stop the worker; kill it if it does not exit promptly."""
-        if self._process.is_alive():
+    def close(self, wait_s: float = 30.0) -> None:
+        """Stop the worker; kill it if it does not exit within ``wait_s`` seconds."""
+        if self._process.is_alive() and wait_s > 0:
             try:
                 self._conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
-            self._process.join(timeout=30)
+            self._process.join(timeout=wait_s)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()

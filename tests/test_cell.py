@@ -1,0 +1,206 @@
+"""The measurement core without vLLM: the protocol of cell.measure, counter arithmetic, the
+request plan, engine reuse and the timeout path, against fakes that follow the real interfaces."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+from specbench import engine, run
+from specbench.cell import CellPlan, GeneratedRequest, SpecCounters, measure
+from specbench.engine import EngineError, EnginePool, EngineSpec, EngineWorker
+
+
+class FakeEngine:
+    """A Generator whose outputs, timings and counters are scripted; it logs every call."""
+
+    def __init__(self, *, unstable: bool = False) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.counters = SpecCounters()
+        self.unstable = unstable
+        self.generated = 0
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[GeneratedRequest]:
+        self.calls.append(("generate", len(prompts)))
+        self.generated += 1
+        # Each request drafts twice (2 tokens each) and has its first drafted token accepted once.
+        c, n = self.counters, len(prompts)
+        self.counters = SpecCounters(drafts=c.drafts + 2 * n, draft_tokens=c.draft_tokens + 4 * n,
+                                     accepted_tokens=c.accepted_tokens + n,
+                                     accepted_per_pos=(c.accepted_tokens + n,))
+        tail = (self.generated,) if self.unstable else ()
+        return [
+            GeneratedRequest(tuple(p[:1]) + (7,) * (max_tokens - 1) + tail, ttft_s=0.1, e2e_s=0.5, tpot_s=0.01,
+                             drafts=2, accepted_tokens=1)
+            for p in prompts
+        ]
+
+    def spec_counters(self) -> SpecCounters:
+        self.calls.append(("counters", 0))
+        return self.counters
+
+    def reference_pass(self, batches: Sequence[Sequence[Sequence[int]]], max_tokens: int) -> None:
+        self.calls.append(("reference", len(batches)))
+
+
+def plan(**changes) -> CellPlan:
+    fields = dict(prompts=((1, 2), (3, 4), (5, 6), (7, 8)), batch_size=2, max_tokens=5, repetitions=3)
+    return CellPlan(**(fields | changes))
+
+
+def test_measure_warms_up_untimed_then_times_every_batch_of_every_repetition():
+    fake = FakeEngine()
+    m = measure(fake, plan())
+    # Warm-up: the first batch, before the counters are read; then 3 repetitions x 2 batches.
+    assert fake.calls[0] == ("generate", 2) and fake.calls[1] == ("counters", 0)
+    assert [c for c in fake.calls[2:-1]] == [("generate", 2)] * 6 and fake.calls[-1] == ("counters", 0)
+    assert len(m.rep_wall_s) == 3 and all(w > 0 for w in m.rep_wall_s)
+    assert m.rep_output_tokens == [4 * 5] * 3
+    assert m.prompt_tokens == 8 and len(m.token_ids) == 4 and m.outputs_stable
+    # Counters cover the timed region only: 6 batches of 2 requests, not the warm-up's.
+    assert (m.counters.drafts, m.counters.draft_tokens, m.counters.accepted_tokens) == (24, 48, 12)
+    assert m.counters.accepted_per_pos == (12,)
+    assert m.request_acceptance == [1.5] * 4  # per request of the first repetition: 1 + 1 accepted / 2 drafts
+    # Per-request latencies of every timed request; decode time token-weighted.
+    assert len(m.ttft_s) == len(m.tpot_s) == len(m.e2e_s) == 12
+    assert m.decode_tokens == 12 * 4 and m.decode_s == pytest.approx(12 * 4 * 0.01)
+    assert m.warmup_s is not None
+
+
+def test_measure_without_warm_up_runs_the_reference_pass_first_for_controlled_acceptance():
+    fake = FakeEngine()
+    m = measure(fake, plan(warmup=False, reference_pass=True, repetitions=1))
+    assert fake.calls[0] == ("reference", 2) and fake.calls[1] == ("counters", 0)
+    assert m.warmup_s is None and len(m.rep_wall_s) == 1
+
+
+def test_outputs_that_change_between_repetitions_are_not_stable():
+    m = measure(FakeEngine(unstable=True), plan())
+    assert m.outputs_stable is False
+
+
+def test_a_plan_must_split_into_full_batches():
+    with pytest.raises(ValueError, match="full batches"):
+        plan(batch_size=3)
+    with pytest.raises(ValueError, match="repetitions"):
+        plan(repetitions=0)
+    assert plan().timed_batches == 6 and plan().batches()[1] == ((5, 6), (7, 8))
+
+
+def test_spec_counters_difference_pads_per_position_lists():
+    later = SpecCounters(drafts=10, draft_tokens=30, accepted_tokens=12, accepted_per_pos=(6, 4, 2),
+                         drafted_per_pos=(10, 8, 6))
+    earlier = SpecCounters(drafts=4, draft_tokens=10, accepted_tokens=5, accepted_per_pos=(3, 2),
+                           drafted_per_pos=(4,))
+    delta = later - earlier
+    assert (delta.drafts, delta.draft_tokens, delta.accepted_tokens) == (6, 20, 7)
+    assert delta.accepted_per_pos == (3, 2, 2) and delta.drafted_per_pos == (6, 8, 6)
+    assert SpecCounters() - SpecCounters() == SpecCounters()
+
+
+# --- run._plan ---------------------------------------------------------------------------------------
+
+
+class _Workload:
+    def __init__(self, token_ids):
+        self.token_ids = token_ids
+
+
+def test_plan_cycles_the_prompts_up_to_whole_batches(compose_cell):
+    from specbench.config import cell_from_config
+
+    cell = cell_from_config(compose_cell(["batch_size=4", "workload.max_tokens=9", "repetitions=2",
+                                          "method=controlled", "method.alpha=0.5"]))
+    made = run._plan(cell, _Workload(((1,), (2,), (3,), (4,), (5,))))
+    assert made.prompts == ((1,), (2,), (3,), (4,), (5,), (1,), (2,), (3,))
+    assert (made.batch_size, made.max_tokens, made.repetitions, made.reference_pass) == (4, 9, 2, True)
+
+
+# --- EnginePool and the worker's timeout ----------------------------------------------------------------
+
+
+class FakeWorker:
+    """Stands in for EngineWorker: records starts and closes, no process."""
+
+    started: list[FakeWorker] = []
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec, self.closed, self.alive = spec, False, True
+        FakeWorker.started.append(self)
+
+    def close(self) -> None:
+        self.closed, self.alive = True, False
+
+
+def spec(**changes) -> EngineSpec:
+    fields = dict(model="m", dtype="float32", seed=0, max_model_len=256, max_num_seqs=8, enforce_eager=True,
+                  enable_prefix_caching=False, gpu_memory_utilization=0.9, cpu_kvcache_space_gib=1)
+    return EngineSpec(**(fields | changes))
+
+
+def test_pool_reuses_the_engine_for_equal_specs_and_replaces_it_otherwise(monkeypatch):
+    monkeypatch.setattr(engine, "EngineWorker", FakeWorker)
+    FakeWorker.started = []
+    pool = EnginePool()
+    first = pool.get(spec())
+    assert pool.get(spec()) is first and pool.engine_starts == 1
+    other = pool.get(spec(instance=1))  # another pass: a fresh engine, the old one stopped
+    assert other is not first and first.closed and pool.engine_starts == 2
+    other.alive = False  # died between cells
+    assert pool.get(spec(instance=1)) is not other and pool.engine_starts == 3
+    pool.discard()
+    assert FakeWorker.started[-1].closed
+
+
+def _sleep_forever(conn) -> None:  # a worker that never answers (module level: spawn pickles it)
+    time.sleep(600)
+
+
+def test_a_cell_that_runs_past_its_timeout_fails_and_its_engine_is_killed():
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=_sleep_forever, args=(child,), daemon=True)
+    process.start()
+    worker = EngineWorker.__new__(EngineWorker)  # the real parent side, around a hung process
+    worker.spec, worker._conn, worker._process = spec(), parent, process
+    start = time.monotonic()
+    with pytest.raises(EngineError, match="timed out after 1 s while measuring the cell"):
+        worker.measure(plan(), timeout_s=1.0)
+    # Killed at once: a hung engine never reads the stop message it would otherwise be sent.
+    assert time.monotonic() - start < 15
+    assert not process.is_alive()
+
+
+def test_run_cell_records_a_timed_out_cell_as_failed_and_discards_the_engine(tmp_path: Path, compose_cell,
+                                                                             monkeypatch):
+    from specbench.config import cell_from_config
+    from specbench.results import read_rows
+
+    class HungWorker:
+        pid = None
+        info = None
+
+        def measure(self, plan, timeout_s):
+            raise EngineError(f"timed out after {timeout_s:.0f} s while measuring the cell")
+
+    class Pool:
+        discarded = 0
+
+        def get(self, spec):
+            return HungWorker()
+
+        def discard(self):
+            Pool.discarded += 1
+
+    cell = cell_from_config(compose_cell(["method=baseline"]))
+    monkeypatch.setattr(run, "_requests", lambda c: (_Workload(((1,),)), plan()))
+    monkeypatch.setattr(run, "_local_hardware", lambda: "CPU test")
+    outcome = run.run_cell(cell, tmp_path, passes=1, timeout_s=5, pool=Pool())  # type: ignore[arg-type]
+    assert outcome.status == "failed" and "timed out after 5 s" in outcome.error
+    assert Pool.discarded == 1
+    row = read_rows(tmp_path / f"{cell.cell_id}.parquet")[0]
+    assert row["status"] == "failed" and "timed out" in row["error"]
