@@ -222,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     recommendations = recommend(rows, args.margin)
+    left_out = [r for r in rows if r.get("method") != "baseline" and r.get("speedup") is not None
+                and not recommendable(r)]
+    if left_out:
+        print(f"note: {len(left_out)} cell(s) left out because their outputs differ from the baseline's or "
+              "they are flagged: " + ", ".join(str(r.get("cell_id")) for r in left_out), file=sys.stderr)
     if not recommendations:
         print(f"error: {', '.join(map(str, paths))}: no speculative cell with a measured speedup at a fixed K "
               "(that is exact and not flagged)",

@@ -93,10 +93,13 @@ def test_cli_refuses_results_without_speedups(tmp_path, rows):
     assert recommend.main([str(tmp_path)]) == 2
 
 
-def test_inexact_or_flagged_cells_never_choose_k():
+def test_inexact_or_flagged_cells_never_choose_k(tmp_path, capsys):
     rows = [_row(4, 1, 3.0) | {"exact_match": False}, _row(8, 1, 2.5) | {"flagged": True}, _row(2, 1, 1.5)]
     (rec,) = recommend.recommend(rows)
     assert rec.best == {1: (2, 1.5)}
+    write_results(rows, tmp_path / "results.parquet")
+    assert recommend.main([str(tmp_path)]) == 0
+    assert "2 cell(s) left out" in capsys.readouterr().err
 
 
 def test_a_row_with_an_unreadable_config_is_read_as_every_other_reader_reads_it():
