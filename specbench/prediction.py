@@ -41,7 +41,6 @@ library; no vLLM.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
