@@ -629,3 +629,13 @@ def test_page_and_prediction_cli_share_the_break_even_curves(tmp_path: Path) -> 
     shown = sorted(r[3] for r in page.tables["break-even"][1:])
     from_cli = sorted(f"{c['measured']:.1f}" for c in prediction.break_even(read_rows(tmp_path / "results.parquet")))
     assert len(shown) == 2 and shown == from_cli
+
+
+def test_a_cell_without_an_interval_says_so(tmp_path: Path) -> None:
+    # One pass of one repetition: no interval, never a zero-width one shown as if it were precise.
+    rows = [make_row("baseline", speedup_ci_low=None, speedup_ci_high=None),
+            make_row("ngram", 2, speedup=1.4, speedup_ci_low=None, speedup_ci_high=None)]
+    _, page = render(tmp_path, rows)
+    summary = page.text("summary")
+    assert "1.40× (no interval) with ngram K=2 at batch 1" in summary
+    assert "no interval (one pass of one repetition)" in summary

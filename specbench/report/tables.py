@@ -174,7 +174,7 @@ def summary(df: pd.DataFrame, missing_columns: Sequence[str]) -> Summary:
     best = None
     if top is not None:
         best = (
-            f"{fmt_speedup(top['speedup'])} (CI {fmt_ci(top['speedup_ci_low'], top['speedup_ci_high'])}) "
+            f"{fmt_speedup(top['speedup'])} ({_ci_phrase(top)}) "
             f"with {top[CONFIG]} at batch {_batch(top['batch_size'])} on {top[PANEL]}"
         )
     panels = sorted(p for p in df.loc[df["workload"].notna(), PANEL].unique())
@@ -185,6 +185,13 @@ def summary(df: pd.DataFrame, missing_columns: Sequence[str]) -> Summary:
         verdicts=[verdict(good[good[PANEL] == p], p, excluded=_excluded(df, p)) for p in panels],
         missing=missing_pieces(df, missing_columns),
     )
+
+
+def _ci_phrase(row: pd.Series) -> str:
+    """``"CI [1.50, 2.10]"``, or ``"no interval"`` for a cell without one (never a zero-width interval)."""
+    if pd.isna(row["speedup_ci_low"]) or pd.isna(row["speedup_ci_high"]):
+        return "no interval"
+    return f"CI {fmt_ci(row['speedup_ci_low'], row['speedup_ci_high'])}"
 
 
 def _excluded(df: pd.DataFrame, panel: str) -> int:
@@ -222,7 +229,9 @@ def verdict(panel_rows: pd.DataFrame, panel: str, excluded: int = 0) -> str:
             break
         paying.append(int(batch))
     caveat = ""
-    if _ci_side(top["speedup_ci_low"], top["speedup_ci_high"]) != "above":
+    if pd.isna(top["speedup_ci_low"]) or pd.isna(top["speedup_ci_high"]):
+        caveat = "; no interval (one pass of one repetition), so noise is not ruled out"
+    elif _ci_side(top["speedup_ci_low"], top["speedup_ci_high"]) != "above":
         caveat = f"; its CI {fmt_ci(top['speedup_ci_low'], top['speedup_ci_high'])} does not exclude 1×"
     if len(curve) == 1:
         return (f"{panel}: {label} pays at batch {smallest}, the only batch size measured "
