@@ -128,8 +128,15 @@ def current_provenance(cell: Cell) -> dict[str, Any]:
 
 def _requests(cell: Cell) -> tuple[Workload, CellPlan]:
     """The cell's workload, tokenized with its model's tokenizer, and the requests it submits."""
-    workload = load_workload(cell.workload, _tokenizer(models.resolve(cell.identity["model"]["path"])))
+    workload = _workload(json.dumps(cell.workload, sort_keys=True), cell.identity["model"]["path"])
     return workload, _plan(cell, workload)
+
+
+@lru_cache(maxsize=16)
+def _workload(workload_json: str, model_path: str) -> Workload:
+    # Every cell of a workload (and a resume's check of each stored cell)
+    # tokenizes the same source: once per process is enough.
+    return load_workload(json.loads(workload_json), _tokenizer(models.resolve(model_path)))
 
 
 def run_cell(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -47,6 +48,8 @@ def resumable(tmp_path, compose_cell, monkeypatch):
     prompts.write_text('{"id": "a", "prompt": "one"}\n{"id": "b", "prompt": "two"}\n')
     monkeypatch.setattr(run, "_tokenizer", lambda path: _CharTokenizer())
     monkeypatch.setattr(run.models, "resolve", lambda ref, prepare=True: "unused")
+    # A cache of its own, dropped after the test: workloads tokenized by the fake never leak out.
+    monkeypatch.setattr(run, "_workload", functools.lru_cache(maxsize=16)(run._workload.__wrapped__))
     cell = cell_from_config(compose_cell([
         "workload.source=jsonl", f"workload.path={prompts}", "workload.num_prompts=2",
         "workload.chat_template=false", "method=baseline",
@@ -80,10 +83,12 @@ def test_resume_measures_again_a_row_from_another_schema_or_software(resumable, 
 
 
 def test_resume_measures_again_after_the_prompt_file_changed(resumable, caplog):
+    from specbench import run
     from specbench.run import completed_row
 
     cell, files, _, prompts = resumable
     prompts.write_text('{"id": "a", "prompt": "one!"}\n{"id": "b", "prompt": "two"}\n')
+    run._workload.cache_clear()  # a new process, as a resumed sweep is
     with caplog.at_level("WARNING"):
         assert completed_row(files, cell) is None
     assert "workload_fingerprint" in caplog.text and "requests_fingerprint" in caplog.text
