@@ -215,3 +215,15 @@ def test_a_head_for_another_target_is_refused_naming_both_shapes(compose_cell, t
     assert len(errors) == 1
     assert "hidden_size 4096 vs 576" in errors[0] and "vocab_size 152064 vs 49152" in errors[0]
     assert "python -m specbench.heads train" in errors[0]
+
+
+def test_head_cost_reads_the_heads_own_shapes():
+    from specbench.theory import ModelProfile, eagle_head_matmul_params
+
+    layer = 576 * (2 * (9 + 3) * 64 + 3 * 1536)
+    eagle = ModelProfile.from_config_json(dict(SMOLLM2, num_hidden_layers=1), dtype="float32")
+    assert eagle_head_matmul_params("eagle", eagle) == 2 * 576**2 + layer + 49152 * 576
+    eagle3 = ModelProfile.from_config_json(dict(SMOLLM2, num_hidden_layers=1, draft_vocab_size=4096), dtype="float32")
+    assert eagle3.draft_vocab_size == 4096
+    # q/k/v read [embedding; state]: their weights double; the LM head has 4096 rows, not 49152.
+    assert eagle_head_matmul_params("eagle3", eagle3) == 3 * 576**2 + layer + 576 * (9 + 2 * 3) * 64 + 4096 * 576

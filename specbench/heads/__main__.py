@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--source-prompts", type=int, default=40)
     train.add_argument("--reading-prompts", type=int, default=96)
     train.add_argument("--max-new-tokens", type=int, default=128)
-    train.add_argument("--epochs", type=int, default=6)
-    train.add_argument("--steps", type=int, default=4, help="chained draft steps trained; the K of the offline estimate")
+    train.add_argument("--epochs", type=int, default=2)
+    train.add_argument("--steps", type=int, default=3, help="chained draft steps trained on the head's own outputs")
+    train.add_argument("--eval-k", type=int, default=4, help="K of the held-out chain-drafting estimate")
     train.add_argument("--draft-vocab-size", type=int, default=4096, help="EAGLE-3's reduced vocabulary")
     train.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
                        help="storage dtype of the checkpoint (vLLM casts to the engine's dtype)")
@@ -135,8 +136,8 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     out = args.out or default_output_dir()
     command = "python -m specbench.heads " + " ".join(shlex.quote(a) for a in argv)
     for method in args.method:
-        settings = TrainSettings(steps=args.steps, epochs=args.epochs, draft_vocab_size=args.draft_vocab_size,
-                                 seed=args.seed)
+        settings = TrainSettings(steps=args.steps, eval_k=args.eval_k, epochs=args.epochs,
+                                 draft_vocab_size=args.draft_vocab_size, seed=args.seed)
         head, result = train(method, shape, target_state, train_set, held_out, settings)
         name = head_name(Path(folder).name, method)
         manifest = {
@@ -157,7 +158,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
             },
             "held_out": {
                 "acceptance_length": round(result.acceptance_length, 4),
-                "k": settings.steps,
+                "k": settings.eval_k,
                 "accepted_per_position": [round(p, 4) for p in result.accepted_per_position],
             },
             "curve": [{k: round(v, 4) for k, v in point.items()} for point in result.curve],
@@ -170,7 +171,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
                              settings.draft_vocab_size if method == "eagle3" else None)
         save(out / name, head, config, manifest, getattr(torch, args.dtype))
         digest = hashlib.sha256((out / name / "model.safetensors").read_bytes()).hexdigest()[:16]
-        print(f"{method}: held-out acceptance length {result.acceptance_length:.2f} at K={settings.steps} "
+        print(f"{method}: held-out acceptance length {result.acceptance_length:.2f} at K={settings.eval_k} "
               f"(per position {', '.join(f'{p:.2f}' for p in result.accepted_per_position)}); "
               f"trained in {result.seconds:.0f} s; wrote {out / name} (sha256 {digest})")
     return 0
