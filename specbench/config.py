@@ -8,6 +8,7 @@ clear message before any engine loads.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specbench import controlled, models
+from specbench import controlled, heads, models
 from specbench.engine import EngineSpec
 from specbench.workloads import validate_workload_config
 
@@ -225,7 +226,10 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         errors += _check_controlled(method)
     if name in CHECKPOINT_METHODS:
         checkpoint = (method.get("speculative_config") or {}).get("model")
-        errors += _check_checkpoint(f"method={name} (speculative_config.model)", checkpoint)
+        problems = _check_checkpoint(f"method={name} (speculative_config.model)", checkpoint)
+        if not problems and name in ("eagle", "eagle3"):
+            problems = _check_head_fits_target(name, checkpoint, (plain.get("model") or {}).get("path"))
+        errors += problems
     errors += _check_checkpoint("model.path", (plain.get("model") or {}).get("path"))
 
     engine = plain.get("engine") or {}
@@ -271,9 +275,9 @@ def _check_checkpoint(what: str, reference: Any) -> list[str]:
         return [f"{what} is not set: this model config names no checkpoint for it"]
     if not isinstance(reference, str):
         return [f"{what}={reference!r} must be a string"]
-    if models.is_embedded(reference):
+    if models.is_embedded(reference) or heads.is_shipped(reference):
         try:
-            models.embedded_name(reference)
+            models.resolve(reference, prepare=False)
         except ValueError as exc:
             return [f"{what}: {exc}"]
         return []
@@ -282,6 +286,42 @@ def _check_checkpoint(what: str, reference: Any) -> list[str]:
     if looks_local and not os.path.isdir(os.path.expanduser(reference)):
         return [f"{what}={reference!r}: no such directory"]
     return []
+
+
+def _check_head_fits_target(method: str, head: str, target: Any) -> list[str]:
+    """An EAGLE head must match its target's hidden size and vocabulary (both read from config.json).
+
+    Only checkable where both configs are on disk (shipped or local heads, a
+    prepared or local target); a hub id is checked by vLLM when it loads.
+    """
+    head_config = _local_config(head)
+    target_config = _local_config(target) if isinstance(target, str) else None
+    if head_config is None or target_config is None:
+        return []
+    shapes = {
+        key: (head_config.get(key), target_config.get(key)) for key in ("hidden_size", "vocab_size")
+    }
+    if all(h == t for h, t in shapes.values()):
+        return []
+    described = ", ".join(f"{key} {h} vs {t}" for key, (h, t) in shapes.items())
+    return [
+        f"method={method}: head {head} was not trained for model.path={target} "
+        f"(head vs target: {described}); train one with "
+        f"`python -m specbench.heads train --method {method} --target {target}`"
+    ]
+
+
+@functools.lru_cache(maxsize=64)
+def _local_config(reference: str) -> dict[str, Any] | None:
+    try:
+        folder = models.resolve(reference, prepare=False)
+    except ValueError:
+        return None
+    path = os.path.join(os.path.expanduser(folder), "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as file:
+        return json.load(file)
 
 
 def _to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:

@@ -387,3 +387,46 @@ __all__ = [
     "EngineWorker",
     "describe_hardware",
 ]
+
+
+def loaded_drafter_parameters(spec: EngineSpec) -> dict[str, Any]:
+    """Start ``spec``'s engine in this process; the drafter's own parameters as vLLM loaded them.
+
+    Parameters the drafter shares with the target (an EAGLE head's embedding
+    and LM head) are left out. EAGLE heads' ``load_weights`` skip vLLM's
+    "weights not initialized" check, so this is how a test proves that every
+    tensor of a head came from its file. Needs the worker environment of
+    :func:`worker_environment` already set (in-process engine).
+    """
+    engine = VllmEngine(spec)
+
+    def collect(worker: Any) -> dict[str, Any]:
+        import torch
+        from vllm.model_executor.layers.linear import LinearBase
+
+        runner = worker.model_runner
+        shared = {id(p) for p in runner.model.parameters()}
+        drafter = runner.drafter.model
+        found: dict[str, Any] = {}
+        for name, module in drafter.named_modules():
+            if isinstance(module, LinearBase):
+                # The CPU backend repacks linear weights (the parameter is left
+                # empty), so read each one back through the layer: W = f(I)^T.
+                weight = module.weight if hasattr(module, "weight") else None
+                if weight is not None and id(weight) in shared:
+                    continue
+                identity = torch.eye(module.input_size, dtype=runner.model_config.dtype)
+                out = module(identity)
+                out = out[0] if isinstance(out, tuple) else out
+                found[f"{name}.weight"] = out.detach().T.contiguous().cpu()
+        for name, p in drafter.named_parameters():
+            owner = drafter.get_submodule(name.rsplit(".", 1)[0]) if "." in name else drafter
+            if id(p) in shared or isinstance(owner, LinearBase):
+                continue
+            found[name] = p.detach().cpu().clone()
+        return found
+
+    try:
+        return engine.llm.collective_rpc(collect)[0]
+    finally:
+        engine.llm.llm_engine.engine_core.shutdown()

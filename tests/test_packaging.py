@@ -31,6 +31,8 @@ def test_wheel_carries_configs_presets_data_and_plugin(wheel):
         "specbench/conf/hydra/sweeper/specbench.yaml",
         "specbench/conf/sweep/cpu_demo.yaml",
         "specbench/workloads/data/summarize.jsonl",
+        "specbench/heads/shipped/smollm2-135m-instruct-eagle/model.safetensors",
+        "specbench/heads/shipped/smollm2-135m-instruct-eagle3/config.json",
         "hydra_plugins/specbench_sweeper/__init__.py",
     ):
         assert required in names, required

@@ -1,0 +1,229 @@
+"""The draft heads: training prompts kept apart from evaluation, vLLM's contract, shipped files."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specbench import heads
+from specbench.heads import corpus
+from specbench.heads.modules import EAGLE, EAGLE3, DraftHead, TargetShape, _rotary, _rotate, unroll
+from specbench.heads.train import checkpoint_tensors, draft_vocabulary, head_config, save
+from specbench.heads.features import Example
+
+SMOLLM2 = {
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "num_attention_heads": 9,
+    "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536, "vocab_size": 49152,
+    "num_hidden_layers": 30, "rms_norm_eps": 1e-5, "rope_parameters": {"rope_theta": 100000.0},
+    "tie_word_embeddings": True, "_model_name_or_path": "x",
+}
+TINY = TargetShape(hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=4, intermediate_size=24,
+                   vocab_size=50, num_layers=6, rms_norm_eps=1e-5, rope_theta=10000.0)
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = _words(text)
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def _evaluation_prompts() -> list[str]:
+    data = importlib.resources.files("specbench.workloads") / "data"
+    return [json.loads(line)["prompt"] for name in ("summarize", "rag", "creative")
+            for line in (data / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_training_prompts_share_no_phrase_with_any_evaluation_prompt():
+    evaluation: set[tuple[str, ...]] = set()
+    for prompt in _evaluation_prompts():
+        evaluation |= _ngrams(prompt, 6)
+    documents = ["A report written by the target."] * 4  # stand-ins: the real ones are the target's words
+    training = (corpus.direct_prompts(256, 0) + corpus.source_prompts(40, 0)
+                + corpus.reading_prompts(documents, 96, 0))
+    asked = corpus.direct_prompts(256, 0) + corpus.source_prompts(40, 0)
+    assert len({p.text for p in asked}) == len(asked)
+    shared = {p.id: _ngrams(p.text, 6) & evaluation for p in training}
+    assert not any(shared.values()), {k: v for k, v in shared.items() if v}
+    for text in corpus.template_texts():
+        assert not (_ngrams(text, 6) & evaluation), text
+
+
+def test_training_prompts_are_seeded():
+    assert corpus.direct_prompts(20, 3) == corpus.direct_prompts(20, 3)
+    assert corpus.direct_prompts(20, 3) != corpus.direct_prompts(20, 4)
+
+
+def _random_head(method: str) -> DraftHead:
+    torch.manual_seed(0)
+    vocab = torch.tensor([1, 4, 7, 9, 20, 33]) if method == EAGLE3 else None
+    head = DraftHead(method, TINY, vocab)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    return head
+
+
+@pytest.mark.parametrize("method", [EAGLE, EAGLE3])
+def test_unroll_drafts_each_chain_exactly_as_a_kv_cache_would(method):
+    """Training-time test computes every chain at once; it must equal drafting one chain at a time."""
+    head = _random_head(method).double()
+    embed = torch.nn.Embedding(TINY.vocab_size, TINY.hidden_size).double()
+    n, steps = 9, 3
+    tokens = torch.randint(0, TINY.vocab_size, (1, n))
+    width = TINY.hidden_size * (1 if method == EAGLE else 3)
+    features = torch.randn(1, n, width, dtype=torch.float64)
+    with torch.no_grad():
+        reads = unroll(head, embed, tokens, features, steps)
+        for start in range(n - 1 - steps):
+            chain = _draft_one_chain(head, embed, tokens[0], features[0], start, steps)
+            for s in range(steps):
+                torch.testing.assert_close(reads[s][0, start], chain[s], rtol=1e-9, atol=1e-9)
+
+
+def _draft_one_chain(head, embed, tokens, features, start, steps):
+    """vLLM's way: a KV cache of step-0 entries for positions 0..start, then the chain on own outputs."""
+    layer = head.layer
+    keys, values, reads = [], [], []
+    hidden = head.first_hidden(features[None, : start + 1])[0]
+    # "prefill" of the head over positions 0..start with the target's states
+    z, _ = head.inputs(embed(tokens[1 : start + 2])[None], hidden[None])
+    _, k, v = layer.qkv(z, torch.arange(start + 1))
+    keys.append(k)
+    values.append(v)
+    state = hidden[start]
+    for s in range(steps):
+        position = start + s
+        z, residual = head.inputs(embed(tokens[start + 1 + s])[None, None], state[None, None])
+        q, k, v = layer.qkv(z, torch.tensor([position]))
+        if s > 0:
+            keys.append(k)
+            values.append(v)
+        else:
+            # step 0's own entry is the last prefill entry (same input, same position)
+            torch.testing.assert_close(k[:, :, 0], keys[0][:, :, -1])
+        key = torch.cat(keys, dim=2).repeat_interleave(TINY.num_heads // TINY.num_kv_heads, dim=1)
+        value = torch.cat(values, dim=2).repeat_interleave(TINY.num_heads // TINY.num_kv_heads, dim=1)
+        attn = torch.nn.functional.scaled_dot_product_attention(q, key, value)
+        state, read = head.outputs(attn.transpose(1, 2).reshape(1, 1, -1), residual)
+        state, read = state[0, 0], read[0, 0]
+        reads.append(read)
+    return reads
+
+
+def test_rotary_is_neox_style_and_preserves_norms():
+    x = torch.randn(1, 1, 3, 8)
+    cos, sin = _rotary(torch.arange(3), 8, 10000.0, torch.float32)
+    rotated = _rotate(x, cos, sin)
+    torch.testing.assert_close(rotated[..., 0, :], x[..., 0, :])  # position 0 is the identity
+    torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1))
+
+
+EAGLE_TENSORS = {
+    "fc.weight": (576, 1152),
+    "layers.0.self_attn.q_proj.weight": (576, 576), "layers.0.self_attn.k_proj.weight": (192, 576),
+    "layers.0.self_attn.v_proj.weight": (192, 576), "layers.0.self_attn.o_proj.weight": (576, 576),
+    "layers.0.mlp.gate_proj.weight": (1536, 576), "layers.0.mlp.up_proj.weight": (1536, 576),
+    "layers.0.mlp.down_proj.weight": (576, 1536), "layers.0.post_attention_layernorm.weight": (576,),
+}
+
+
+def test_checkpoint_tensors_carry_vllms_names_and_shapes(tmp_path):
+    shape = TargetShape.from_config(SMOLLM2)
+    assert shape.aux_layers() == (2, 15, 27)
+    eagle = DraftHead(EAGLE, shape)
+    assert {k: tuple(v.shape) for k, v in checkpoint_tensors(eagle).items()} == EAGLE_TENSORS
+    vocab = torch.arange(0, 8192, 2)
+    eagle3 = DraftHead(EAGLE3, shape, vocab)
+    save(tmp_path / "h3", eagle3, head_config(EAGLE3, SMOLLM2, shape, len(vocab)), {"m": 1}, torch.bfloat16)
+    tensors = load_file(str(tmp_path / "h3" / "model.safetensors"))
+    expected3 = dict(EAGLE_TENSORS, **{
+        "fc.weight": (576, 1728),
+        "layers.0.self_attn.q_proj.weight": (576, 1152), "layers.0.self_attn.k_proj.weight": (192, 1152),
+        "layers.0.self_attn.v_proj.weight": (192, 1152), "layers.0.input_layernorm.weight": (576,),
+        "layers.0.hidden_norm.weight": (576,), "norm.weight": (576,), "lm_head.weight": (4096, 576),
+        "d2t": (4096,),
+    })
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == expected3
+    # vLLM maps draft id i to target id i + d2t[i].
+    assert torch.equal(torch.arange(4096) + tensors["d2t"], vocab)
+    config = json.loads((tmp_path / "h3" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == 4096
+    assert config["architectures"] == ["LlamaForCausalLM"] and not config["tie_word_embeddings"]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    assert "_model_name_or_path" not in config
+
+
+def test_draft_vocabulary_keeps_the_most_frequent_answer_tokens():
+    def example(answer):
+        return Example(tokens=torch.tensor([0, 0] + answer), prompt_len=2, final=torch.zeros(0), aux=torch.zeros(0))
+
+    examples = [example([5, 5, 5, 3, 3, 9]), example([3, 7, 5])]
+    assert draft_vocabulary(examples, 2, 10).tolist() == [3, 5]
+    assert draft_vocabulary(examples, 3, 10).tolist() == [3, 5, 7]  # ties broken by the smaller id
+
+
+@pytest.mark.parametrize("method", [EAGLE, EAGLE3])
+def test_shipped_heads_are_small_documented_and_fit_the_embedded_target(method):
+    folder = heads.shipped_path(f"heads:smollm2-135m-instruct-{method}")
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["hidden_size"], config["vocab_size"]) == (576, 49152)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["command"].startswith("python -m specbench.heads train")
+    assert manifest["seed"] == 0 and len(manifest["data"]["fingerprint"]) == 64
+    assert manifest["held_out"]["acceptance_length"] > 1.0  # it accepts drafts on held-out text
+    assert manifest["method"] == method
+
+
+def test_shipped_heads_together_stay_under_30_mb():
+    total = sum(p.stat().st_size for p in heads.shipped_dir().glob("*/model.safetensors"))
+    assert 0 < total <= 30e6
+
+
+def test_an_unknown_shipped_head_is_refused_naming_the_shipped_ones():
+    with pytest.raises(ValueError, match="heads:smollm2-135m-instruct-eagle"):
+        heads.shipped_path("heads:nope")
+
+
+def test_default_model_names_its_heads(compose_cell):
+    from specbench.config import validate
+
+    for method in ("eagle", "eagle3"):
+        cfg = compose_cell([f"method={method}"])
+        assert cfg.method.speculative_config.model == f"heads:smollm2-135m-instruct-{method}"
+        assert validate(cfg) == []
+
+
+def test_a_head_for_another_target_is_refused_naming_both_shapes(compose_cell, tmp_path):
+    from specbench.config import validate
+    from specbench.models import embedded_path
+
+    if not (embedded_path("embedded:smollm2-135m-instruct") / "config.json").is_file():
+        pytest.skip("the embedded target is not prepared (make setup prepares it)")
+    foreign = tmp_path / "foreign-head"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps(dict(SMOLLM2, hidden_size=4096, vocab_size=152064)))
+    errors = validate(compose_cell(["method=eagle", f"model.eagle={foreign}"]))
+    assert len(errors) == 1
+    assert "hidden_size 4096 vs 576" in errors[0] and "vocab_size 152064 vs 49152" in errors[0]
+    assert "python -m specbench.heads train" in errors[0]
+
+
+def test_head_cost_reads_the_heads_own_shapes():
+    from specbench.theory import ModelProfile, eagle_head_matmul_params
+
+    layer = 576 * (2 * (9 + 3) * 64 + 3 * 1536)
+    eagle = ModelProfile.from_config_json(dict(SMOLLM2, num_hidden_layers=1), dtype="float32")
+    assert eagle_head_matmul_params("eagle", eagle) == 2 * 576**2 + layer + 49152 * 576
+    eagle3 = ModelProfile.from_config_json(dict(SMOLLM2, num_hidden_layers=1, draft_vocab_size=4096), dtype="float32")
+    assert eagle3.draft_vocab_size == 4096
+    # q/k/v read [embedding; state]: their weights double; the LM head has 4096 rows, not 49152.
+    assert eagle_head_matmul_params("eagle3", eagle3) == 3 * 576**2 + layer + 576 * (9 + 2 * 3) * 64 + 4096 * 576
