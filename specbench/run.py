@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from specbench import models
+from specbench import memory, models
 from specbench.cell import CellPlan, Measurement
 from specbench.config import Cell
 from specbench.engine import EngineError, EngineInfo, EnginePool, describe_hardware
@@ -123,6 +123,10 @@ def _run_cell(
         cpu_before = CpuTimes.now(worker.pid)
         measurement = worker.measure(plan, timeout_s)
         other_share = cpu_before.other_share(CpuTimes.now(worker.pid))
+        memory_columns = memory.measured_columns(
+            worker.memory(), longest_prompt=max(len(p) for p in plan.prompts),
+            max_tokens=plan.max_tokens, k=cell.k,
+        )
     except Exception as exc:  # noqa: BLE001 - a failed cell is data, not a crash
         if isinstance(exc, EngineError):
             pool.discard()
@@ -133,7 +137,7 @@ def _run_cell(
         return CellOutcome(cell.cell_id, "failed", error)
 
     row = (base | _measured_columns(measurement, worker.info, workload, plan)
-           | _machine_state(load_before) | {"other_cpu_share": other_share})
+           | _machine_state(load_before) | {"other_cpu_share": other_share} | memory_columns)
     files.write(row, measurement.token_ids, workload.prompt_ids)
     log.info(
         "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",
