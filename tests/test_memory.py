@@ -220,3 +220,29 @@ def test_plan_lists_cells_with_memory_speedup_and_refusals() -> None:
     assert "10 cells: 5 fit, 5 refused (5 KV below the batch)" in text
     awq = make_plan(["model=qwen2.5-7b-instruct-awq"] + overrides)
     assert not any(r.problems for r in awq)
+
+
+# --- the report's memory section ----------------------------------------------------------
+
+
+def test_report_shows_memory_per_method(tmp_path) -> None:
+    from test_report import make_row, render
+
+    def with_memory(row: dict, drafter_bytes: int, kv_tokens: int, share: float) -> dict:
+        return row | {"drafter_weight_bytes": drafter_bytes, "target_weight_bytes": 538_060_032,
+                      "kv_cache_tokens": kv_tokens, "kv_requests_fit": kv_tokens // 256,
+                      "drafter_kv_share": share, "peak_rss_bytes": 4_200_000_000,
+                      "predicted_kv_cache_tokens": kv_tokens, "predicted_peak_bytes": 4_000_000_000}
+
+    rows = [
+        with_memory(make_row("baseline", batch=1), 0, 46_592, 0.0),
+        with_memory(make_row("ngram", speedup=1.3), 0, 46_592, 0.0),
+        with_memory(make_row("draft_model", speedup=0.8,
+                             config_json='{"method": {"name": "draft_model", "draft": "self"}}'),
+                    538_060_032, 23_296, 0.5),
+    ]
+    text, page = render(tmp_path, rows)
+    assert "img-memory" in [i["id"] for i in page.images]
+    section = text[text.index('id="memory-table"'):text.index('id="break-even"')]
+    assert section.index(">baseline<") < section.index(">ngram<") < section.index(">draft_model/self<")
+    assert ">538<" in section and ">23,296<" in section and ">50%<" in section and "1.30×" in section
