@@ -325,7 +325,9 @@ def _weights_and_kv(worker: Any) -> dict[str, int]:
         return total
 
     target = unique_bytes(runner.get_model())
-    draft_model = getattr(getattr(runner, "drafter", None), "model", None)
+    # V1's model runner calls the proposer `drafter`, model runner V2 `speculator`.
+    proposer = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+    draft_model = getattr(proposer, "model", None)
     drafter = unique_bytes(draft_model) if draft_model is not None else 0
 
     config = runner.kv_cache_config
