@@ -175,12 +175,61 @@ def fit_problems(cfg: Mapping[str, Any]) -> list[str]:
     return [f"does not fit {where}: {p.message}; {_ADVICE[p.kind]}" for p in theory.memory_problems(estimate)]
 
 
-def measured_columns(memory: EngineMemory, *, longest_prompt: int, max_tokens: int, k: int) -> dict[str, Any]:
-    """Row columns from an engine's memory; a request of the cell is its longest prompt plus max_tokens."""
+_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+                "I8": 1, "U8": 1, "BOOL": 1, "I64": 8, "U64": 8}
+_RUN_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def checkpoint_weight_bytes(folder: str | Path, dtype: str) -> int | None:
+    """Bytes a checkpoint's weights take once loaded at ``dtype``, from its safetensors headers.
+
+    Floating tensors are counted at the run dtype's width (vLLM casts them on
+    load); integer tensors (AWQ/GPTQ packed weights and zero points) at their
+    own. None when the folder holds no readable safetensors file. The CPU build
+    repacks linear weights into oneDNN handles that torch's parameters no longer
+    show, so the files are the reliable count there.
+    """
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files or dtype not in _RUN_BYTES:
+        return None
+    total = 0
+    try:
+        for file in files:
+            with open(file, "rb") as f:
+                header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            for name, tensor in header.items():
+                if name == "__metadata__":
+                    continue
+                numel = 1
+                for dim in tensor["shape"]:
+                    numel *= dim
+                kind = tensor["dtype"]
+                total += numel * (_RUN_BYTES[dtype] if kind in _FLOAT_DTYPES else _DTYPE_BYTES[kind])
+    except (OSError, ValueError, KeyError):
+        return None
+    return total
+
+
+def measured_columns(
+    memory: EngineMemory,
+    *,
+    longest_prompt: int,
+    max_tokens: int,
+    k: int,
+    checkpoint_bytes: tuple[int | None, int | None] = (None, None),
+) -> dict[str, Any]:
+    """Row columns from an engine's memory; a request of the cell is its longest prompt plus max_tokens.
+
+    ``checkpoint_bytes`` (target, drafter) from :func:`checkpoint_weight_bytes`
+    replace the engine's parameter counts where known.
+    """
     request = theory.request_kv_tokens(longest_prompt, max_tokens, k, memory.kv_block_size)
+    target_bytes, drafter_bytes = checkpoint_bytes
     return {
-        "target_weight_bytes": memory.target_weight_bytes,
-        "drafter_weight_bytes": memory.drafter_weight_bytes,
+        "target_weight_bytes": target_bytes if target_bytes is not None else memory.target_weight_bytes,
+        "drafter_weight_bytes": (drafter_bytes if drafter_bytes is not None and memory.drafter_weight_bytes
+                                 else memory.drafter_weight_bytes),
         "kv_cache_blocks": memory.kv_cache_blocks,
         "kv_block_size": memory.kv_block_size,
         "kv_cache_tokens": memory.kv_cache_tokens,
@@ -260,6 +309,7 @@ __all__ = [
     "annotate",
     "budget",
     "cell_estimate",
+    "checkpoint_weight_bytes",
     "drafter_profile",
     "fit_problems",
     "measured_columns",

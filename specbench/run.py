@@ -22,7 +22,7 @@ from typing import Any
 from specbench import memory, models
 from specbench.cell import CellPlan, Measurement
 from specbench.config import Cell
-from specbench.engine import EngineError, EngineInfo, EnginePool, describe_hardware
+from specbench.engine import EngineError, EngineInfo, EnginePool, EngineSpec, describe_hardware
 from specbench.results import (
     SCHEMA_VERSION,
     CellFiles,
@@ -125,7 +125,7 @@ def _run_cell(
         other_share = cpu_before.other_share(CpuTimes.now(worker.pid))
         memory_columns = memory.measured_columns(
             worker.memory(), longest_prompt=max(len(p) for p in plan.prompts),
-            max_tokens=plan.max_tokens, k=cell.k,
+            max_tokens=plan.max_tokens, k=cell.k, checkpoint_bytes=_checkpoint_bytes(worker.spec),
         )
     except Exception as exc:  # noqa: BLE001 - a failed cell is data, not a crash
         if isinstance(exc, EngineError):
@@ -144,6 +144,16 @@ def _run_cell(
         cell.cell_id, row["wall_time_s"], row["tokens_per_s"], row["acceptance_length"],
     )
     return CellOutcome(cell.cell_id, "ok")
+
+
+def _checkpoint_bytes(spec: EngineSpec) -> tuple[int | None, int | None]:
+    """Loaded weight bytes of target and draft model from their local checkpoint files (None: not local)."""
+    draft = (spec.speculative_config or {}).get("model")
+    return (
+        memory.checkpoint_weight_bytes(spec.model, spec.dtype),
+        memory.checkpoint_weight_bytes(draft, spec.dtype)
+        if isinstance(draft, str) and os.path.isdir(draft) else None,
+    )
 
 
 def _plan(cell: Cell, workload: Workload) -> CellPlan:

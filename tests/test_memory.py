@@ -246,3 +246,16 @@ def test_report_shows_memory_per_method(tmp_path) -> None:
     section = text[text.index('id="memory-table"'):text.index('id="break-even"')]
     assert section.index(">baseline<") < section.index(">ngram<") < section.index(">draft_model/self<")
     assert ">538<" in section and ">23,296<" in section and ">50%<" in section and "1.30×" in section
+
+
+def test_checkpoint_weight_bytes_counts_floats_at_the_run_dtype(tmp_path) -> None:
+    import json as _json
+
+    header = {"__metadata__": {"format": "pt"},
+              "embed": {"dtype": "BF16", "shape": [10, 4], "data_offsets": [0, 80]},
+              "qweight": {"dtype": "I32", "shape": [4, 2], "data_offsets": [80, 112]}}
+    raw = _json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(112))
+    assert memory.checkpoint_weight_bytes(tmp_path, "float32") == 40 * 4 + 8 * 4
+    assert memory.checkpoint_weight_bytes(tmp_path, "bfloat16") == 40 * 2 + 8 * 4
+    assert memory.checkpoint_weight_bytes(tmp_path / "absent", "float32") is None
