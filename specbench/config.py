@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specbench import controlled, heads, models
+from specbench import controlled, heads, memory, models
 from specbench.engine import EngineSpec
 from specbench.workloads import validate_workload_config
 
@@ -251,6 +251,8 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
             f"workload.max_prompt_tokens={prompt} + workload.max_tokens={output} "
             f"exceeds engine.max_model_len={max_len}"
         )
+    if not errors:  # the memory model needs a valid cell to price
+        errors += memory.fit_problems(plain)
     return errors
 
 

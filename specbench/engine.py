@@ -26,6 +26,9 @@ from typing import Any, Sequence
 
 from specbench.cell import CellPlan, GeneratedRequest, Measurement, SpecCounters
 
+# Sent to a worker instead of a CellPlan: asks for its EngineMemory.
+_MEMORY_REQUEST = "memory"
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -80,6 +83,37 @@ class EngineSpec:
             # Each request's own acceptance; vLLM refuses it without speculation.
             {"per_request_spec_decode_metrics": "summary"} if speculative else {}
         )
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """What an engine holds in memory, read inside its worker.
+
+    Weights are the bytes of the loaded parameters (tied and shared tensors
+    counted once; a drafter's tensors shared with the target count as the
+    target's). The KV figures are vLLM's own allocation: blocks, tokens per
+    block, and bytes per block (summed over every KV layer, target and
+    drafter, since they share one pool) divided by the block size. Peaks
+    cover the engine's life so far: torch's peak allocated and reserved
+    device memory and NVML's used memory on a GPU, the worker's peak
+    resident memory (VmHWM) on CPU; None where they do not apply.
+    """
+
+    target_weight_bytes: int
+    drafter_weight_bytes: int
+    kv_cache_blocks: int
+    kv_block_size: int
+    kv_bytes_per_token: int
+    kv_cache_bytes: int
+    peak_gpu_allocated_bytes: int | None = None
+    peak_gpu_reserved_bytes: int | None = None
+    gpu_used_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """Tokens the KV cache holds: blocks x block size."""
+        return self.kv_cache_blocks * self.kv_block_size
 
 
 class EngineError(RuntimeError):
@@ -148,6 +182,11 @@ class EngineWorker:
         """Run one cell's measurement inside the worker and return it."""
         self._conn.send(plan)
         return self._receive(timeout_s, "measuring the cell")
+
+    def memory(self, timeout_s: float | None = 60.0) -> EngineMemory:
+        """The engine's weights, KV cache and peak memory so far, read inside the worker."""
+        self._conn.send(_MEMORY_REQUEST)
+        return self._receive(timeout_s, "reading the engine's memory")
 
     def _receive(self, timeout_s: float | None, doing: str) -> Any:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -251,6 +290,23 @@ class VllmEngine:
 
         _count_drafted_positions()
         self.llm = LLM(**spec.llm_kwargs())
+        # In-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): one worker, this process.
+        self._static_memory: dict[str, int] = self.llm.collective_rpc(_weights_and_kv)[0]
+
+    def memory(self) -> EngineMemory:
+        """Weights and KV cache as allocated at start, and the peaks reached so far."""
+        import torch
+
+        peaks: dict[str, int | None] = {"peak_rss_bytes": _peak_rss_bytes()}
+        if torch.cuda.is_available():
+            peaks |= {
+                "peak_gpu_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+                "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+                "gpu_used_bytes": _nvml_used_bytes(torch.cuda.current_device()),
+                # Resident host memory says little about a GPU engine.
+                "peak_rss_bytes": None,
+            }
+        return EngineMemory(**self._static_memory, **peaks)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[GeneratedRequest]:
         """Greedy generation of one batch, with per-request latencies."""
@@ -285,6 +341,73 @@ class VllmEngine:
             ),
             drafted_per_pos=tuple(_DRAFTED_PER_POS),
         )
+
+
+def _weights_and_kv(worker: Any) -> dict[str, int]:
+    """Run by vLLM inside its worker (collective_rpc): parameter bytes and the KV cache config."""
+    runner = worker.model_runner
+    seen: set[int] = set()
+
+    def unique_bytes(module: Any) -> int:
+        total = 0
+        for param in module.parameters():
+            key = param.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += param.untyped_storage().nbytes()
+        return total
+
+    target = unique_bytes(runner.get_model())
+    # V1's model runner calls the proposer `drafter`, model runner V2 `speculator`.
+    proposer = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+    draft_model = getattr(proposer, "model", None)
+    drafter = unique_bytes(draft_model) if draft_model is not None else 0
+
+    config = runner.kv_cache_config
+    # vLLM sizes a block by its largest group: the sum of its layers' pages.
+    bytes_per_block = 0
+    for group in config.kv_cache_groups:
+        specs = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+        pages = (
+            sum(specs[name].page_size_bytes for name in group.layer_names) if specs
+            else group.kv_cache_spec.page_size_bytes * len(group.layer_names)
+        )
+        bytes_per_block = max(bytes_per_block, pages)
+    block_size = config.kv_cache_groups[0].kv_cache_spec.block_size
+    return {
+        "target_weight_bytes": target,
+        "drafter_weight_bytes": drafter,
+        "kv_cache_blocks": int(config.num_blocks),
+        "kv_block_size": int(block_size),
+        "kv_bytes_per_token": bytes_per_block // block_size,
+        "kv_cache_bytes": int(config.num_blocks) * bytes_per_block,
+    }
+
+
+def _peak_rss_bytes() -> int | None:
+    """This process's peak resident memory (VmHWM), from /proc; None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _nvml_used_bytes(device: int) -> int | None:
+    """Device memory in use as the driver reports it (every process on the device)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no NVML: torch's own figures remain
+        return None
+    try:
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(device)).used)
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def _request_result(output: Any) -> GeneratedRequest:
@@ -370,6 +493,12 @@ def _serve(conn: Connection, spec: EngineSpec) -> None:
         plan = conn.recv()
         if plan is None:
             break
+        if plan == _MEMORY_REQUEST:
+            try:
+                conn.send(("ok", engine.memory()))
+            except BaseException:  # noqa: BLE001
+                conn.send(("error", traceback.format_exc()))
+            continue
         try:
             # tqdm stays silent when stderr is not a terminal (logs, CI).
             with tqdm(total=plan.timed_batches, desc="  batches", leave=False, disable=None) as bar:
@@ -382,6 +511,7 @@ def _serve(conn: Connection, spec: EngineSpec) -> None:
 __all__ = [
     "EngineError",
     "EngineInfo",
+    "EngineMemory",
     "EnginePool",
     "EngineSpec",
     "EngineWorker",

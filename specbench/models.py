@@ -53,6 +53,32 @@ EMBEDDED = {
 }
 
 
+_QWEN25_7B = {
+    "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+    "vocab_size": 152064, "tie_word_embeddings": False,
+}
+_QWEN25_05B = {
+    "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+    "vocab_size": 151936, "tie_word_embeddings": True,
+}
+_AWQ_4BIT = {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}}
+
+PUBLISHED_CONFIGS: dict[str, dict[str, object]] = {
+    "Qwen/Qwen2.5-7B-Instruct": _QWEN25_7B,
+    "Qwen/Qwen2.5-7B-Instruct-AWQ": _QWEN25_7B | _AWQ_4BIT,
+    "Qwen/Qwen2.5-0.5B-Instruct": _QWEN25_05B,
+    "Qwen/Qwen2.5-0.5B-Instruct-AWQ": _QWEN25_05B | _AWQ_4BIT,
+}
+"""The shape facts of the GPU models' published config.json files (Hugging Face
+hub, the keys ``theory.ModelProfile.from_config_json`` reads), so that memory and
+speedup can be priced on a machine that cannot download them. head_dim is
+hidden / heads (128 for 7B, 64 for 0.5B). Parameter counts they imply, as the
+model cards state: 7,615,616,512 (Qwen2.5-7B) and 494,032,768 (Qwen2.5-0.5B,
+tied embeddings). A checkpoint's own config.json, when present locally, wins."""
+
+
 def cache_dir() -> Path:
     """Where prepared checkpoints live: ``$SPECBENCH_CACHE`` or ``~/.cache/specbench``."""
     root = os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench"

@@ -169,11 +169,15 @@ def model_profile(reference: str, dtype: str, name: str | None = None) -> theory
 
     ``reference`` is what a config names: ``embedded:<name>`` (resolved to its
     prepared folder, without preparing it), a local folder, or a hub id found
-    in the local Hugging Face cache.
+    in the local Hugging Face cache or in ``models.PUBLISHED_CONFIGS``.
     """
     folder = Path(models.resolve(reference, prepare=False)).expanduser()
     if not (folder / "config.json").is_file():
         cached = _hub_config(reference)
+        if cached is None and reference in models.PUBLISHED_CONFIGS:
+            return theory.ModelProfile.from_config_json(
+                models.PUBLISHED_CONFIGS[reference], dtype=dtype, name=name or reference
+            )
         if cached is None:
             raise ValueError(f"no config.json for {reference} (looked in {folder} and the HF cache)")
         folder = cached.parent

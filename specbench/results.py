@@ -41,7 +41,8 @@ from specbench import stats, theory
 #    speedup is the geometric mean of the per-pass ratios; no zero-width intervals (null instead);
 #    order-statistic intervals over repetitions with their coverage; exactness mismatches flagged;
 #    mismatched_requests counts requests, not requests x passes
-SCHEMA_VERSION = 3
+# 4: memory columns (weights, KV cache, peaks, predicted)
+SCHEMA_VERSION = 4
 # An output counts as repetitive when at least this share of its 4-grams
 # already occurred earlier in it (stats.repeated_ngram_share).
 REPETITIVE_SHARE = 0.5
@@ -136,6 +137,25 @@ SCHEMA = pa.schema(
         ("predicted_speedup_bs1_alpha", _F),  # ... with tokens_per_pass measured at batch size 1
         ("hardware_profile", _STR),  # the hardware profile priced with, and its source
         ("prediction_note", _STR),  # why a prediction is null
+        # --- memory (specbench.memory; bytes, tokens) ------------------------------
+        ("target_weight_bytes", _INT),  # loaded parameters of the target
+        ("drafter_weight_bytes", _INT),  # ... of the draft model or EAGLE head (0: none)
+        ("kv_cache_blocks", _INT),  # KV cache vLLM allocated: blocks
+        ("kv_block_size", _INT),  # ... tokens per block
+        ("kv_cache_tokens", _INT),  # ... blocks x block size
+        ("kv_bytes_per_token", _INT),  # ... bytes per token, target and drafter layers summed
+        ("kv_cache_bytes", _INT),
+        ("kv_request_tokens", _INT),  # slots one request of this cell takes (longest prompt + max_tokens + K)
+        ("kv_requests_fit", _INT),  # such requests the KV cache holds at once
+        ("drafter_kv_share", _F),  # 1 - kv_cache_tokens / the baseline's (results.parquet only)
+        ("peak_gpu_allocated_bytes", _INT),  # torch.cuda.max_memory_allocated in the worker
+        ("peak_gpu_reserved_bytes", _INT),  # torch.cuda.max_memory_reserved
+        ("gpu_used_bytes", _INT),  # NVML's used device memory after the cell
+        ("peak_rss_bytes", _INT),  # CPU: the worker's peak resident memory (VmHWM)
+        ("predicted_weight_bytes", _INT),  # the memory model (theory.engine_memory): target + drafter
+        ("predicted_kv_bytes_per_token", _INT),
+        ("predicted_kv_cache_tokens", _INT),
+        ("predicted_peak_bytes", _INT),
         # --- provenance --------------------------------------------------------
         ("specbench_version", _STR),
         ("git_commit", _STR),

@@ -19,10 +19,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from specbench import models
+from specbench import memory, models
 from specbench.cell import CellPlan, Measurement
 from specbench.config import Cell
-from specbench.engine import EngineError, EngineInfo, EnginePool, describe_hardware
+from specbench.engine import EngineError, EngineInfo, EnginePool, EngineSpec, describe_hardware
 from specbench.results import (
     SCHEMA_VERSION,
     CellFiles,
@@ -166,6 +166,10 @@ def _run_cell(
         cpu_before = CpuTimes.now(worker.pid)
         measurement = worker.measure(plan, timeout_s)
         other_share = cpu_before.other_share(CpuTimes.now(worker.pid))
+        memory_columns = memory.measured_columns(
+            worker.memory(), longest_prompt=max(len(p) for p in plan.prompts),
+            max_tokens=plan.max_tokens, k=cell.k, checkpoint_bytes=_checkpoint_bytes(worker.spec),
+        )
     except Exception as exc:  # noqa: BLE001 - a failed cell is data, not a crash
         if isinstance(exc, EngineError):
             pool.discard()
@@ -176,13 +180,23 @@ def _run_cell(
         return CellOutcome(cell.cell_id, "failed", error)
 
     row = (base | _measured_columns(measurement, worker.info, workload, plan)
-           | _machine_state(load_before) | {"other_cpu_share": other_share})
+           | _machine_state(load_before) | {"other_cpu_share": other_share} | memory_columns)
     files.write(row, measurement.token_ids, workload.prompt_ids)
     log.info(
         "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",
         cell.cell_id, row["wall_time_s"], row["tokens_per_s"], row["acceptance_length"],
     )
     return CellOutcome(cell.cell_id, "ok")
+
+
+def _checkpoint_bytes(spec: EngineSpec) -> tuple[int | None, int | None]:
+    """Loaded weight bytes of target and draft model from their local checkpoint files (None: not local)."""
+    draft = (spec.speculative_config or {}).get("model")
+    return (
+        memory.checkpoint_weight_bytes(spec.model, spec.dtype),
+        memory.checkpoint_weight_bytes(draft, spec.dtype)
+        if isinstance(draft, str) and os.path.isdir(draft) else None,
+    )
 
 
 def _plan(cell: Cell, workload: Workload) -> CellPlan:

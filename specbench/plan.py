@@ -1,0 +1,211 @@
+"""``python -m specbench.plan``: every cell of a grid with its predicted memory and speedup, no engine.
+
+Takes the same overrides as ``python -m specbench`` (a preset, ``hardware=``,
+grid points such as ``batch_size=1,8``), composes each cell with Hydra's
+compose API, and prints per cell the memory model's figures
+(:mod:`specbench.memory`), the predicted decode speedup at an assumed
+per-token acceptance alpha (:func:`theory.predicted_speedup` with
+``E(alpha, K)``), and whether grid validation would refuse it and why. It
+imports neither vLLM nor torch, so it answers in seconds on any machine:
+
+    python -m specbench.plan sweep=full_grid model=qwen2.5-7b-instruct-awq hardware=rtx4090
+
+Exits 1 when some cell would be refused, 2 on a config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hydra import compose, initialize_config_module
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from specbench import memory, prediction, theory
+from specbench.config import validate
+from specbench.sweep import _key, _replace
+
+DEFAULT_ALPHA = 0.7
+
+
+@dataclass(frozen=True)
+class PlannedRow:
+    """One cell of the plan: what it is, what it costs, what it is predicted to gain."""
+
+    overrides: tuple[str, ...]
+    label: str
+    estimate: theory.MemoryEstimate | None
+    predicted_speedup: float | None
+    problems: tuple[str, ...]  # validation errors; empty when the cell would run
+
+
+def grid_jobs(overrides: Sequence[str]) -> list[tuple[str, ...]]:
+    """The grid points (full override lists) a sweep with these overrides runs, as the sweeper expands them."""
+    parser = OverridesParser.create()
+    # The preset's grid lives in hydra.sweeper.params of the config composed without the sweeps.
+    single = [o.input_line for o in parser.parse_overrides(list(overrides)) if not o.is_sweep_override()]
+    with initialize_config_module("specbench.conf", version_base="1.3"):
+        cfg = compose("config", overrides=single, return_hydra_config=True)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params or {}, resolve=False)
+    preset = [f"{k}={v}" for k, v in (params or {}).items()]
+    parsed = parser.parse_overrides(preset + list(overrides))
+    return [tuple(job) for job in BasicSweeper.split_arguments(parsed, None)[0]]
+
+
+def with_baselines(jobs: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The jobs plus the baseline each speculative job is compared with, once each (as the sweeper adds them)."""
+    out: dict[tuple[str, ...], None] = {}
+    for job in jobs:
+        kept = [o for o in job if _key(o) not in ("method", "num_speculative_tokens")
+                and not _key(o).startswith("method.")]
+        out.setdefault(_replace(kept, method="baseline"), None)
+    for job in jobs:
+        out.setdefault(job, None)
+    return list(out)
+
+
+def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
+    """Price one composed cell."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain.pop("hydra", None)
+    method = plain["method"]["name"]
+    k = 0 if method == "baseline" else int(plain["num_speculative_tokens"])
+    label = (f"{method}{'/' + plain['method']['draft'] if method == 'draft_model' else ''} K={k} "
+             f"b={plain['batch_size']} {plain['workload']['name']}")
+    problems = tuple(validate(cfg))
+    hardware = memory.resolve_hardware(plain.get("hardware"))
+    estimate = speedup = None
+    if hardware is not None:
+        try:
+            estimate = memory.cell_estimate(plain, hardware)
+        except memory.Unpriced:
+            estimate = None
+        speedup = _predicted_speedup(plain, hardware, method, k, alpha)
+    return PlannedRow(job, label, estimate, speedup, problems)
+
+
+def _predicted_speedup(
+    plain: Mapping[str, Any], hardware: Mapping[str, Any], method: str, k: int, alpha: float
+) -> float | None:
+    """Decode speedup at acceptance alpha over a mid-length request (half of prompt cap + output)."""
+    priced_as = {"controlled": "ngram"}.get(method, method)
+    if priced_as not in theory.METHODS:
+        return None
+    try:
+        hw = theory.HardwareProfile.from_mapping(hardware)
+        dtype = plain["engine"].get("dtype") or plain["model"]["dtype"]
+        target = prediction.model_profile(plain["model"]["path"], dtype, plain["model"].get("name"))
+        draft = (prediction.model_profile(plain["method"]["speculative_config"]["model"], dtype)
+                 if priced_as == "draft_model" else None)
+    except (KeyError, ValueError):
+        return None
+    workload = plain["workload"]
+    return theory.predicted_speedup(
+        method=priced_as, k=k, batch_size=int(plain["batch_size"]),
+        tokens_per_pass=theory.expected_tokens_per_pass(alpha, k), target=target, hw=hw,
+        context_len=(workload["max_prompt_tokens"] + workload["max_tokens"]) / 2, draft=draft,
+    )
+
+
+# Config groups (conf/config.yaml's defaults): choosing one recomposes the config.
+_GROUPS = ("model", "method", "workload", "hardware", "sweep")
+
+
+def make_plan(overrides: Sequence[str], alpha: float = DEFAULT_ALPHA) -> list[PlannedRow]:
+    """Every cell (baselines included) of the grid these overrides describe, priced.
+
+    Hydra composes a config once per choice of config groups; the scalar
+    overrides of each cell (K, batch size, method.draft, ...) are set on a
+    copy of it, which is what composing again would give, in a fraction of
+    the time.
+    """
+    jobs = with_baselines(grid_jobs(overrides))
+    parser = OverridesParser.create()
+    composed: dict[tuple[str, ...], Any] = {}
+    rows = []
+    with initialize_config_module("specbench.conf", version_base="1.3"):
+        for job in jobs:
+            parsed = parser.parse_overrides(list(job))
+            if any(o.is_add() or o.is_delete() or o.is_force_add() for o in parsed):
+                rows.append(plan_row(job, compose("config", overrides=list(job)), alpha))
+                continue
+            groups = tuple(o.input_line for o in parsed if o.key_or_group in _GROUPS)
+            if groups not in composed:
+                composed[groups] = compose("config", overrides=list(groups))
+            cfg = composed[groups].copy()
+            for o in parsed:
+                if o.key_or_group not in _GROUPS:
+                    OmegaConf.update(cfg, o.key_or_group, o.value(), merge=False)
+            rows.append(plan_row(job, cfg, alpha))
+    return rows
+
+
+def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
+    """The plan as a table, then the refused cells one line each, then a summary."""
+    gb = 1e9
+    lines = [f"{'cell':<34} {'weights':>8} {'drafter':>8} {'KV B/tok':>8} {'KV pool':>8} "
+             f"{'fit reqs':>8} {'peak':>7} {'usable':>7} {'speedup':>7}  verdict",
+             f"{'':<34} {'GB':>8} {'GB':>8} {'':>8} {'GB':>8} {'':>8} {'GB':>7} {'GB':>7} "
+             f"{f'a={alpha:g}':>7}"]
+    for r in rows:
+        e = r.estimate
+        memory_cols = (
+            f"{e.target_weight_bytes / gb:>8.2f} {e.drafter_weight_bytes / gb:>8.2f} {e.kv_bytes_per_token:>8} "
+            f"{e.kv_pool_bytes / gb:>8.2f} {e.requests_fit:>8} {e.peak_bytes / gb:>7.1f} {e.usable_bytes / gb:>7.1f}"
+            if e is not None else f"{'n/a':>8} {'':>8} {'':>8} {'':>8} {'':>8} {'':>7} {'':>7}"
+        )
+        speedup = f"{r.predicted_speedup:>6.2f}x" if r.predicted_speedup is not None else f"{'n/a':>7}"
+        verdict = "fits" if not r.problems else "REFUSED: " + _reason_class(r.problems[0])
+        lines.append(f"{r.label:<34} {memory_cols} {speedup}  {verdict}")
+    refused = [r for r in rows if r.problems]
+    if refused:
+        lines.append("")
+        lines.append(f"refused ({len(refused)}):")
+        lines += [f"  {' '.join(r.overrides)}: {p}" for r in refused for p in r.problems]
+    classes = Counter(_reason_class(r.problems[0]) for r in refused)
+    lines.append("")
+    lines.append(
+        f"{len(rows)} cells: {len(rows) - len(refused)} fit, {len(refused)} refused"
+        + (" (" + ", ".join(f"{n} {c}" for c, n in classes.most_common()) + ")" if classes else "")
+    )
+    if rows and all(r.estimate is None for r in rows):
+        lines.append("no memory figures: pass hardware=<name> (conf/hardware) or run python -m specbench.calibrate")
+    return "\n".join(lines)
+
+
+def _reason_class(problem: str) -> str:
+    for needle, name in (("too big for the device", "too big for the device"),
+                         ("below one request", "KV below one max_model_len request"),
+                         ("below the batch", "KV below the batch")):
+        if needle in problem:
+            return name
+    return "invalid setting"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the plan of the grid the given Hydra overrides describe."""
+    parser = argparse.ArgumentParser(
+        prog="python -m specbench.plan",
+        description="Every cell of a sweep with its predicted memory and speedup; starts no engine.",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m specbench")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                        help=f"assumed per-token acceptance for the predicted speedup (default {DEFAULT_ALPHA})")
+    args = parser.parse_args(argv)
+    try:
+        rows = make_plan(args.overrides, args.alpha)
+    except Exception as exc:  # Hydra's own message names the bad override
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_plan(rows, args.alpha))
+    return 1 if any(r.problems for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The memory model (theory), the fit check before launch, and the plan command; no engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
+
+from specbench import memory, models, theory
+from specbench.config import ConfigError, validate
+from specbench.engine import EngineMemory
+from specbench.plan import format_plan, make_plan
+from specbench.sweep import plan_cells
+
+QWEN_7B = theory.ModelProfile.from_config_json(
+    models.PUBLISHED_CONFIGS["Qwen/Qwen2.5-7B-Instruct"], dtype="bfloat16", name="qwen2.5-7b"
+)
+QWEN_05B = theory.ModelProfile.from_config_json(
+    models.PUBLISHED_CONFIGS["Qwen/Qwen2.5-0.5B-Instruct"], dtype="bfloat16", name="qwen2.5-0.5b"
+)
+SMOLLM_FP32 = theory.ModelProfile(
+    name="smollm2-135m", num_params=134_515_008, num_layers=30, hidden_size=576,
+    intermediate_size=1536, num_attention_heads=9, num_kv_heads=3, head_dim=64,
+    vocab_size=49152, bytes_per_weight=4.0, kv_bytes_per_element=4.0,
+)
+RTX4090_BYTES = 24564 * 2**20
+
+
+def test_published_shapes_give_the_published_parameter_counts() -> None:
+    assert QWEN_7B.num_params == 7_615_616_512
+    assert QWEN_05B.num_params == 494_032_768
+    awq = theory.ModelProfile.from_config_json(
+        models.PUBLISHED_CONFIGS["Qwen/Qwen2.5-7B-Instruct-AWQ"], dtype="float16"
+    )
+    assert awq.num_params == QWEN_7B.num_params and 5.5e9 < awq.weight_bytes < 5.6e9
+
+
+def test_kv_bytes_per_token_sums_target_and_drafter_layers() -> None:
+    # 2 (K, V) x layers x KV heads x head dim x bytes, as domain.md states them.
+    assert theory.kv_bytes_per_token([QWEN_7B]) == 2 * 28 * 4 * 128 * 2 == 57_344
+    assert theory.kv_bytes_per_token([QWEN_05B]) == 12_288
+    assert theory.kv_bytes_per_token([QWEN_7B, QWEN_05B]) == 69_632
+    assert theory.kv_bytes_per_token([SMOLLM_FP32]) == 46_080
+    assert theory.kv_bytes_per_token([SMOLLM_FP32, SMOLLM_FP32]) == 92_160
+
+
+def test_eagle_head_is_one_target_layer_plus_fc() -> None:
+    head = theory.eagle_head_profile(QWEN_7B, "eagle")
+    assert head.num_params == 233_046_016 + 2 * 3584 * 3584 + 2 * 3584 == 258_743_296
+    assert head.weight_bytes == 2 * 258_743_296
+    assert head.kv_bytes_per_token == 2 * 1 * 4 * 128 * 2
+    assert theory.eagle_head_profile(QWEN_7B, "eagle3").num_params == 258_743_296 + 3584 * 3584
+    with pytest.raises(ValueError, match="eagle"):
+        theory.eagle_head_profile(QWEN_7B, "ngram")
+
+
+def test_request_tokens_include_lookahead_in_whole_blocks() -> None:
+    assert theory.request_kv_tokens(1536, 256, 4, 16) == 1808  # 1796 rounded up to 113 blocks
+    assert theory.request_kv_tokens(100, 28, 0, 16) == 128
+    assert theory.request_kv_tokens(100, 28, 0, 128) == 128
+    with pytest.raises(ValueError, match="output_len"):
+        theory.request_kv_tokens(10, 0, 0, 16)
+
+
+def test_activation_margin_by_hand() -> None:
+    per_token = 2 * 18944 + 4 * 3584 + (28 + 2 * 4) * 128
+    assert theory.activation_bytes(QWEN_7B, step_tokens=8192, num_seqs=64) == (
+        8192 * per_token * 2 + 64 * 152064 * 4
+    ) == 970_063_872
+
+
+def test_gpu_budget_leaves_the_rest_to_kv() -> None:
+    budget = theory.MemoryBudget(total_bytes=RTX4090_BYTES, utilization=0.9, runtime_bytes=theory.GIB)
+    e = theory.engine_memory(
+        QWEN_7B, QWEN_05B, budget, batch_size=8, prompt_len=1536, output_len=256, k=4,
+        max_model_len=4096, step_tokens=8192,
+    )
+    assert budget.usable_bytes == 23_181_498_777
+    assert e.target_weight_bytes == 15_231_233_024 and e.drafter_weight_bytes == 988_065_536
+    expected_pool = (23_181_498_777 - 15_231_233_024 - 988_065_536
+                     - theory.activation_bytes(QWEN_7B, step_tokens=8192, num_seqs=8) - theory.GIB)
+    assert e.kv_pool_bytes == expected_pool
+    assert e.kv_capacity_tokens == expected_pool // (69_632 * 16) * 16
+    assert e.requests_fit == e.kv_capacity_tokens // 1808
+    assert e.peak_bytes == budget.usable_bytes - (budget.usable_bytes - e.fixed_bytes - e.kv_pool_bytes)
+    assert theory.memory_problems(e) == []
+
+
+def test_cpu_pool_is_fixed() -> None:
+    budget = theory.MemoryBudget(total_bytes=24 * 10**9, runtime_bytes=10**9, kv_pool_bytes=2 * theory.GIB)
+    e = theory.engine_memory(
+        SMOLLM_FP32, SMOLLM_FP32, budget, batch_size=8, prompt_len=100, output_len=32, k=4,
+        max_model_len=2048, step_tokens=4096, block_size=128,
+    )
+    assert e.kv_pool_bytes == 2 * theory.GIB
+    assert e.kv_capacity_tokens == 2 * theory.GIB // (92_160 * 128) * 128 == 23_296
+    assert e.device_bytes == e.fixed_bytes + 2 * theory.GIB == e.peak_bytes
+
+
+# --- refusal classes, in the model ------------------------------------------------------
+
+
+def _gpu(**kwargs: int) -> theory.MemoryEstimate:
+    settings = dict(batch_size=1, prompt_len=1536, output_len=256, k=4, max_model_len=4096, step_tokens=8192)
+    settings.update(kwargs)
+    budget = theory.MemoryBudget(total_bytes=RTX4090_BYTES, utilization=0.9, runtime_bytes=theory.GIB)
+    return theory.engine_memory(QWEN_7B, QWEN_05B, budget, **settings)
+
+
+def test_problem_too_big_for_the_device() -> None:
+    budget = theory.MemoryBudget(total_bytes=RTX4090_BYTES, utilization=0.9)
+    e = theory.engine_memory(QWEN_7B, QWEN_7B, budget, batch_size=1, prompt_len=10, output_len=10,
+                             k=4, max_model_len=4096, step_tokens=8192)
+    [problem] = theory.memory_problems(e)
+    assert problem.kind == "device" and "needs 31.4 GB" in problem.message and "23.2 GB usable" in problem.message
+    assert e.kv_pool_bytes == 0
+
+
+def test_problem_kv_below_one_max_model_len_request() -> None:
+    [problem] = theory.memory_problems(_gpu(max_model_len=131072))
+    assert problem.kind == "max_model_len" and "131072" in problem.message
+
+
+def test_problem_kv_below_the_batch() -> None:
+    [problem] = theory.memory_problems(_gpu(batch_size=64, prompt_len=3840, output_len=256))
+    assert problem.kind == "batch" and "64 requests x 4112 tokens" in problem.message
+
+
+# --- the fit check in grid validation --------------------------------------------------
+
+
+def _compose(overrides: Sequence[str]) -> DictConfig:
+    with initialize_config_module("specbench.conf", version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+QWEN_ON_4090 = ["model=qwen2.5-7b-instruct", "hardware=rtx4090", "method=draft_model"]
+
+
+def test_validation_refuses_a_cell_too_big_for_the_device() -> None:
+    [error] = validate(_compose(QWEN_ON_4090 + ["method.draft=self"]))
+    assert error.startswith("does not fit on hardware=rtx4090: too big for the device")
+    assert "AWQ" in error
+
+
+def test_validation_refuses_kv_below_one_request() -> None:
+    [error] = validate(_compose(QWEN_ON_4090 + ["engine.max_model_len=131072"]))
+    assert "KV cache below one request" in error and "engine.max_model_len" in error
+
+
+def test_validation_refuses_kv_below_the_batch() -> None:
+    # The issue's example: bf16 7B + 0.5B draft, batch 64 x 4096 tokens, on an RTX 4090.
+    overrides = QWEN_ON_4090 + ["batch_size=64", "engine.max_model_len=4096",
+                                "workload.max_prompt_tokens=3840", "workload.max_tokens=256"]
+    [error] = validate(_compose(overrides))
+    assert "KV cache below the batch: 64 requests" in error and "smaller batch_size" in error
+    # AWQ with ngram (no drafter) holds the batch: the lesson's 16 GB setup.
+    awq = [o.replace("qwen2.5-7b-instruct", "qwen2.5-7b-instruct-awq").replace("draft_model", "ngram")
+           for o in overrides]
+    assert validate(_compose(awq)) == []
+
+
+def test_no_memory_check_without_a_memory_profile(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))  # no calibrated profile there
+    assert validate(_compose(["model=qwen2.5-7b-instruct", "method=draft_model", "method.draft=self"])) == []
+
+
+def test_sweep_refuses_every_cell_that_cannot_fit_together() -> None:
+    jobs = [QWEN_ON_4090 + [f"batch_size={b}", "engine.max_model_len=4096",
+                            "workload.max_prompt_tokens=3840", "workload.max_tokens=256"]
+            for b in (1, 64)] + [QWEN_ON_4090 + ["method.draft=self"]]
+    with pytest.raises(ConfigError) as caught:
+        plan_cells(jobs, _compose)
+    message = str(caught.value)
+    assert message.startswith("2 invalid setting(s)")
+    assert "batch_size=64" in message and "method.draft=self" in message and "batch_size=1 " not in message
+
+
+# --- measured columns and merge-time annotation ----------------------------------------
+
+
+def _engine_memory(blocks: int, bytes_per_token: int = 46_080) -> EngineMemory:
+    return EngineMemory(
+        target_weight_bytes=538_060_032, drafter_weight_bytes=0, kv_cache_blocks=blocks,
+        kv_block_size=128, kv_bytes_per_token=bytes_per_token,
+        kv_cache_bytes=blocks * 128 * bytes_per_token, peak_rss_bytes=4 * 10**9,
+    )
+
+
+def test_measured_columns() -> None:
+    row = memory.measured_columns(_engine_memory(364), longest_prompt=90, max_tokens=32, k=4)
+    assert row["kv_cache_tokens"] == 364 * 128
+    assert row["kv_request_tokens"] == 128 and row["kv_requests_fit"] == 364
+    assert row["peak_gpu_allocated_bytes"] is None and row["peak_rss_bytes"] == 4 * 10**9
+
+
+def test_annotate_prices_the_drafters_kv_share() -> None:
+    base = {"cell_id": "b", "method": "baseline", "status": "ok", "kv_cache_tokens": 46_592}
+    spec = {"cell_id": "s", "method": "draft_model", "status": "ok", "baseline_cell_id": "b",
+            "kv_cache_tokens": 23_296}
+    rows = memory.annotate([base, spec])
+    assert rows[0]["drafter_kv_share"] == 0.0 and rows[1]["drafter_kv_share"] == 0.5
+
+
+# --- the plan command --------------------------------------------------------------------
+
+
+def test_plan_lists_cells_with_memory_speedup_and_refusals() -> None:
+    overrides = ["sweep=full_grid", "hardware=rtx4090", "workload=creative", "batch_size=1,64",
+                 "num_speculative_tokens=4"]
+    bf16 = make_plan(["model=qwen2.5-7b-instruct"] + overrides)
+    # 4 methods x 2 batch sizes, plus 2 baselines.
+    assert len(bf16) == 10
+    refused = [r for r in bf16 if r.problems]
+    assert {r.label.split()[2] for r in refused} == {"b=64"} and len(refused) == 5
+    assert all(r.estimate is not None and r.predicted_speedup is not None for r in bf16)
+    text = format_plan(bf16, 0.7)
+    assert "10 cells: 5 fit, 5 refused (5 KV below the batch)" in text
+    awq = make_plan(["model=qwen2.5-7b-instruct-awq"] + overrides)
+    assert not any(r.problems for r in awq)
+
+
+# --- the report's memory section ----------------------------------------------------------
+
+
+def test_report_shows_memory_per_method(tmp_path) -> None:
+    from test_report import make_row, render
+
+    def with_memory(row: dict, drafter_bytes: int, kv_tokens: int, share: float) -> dict:
+        return row | {"drafter_weight_bytes": drafter_bytes, "target_weight_bytes": 538_060_032,
+                      "kv_cache_tokens": kv_tokens, "kv_requests_fit": kv_tokens // 256,
+                      "drafter_kv_share": share, "peak_rss_bytes": 4_200_000_000,
+                      "predicted_kv_cache_tokens": kv_tokens, "predicted_peak_bytes": 4_000_000_000}
+
+    rows = [
+        with_memory(make_row("baseline", batch=1), 0, 46_592, 0.0),
+        with_memory(make_row("ngram", speedup=1.3), 0, 46_592, 0.0),
+        with_memory(make_row("draft_model", speedup=0.8,
+                             config_json='{"method": {"name": "draft_model", "draft": "self"}}'),
+                    538_060_032, 23_296, 0.5),
+    ]
+    text, page = render(tmp_path, rows)
+    assert "img-memory" in [i["id"] for i in page.images]
+    section = text[text.index('id="memory-table"'):text.index('id="break-even"')]
+    assert section.index(">baseline<") < section.index(">ngram<") < section.index(">draft_model/self<")
+    assert ">538<" in section and ">23,296<" in section and ">50%<" in section and "1.30×" in section
+
+
+def test_checkpoint_weight_bytes_counts_floats_at_the_run_dtype(tmp_path) -> None:
+    import json as _json
+
+    header = {"__metadata__": {"format": "pt"},
+              "embed": {"dtype": "BF16", "shape": [10, 4], "data_offsets": [0, 80]},
+              "qweight": {"dtype": "I32", "shape": [4, 2], "data_offsets": [80, 112]}}
+    raw = _json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(112))
+    assert memory.checkpoint_weight_bytes(tmp_path, "float32") == 40 * 4 + 8 * 4
+    assert memory.checkpoint_weight_bytes(tmp_path, "bfloat16") == 40 * 2 + 8 * 4
+    assert memory.checkpoint_weight_bytes(tmp_path / "absent", "float32") is None
