@@ -7,6 +7,7 @@ filtered by length and drawn.
 
 from specbench.workloads.sources import (
     NAMES,
+    SELECTIONS,
     SOURCES,
     SPEC_BENCH_CATEGORIES,
     SPEC_BENCH_WORKLOAD_CATEGORIES,
@@ -21,6 +22,7 @@ from specbench.workloads.sources import (
 
 __all__ = [
     "NAMES",
+    "SELECTIONS",
     "SOURCES",
     "SPEC_BENCH_CATEGORIES",
     "SPEC_BENCH_WORKLOAD_CATEGORIES",
