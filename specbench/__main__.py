@@ -16,16 +16,23 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from specbench.config import cell_from_config
+from specbench.config import ConfigError, cell_from_config, refuse
 from specbench.run import run_cell
 from specbench.sweep import PlannedCell, write_plan
+from specbench.workloads import WorkloadError, check_source
 
 
 @hydra.main(version_base="1.3", config_path="pkg://specbench.conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Measure the configured cell (and, in a single run, its baseline first)."""
     hydra_cfg = HydraConfig.get()
-    cell = cell_from_config(cfg)
+    try:
+        cell = cell_from_config(cfg)
+        # A multirun's sweeper has read the prompt files already, once each.
+        if hydra_cfg.mode != RunMode.MULTIRUN and (problems := check_source(cell.workload)):
+            raise WorkloadError("\n".join(problems))
+    except (ConfigError, WorkloadError) as exc:
+        refuse(exc)  # the sweeper refuses a multirun's bad cells before any job starts
     timeout = cfg.engine.cell_timeout_s
     if hydra_cfg.mode == RunMode.MULTIRUN:
         run_cell(cell, Path(hydra_cfg.sweep.dir) / "cells", passes=cfg.passes, timeout_s=timeout)

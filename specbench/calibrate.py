@@ -266,10 +266,17 @@ def _token_stream(tokenizer: Any) -> list[int]:
 
 
 def _compose(overrides: Sequence[str]) -> Any:
+    """The baseline cell's config; an override Hydra refuses becomes a ConfigError."""
     from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+
+    from specbench.config import ConfigError
 
     with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=["method=baseline", *overrides])
+        try:
+            return compose(config_name="config", overrides=["method=baseline", *overrides])
+        except HydraException as exc:  # its message names the override and what is allowed
+            raise ConfigError(str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> int:

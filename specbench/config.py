@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -28,6 +29,21 @@ MAX_K = 64  # vLLM accepts more, but past this a sweep point is a typo
 
 class ConfigError(ValueError):
     """One or more invalid settings; the message lists each with what is allowed."""
+
+
+# Exit status of a refused configuration (argparse's, for a usage error).
+REFUSED_EXIT = 2
+
+
+def refuse(exc: Exception) -> NoReturn:
+    """End the command on a refused setting: its lines on stderr, exit status 2, no traceback.
+
+    A refusal (:class:`ConfigError`, a workload that cannot be read) is the
+    user's to fix and its message says how; a traceback would only bury it.
+    Tracebacks stay for real bugs.
+    """
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    raise SystemExit(REFUSED_EXIT)
 
 
 @dataclass(frozen=True)
@@ -200,7 +216,8 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         errors += _check_controlled(method)
     if name in CHECKPOINT_METHODS:
         checkpoint = (method.get("speculative_config") or {}).get("model")
-        errors += _check_checkpoint(f"method={name} (speculative_config.model)", checkpoint)
+        errors += _check_checkpoint(_checkpoint_key(name, method), checkpoint, _missing_checkpoint_hint(
+            name, (plain.get("model") or {}).get("name")))
     errors += _check_checkpoint("model.path", (plain.get("model") or {}).get("path"))
 
     engine = plain.get("engine") or {}
@@ -240,10 +257,27 @@ def _check_controlled(method: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-def _check_checkpoint(what: str, reference: Any) -> list[str]:
+def _checkpoint_key(method: str, config: Mapping[str, Any]) -> str:
+    """The model-config key a method's checkpoint comes from, as a user would override it."""
+    key = f"model.drafts.{config.get('draft')}" if method == "draft_model" else f"model.{method}"
+    return f"method={method} ({key})"
+
+
+def _missing_checkpoint_hint(method: str, model: Any) -> str:
+    """What to do when the model config names no checkpoint for ``method``."""
+    if method in ("eagle", "eagle3"):
+        return (
+            f"model config {model} names no {method.upper()} head (model.{method}); train one with "
+            f"`python -m specbench.heads train --method {method} --target {model}`, "
+            f"or set model.{method}=<checkpoint folder or hub id>"
+        )
+    return "this model config names no checkpoint for it"
+
+
+def _check_checkpoint(what: str, reference: Any, missing_hint: str = "") -> list[str]:
     """A checkpoint reference must be an embedded name, an existing folder, or a hub id."""
     if not reference:
-        return [f"{what} is not set: this model config names no checkpoint for it"]
+        return [f"{what} is not set: {missing_hint or 'this model config names no checkpoint for it'}"]
     if not isinstance(reference, str):
         return [f"{what}={reference!r} must be a string"]
     if models.is_embedded(reference):

@@ -38,11 +38,12 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.config import Cell, ConfigError, cell_from_config, validate
+from specbench.config import Cell, ConfigError, cell_from_config, refuse, validate
 from specbench import run
 from specbench.prediction import predict_sweep
 from specbench.results import merge, write_results
 from specbench.run import CellFiles, completed_row
+from specbench.workloads import check_source
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ def plan_cells(
     """
     errors: list[str] = []
     composed: list[tuple[tuple[str, ...], DictConfig]] = []
+    sources_read: set[str] = set()
     for job in jobs:
         where = " ".join(job) or "(defaults)"
         try:
@@ -85,7 +87,16 @@ def plan_cells(
         except Exception as exc:  # Hydra's own message names the group and its options
             errors.append(f"{where}: {exc}")
             continue
-        errors += [f"{where}: {e}" for e in validate(cfg)]
+        problems = validate(cfg)
+        if not problems:
+            # A prompt file that cannot be read would fail every cell of the
+            # workload; read each distinct one once, now, before any engine.
+            workload = OmegaConf.to_container(cfg.workload, resolve=True)
+            key = json.dumps(workload, sort_keys=True, default=str)
+            if key not in sources_read:
+                sources_read.add(key)
+                problems = check_source(workload)  # type: ignore[arg-type]
+        errors += [f"{where}: {e}" for e in problems]
         composed.append((tuple(job), cfg))
     if errors:
         unique = list(dict.fromkeys(errors))
@@ -166,7 +177,10 @@ class CellSweeper(BasicSweeper):
         overrides = parser.parse_overrides(self._parse_config() + list(arguments))
         jobs = self.split_arguments(overrides, None)[0]
         loader = self.hydra_context.config_loader
-        planned = plan_cells(jobs, lambda job: loader.load_sweep_config(self.config, list(job)))
+        try:
+            planned = plan_cells(jobs, lambda job: loader.load_sweep_config(self.config, list(job)))
+        except ConfigError as exc:
+            refuse(exc)
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
         write_plan(sweep_dir, planned)
@@ -208,8 +222,10 @@ class FinishSweep(Callback):
         finish(Path(config.hydra.sweep.dir))
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """After a single run (one cell plus its baseline)."""
-        finish(Path(config.hydra.run.dir))
+        """After a single run (one cell plus its baseline), unless it stopped before planning."""
+        run_dir = Path(config.hydra.run.dir)
+        if (run_dir / PLAN_FILE).is_file():  # otherwise the job failed; Hydra reports why
+            finish(run_dir)
 
 
 def finish(sweep_dir: Path) -> list[dict[str, Any]]:

@@ -24,9 +24,12 @@ from typing import Any
 
 import jinja2
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
 from specbench.report import plots, tables
+from specbench.results import ResultsError
 
 __all__ = ["REPORT_FILE", "render_report", "write_report"]
 
@@ -42,13 +45,18 @@ def write_report(results: Path | str, out: Path | None = None) -> Path:
     ``results`` is a sweep directory (holding ``results.parquet``) or the
     Parquet file itself; ``out`` defaults to ``report.html`` beside it. The
     file is written to a temporary name and renamed, so a reader never sees
-    half a page. Raises FileNotFoundError when there is no results file.
+    half a page. Raises FileNotFoundError when there is no results file and
+    :class:`specbench.results.ResultsError` when it is not a readable Parquet file.
     """
     path = Path(results)
     if path.is_dir():
         path = path / _RESULTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no results file at {path}")
+    try:
+        pq.read_schema(path)  # the footer only: a damaged file is refused by name, before any figure
+    except (pa.ArrowException, OSError) as exc:
+        raise ResultsError(f"{path}: not a readable Parquet file ({exc})") from exc
     target = Path(out) if out is not None else path.parent / REPORT_FILE
     html = render_report(path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,7 @@ __all__ = [
     "Tokenizer",
     "Workload",
     "WorkloadError",
+    "check_source",
     "load_prompts",
     "load_workload",
     "validate_workload_config",
@@ -243,6 +244,26 @@ def validate_workload_config(cfg: Mapping[str, Any]) -> list[str]:
                     f"(e.g. {example})"
                 )
     return problems
+
+
+def check_source(cfg: Mapping[str, Any]) -> list[str]:
+    """Read a local source's prompts now and report what would stop them loading.
+
+    Lets a sweep refuse a malformed file before any engine loads, instead of
+    failing every cell. ``hf`` datasets are not read here (that may mean a
+    download); a config that :func:`validate_workload_config` refuses is
+    left to it.
+
+    Returns:
+        The :class:`WorkloadError` message, or nothing when the prompts load.
+    """
+    if not isinstance(cfg, Mapping) or cfg.get("source") == "hf" or validate_workload_config(cfg):
+        return []
+    try:
+        load_prompts(cfg)
+    except WorkloadError as exc:
+        return [str(exc)]
+    return []
 
 
 def load_prompts(cfg: Mapping[str, Any]) -> tuple[list[Prompt], str]:
