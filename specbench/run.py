@@ -43,20 +43,24 @@ atexit.register(POOL.discard)
 
 
 class SweepProgress:
-    """Cells done of total, elapsed and estimated remaining time, on a terminal only.
+    """One progress bar over the cells (done of total, elapsed, ETA) and a line per finished cell.
 
     Set by the sweeper when jobs run in this process (Hydra's basic
-    launcher); jobs launched elsewhere report through their launcher.
+    launcher); jobs launched elsewhere report through their launcher. The bar
+    is drawn on a terminal only; the lines are printed everywhere.
     """
 
     def __init__(self, total: int) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total, desc="cells", unit="cell", disable=None)
+        self._bar = tqdm(total=total, desc="cells", unit="cell", disable=None, dynamic_ncols=True)
 
     def done(self, outcome: CellOutcome) -> None:
-        """Count one finished (or skipped, or failed) cell."""
-        self._bar.set_postfix_str(f"{outcome.status}: {outcome.cell_id}", refresh=False)
+        """Count one finished (or skipped, or failed) cell and print its line."""
+        from tqdm import tqdm
+
+        if outcome.summary:
+            tqdm.write(outcome.summary)
         self._bar.update()
 
     def close(self) -> None:
@@ -74,6 +78,7 @@ class CellOutcome:
     cell_id: str
     status: str  # ok | failed | skipped (already complete)
     error: str | None = None
+    summary: str | None = None  # the cell's line for the terminal
 
 
 def completed_row(files: CellFiles, cell: Cell) -> dict[str, Any] | None:
@@ -96,17 +101,22 @@ def completed_row(files: CellFiles, cell: Cell) -> dict[str, Any] | None:
 
 
 def run_cell(
-    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None = None, pool: EnginePool = POOL
+    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None = None, pool: EnginePool = POOL,
+    engine_log: Path | None = None,
 ) -> CellOutcome:
-    """Measure ``cell`` (unless already complete) and write its files under ``cells_dir``."""
-    outcome = _run_cell(cell, cells_dir, passes=passes, timeout_s=timeout_s, pool=pool)
+    """Measure ``cell`` (unless already complete) and write its files under ``cells_dir``.
+
+    An engine started for it sends its output to ``engine_log`` (None: the terminal).
+    """
+    outcome = _run_cell(cell, cells_dir, passes=passes, timeout_s=timeout_s, pool=pool, engine_log=engine_log)
     if PROGRESS is not None:
         PROGRESS.done(outcome)
     return outcome
 
 
 def _run_cell(
-    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None, pool: EnginePool
+    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None, pool: EnginePool,
+    engine_log: Path | None,
 ) -> CellOutcome:
     files = CellFiles(cells_dir, cell.cell_id)
     if completed_row(files, cell) is not None:
@@ -119,7 +129,7 @@ def _run_cell(
     try:
         workload = load_workload(cell.workload, _tokenizer(models.resolve(cell.identity["model"]["path"])))
         plan = _plan(cell, workload)
-        worker = pool.get(cell.engine_spec())
+        worker = pool.get(cell.engine_spec(), engine_log)
         cpu_before = CpuTimes.now(worker.pid)
         measurement = worker.measure(plan, timeout_s)
         other_share = cpu_before.other_share(CpuTimes.now(worker.pid))
@@ -130,7 +140,7 @@ def _run_cell(
         log.error("%s failed: %s", cell.cell_id, error)
         row = base | {"status": "failed", "error": error, "hardware": _hardware(None)}
         files.write(row, [], [])
-        return CellOutcome(cell.cell_id, "failed", error)
+        return CellOutcome(cell.cell_id, "failed", error, f"{cell_label(cell)}: FAILED {error.splitlines()[0]}")
 
     row = (base | _measured_columns(measurement, worker.info, workload, plan)
            | _machine_state(load_before) | {"other_cpu_share": other_share})
@@ -139,7 +149,35 @@ def _run_cell(
         "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",
         cell.cell_id, row["wall_time_s"], row["tokens_per_s"], row["acceptance_length"],
     )
-    return CellOutcome(cell.cell_id, "ok")
+    return CellOutcome(cell.cell_id, "ok", summary=cell_summary(cell, row, cells_dir))
+
+
+def cell_label(cell: Cell) -> str:
+    """A cell as a reader names it: method, K, batch size, workload, pass."""
+    k = "" if cell.is_baseline else f" K={cell.k}"
+    return f"{cell.method}{k} batch {cell.batch_size} {cell.workload['name']} pass {cell.pass_index}"
+
+
+def cell_summary(cell: Cell, row: dict[str, Any], cells_dir: Path) -> str:
+    """One line on a finished cell: speedup over its baseline in the same pass (when
+    that is measured already) or tokens/s, acceptance length, and whether the output is exact.
+
+    The sweep's results compare all passes at the end; this is the running view.
+    """
+    parts = [f"{row['tokens_per_s']:.1f} tok/s"]
+    if not cell.is_baseline:
+        parts.append(f"acceptance length {row['acceptance_length']:.2f}")
+        base_files = CellFiles(cells_dir, cell.baseline().cell_id)
+        base = completed_row(base_files, cell.baseline())
+        if base is None:
+            parts.append("baseline not measured yet")
+        else:
+            parts.insert(0, f"{base['wall_time_s'] / row['wall_time_s']:.2f}x")
+            mine, theirs = CellFiles(cells_dir, cell.cell_id).read_tokens(), base_files.read_tokens()
+            if mine is not None and theirs is not None:
+                differ = sum(a != b for a, b in zip(mine, theirs)) + abs(len(mine) - len(theirs))
+                parts.append("exact" if differ == 0 else f"NOT EXACT: {differ} request(s) differ")
+    return f"{cell_label(cell)}: {', '.join(parts)}"
 
 
 def _plan(cell: Cell, workload: Workload) -> CellPlan:

@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.config import Cell, ConfigError, cell_from_config, refuse, validate
 from specbench import run
+from specbench.logs import LOG_FILE
 from specbench.prediction import predict_sweep
 from specbench.results import merge, write_results
 from specbench.run import CellFiles, completed_row
@@ -149,6 +150,27 @@ def write_plan(sweep_dir: Path, planned: Sequence[PlannedCell]) -> None:
     (sweep_dir / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
 
 
+def engine_starts(planned: Sequence[PlannedCell]) -> int:
+    """Engines the cells need in this order: a new one wherever the engine spec changes."""
+    specs = [p.cell.engine_spec(prepare=False) for p in planned]
+    return sum(1 for i, spec in enumerate(specs) if i == 0 or spec != specs[i - 1])
+
+
+def describe_plan(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequence[PlannedCell],
+                  grid_points: int, verbose: bool) -> str:
+    """The plan as the terminal shows it before the first engine: cells, engines, where things go."""
+    skipped = len(planned) - len(todo)
+    passes = max((p.cell.pass_index for p in planned), default=0) + 1
+    lines = [
+        f"sweep {sweep_dir}: {len(planned)} cells ({grid_points} grid points, their baselines, "
+        f"{passes} pass(es)); {len(todo)} to run on {engine_starts(todo)} engine(s)"
+        + (f", {skipped} already complete" if skipped else ""),
+        f"  results and report: {sweep_dir}/",
+        f"  log: {sweep_dir / LOG_FILE}" + ("" if verbose else " (vLLM and engine output; verbose=true shows it here)"),
+    ]
+    return "\n".join(lines)
+
+
 def read_plan(sweep_dir: Path) -> list[str]:
     """Cell ids of the sweep planned in ``sweep_dir``."""
     path = sweep_dir / PLAN_FILE
@@ -187,12 +209,9 @@ class CellSweeper(BasicSweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cells_dir = sweep_dir / "cells"
         todo = [p for p in planned if completed_row(CellFiles(cells_dir, p.cell.cell_id), p.cell) is None]
-        skipped = len(planned) - len(todo)
-        log.info(
-            "sweep %s: %d cells (%d from the grid plus baselines and passes); "
-            "%d already complete, skipped; %d to run",
-            sweep_dir, len(planned), len(jobs), skipped, len(todo),
-        )
+        plan = describe_plan(sweep_dir, planned, todo, len(jobs), bool(self.config.get("verbose")))
+        log.info("%s", plan)
+        print(plan, flush=True)
         # By name: Hydra's plugin scan re-executes core plugin modules, so the
         # class imported here need not be the one the launcher was made from.
         in_process = type(self.launcher).__name__ == "BasicLauncher"
@@ -236,6 +255,8 @@ def finish(sweep_dir: Path) -> list[dict[str, Any]]:
     results = sweep_dir / RESULTS_FILE
     write_results(rows, results)
     print(f"results: {results} ({len(rows)} cells)")
+    if (sweep_dir / LOG_FILE).is_file():
+        print(f"log: {sweep_dir / LOG_FILE}")
     try:
         # Imported here: seaborn and matplotlib are needed once per sweep, not in every job.
         from specbench.report import write_report

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from specbench.logs import LOG_FILE
 from specbench.report import plots, tables
 from specbench.results import ResultsError
 
@@ -98,10 +99,16 @@ def render_report(results_path: Path) -> str:
         flagged=tables.flagged(df, missing_columns),
         failed=tables.failed(df),
         all_cells=tables.all_cells(df),
-        provenance=tables.provenance(df),
+        provenance=tables.provenance(df) + _log_file(results_path.parent),
         command=command,
         config_note=config_note,
     )
+
+
+def _log_file(sweep_dir: Path) -> list[tuple[str, str]]:
+    """The sweep's log (specbench, vLLM and the engine workers), named when it is there."""
+    path = sweep_dir / LOG_FILE
+    return [("log (specbench, vLLM, engine workers)", str(path))] if path.is_file() else []
 
 
 def _draw(
