@@ -159,25 +159,56 @@ def cell_label(cell: Cell) -> str:
 
 
 def cell_summary(cell: Cell, row: dict[str, Any], cells_dir: Path) -> str:
-    """One line on a finished cell: speedup over its baseline in the same pass (when
-    that is measured already) or tokens/s, acceptance length, and whether the output is exact.
+    """One line on a finished cell: speedup over its baseline in the same pass (once that is
+    measured), tokens/s, acceptance length, and whether the output is exact.
 
-    The sweep's results compare all passes at the end; this is the running view.
+    Odd passes run speculative cells before their baseline, so a baseline's
+    line gives the speedups of those measured before it. The sweep's results
+    compare all passes at the end; this is the running view.
     """
-    parts = [f"{row['tokens_per_s']:.1f} tok/s"]
-    if not cell.is_baseline:
-        parts.append(f"acceptance length {row['acceptance_length']:.2f}")
-        base_files = CellFiles(cells_dir, cell.baseline().cell_id)
-        base = completed_row(base_files, cell.baseline())
-        if base is None:
-            parts.append("baseline not measured yet")
-        else:
-            parts.insert(0, f"{base['wall_time_s'] / row['wall_time_s']:.2f}x")
-            mine, theirs = CellFiles(cells_dir, cell.cell_id).read_tokens(), base_files.read_tokens()
-            if mine is not None and theirs is not None:
-                differ = sum(a != b for a, b in zip(mine, theirs)) + abs(len(mine) - len(theirs))
-                parts.append("exact" if differ == 0 else f"NOT EXACT: {differ} request(s) differ")
+    files = CellFiles(cells_dir, cell.cell_id)
+    if cell.is_baseline:
+        earlier = []
+        for spec in _rows_against(cells_dir, cell):
+            speedup, exact = _versus(CellFiles(cells_dir, spec["cell_id"]), spec, files, row)
+            earlier.append(f"{spec['method']} K={spec['num_speculative_tokens']} {speedup}"
+                           + (f" {exact}" if exact else ""))
+        measured_before = f"; measured before it: {', '.join(earlier)}" if earlier else ""
+        return f"{cell_label(cell)}: {row['tokens_per_s']:.1f} tok/s{measured_before}"
+    parts = [f"{row['tokens_per_s']:.1f} tok/s", f"acceptance length {row['acceptance_length']:.2f}"]
+    base_files = CellFiles(cells_dir, cell.baseline().cell_id)
+    base = completed_row(base_files, cell.baseline())
+    if base is None:
+        parts.append("speedup once its baseline is measured")
+    else:
+        speedup, exact = _versus(files, row, base_files, base)
+        parts = [speedup, *parts, *([exact] if exact else [])]
     return f"{cell_label(cell)}: {', '.join(parts)}"
+
+
+def _versus(
+    spec_files: CellFiles, spec: dict[str, Any], base_files: CellFiles, base: dict[str, Any]
+) -> tuple[str, str | None]:
+    """Speedup of one pass (baseline wall time / the cell's) and exactness (None: tokens unreadable)."""
+    speedup = f"{base['wall_time_s'] / spec['wall_time_s']:.2f}x"
+    mine, theirs = spec_files.read_tokens(), base_files.read_tokens()
+    if mine is None or theirs is None:
+        return speedup, None
+    differ = sum(a != b for a, b in zip(mine, theirs)) + abs(len(mine) - len(theirs))
+    return speedup, "exact" if differ == 0 else f"NOT EXACT: {differ} request(s) differ"
+
+
+def _rows_against(cells_dir: Path, baseline: Cell) -> list[dict[str, Any]]:
+    """Measured speculative rows of the baseline's pass that compare against it."""
+    rows = []
+    for path in sorted(cells_dir.glob(f"*-p{baseline.pass_index}.parquet")):
+        try:
+            row = read_rows(path)[0]
+        except (ResultsError, IndexError):
+            continue
+        if row.get("baseline_cell_id") == baseline.cell_id and row.get("status") == "ok":
+            rows.append(row)
+    return rows
 
 
 def _plan(cell: Cell, workload: Workload) -> CellPlan:

@@ -68,12 +68,18 @@ def test_cell_line_has_speedup_acceptance_and_exactness(compose_cell, tmp_path):
     CellFiles(tmp_path, spec.cell_id).write(row(spec, 1.0, 20), [[1, 2], [3, 4]], ["a", "b"])
     # Before its baseline is measured (odd passes run speculative cells first): tokens/s only.
     assert cell_summary(spec, row(spec, 1.0, 20), tmp_path) == (
-        "ngram K=2 batch 4 summarize pass 0: 64.0 tok/s, acceptance length 2.00, baseline not measured yet")
+        "ngram K=2 batch 4 summarize pass 0: 64.0 tok/s, acceptance length 2.00, "
+        "speedup once its baseline is measured")
+    assert cell_summary(base, row(base, 1.5, 0), tmp_path) == "baseline batch 4 summarize pass 0: 42.7 tok/s"
     CellFiles(tmp_path, base.cell_id).write(row(base, 1.5, 0), [[1, 2], [3, 5]], ["a", "b"])
     assert cell_summary(spec, row(spec, 1.0, 20), tmp_path) == (
         "ngram K=2 batch 4 summarize pass 0: 1.50x, 64.0 tok/s, acceptance length 2.00, "
         "NOT EXACT: 1 request(s) differ")
-    assert cell_summary(base, row(base, 1.5, 0), tmp_path) == "baseline batch 4 summarize pass 0: 42.7 tok/s"
+    # The baseline measured after it names its speedup.
+    CellFiles(tmp_path, spec.cell_id).write(row(spec, 1.0, 20) | {
+        "baseline_cell_id": base.cell_id, "method": "ngram", "num_speculative_tokens": 2}, [[1, 2], [3, 5]], ["a", "b"])
+    assert cell_summary(base, row(base, 1.5, 0), tmp_path) == (
+        "baseline batch 4 summarize pass 0: 42.7 tok/s; measured before it: ngram K=2 1.50x exact")
 
 
 def test_plan_counts_cells_and_engines(compose_cell, tmp_path):
