@@ -38,13 +38,12 @@ def main(cfg: DictConfig) -> None:
         refuse(exc)  # the sweeper refuses a multirun's bad cells before any job starts
     timeout = cfg.engine.cell_timeout_s
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    sweep_dir = Path(hydra_cfg.sweep.dir if multirun else hydra_cfg.run.dir)
+    run_dir = Path(hydra_cfg.sweep.dir if multirun else hydra_cfg.run.dir)
     # Engine output goes to the sweep's log file; verbose=true leaves it on the terminal.
-    engine_log = None if cfg.verbose else sweep_dir / LOG_FILE
+    engine_log = None if cfg.verbose else run_dir / LOG_FILE
     if multirun:
-        run_cell(cell, sweep_dir / "cells", passes=cfg.passes, timeout_s=timeout, engine_log=engine_log)
+        run_cell(cell, run_dir / "cells", passes=cfg.passes, timeout_s=timeout, engine_log=engine_log)
         return
-    run_dir = sweep_dir
     cells = []
     for pass_index in range(cfg.passes):
         measured = cell.in_pass(pass_index)
