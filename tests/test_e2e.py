@@ -93,7 +93,8 @@ def test_terminal_shows_the_plan_and_cells_and_the_log_file_the_rest(sweep):
     directory, done = sweep
     terminal = (done.stdout + done.stderr).splitlines()
     log = directory / "specbench.log"
-    assert terminal[0].startswith(f"sweep {directory}: 6 cells") and "6 to run on 3 engine(s)" in terminal[0]
+    plan = next(line for line in terminal if line.startswith(f"sweep {directory}: "))
+    assert plan.startswith(f"sweep {directory}: 6 cells") and "6 to run on 3 engine(s)" in plan
     assert f"  log: {log} (vLLM and engine output; verbose=true shows it here)" in terminal
     # One line per cell; speculative cells run after their baseline in pass 0, so their speedup is known.
     assert any(line.startswith("draft_model K=2 batch 2 summarize pass 0: ") and line.endswith(", exact")
