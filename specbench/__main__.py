@@ -16,29 +16,50 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from specbench.config import cell_from_config
-from specbench.run import run_cell
-from specbench.sweep import PlannedCell, write_plan
+from specbench import run
+from specbench.config import ConfigError, cell_from_config, refuse
+from specbench.logs import LOG_FILE
+from specbench.results import CellFiles
+from specbench.run import completed_row, run_cell
+from specbench.sweep import PlannedCell, describe_plan, write_plan
+from specbench.workloads import WorkloadError, check_source
 
 
 @hydra.main(version_base="1.3", config_path="pkg://specbench.conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Measure the configured cell (and, in a single run, its baseline first)."""
     hydra_cfg = HydraConfig.get()
-    cell = cell_from_config(cfg)
+    try:
+        cell = cell_from_config(cfg)
+        # A multirun's sweeper has read the prompt files already, once each.
+        if hydra_cfg.mode != RunMode.MULTIRUN and (problems := check_source(cell.workload)):
+            raise WorkloadError("\n".join(problems))
+    except (ConfigError, WorkloadError) as exc:
+        refuse(exc)  # the sweeper refuses a multirun's bad cells before any job starts
     timeout = cfg.engine.cell_timeout_s
-    if hydra_cfg.mode == RunMode.MULTIRUN:
-        run_cell(cell, Path(hydra_cfg.sweep.dir) / "cells", passes=cfg.passes, timeout_s=timeout)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    run_dir = Path(hydra_cfg.sweep.dir if multirun else hydra_cfg.run.dir)
+    # Engine output goes to the sweep's log file; verbose=true leaves it on the terminal.
+    engine_log = None if cfg.verbose else run_dir / LOG_FILE
+    if multirun:
+        run_cell(cell, run_dir / "cells", passes=cfg.passes, timeout_s=timeout, engine_log=engine_log)
         return
-    run_dir = Path(hydra_cfg.run.dir)
     cells = []
     for pass_index in range(cfg.passes):
         measured = cell.in_pass(pass_index)
         pair = [measured] if measured.is_baseline else [measured.baseline(), measured]
         cells += pair if pass_index % 2 == 0 else pair[::-1]  # drift hits both sides alike
-    write_plan(run_dir, [PlannedCell((), c) for c in cells])
-    for c in cells:
-        run_cell(c, run_dir / "cells", passes=cfg.passes, timeout_s=timeout)
+    planned = [PlannedCell((), c) for c in cells]
+    write_plan(run_dir, planned)
+    todo = [p for p in planned if completed_row(CellFiles(run_dir / "cells", p.cell.cell_id), p.cell) is None]
+    print(describe_plan(run_dir, planned, todo, 1, cfg.verbose), flush=True)
+    run.PROGRESS = run.SweepProgress(len(cells))
+    try:
+        for c in cells:
+            run_cell(c, run_dir / "cells", passes=cfg.passes, timeout_s=timeout, engine_log=engine_log)
+    finally:
+        run.PROGRESS.close()
+        run.PROGRESS = None
 
 
 if __name__ == "__main__":

@@ -266,10 +266,17 @@ def _token_stream(tokenizer: Any) -> list[int]:
 
 
 def _compose(overrides: Sequence[str]) -> Any:
+    """The baseline cell's config; an override Hydra refuses becomes a ConfigError."""
     from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+
+    from specbench.config import ConfigError
 
     with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=["method=baseline", *overrides])
+        try:
+            return compose(config_name="config", overrides=["method=baseline", *overrides])
+        except HydraException as exc:  # its message names the override and what is allowed
+            raise ConfigError(str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-step-tokens", type=int, default=DEFAULT_MAX_STEP_TOKENS,
                         help="largest batch x prompt tokens measured; the engine's max_num_batched_tokens")
     parser.add_argument("--name", default=None, help="profile name (default: from the device)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="stream vLLM's log here instead of to the log file beside the profile")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"where to write the profile (default: {prediction.calibrated_path()})")
     args = parser.parse_args(argv)
@@ -316,13 +325,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: prompt + output of {longest} tokens exceeds engine.max_model_len", file=sys.stderr)
         return 2
 
+    out = args.out or prediction.calibrated_path()
+    engine_log = out.with_suffix(".log")
+    if not args.verbose:
+        print(f"engine log: {engine_log}")
     print(f"calibrating with {len(points)} samples of {model_cfg['name']} ({dtype}), "
           f"{args.max_tokens} tokens each, {args.rounds} rounds; load average {_load()}")
     measured_at = now_iso()
     tpot: dict[GridPoint, list[list[float]]] = {p: [] for p in points}
     outputs: dict[GridPoint, list[int]] = {p: [] for p in points}
     try:
-        worker = EngineWorker(cell.engine_spec())
+        worker = EngineWorker(cell.engine_spec(), log_path=None if args.verbose else engine_log)
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -362,7 +375,6 @@ def main(argv: list[str] | None = None) -> int:
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": overrides},
     )
-    out = args.out or prediction.calibrated_path()
     write_profile(doc, out)
     print(f"profile: {out}")
     return 0

@@ -12,9 +12,10 @@ import functools
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -54,6 +55,21 @@ def cpu_engine() -> bool:
 # before any config of this package is resolved; looked up by name at each
 # resolution, so a test can stand in for the detection.
 OmegaConf.register_new_resolver("cpu_engine", lambda: cpu_engine(), replace=True)
+
+
+# Exit status of a refused configuration (argparse's, for a usage error).
+REFUSED_EXIT = 2
+
+
+def refuse(exc: Exception) -> NoReturn:
+    """End the command on a refused setting: its lines on stderr, exit status 2, no traceback.
+
+    A refusal (:class:`ConfigError`, a workload that cannot be read) is the
+    user's to fix and its message says how; a traceback would only bury it.
+    Tracebacks stay for real bugs.
+    """
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    raise SystemExit(REFUSED_EXIT)
 
 
 @dataclass(frozen=True)
@@ -226,7 +242,8 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         errors += _check_controlled(method)
     if name in CHECKPOINT_METHODS:
         checkpoint = (method.get("speculative_config") or {}).get("model")
-        problems = _check_checkpoint(f"method={name} (speculative_config.model)", checkpoint)
+        problems = _check_checkpoint(_checkpoint_key(name, method), checkpoint, _missing_checkpoint_hint(
+            name, (plain.get("model") or {}).get("name")))
         if not problems and name in ("eagle", "eagle3"):
             problems = _check_head_fits_target(name, checkpoint, (plain.get("model") or {}).get("path"))
         errors += problems
@@ -271,10 +288,27 @@ def _check_controlled(method: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-def _check_checkpoint(what: str, reference: Any) -> list[str]:
+def _checkpoint_key(method: str, config: Mapping[str, Any]) -> str:
+    """The model-config key a method's checkpoint comes from, as a user would override it."""
+    key = f"model.drafts.{config.get('draft')}" if method == "draft_model" else f"model.{method}"
+    return f"method={method} ({key})"
+
+
+def _missing_checkpoint_hint(method: str, model: Any) -> str:
+    """What to do when the model config names no checkpoint for ``method``."""
+    if method in ("eagle", "eagle3"):
+        return (
+            f"model config {model} names no {method.upper()} head (model.{method}); train one with "
+            f"`python -m specbench.heads train --method {method} --target {model}`, "
+            f"or set model.{method}=<checkpoint folder or hub id>"
+        )
+    return "this model config names no checkpoint for it"
+
+
+def _check_checkpoint(what: str, reference: Any, missing_hint: str = "") -> list[str]:
     """A checkpoint reference must be an embedded name, an existing folder, or a hub id."""
     if not reference:
-        return [f"{what} is not set: this model config names no checkpoint for it"]
+        return [f"{what} is not set: {missing_hint or 'this model config names no checkpoint for it'}"]
     if not isinstance(reference, str):
         return [f"{what}={reference!r} must be a string"]
     if models.is_embedded(reference) or heads.is_shipped(reference):

@@ -22,6 +22,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Sequence
 
 from specbench.cell import CellPlan, GeneratedRequest, Measurement, SpecCounters
@@ -148,16 +149,21 @@ def worker_environment(spec: EngineSpec) -> dict[str, str]:
 
 
 class EngineWorker:
-    """Parent-side handle of one engine running in its own process."""
+    """Parent-side handle of one engine running in its own process.
 
-    def __init__(self, spec: EngineSpec, start_timeout_s: float = 900.0) -> None:
+    ``log_path``: the worker's stdout and stderr (vLLM's log, warnings, any
+    progress bars) are appended to this file instead of the terminal; None
+    leaves them on the terminal.
+    """
+
+    def __init__(self, spec: EngineSpec, start_timeout_s: float = 900.0, log_path: Path | None = None) -> None:
         self.spec = spec
         ctx = mp.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
         saved = {k: os.environ.get(k) for k in worker_environment(spec)}
         os.environ.update(worker_environment(spec))
         try:  # spawn copies os.environ at start
-            self._process = ctx.Process(target=_serve, args=(child_conn, spec), daemon=True)
+            self._process = ctx.Process(target=_serve, args=(child_conn, spec, log_path), daemon=True)
             self._process.start()
         finally:
             for k, v in saved.items():
@@ -233,12 +239,15 @@ class EnginePool:
         self._worker: EngineWorker | None = None
         self.engine_starts = 0
 
-    def get(self, spec: EngineSpec) -> EngineWorker:
-        """The worker for ``spec``, starting it (and stopping another) if needed."""
+    def get(self, spec: EngineSpec, log_path: Path | None = None) -> EngineWorker:
+        """The worker for ``spec``, starting it (and stopping another) if needed.
+
+        A new worker's output goes to ``log_path`` (see :class:`EngineWorker`).
+        """
         if self._worker is not None and (self._worker.spec != spec or not self._worker.alive):
             self.discard()
         if self._worker is None:
-            self._worker = EngineWorker(spec)
+            self._worker = EngineWorker(spec, log_path=log_path)
             self.engine_starts += 1
         return self._worker
 
@@ -464,9 +473,13 @@ def _die_with_parent() -> None:
         pass
 
 
-def _serve(conn: Connection, spec: EngineSpec) -> None:
+def _serve(conn: Connection, spec: EngineSpec, log_path: Path | None = None) -> None:
     """Worker main loop: build the engine, then measure plans until told to stop."""
     _die_with_parent()
+    if log_path is not None:
+        from specbench.logs import redirect_output
+
+        redirect_output(log_path)  # before vLLM is imported: its log handler writes to stdout
     from tqdm import tqdm
 
     from specbench.cell import measure

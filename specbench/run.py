@@ -44,20 +44,24 @@ atexit.register(POOL.discard)
 
 
 class SweepProgress:
-    """Cells done of total, elapsed and estimated remaining time, on a terminal only.
+    """One progress bar over the cells (done of total, elapsed, ETA) and a line per finished cell.
 
     Set by the sweeper when jobs run in this process (Hydra's basic
-    launcher); jobs launched elsewhere report through their launcher.
+    launcher); jobs launched elsewhere report through their launcher. The bar
+    is drawn on a terminal only; the lines are printed everywhere.
     """
 
     def __init__(self, total: int) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total, desc="cells", unit="cell", disable=None)
+        self._bar = tqdm(total=total, desc="cells", unit="cell", disable=None, dynamic_ncols=True)
 
     def done(self, outcome: CellOutcome) -> None:
-        """Count one finished (or skipped, or failed) cell."""
-        self._bar.set_postfix_str(f"{outcome.status}: {outcome.cell_id}", refresh=False)
+        """Count one finished (or skipped, or failed) cell and print its line."""
+        from tqdm import tqdm
+
+        if outcome.summary:
+            tqdm.write(outcome.summary)
         self._bar.update()
 
     def close(self) -> None:
@@ -75,6 +79,7 @@ class CellOutcome:
     cell_id: str
     status: str  # ok | failed | skipped (already complete)
     error: str | None = None
+    summary: str | None = None  # the cell's line for the terminal
 
 
 def completed_row(files: CellFiles, cell: Cell) -> dict[str, Any] | None:
@@ -140,17 +145,22 @@ def _workload(workload_json: str, model_path: str) -> Workload:
 
 
 def run_cell(
-    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None = None, pool: EnginePool = POOL
+    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None = None, pool: EnginePool = POOL,
+    engine_log: Path | None = None,
 ) -> CellOutcome:
-    """Measure ``cell`` (unless already complete) and write its files under ``cells_dir``."""
-    outcome = _run_cell(cell, cells_dir, passes=passes, timeout_s=timeout_s, pool=pool)
+    """Measure ``cell`` (unless already complete) and write its files under ``cells_dir``.
+
+    An engine started for it sends its output to ``engine_log`` (None: the terminal).
+    """
+    outcome = _run_cell(cell, cells_dir, passes=passes, timeout_s=timeout_s, pool=pool, engine_log=engine_log)
     if PROGRESS is not None:
         PROGRESS.done(outcome)
     return outcome
 
 
 def _run_cell(
-    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None, pool: EnginePool
+    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None, pool: EnginePool,
+    engine_log: Path | None,
 ) -> CellOutcome:
     files = CellFiles(cells_dir, cell.cell_id)
     if completed_row(files, cell) is not None:
@@ -162,7 +172,7 @@ def _run_cell(
     base = _identity_columns(cell, passes) | static_provenance() | {"started_at": started_at}
     try:
         workload, plan = _requests(cell)
-        worker = pool.get(cell.engine_spec())
+        worker = pool.get(cell.engine_spec(), engine_log)
         cpu_before = CpuTimes.now(worker.pid)
         measurement = worker.measure(plan, timeout_s)
         other_share = cpu_before.other_share(CpuTimes.now(worker.pid))
@@ -177,7 +187,7 @@ def _run_cell(
         log.error("%s failed: %s", cell.cell_id, error)
         row = base | {"status": "failed", "error": error, "hardware": _hardware(None)}
         files.write(row, [], [])
-        return CellOutcome(cell.cell_id, "failed", error)
+        return CellOutcome(cell.cell_id, "failed", error, f"{cell_label(cell)}: FAILED {error.splitlines()[0]}")
 
     row = (base | _measured_columns(measurement, worker.info, workload, plan)
            | _machine_state(load_before) | {"other_cpu_share": other_share} | memory_columns)
@@ -186,7 +196,66 @@ def _run_cell(
         "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",
         cell.cell_id, row["wall_time_s"], row["tokens_per_s"], row["acceptance_length"],
     )
-    return CellOutcome(cell.cell_id, "ok")
+    return CellOutcome(cell.cell_id, "ok", summary=cell_summary(cell, row, cells_dir))
+
+
+def cell_label(cell: Cell) -> str:
+    """A cell as a reader names it: method, K, batch size, workload, pass."""
+    k = "" if cell.is_baseline else f" K={cell.k}"
+    return f"{cell.method}{k} batch {cell.batch_size} {cell.workload['name']} pass {cell.pass_index}"
+
+
+def cell_summary(cell: Cell, row: dict[str, Any], cells_dir: Path) -> str:
+    """One line on a finished cell: speedup over its baseline in the same pass (once that is
+    measured), tokens/s, acceptance length, and whether the output is exact.
+
+    Odd passes run speculative cells before their baseline, so a baseline's
+    line gives the speedups of those measured before it. The sweep's results
+    compare all passes at the end; this is the running view.
+    """
+    files = CellFiles(cells_dir, cell.cell_id)
+    if cell.is_baseline:
+        earlier = []
+        for spec in _rows_against(cells_dir, cell):
+            speedup, exact = _versus(CellFiles(cells_dir, spec["cell_id"]), spec, files, row)
+            earlier.append(f"{spec['method']} K={spec['num_speculative_tokens']} {speedup}"
+                           + (f" {exact}" if exact else ""))
+        measured_before = f"; measured before it: {', '.join(earlier)}" if earlier else ""
+        return f"{cell_label(cell)}: {row['tokens_per_s']:.1f} tok/s{measured_before}"
+    parts = [f"{row['tokens_per_s']:.1f} tok/s", f"acceptance length {row['acceptance_length']:.2f}"]
+    base_files = CellFiles(cells_dir, cell.baseline().cell_id)
+    base = completed_row(base_files, cell.baseline())
+    if base is None:
+        parts.append("speedup once its baseline is measured")
+    else:
+        speedup, exact = _versus(files, row, base_files, base)
+        parts = [speedup, *parts, *([exact] if exact else [])]
+    return f"{cell_label(cell)}: {', '.join(parts)}"
+
+
+def _versus(
+    spec_files: CellFiles, spec: dict[str, Any], base_files: CellFiles, base: dict[str, Any]
+) -> tuple[str, str | None]:
+    """Speedup of one pass (baseline wall time / the cell's) and exactness (None: tokens unreadable)."""
+    speedup = f"{base['wall_time_s'] / spec['wall_time_s']:.2f}x"
+    mine, theirs = spec_files.read_tokens(), base_files.read_tokens()
+    if mine is None or theirs is None:
+        return speedup, None
+    differ = sum(a != b for a, b in zip(mine, theirs)) + abs(len(mine) - len(theirs))
+    return speedup, "exact" if differ == 0 else f"NOT EXACT: {differ} request(s) differ"
+
+
+def _rows_against(cells_dir: Path, baseline: Cell) -> list[dict[str, Any]]:
+    """Measured speculative rows of the baseline's pass that compare against it."""
+    rows = []
+    for path in sorted(cells_dir.glob(f"*-p{baseline.pass_index}.parquet")):
+        try:
+            row = read_rows(path)[0]
+        except (ResultsError, IndexError):
+            continue
+        if row.get("baseline_cell_id") == baseline.cell_id and row.get("status") == "ok":
+            rows.append(row)
+    return rows
 
 
 def _checkpoint_bytes(spec: EngineSpec) -> tuple[int | None, int | None]:

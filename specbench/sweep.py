@@ -38,11 +38,13 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.config import Cell, ConfigError, cell_from_config, validate
+from specbench.config import Cell, ConfigError, cell_from_config, refuse, validate
 from specbench import memory, run
+from specbench.logs import LOG_FILE
 from specbench.prediction import predict_sweep
 from specbench.results import merge, results_path, write_results
 from specbench.run import CellFiles, completed_row
+from specbench.workloads import check_source
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ def plan_cells(
     """
     errors: list[str] = []
     composed: list[tuple[tuple[str, ...], DictConfig]] = []
+    sources_read: set[str] = set()
     for job in jobs:
         where = " ".join(job) or "(defaults)"
         try:
@@ -84,7 +87,16 @@ def plan_cells(
         except Exception as exc:  # Hydra's own message names the group and its options
             errors.append(f"{where}: {exc}")
             continue
-        errors += [f"{where}: {e}" for e in validate(cfg)]
+        problems = validate(cfg)
+        if not problems:
+            # A prompt file that cannot be read would fail every cell of the
+            # workload; read each distinct one once, now, before any engine.
+            workload = OmegaConf.to_container(cfg.workload, resolve=True)
+            key = json.dumps(workload, sort_keys=True, default=str)
+            if key not in sources_read:
+                sources_read.add(key)
+                problems = check_source(workload)  # type: ignore[arg-type]
+        errors += [f"{where}: {e}" for e in problems]
         composed.append((tuple(job), cfg))
     if errors:
         unique = list(dict.fromkeys(errors))
@@ -137,6 +149,27 @@ def write_plan(sweep_dir: Path, planned: Sequence[PlannedCell]) -> None:
     (sweep_dir / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
 
 
+def engine_starts(planned: Sequence[PlannedCell]) -> int:
+    """Engines the cells need in this order: a new one wherever the engine spec changes."""
+    specs = [p.cell.engine_spec(prepare=False) for p in planned]
+    return sum(1 for i, spec in enumerate(specs) if i == 0 or spec != specs[i - 1])
+
+
+def describe_plan(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequence[PlannedCell],
+                  grid_points: int, verbose: bool) -> str:
+    """The plan as the terminal shows it before the first engine: cells, engines, where things go."""
+    skipped = len(planned) - len(todo)
+    passes = max((p.cell.pass_index for p in planned), default=0) + 1
+    lines = [
+        f"sweep {sweep_dir}: {len(planned)} cells ({grid_points} grid points, their baselines, "
+        f"{passes} pass(es)); {len(todo)} to run on {engine_starts(todo)} engine(s)"
+        + (f", {skipped} already complete" if skipped else ""),
+        f"  results and report: {sweep_dir}/",
+        f"  log: {sweep_dir / LOG_FILE}" + ("" if verbose else " (vLLM and engine output; verbose=true shows it here)"),
+    ]
+    return "\n".join(lines)
+
+
 def read_plan(sweep_dir: Path) -> list[str]:
     """Cell ids of the sweep planned in ``sweep_dir``."""
     path = sweep_dir / PLAN_FILE
@@ -165,19 +198,19 @@ class CellSweeper(BasicSweeper):
         overrides = parser.parse_overrides(self._parse_config() + list(arguments))
         jobs = self.split_arguments(overrides, None)[0]
         loader = self.hydra_context.config_loader
-        planned = plan_cells(jobs, lambda job: loader.load_sweep_config(self.config, list(job)))
+        try:
+            planned = plan_cells(jobs, lambda job: loader.load_sweep_config(self.config, list(job)))
+        except ConfigError as exc:
+            refuse(exc)
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
         write_plan(sweep_dir, planned)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cells_dir = sweep_dir / "cells"
         todo = [p for p in planned if completed_row(CellFiles(cells_dir, p.cell.cell_id), p.cell) is None]
-        skipped = len(planned) - len(todo)
-        log.info(
-            "sweep %s: %d cells (%d from the grid plus baselines and passes); "
-            "%d already complete, skipped; %d to run",
-            sweep_dir, len(planned), len(jobs), skipped, len(todo),
-        )
+        plan = describe_plan(sweep_dir, planned, todo, len(jobs), bool(self.config.get("verbose")))
+        log.info("%s", plan)
+        print(plan, flush=True)
         # By name: Hydra's plugin scan re-executes core plugin modules, so the
         # class imported here need not be the one the launcher was made from.
         in_process = type(self.launcher).__name__ == "BasicLauncher"
@@ -207,8 +240,10 @@ class FinishSweep(Callback):
         finish(Path(config.hydra.sweep.dir))
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """After a single run (one cell plus its baseline)."""
-        finish(Path(config.hydra.run.dir))
+        """After a single run (one cell plus its baseline), unless it stopped before planning."""
+        run_dir = Path(config.hydra.run.dir)
+        if (run_dir / PLAN_FILE).is_file():  # otherwise the job failed; Hydra reports why
+            finish(run_dir)
 
 
 def finish(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -220,6 +255,8 @@ def finish(sweep_dir: Path) -> list[dict[str, Any]]:
     results = results_path(sweep_dir)
     write_results(rows, results)
     print(f"results: {results} ({len(rows)} cells)")
+    if (sweep_dir / LOG_FILE).is_file():
+        print(f"log: {sweep_dir / LOG_FILE}")
     try:
         # Imported here: seaborn and matplotlib are needed once per sweep, not in every job.
         from specbench.report import write_report

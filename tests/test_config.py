@@ -31,8 +31,10 @@ def test_every_combination_composes(compose_cell, model, method, workload):
     errors = validate(cfg)
     no_head = model == "smollm2-135m" and method in ("eagle", "eagle3")
     if no_head:
-        assert errors == [f"method={method} (speculative_config.model) is not set: "
-                          "this model config names no checkpoint for it"]
+        assert errors == [
+            f"method={method} (model.{method}) is not set: model config smollm2-135m names no "
+            f"{method.upper()} head (model.{method}); train one with `python -m specbench.heads train "
+            f"--method {method} --target smollm2-135m`, or set model.{method}=<checkpoint folder or hub id>"]
         return
     assert errors == []
     cell = cell_from_config(cfg)
@@ -84,7 +86,7 @@ def test_identity_ignores_output_settings_but_not_measurement_settings(compose_c
         (["batch_size=0"], "batch_size=0 must be an integer >= 1"),
         (["repetitions=0"], "repetitions=0 must be an integer >= 1"),
         (["method=draft_model", "model.drafts.small=/no/such/draft"],
-         "method=draft_model (speculative_config.model)='/no/such/draft': no such directory"),
+         "method=draft_model (model.drafts.small)='/no/such/draft': no such directory"),
         (["batch_size=512"], "batch_size=512 exceeds engine.max_num_seqs=256"),
         (["engine.max_num_batched_tokens=0"], "engine.max_num_batched_tokens=0 must be null or an integer >= 1"),
         (["workload.max_prompt_tokens=2000"],
@@ -148,7 +150,7 @@ def test_plan_reports_every_bad_grid_point_before_any_engine(compose_cell):
     text = str(err.value)
     assert "4 invalid setting(s)" in text
     assert "num_speculative_tokens=0" in text
-    assert "method=eagle (speculative_config.model) is not set" in text
+    assert "method=eagle (model.eagle) is not set" in text
     assert "batch_size=-1 must be an integer >= 1" in text
     assert "method/medusa" in text
 

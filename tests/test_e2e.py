@@ -89,11 +89,30 @@ def test_speculative_outputs_are_exact_and_speedups_computed(results):
         assert all(pd.isna(value) or 1.0 <= value <= 3.0 for value in per_request)
 
 
+def test_terminal_shows_the_plan_and_cells_and_the_log_file_the_rest(sweep):
+    directory, done = sweep
+    terminal = (done.stdout + done.stderr).splitlines()
+    log = directory / "specbench.log"
+    plan = next(line for line in terminal if line.startswith(f"sweep {directory}: "))
+    assert plan.startswith(f"sweep {directory}: 6 cells") and "6 to run on 3 engine(s)" in plan
+    assert f"  log: {log} (vLLM and engine output; verbose=true shows it here)" in terminal
+    # One line per cell; speculative cells run after their baseline in pass 0, so their speedup is known.
+    assert any(line.startswith("draft_model K=2 batch 2 summarize pass 0: ") and line.endswith(", exact")
+               for line in terminal), terminal
+    assert sum(": " in line and " pass 0: " in line for line in terminal) == 6
+    assert f"log: {log}" in terminal and any(line.startswith("report: ") for line in terminal)
+    # vLLM's INFO lines went to the log file, not the terminal.
+    assert not any(line.startswith(("INFO", "(EngineCore", "[20")) for line in terminal), terminal
+    assert len(terminal) < 40, terminal
+    text = log.read_text()
+    assert "vllm" in text.lower() and "specbench.run" in text
+
+
 def test_rerun_into_the_same_directory_resumes(sweep):
     directory, _ = sweep
     again = specbench("-m", *GRID, f"hydra.sweep.dir={directory}", cwd=directory.parent)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert "6 already complete, skipped; 0 to run" in again.stdout + again.stderr
+    assert "0 to run on 0 engine(s), 6 already complete" in again.stdout + again.stderr
 
 
 def test_single_run_measures_the_cell_with_its_baseline(tmp_path):

@@ -310,6 +310,8 @@ class TestValidate:
             ({"max_prompt_tokens": 0}, "workload.max_prompt_tokens=0 must be an integer >= 1"),
             ({"num_prompts": "8"}, "workload.num_prompts='8' must be an integer >= 1"),
             ({"num_prompts": True}, "workload.num_prompts=True must be an integer >= 1"),
+            ({"num_prompts": "some"}, "workload.num_prompts='some' must be an integer >= 1 or all"),
+            ({"selection": "last"}, "workload.selection='last' is not one of random, first"),
             ({"seed": 1.5}, "workload.seed=1.5 must be an integer"),
             ({"chat_template": "yes"}, "workload.chat_template='yes' must be true or false"),
             ({"prompt_field": 3}, "workload.prompt_field=3 must be a string"),
@@ -378,6 +380,32 @@ class TestSelection:
         assert first.prompt_ids != sorted(first.prompt_ids)
         other = load_workload({**cfg, "seed": 4}, tokenizer)
         assert other.prompt_ids != first.prompt_ids
+
+    def test_first_takes_the_source_order(self, tmp_path: Path, tokenizer: Any) -> None:
+        path = numbered_prompts_file(tmp_path, 20)
+        cfg = make_cfg(source="jsonl", path=str(path), num_prompts=5, selection="first")
+        assert load_workload(cfg, tokenizer).prompt_ids == ["p00", "p01", "p02", "p03", "p04"]
+
+    def test_all_keeps_every_prompt_that_fits(self, tmp_path: Path, tokenizer: Any) -> None:
+        short = [{"id": f"s{i}", "prompt": f"Short prompt {i}."} for i in range(4)]
+        long = [{"id": "l0", "prompt": "A much longer prompt. " * 40}]
+        path = write_jsonl(tmp_path / "mixed.jsonl", short[:2] + long + short[2:])
+        cfg = make_cfg(source="jsonl", path=str(path), num_prompts="all", max_prompt_tokens=20)
+        assert validate_workload_config(cfg) == []
+        in_order = load_workload({**cfg, "selection": "first"}, tokenizer)
+        assert in_order.prompt_ids == ["s0", "s1", "s2", "s3"] and in_order.skipped_too_long == 1
+        drawn = load_workload(cfg, tokenizer)  # every prompt, in a seeded order
+        assert drawn.prompt_ids == random.Random(0).sample(in_order.prompt_ids, 4)
+
+    def test_a_whole_spec_bench_category_in_file_order(self, spec_bench_file: Path, tokenizer: Any) -> None:
+        cfg = make_cfg(source="spec_bench", path=str(spec_bench_file), num_prompts="all", selection="first")
+        assert load_workload(cfg, tokenizer).prompt_ids == ["241", "242"]
+
+    def test_all_with_no_prompt_that_fits_is_refused(self, tmp_path: Path, tokenizer: Any) -> None:
+        path = write_jsonl(tmp_path / "long.jsonl", [{"prompt": "A much longer prompt. " * 40}])
+        cfg = make_cfg(source="jsonl", path=str(path), num_prompts="all", max_prompt_tokens=20)
+        with pytest.raises(WorkloadError, match=r"num_prompts=all .* has only 0 prompts"):
+            load_workload(cfg, tokenizer)
 
     def test_chat_template_wraps_the_user_message(self, tmp_path: Path, tokenizer: Any) -> None:
         path = numbered_prompts_file(tmp_path, 3)

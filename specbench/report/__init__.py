@@ -24,10 +24,13 @@ from typing import Any
 
 import jinja2
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
+from specbench.logs import LOG_FILE
 from specbench.report import memory, plots, tables
-from specbench.results import results_path
+from specbench.results import ResultsError, results_path
 
 __all__ = ["REPORT_FILE", "render_report", "write_report"]
 
@@ -42,11 +45,16 @@ def write_report(results: Path | str, out: Path | None = None) -> Path:
     ``results`` is a sweep directory (holding ``results.parquet``) or the
     Parquet file itself; ``out`` defaults to ``report.html`` beside it. The
     file is written to a temporary name and renamed, so a reader never sees
-    half a page. Raises FileNotFoundError when there is no results file.
+    half a page. Raises FileNotFoundError when there is no results file and
+    :class:`specbench.results.ResultsError` when it is not a readable Parquet file.
     """
     path = results_path(results)
     if not path.is_file():
         raise FileNotFoundError(f"no results file at {path}")
+    try:
+        pq.read_schema(path)  # the footer only: a damaged file is refused by name, before any figure
+    except (pa.ArrowException, OSError) as exc:
+        raise ResultsError(f"{path}: not a readable Parquet file ({exc})") from exc
     target = Path(out) if out is not None else path.parent / REPORT_FILE
     html = render_report(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -89,10 +97,16 @@ def render_report(results_path: Path) -> str:
         flagged=tables.flagged(df, missing_columns),
         failed=tables.failed(df),
         all_cells=tables.all_cells(df),
-        provenance=tables.provenance(df),
+        provenance=tables.provenance(df) + _log_file(results_path.parent),
         command=command,
         config_note=config_note,
     )
+
+
+def _log_file(sweep_dir: Path) -> list[tuple[str, str]]:
+    """The sweep's log (specbench, vLLM and the engine workers), named when it is there."""
+    path = sweep_dir / LOG_FILE
+    return [("log (specbench, vLLM, engine workers)", str(path))] if path.is_file() else []
 
 
 def _draw(

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from specbench.report import write_report
+from specbench.results import ResultsError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = write_report(args.results, args.out)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ResultsError) as exc:  # no results, or not a results file
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(path)

@@ -7,6 +7,7 @@ filtered by length and drawn.
 
 from specbench.workloads.sources import (
     NAMES,
+    SELECTIONS,
     SOURCES,
     SPEC_BENCH_CATEGORIES,
     SPEC_BENCH_WORKLOAD_CATEGORIES,
@@ -14,6 +15,7 @@ from specbench.workloads.sources import (
     Tokenizer,
     Workload,
     WorkloadError,
+    check_source,
     load_prompts,
     load_workload,
     validate_workload_config,
@@ -21,6 +23,7 @@ from specbench.workloads.sources import (
 
 __all__ = [
     "NAMES",
+    "SELECTIONS",
     "SOURCES",
     "SPEC_BENCH_CATEGORIES",
     "SPEC_BENCH_WORKLOAD_CATEGORIES",
@@ -28,6 +31,7 @@ __all__ = [
     "Tokenizer",
     "Workload",
     "WorkloadError",
+    "check_source",
     "load_prompts",
     "load_workload",
     "validate_workload_config",

@@ -13,8 +13,11 @@ source of prompts for it:
 :func:`load_workload` then measures every prompt with the model's tokenizer,
 skips (and counts) those longer than ``max_prompt_tokens`` instead of
 truncating them, because a truncated article is a different workload, and
-draws ``num_prompts`` of the rest with a seeded ``random.Random`` so that every
-cell of a sweep sees the same requests in the same order.
+selects ``num_prompts`` of the rest (``all`` keeps every one): by default a
+draw with a seeded ``random.Random``, so that every cell of a sweep sees the
+same requests in the same order; with ``selection: first``, the first ones in
+the order the source lists them, so that a paper can cite exactly which
+prompts (or a whole Spec-Bench category) it ran.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "NAMES",
+    "SELECTIONS",
     "SOURCES",
     "SPEC_BENCH_CATEGORIES",
     "SPEC_BENCH_WORKLOAD_CATEGORIES",
@@ -39,6 +43,7 @@ __all__ = [
     "Tokenizer",
     "Workload",
     "WorkloadError",
+    "check_source",
     "load_prompts",
     "load_workload",
     "validate_workload_config",
@@ -46,6 +51,9 @@ __all__ = [
 
 NAMES = ("summarize", "rag", "creative")
 SOURCES = ("builtin", "spec_bench", "jsonl", "hf")
+# How num_prompts prompts are chosen: a seeded random draw, or the source's own order.
+SELECTIONS = ("random", "first")
+ALL_PROMPTS = "all"  # num_prompts: every prompt within max_prompt_tokens
 _FILE_SOURCES = ("spec_bench", "jsonl")
 
 # The categories of Spec-Bench's question.jsonl: MT-bench's eight, then the
@@ -189,10 +197,19 @@ def validate_workload_config(cfg: Mapping[str, Any]) -> list[str]:
             f"not {source}; set workload.path=null or change workload.source"
         )
 
-    for key in ("num_prompts", "max_tokens", "max_prompt_tokens"):
+    num_prompts = cfg.get("num_prompts")
+    if num_prompts != ALL_PROMPTS and (not _is_int(num_prompts) or num_prompts < 1):
+        problems.append(f"workload.num_prompts={num_prompts!r} must be an integer >= 1 or {ALL_PROMPTS}")
+    for key in ("max_tokens", "max_prompt_tokens"):
         value = cfg.get(key)
         if not _is_int(value) or value < 1:
             problems.append(f"workload.{key}={value!r} must be an integer >= 1")
+    selection = cfg.get("selection", "random")
+    if selection not in SELECTIONS:
+        problems.append(
+            f"workload.selection={selection!r} is not one of {', '.join(SELECTIONS)} "
+            f"(random: a draw seeded by workload.seed; first: the source's own order)"
+        )
     seed = cfg.get("seed")
     if not _is_int(seed):
         problems.append(f"workload.seed={seed!r} must be an integer")
@@ -227,6 +244,26 @@ def validate_workload_config(cfg: Mapping[str, Any]) -> list[str]:
                     f"(e.g. {example})"
                 )
     return problems
+
+
+def check_source(cfg: Mapping[str, Any]) -> list[str]:
+    """Read a local source's prompts now and report what would stop them loading.
+
+    Lets a sweep refuse a malformed file before any engine loads, instead of
+    failing every cell. ``hf`` datasets are not read here (that may mean a
+    download); a config that :func:`validate_workload_config` refuses is
+    left to it.
+
+    Returns:
+        The :class:`WorkloadError` message, or nothing when the prompts load.
+    """
+    if not isinstance(cfg, Mapping) or cfg.get("source") == "hf" or validate_workload_config(cfg):
+        return []
+    try:
+        load_prompts(cfg)
+    except WorkloadError as exc:
+        return [str(exc)]
+    return []
 
 
 def load_prompts(cfg: Mapping[str, Any]) -> tuple[list[Prompt], str]:
@@ -279,9 +316,11 @@ def load_workload(cfg: Mapping[str, Any], tokenizer: Tokenizer) -> Workload:
 
     Every prompt of the source is tokenized (through the chat template when
     ``chat_template`` is true); those longer than ``max_prompt_tokens`` are
-    dropped and counted, never truncated. ``num_prompts`` of the rest are
-    drawn with ``random.Random(seed).sample``, so the same config always gives
-    the same prompts in the same order.
+    dropped and counted, never truncated. ``num_prompts`` of the rest (every
+    one for ``all``) are chosen by ``selection``: ``random`` (the default)
+    draws them with ``random.Random(seed).sample``, so the same config always
+    gives the same prompts in the same order; ``first`` takes the first ones
+    in the source's order.
 
     Args:
         cfg: the ``workload`` config group.
@@ -297,7 +336,6 @@ def load_workload(cfg: Mapping[str, Any], tokenizer: Tokenizer) -> Workload:
     prompts, fingerprint = load_prompts(cfg)
     chat_template: bool = cfg["chat_template"]
     max_prompt_tokens: int = cfg["max_prompt_tokens"]
-    num_prompts: int = cfg["num_prompts"]
 
     eligible: list[tuple[Prompt, tuple[int, ...]]] = []
     for prompt in prompts:
@@ -305,14 +343,18 @@ def load_workload(cfg: Mapping[str, Any], tokenizer: Tokenizer) -> Workload:
         if len(ids) <= max_prompt_tokens:
             eligible.append((prompt, ids))
     skipped = len(prompts) - len(eligible)
-    if len(eligible) < num_prompts:
+    num_prompts: int = len(eligible) if cfg["num_prompts"] == ALL_PROMPTS else cfg["num_prompts"]
+    if len(eligible) < num_prompts or not eligible:
         raise WorkloadError(
-            f"workload.num_prompts={num_prompts} but workload {cfg['name']} "
+            f"workload.num_prompts={cfg['num_prompts']} but workload {cfg['name']} "
             f"(source={cfg['source']}) has only {len(eligible)} prompts within "
             f"workload.max_prompt_tokens={max_prompt_tokens} ({skipped} of {len(prompts)} "
             f"skipped as too long); lower num_prompts or raise max_prompt_tokens"
         )
-    chosen = random.Random(cfg["seed"]).sample(eligible, num_prompts)
+    if cfg.get("selection", "random") == "first":
+        chosen = eligible[:num_prompts]
+    else:
+        chosen = random.Random(cfg["seed"]).sample(eligible, num_prompts)
     return Workload(
         name=cfg["name"],
         source=cfg["source"],

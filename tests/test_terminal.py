@@ -1,0 +1,98 @@
+"""The quiet terminal: what it shows (plan, a line per cell) and where the rest goes (the sweep's log)."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import sys
+from pathlib import Path
+
+from hydra.types import RunMode
+
+from specbench.config import cell_from_config
+from specbench.logs import LOG_FILE, TerminalFilter, redirect_output, sweep_log_file
+from specbench.results import CellFiles, measured_fields
+from specbench.run import cell_summary
+from specbench.sweep import describe_plan, engine_starts, plan_cells
+
+
+def record(level: int) -> logging.LogRecord:
+    return logging.LogRecord("vllm", level, __file__, 1, "message", None, None)
+
+
+def test_terminal_shows_warnings_unless_verbose():
+    quiet, verbose = TerminalFilter(), TerminalFilter(verbose=True)
+    assert not quiet.filter(record(logging.INFO)) and quiet.filter(record(logging.WARNING))
+    assert verbose.filter(record(logging.INFO)) and verbose.filter(record(logging.DEBUG))
+
+
+def test_one_log_file_per_sweep_or_single_run(tmp_path):
+    handler = sweep_log_file(str(tmp_path / "run"), str(tmp_path / "sweep"), RunMode.MULTIRUN)
+    handler.close()
+    assert Path(handler.baseFilename) == tmp_path / "sweep" / LOG_FILE
+    handler = sweep_log_file(str(tmp_path / "run"), str(tmp_path / "sweep"), RunMode.RUN)
+    handler.close()
+    assert Path(handler.baseFilename) == tmp_path / "run" / LOG_FILE
+
+
+def _print_both(path: Path) -> None:
+    redirect_output(path)
+    print("to stdout", flush=True)
+    print("to stderr", file=sys.stderr, flush=True)
+    import os
+
+    os.write(2, b"from C, fd 2\n")  # what a C extension writes bypasses sys.stderr
+
+
+def test_worker_output_is_appended_to_the_log_at_the_descriptor_level(tmp_path):
+    log = tmp_path / LOG_FILE
+    log.write_text("before\n")
+    process = mp.get_context("spawn").Process(target=_print_both, args=(log,))
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0
+    assert log.read_text().splitlines() == ["before", "to stdout", "to stderr", "from C, fd 2"]
+
+
+def row(cell, wall: float, accepted: int) -> dict:
+    return {"cell_id": cell.cell_id, "status": "ok", "config_hash": cell.config_hash} | measured_fields(
+        rep_wall_s=[wall], rep_output_tokens=[64], num_requests=2, drafts=0 if not accepted else 20,
+        draft_tokens=2 * accepted, accepted_tokens=accepted, accepted_per_pos=[accepted // 2] * 2 if accepted else [],
+        ttft_s=[], tpot_s=[], e2e_s=[],
+    )
+
+
+def test_cell_line_has_speedup_acceptance_and_exactness(compose_cell, tmp_path):
+    spec = cell_from_config(compose_cell(["method=ngram", "num_speculative_tokens=2", "batch_size=4"]))
+    base = spec.baseline()
+    CellFiles(tmp_path, spec.cell_id).write(row(spec, 1.0, 20), [[1, 2], [3, 4]], ["a", "b"])
+    # Before its baseline is measured (odd passes run speculative cells first): tokens/s only.
+    assert cell_summary(spec, row(spec, 1.0, 20), tmp_path) == (
+        "ngram K=2 batch 4 summarize pass 0: 64.0 tok/s, acceptance length 2.00, "
+        "speedup once its baseline is measured")
+    assert cell_summary(base, row(base, 1.5, 0), tmp_path) == "baseline batch 4 summarize pass 0: 42.7 tok/s"
+    CellFiles(tmp_path, base.cell_id).write(row(base, 1.5, 0), [[1, 2], [3, 5]], ["a", "b"])
+    assert cell_summary(spec, row(spec, 1.0, 20), tmp_path) == (
+        "ngram K=2 batch 4 summarize pass 0: 1.50x, 64.0 tok/s, acceptance length 2.00, "
+        "NOT EXACT: 1 request(s) differ")
+    # The baseline measured after it names its speedup.
+    CellFiles(tmp_path, spec.cell_id).write(row(spec, 1.0, 20) | {
+        "baseline_cell_id": base.cell_id, "method": "ngram", "num_speculative_tokens": 2}, [[1, 2], [3, 5]], ["a", "b"])
+    assert cell_summary(base, row(base, 1.5, 0), tmp_path) == (
+        "baseline batch 4 summarize pass 0: 42.7 tok/s; measured before it: ngram K=2 1.50x exact")
+
+
+def test_plan_counts_cells_and_engines(compose_cell, tmp_path):
+    jobs = [["method=ngram", "num_speculative_tokens=2", "batch_size=1"],
+            ["method=ngram", "num_speculative_tokens=2", "batch_size=4"],
+            ["method=ngram", "num_speculative_tokens=4", "batch_size=1"]]
+    planned = plan_cells([job + ["passes=1"] for job in jobs], compose_cell)
+    # Baselines (batch 1 and 4) share an engine; so do the K=2 cells.
+    assert engine_starts(planned) == 3
+    text = describe_plan(tmp_path, planned, planned[1:], len(jobs), verbose=False)
+    assert text.splitlines() == [
+        f"sweep {tmp_path}: 5 cells (3 grid points, their baselines, 1 pass(es)); 4 to run on 3 engine(s), "
+        "1 already complete",
+        f"  results and report: {tmp_path}/",
+        f"  log: {tmp_path / LOG_FILE} (vLLM and engine output; verbose=true shows it here)",
+    ]
