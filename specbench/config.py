@@ -243,7 +243,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     if name in CHECKPOINT_METHODS:
         checkpoint = (method.get("speculative_config") or {}).get("model")
         problems = _check_checkpoint(_checkpoint_key(name, method), checkpoint, _missing_checkpoint_hint(
-            name, (plain.get("model") or {}).get("name")))
+            name, plain.get("model") or {}))
         if not problems and name in ("eagle", "eagle3"):
             problems = _check_head_fits_target(name, checkpoint, (plain.get("model") or {}).get("path"))
         errors += problems
@@ -294,12 +294,12 @@ def _checkpoint_key(method: str, config: Mapping[str, Any]) -> str:
     return f"method={method} ({key})"
 
 
-def _missing_checkpoint_hint(method: str, model: Any) -> str:
+def _missing_checkpoint_hint(method: str, model: Mapping[str, Any]) -> str:
     """What to do when the model config names no checkpoint for ``method``."""
     if method in ("eagle", "eagle3"):
         return (
-            f"model config {model} names no {method.upper()} head (model.{method}); train one with "
-            f"`python -m specbench.heads train --method {method} --target {model}`, "
+            f"model config {model.get('name')} names no {method.upper()} head (model.{method}); train one with "
+            f"`python -m specbench.heads train --method {method} --target {model.get('path')}`, "
             f"or set model.{method}=<checkpoint folder or hub id>"
         )
     return "this model config names no checkpoint for it"

@@ -128,7 +128,7 @@ class FakeWorker:
 
     started: list[FakeWorker] = []
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, log_path: object = None) -> None:
         self.spec, self.closed, self.alive = spec, False, True
         FakeWorker.started.append(self)
 
@@ -190,7 +190,7 @@ def test_run_cell_records_a_timed_out_cell_as_failed_and_discards_the_engine(tmp
     class Pool:
         discarded = 0
 
-        def get(self, spec):
+        def get(self, spec, log_path=None):
             return HungWorker()
 
         def discard(self):

@@ -55,7 +55,7 @@ def sweep(*overrides: str, multirun: bool, out: Path) -> list[str]:
          ["model.drafts.small", "/no/such/draft", "no such directory"]),
         (["method=eagle", "model.eagle=null"],
          ["method=eagle (model.eagle) is not set",
-          "python -m specbench.heads train --method eagle --target smollm2-135m"]),
+          "python -m specbench.heads train --method eagle --target embedded:smollm2-135m-instruct"]),
         (["batch_size=1", "no_such_key=3"], ["Could not override 'no_such_key'"]),
     ],
     ids=["unknown-method", "k-below-1", "missing-draft", "eagle-without-head", "unknown-key"],

@@ -29,13 +29,6 @@ def test_every_group_has_the_required_options():
 def test_every_combination_composes(compose_cell, model, method, workload):
     cfg = compose_cell([f"model={model}", f"method={method}", f"workload={workload}"])
     errors = validate(cfg)
-    no_head = model == "smollm2-135m" and method in ("eagle", "eagle3")
-    if no_head:
-        assert errors == [
-            f"method={method} (model.{method}) is not set: model config smollm2-135m names no "
-            f"{method.upper()} head (model.{method}); train one with `python -m specbench.heads train "
-            f"--method {method} --target smollm2-135m`, or set model.{method}=<checkpoint folder or hub id>"]
-        return
     assert errors == []
     cell = cell_from_config(cfg)
     assert cell.method == method and cell.workload["name"] == workload
@@ -142,8 +135,18 @@ def test_passes_get_their_own_cells_and_alternate_order(compose_cell):
     assert "pass_index=1" in planned[2].overrides
 
 
+def test_a_model_without_a_head_is_refused_saying_how_to_train_one(compose_cell):
+    for method in ("eagle", "eagle3"):
+        errors = validate(compose_cell([f"method={method}", f"model.{method}=null"]))
+        assert errors == [
+            f"method={method} (model.{method}) is not set: model config smollm2-135m names no "
+            f"{method.upper()} head (model.{method}); train one with `python -m specbench.heads train "
+            f"--method {method} --target embedded:smollm2-135m-instruct`, or set model.{method}=<checkpoint folder or hub id>"]
+
+
 def test_plan_reports_every_bad_grid_point_before_any_engine(compose_cell):
-    jobs = [["method=ngram", "num_speculative_tokens=0"], ["method=eagle"], ["method=ngram", "batch_size=-1"],
+    jobs = [["method=ngram", "num_speculative_tokens=0"], ["method=eagle", "model.eagle=null"],
+            ["method=ngram", "batch_size=-1"],
             ["method=medusa"]]
     with pytest.raises(ConfigError) as err:
         plan_cells(jobs, compose_cell)

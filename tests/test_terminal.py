@@ -55,7 +55,11 @@ def test_worker_output_is_appended_to_the_log_at_the_descriptor_level(tmp_path):
 
 
 def row(cell, wall: float, accepted: int) -> dict:
-    return {"cell_id": cell.cell_id, "status": "ok", "config_hash": cell.config_hash} | measured_fields(
+    from specbench.run import current_provenance
+
+    # A stored row counts as complete only with this run's provenance (resume checks it).
+    return {"cell_id": cell.cell_id, "status": "ok", "config_hash": cell.config_hash} | current_provenance(
+        cell) | measured_fields(
         rep_wall_s=[wall], rep_output_tokens=[64], num_requests=2, drafts=0 if not accepted else 20,
         draft_tokens=2 * accepted, accepted_tokens=accepted, accepted_per_pos=[accepted // 2] * 2 if accepted else [],
         ttft_s=[], tpot_s=[], e2e_s=[],
