@@ -17,7 +17,6 @@ checkpoint format). Training needs torch and transformers only, never vLLM.
 from __future__ import annotations
 
 import importlib.resources
-import os
 from pathlib import Path
 
 HEADS_PREFIX = "heads:"
@@ -35,9 +34,13 @@ def shipped_dir() -> Path:
 
 
 def default_output_dir() -> Path:
-    """Where ``train`` writes heads unless told otherwise (never over the shipped ones)."""
-    root = os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench"
-    return Path(root) / "heads"
+    """Where ``train`` writes heads unless told otherwise (never over the shipped ones).
+
+    Beside the embedded models, under the same cache root (``$SPECBENCH_CACHE``).
+    """
+    from specbench import models  # models resolves heads: references, so import it late
+
+    return models.cache_dir().parent / "heads"
 
 
 def is_shipped(reference: str) -> bool:
