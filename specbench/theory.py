@@ -527,7 +527,9 @@ def draft_prefill_time(
     (:func:`prefill_time` of ``draft``); an EAGLE head runs its layer and fc
     over every prompt token (it needs their hidden states before it can
     propose) and its LM head read at each prompt's last position, in the
-    same steps as the target. ngram and plain decoding: 0.
+    same steps as the target, priced from the head's own shapes (``draft``,
+    its profile; the target's shapes when absent) as :func:`draft_time`
+    prices a draft step. ngram and plain decoding: 0.
     """
     _check_method(method)
     if method in ("baseline", "ngram"):
@@ -541,21 +543,14 @@ def draft_prefill_time(
     batch_size = _check_int("batch_size", batch_size, 1)
     prompt_len = _check_real("prompt_len", prompt_len, 1.0)
     max_step_tokens = _check_int("max_step_tokens", max_step_tokens, 1)
-    hidden = target.hidden_size
-    layer = target.layer_matmul_params + _EAGLE_FC_INPUTS[method] * hidden * hidden
-    head = target.vocab_size * hidden
     total = batch_size * prompt_len
     steps = math.ceil(total / max_step_tokens)
     num_tokens = max(total / steps, batch_size)
-    context = prompt_len / 2.0
-    bytes_moved = (layer + head) * target.kv_bytes_per_element + (
-        batch_size * context * target.kv_bytes_per_token / target.num_layers
+    work = _eagle_head_work(
+        method, draft or target, target, num_tokens=num_tokens, num_seqs=batch_size,
+        context_len=prompt_len / 2.0, logits=batch_size / steps,
     )
-    flops = (
-        num_tokens * (2.0 * layer + 4.0 * context * target.num_attention_heads * target.head_dim)
-        + batch_size / steps * 2.0 * head
-    )
-    return steps * _roofline(hw, bytes_moved, flops)
+    return steps * _roofline(hw, *work)
 
 
 # --------------------------------------------------------------------------- draft cost
@@ -598,16 +593,43 @@ def draft_time(
         return k * plain_decode_step(draft, hw, batch_size, context_len)
     if target is None:
         raise ValueError(f"target must be given for method {method!r}")
-    head = draft or target
-    matmul_params = eagle_head_matmul_params(method, head)
-    bytes_moved = (
-        matmul_params * target.kv_bytes_per_element
-        + batch_size * context_len * target.kv_bytes_per_token / target.num_layers
+    work = _eagle_head_work(
+        method, draft or target, target, num_tokens=batch_size, num_seqs=batch_size,
+        context_len=context_len, logits=batch_size,
     )
-    flops = batch_size * (
-        2.0 * matmul_params + 4.0 * context_len * head.num_attention_heads * head.head_dim
+    return k * _roofline(hw, *work)
+
+
+def _eagle_head_lm_params(method: str, head: ModelProfile) -> int:
+    """Weights of the LM head an EAGLE draft step reads: the full vocabulary, or EAGLE-3's own."""
+    vocab = (head.draft_vocab_size or head.vocab_size) if method == "eagle3" else head.vocab_size
+    return vocab * head.hidden_size
+
+
+def _eagle_head_work(
+    method: str,
+    head: ModelProfile,
+    target: ModelProfile,
+    *,
+    num_tokens: float,
+    num_seqs: int,
+    context_len: float,
+    logits: float,
+) -> tuple[float, float]:
+    """Bytes and FLOPs of one head pass over num_tokens tokens, logits read at ``logits`` of them.
+
+    Weights at the dtype width kv_bytes_per_element (heads ship unquantized),
+    plus the head's one layer of KV cache per sequence.
+    """
+    lm_params = _eagle_head_lm_params(method, head)
+    body_params = eagle_head_matmul_params(method, head) - lm_params
+    bytes_moved = (body_params + lm_params) * target.kv_bytes_per_element + (
+        num_seqs * context_len * target.kv_bytes_per_token / target.num_layers
     )
-    return k * _roofline(hw, bytes_moved, flops)
+    flops = num_tokens * (
+        2.0 * body_params + 4.0 * context_len * head.num_attention_heads * head.head_dim
+    ) + logits * 2.0 * lm_params
+    return bytes_moved, flops
 
 
 def eagle_head_matmul_params(method: str, head: ModelProfile) -> int:
@@ -622,11 +644,9 @@ def eagle_head_matmul_params(method: str, head: ModelProfile) -> int:
     """
     hidden = head.hidden_size
     layer = head.layer_matmul_params
-    vocab = head.vocab_size
     if method == "eagle3":
         layer += hidden * (head.num_attention_heads + 2 * head.num_kv_heads) * head.head_dim
-        vocab = head.draft_vocab_size or head.vocab_size
-    return _EAGLE_FC_INPUTS[method] * hidden * hidden + layer + vocab * hidden
+    return _EAGLE_FC_INPUTS[method] * hidden * hidden + layer + _eagle_head_lm_params(method, head)
 
 
 # --------------------------------------------------------------------------- prediction

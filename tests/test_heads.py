@@ -227,3 +227,19 @@ def test_head_cost_reads_the_heads_own_shapes():
     assert eagle3.draft_vocab_size == 4096
     # q/k/v read [embedding; state]: their weights double; the LM head has 4096 rows, not 49152.
     assert eagle_head_matmul_params("eagle3", eagle3) == 3 * 576**2 + layer + 576 * (9 + 2 * 3) * 64 + 4096 * 576
+
+
+def test_head_prefill_reads_the_heads_own_shapes():
+    """The head's prompt pass: fc + layer over every prompt token, its own LM head at the last one."""
+    from specbench.theory import HardwareProfile, ModelProfile, draft_prefill_time
+
+    target = ModelProfile.from_config_json(SMOLLM2, dtype="float32")
+    eagle3 = ModelProfile.from_config_json(dict(SMOLLM2, num_hidden_layers=1, draft_vocab_size=4096), dtype="float32")
+    compute_bound = HardwareProfile("flops only", 1e30, 1e12, 0.0, "vendor")
+    prompt, batch = 400, 2
+    layer = 576 * (2 * (9 + 3) * 64 + 3 * 1536) + 576 * (9 + 2 * 3) * 64
+    attention = 4.0 * (prompt / 2) * 9 * 64
+    flops = batch * prompt * (2.0 * (3 * 576**2 + layer) + attention) + batch * 2.0 * 4096 * 576
+    seconds = draft_prefill_time("eagle3", hw=compute_bound, batch_size=batch, prompt_len=prompt,
+                                 max_step_tokens=4096, draft=eagle3, target=target)
+    assert seconds == pytest.approx(flops / 1e12, rel=1e-12)
