@@ -15,7 +15,7 @@ SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
 # preset -> (speculative cells in the grid, baselines, passes)
 EXPECTED = {
-    "cpu_demo": (1 * 2 * 2 * 2, 2 * 2, 2),
+    "cpu_demo": (2 * 2 * 2 * 2, 2 * 2, 2),
     "full_grid": (4 * 4 * 3 * 7, 3 * 7, 2),
     "batch_decay": (2 * 1 * 2 * 8, 2 * 8, 2),
     "k_sweep": (4 * 8 * 3 * 1, 3 * 1, 2),

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from specbench.heads import HEADS_CACHE_HINT, default_output_dir, head_name
+from specbench.heads.train import TrainSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--source-prompts", type=int, default=40)
     train.add_argument("--reading-prompts", type=int, default=96)
     train.add_argument("--max-new-tokens", type=int, default=128)
-    train.add_argument("--epochs", type=int, default=2)
+    train.add_argument("--epochs", type=int, default=TrainSettings.epochs)
+    train.add_argument("--lr", type=float, default=None,
+                       help="peak learning rate (default: 2e-3; EAGLE-1 3e-4)")
     train.add_argument("--steps", type=int, default=3, help="chained draft steps trained on the head's own outputs")
     train.add_argument("--eval-k", type=int, default=4, help="K of the held-out chain-drafting estimate")
     train.add_argument("--draft-vocab-size", type=int, default=4096, help="EAGLE-3's reduced vocabulary")
@@ -86,7 +89,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     from specbench.heads import corpus
     from specbench.heads.features import Example, encode, generate
     from specbench.heads.modules import TargetShape
-    from specbench.heads.train import TrainSettings, head_config, save, split_held_out, train
+    from specbench.heads.train import head_config, save, split_held_out, train
 
     torch.manual_seed(args.seed)
     if args.threads:
@@ -136,8 +139,9 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     out = args.out or default_output_dir()
     command = "python -m specbench.heads " + " ".join(shlex.quote(a) for a in argv)
     for method in args.method:
-        settings = TrainSettings(steps=args.steps, eval_k=args.eval_k, epochs=args.epochs,
-                                 draft_vocab_size=args.draft_vocab_size, seed=args.seed)
+        chosen = {"lr": args.lr} if args.lr is not None else {}
+        settings = TrainSettings.for_method(method, steps=args.steps, eval_k=args.eval_k, epochs=args.epochs,
+                                            draft_vocab_size=args.draft_vocab_size, seed=args.seed, **chosen)
         head, result = train(method, shape, target_state, train_set, held_out, settings)
         name = head_name(Path(folder).name, method)
         manifest = {

@@ -5,9 +5,9 @@ under its CPU lock):
 
     .venv/bin/python tests/benchmarks/interval_coverage.py FIRST_DIR SECOND_DIR [OVERRIDE ...]
 
-The CPU demo sweep (``sweep=cpu_demo``: ngram K=2,4 x batch 1,4 x summarize,
-creative, two passes), with any extra Hydra overrides (e.g. ``batch_size=1,2,4``
-for 12 speculative cells), runs into each directory unless it already holds a
+The CPU demo sweep (``sweep=cpu_demo``: ngram and EAGLE-3, K=2,4 x batch 1,4 x
+summarize, creative, two passes: 16 speculative cells), with any extra Hydra
+overrides, runs into each directory unless it already holds a
 finished sweep (``results.parquet``), so a finished demo sweep can be reused.
 Both runs are merged again from their cell files with the current code, so
 the intervals are the ones this checkout computes. For each speculative cell
@@ -56,7 +56,7 @@ def merged(directory: Path, pass_zero_only: bool = False) -> pd.DataFrame:
 
 def key(frame: pd.DataFrame) -> pd.DataFrame:
     spec = frame[(frame["method"] != "baseline") & frame["speedup"].notna()]
-    return spec.set_index(["num_speculative_tokens", "batch_size", "workload"])
+    return spec.set_index(["method", "num_speculative_tokens", "batch_size", "workload"])
 
 
 def report(name: str, runs: list[pd.DataFrame], low: str, high: str) -> None:
