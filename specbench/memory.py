@@ -13,7 +13,8 @@ The memory model itself is :mod:`specbench.theory` (``engine_memory``,
   A profile with neither cannot be priced for memory, and nothing is refused.
 - **models**: the target's and the draft's config.json (local, the Hugging
   Face cache, or the published facts in ``models.PUBLISHED_CONFIGS``); an
-  EAGLE head as ``theory.eagle_head_profile`` of the target.
+  EAGLE head as ``theory.eagle_head_profile``, from the head's own config.json
+  where it can be read (else the target's shapes).
 - **a request**: ``workload.max_prompt_tokens + workload.max_tokens`` (the
   longest request the workload admits) plus K lookahead slots.
 
@@ -126,8 +127,18 @@ def drafter_profile(
     if name == "draft_model":
         return prediction.model_profile(spec["model"], dtype)
     if name in ("eagle", "eagle3"):
-        return theory.eagle_head_profile(target, name)
+        return theory.eagle_head_profile(target, name, _head_shapes(spec.get("model"), dtype))
     return None
+
+
+def _head_shapes(reference: str | None, dtype: str) -> theory.ModelProfile | None:
+    """An EAGLE head's own shapes from its config.json, None where it cannot be read (a hub id offline)."""
+    if not reference:
+        return None
+    try:
+        return prediction.model_profile(reference, dtype)
+    except (KeyError, ValueError, OSError):
+        return None
 
 
 def cell_estimate(

@@ -802,25 +802,36 @@ DEFAULT_KV_BLOCK_SIZE = 16
 _LOGIT_BYTES = 4
 
 
-def eagle_head_profile(target: ModelProfile, method: str) -> ModelProfile:
-    """The EAGLE head draft_time prices, as a one-layer profile of its own.
+# Norm vectors in a head's checkpoint: EAGLE-1's layer keeps only its post-attention
+# norm (vLLM drops the input norm of its first layer); EAGLE-3 adds the input,
+# hidden-state and final norms.
+_EAGLE_NORMS = {"eagle": 1, "eagle3": 4}
 
-    One decoder layer of the target's shape plus an fc layer of
-    2 * hidden^2 (eagle) or 3 * hidden^2 (eagle3) weights and the layer's two
-    norm vectors; the embeddings and LM head are the target's (vLLM shares
-    them), so they cost no bytes here. Weights and its one layer of KV cache
+
+def eagle_head_profile(target: ModelProfile, method: str, head: ModelProfile | None = None) -> ModelProfile:
+    """The EAGLE head as a one-layer profile of its own, for the memory model.
+
+    Its weights are those of :func:`eagle_head_matmul_params` read from the
+    head's own shapes (``head``: its config.json; the target's shapes when
+    absent) plus its norm vectors, less the LM head EAGLE-1 shares with the
+    target (EAGLE-3 brings its own, over draft_vocab_size tokens; without the
+    head's config, the full vocabulary: an upper bound). The embeddings are
+    the target's (vLLM shares them). Weights and its one layer of KV cache
     are at the dtype width kv_bytes_per_element: heads ship unquantized.
     """
     if method not in _EAGLE_FC_INPUTS:
         raise ValueError(f"method must be one of {', '.join(_EAGLE_FC_INPUTS)}; got {method!r}")
-    hidden = target.hidden_size
-    params = target.layer_matmul_params + _EAGLE_FC_INPUTS[method] * hidden * hidden + 2 * hidden
+    shapes = head or target
+    params = eagle_head_matmul_params(method, shapes) + _EAGLE_NORMS[method] * shapes.hidden_size
+    if method == "eagle":
+        params -= _eagle_head_lm_params(method, shapes)
     return replace(
-        target,
+        shapes,
         name=f"{method} head for {target.name}",
         num_params=params,
         num_layers=1,
         bytes_per_weight=target.kv_bytes_per_element,
+        kv_bytes_per_element=target.kv_bytes_per_element,
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dataclasses import replace
+
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
@@ -48,10 +50,17 @@ def test_kv_bytes_per_token_sums_target_and_drafter_layers() -> None:
 
 def test_eagle_head_is_one_target_layer_plus_fc() -> None:
     head = theory.eagle_head_profile(QWEN_7B, "eagle")
-    assert head.num_params == 233_046_016 + 2 * 3584 * 3584 + 2 * 3584 == 258_743_296
-    assert head.weight_bytes == 2 * 258_743_296
+    # One layer of the target, fc over [embedding; state], one norm; the LM head is the target's.
+    assert head.num_params == 233_046_016 + 2 * 3584 * 3584 + 3584 == 258_739_712
+    assert head.weight_bytes == 2 * 258_739_712
     assert head.kv_bytes_per_token == 2 * 1 * 4 * 128 * 2
-    assert theory.eagle_head_profile(QWEN_7B, "eagle3").num_params == 258_743_296 + 3584 * 3584
+    # EAGLE-3: fc over three states, q/k/v over [embedding; state], four norms and its own LM head
+    # (the full vocabulary when the head's config is unknown, draft_vocab_size when it is).
+    qkv = 3584 * (28 + 2 * 4) * 128
+    eagle3 = 233_046_016 + 3 * 3584 * 3584 + qkv + 4 * 3584
+    assert theory.eagle_head_profile(QWEN_7B, "eagle3").num_params == eagle3 + 152_064 * 3584
+    head_config = replace(QWEN_7B, num_layers=1, draft_vocab_size=32_000)
+    assert theory.eagle_head_profile(QWEN_7B, "eagle3", head_config).num_params == eagle3 + 32_000 * 3584
     with pytest.raises(ValueError, match="eagle"):
         theory.eagle_head_profile(QWEN_7B, "ngram")
 
