@@ -35,7 +35,6 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from typing import Any
 import yaml
 
 from specbench import models, prediction, theory
+from specbench.results import write_atomic
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_PROMPT_LENGTHS = (64, 512, 1024)
@@ -202,16 +202,9 @@ def profile_document(
 
 
 def write_profile(doc: dict[str, Any], path: Path) -> None:
-    """Write the YAML atomically (temporary file, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(doc, f, sort_keys=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write the YAML atomically (:func:`specbench.results.write_atomic`)."""
+    text = yaml.safe_dump(doc, sort_keys=False)
+    write_atomic(path, lambda f: f.write(text.encode()))
 
 
 def format_fit(profile: theory.HardwareProfile, records: Sequence[dict[str, Any]]) -> str:

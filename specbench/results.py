@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -335,19 +335,32 @@ def _git_commit() -> str | None:
 # --- atomic files ----------------------------------------------------------------
 
 
-def write_table(table: pa.Table, path: Path) -> None:
-    """Write ``table`` to ``path`` atomically: temp file, fsync, rename."""
+def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` atomically and durably: ``write`` fills a temporary file
+    beside it, which is fsynced, made world-readable and renamed into place.
+
+    A killed process leaves the old file or the new one, never half of one.
+    mkstemp creates files 0600; results, profiles and reports are shared (a
+    SLURM sweep's cells are read by the user's other nodes and colleagues),
+    so every file gets 0644.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     try:
-        pq.write_table(table, tmp)
-        with open(tmp, "rb") as f:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_table(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` as Parquet, atomically (:func:`write_atomic`)."""
+    write_atomic(path, lambda f: pq.write_table(table, f))
 
 
 def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:

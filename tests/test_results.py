@@ -99,6 +99,16 @@ def test_atomic_write_leaves_only_the_final_file(tmp_path):
     assert pq.read_table(path).column_names == COLUMNS
 
 
+def test_every_written_file_is_readable_by_others(tmp_path):
+    """Cells, results, calibrated profiles and reports are shared (SLURM nodes, colleagues): 0644, not mkstemp's 0600."""
+    from specbench.calibrate import write_profile
+
+    write_table(rows_to_table([{"cell_id": "x", "status": "ok"}]), tmp_path / "cell.parquet")
+    write_profile({"name": "x"}, tmp_path / "calibrated.yaml")
+    for path in tmp_path.iterdir():
+        assert path.stat().st_mode & 0o777 == 0o644, path.name
+
+
 def test_decode_speedup_is_the_ratio_of_total_decode_time(tmp_path):
     # Token-weighted mean TPOT: 3 s over 100 decoded tokens against 1 s; the
     # median requests' TPOTs (0.02 s and 0.01 s in cell_row) would say 2x.

@@ -63,7 +63,6 @@ class TrainSettings:
     step_decay: float = 0.8       # weight of chained step s: step_decay ** s
     seed: int = 0
 
-
     @classmethod
     def for_method(cls, method: str, **overrides: Any) -> TrainSettings:
         """The defaults for ``method`` (EAGLE-1's lower learning rate), with ``overrides``."""

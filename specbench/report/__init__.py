@@ -15,8 +15,6 @@ from the command line.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +28,7 @@ import yaml
 
 from specbench.logs import LOG_FILE
 from specbench.report import memory, plots, tables
-from specbench.results import ResultsError, results_path
+from specbench.results import ResultsError, results_path, write_atomic
 
 __all__ = ["REPORT_FILE", "render_report", "write_report"]
 
@@ -57,17 +55,7 @@ def write_report(results: Path | str, out: Path | None = None) -> Path:
         raise ResultsError(f"{path}: not a readable Parquet file ({exc})") from exc
     target = Path(out) if out is not None else path.parent / REPORT_FILE
     html = render_report(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html)
-        # mkstemp creates the file private (0600); a report is meant to be shared.
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomic(target, lambda f: f.write(html.encode("utf-8")))
     return target
 
 

@@ -29,15 +29,17 @@ PANEL = "panel"
 CONFIG = "config_label"
 """Derived column: ``"<method> K=<K>"``."""
 PREDICTED = "predicted_speedup"
+"""The analytic model's wall-time speedup column: null on every row of a sweep without a hardware profile."""
+
+
+FLAGGED = "flagged"
+"""Boolean column marking cells whose speedup needs care; absent from files of older schemas."""
+NO_MODEL = "n/a: no model columns"
 
 
 def has_predictions(df: pd.DataFrame) -> bool:
     """Whether any row carries the analytic model's predicted speedup (none without a hardware profile)."""
     return PREDICTED in df.columns and bool(df[PREDICTED].notna().any())
-"""The analytic model's speedup column; not in the schema yet, so optional everywhere."""
-FLAGGED = "flagged"
-"""Boolean column marking cells whose speedup needs care; absent from files of older schemas."""
-NO_MODEL = "n/a: no model columns"
 
 
 def load_frame(path: Path) -> tuple[pd.DataFrame, list[str]]:
