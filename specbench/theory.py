@@ -814,8 +814,9 @@ def eagle_head_profile(target: ModelProfile, method: str, head: ModelProfile | N
     Its weights are those of :func:`eagle_head_matmul_params` read from the
     head's own shapes (``head``: its config.json; the target's shapes when
     absent) plus its norm vectors, less the LM head EAGLE-1 shares with the
-    target (EAGLE-3 brings its own, over draft_vocab_size tokens; without the
-    head's config, the full vocabulary: an upper bound). The embeddings are
+    target (EAGLE-3 brings its own, over draft_vocab_size tokens, and its
+    int64 ``d2t`` map; without the head's config, the full vocabulary: an
+    upper bound). The embeddings are
     the target's (vLLM shares them). Weights and its one layer of KV cache
     are at the dtype width kv_bytes_per_element: heads ship unquantized.
     """
@@ -825,6 +826,9 @@ def eagle_head_profile(target: ModelProfile, method: str, head: ModelProfile | N
     params = eagle_head_matmul_params(method, shapes) + _EAGLE_NORMS[method] * shapes.hidden_size
     if method == "eagle":
         params -= _eagle_head_lm_params(method, shapes)
+    elif shapes.draft_vocab_size:
+        # d2t: one int64 offset per draft token, counted in units of the weight width.
+        params += round(shapes.draft_vocab_size * 8 / target.kv_bytes_per_element)
     return replace(
         shapes,
         name=f"{method} head for {target.name}",

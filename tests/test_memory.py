@@ -60,7 +60,8 @@ def test_eagle_head_is_one_target_layer_plus_fc() -> None:
     eagle3 = 233_046_016 + 3 * 3584 * 3584 + qkv + 4 * 3584
     assert theory.eagle_head_profile(QWEN_7B, "eagle3").num_params == eagle3 + 152_064 * 3584
     head_config = replace(QWEN_7B, num_layers=1, draft_vocab_size=32_000)
-    assert theory.eagle_head_profile(QWEN_7B, "eagle3", head_config).num_params == eagle3 + 32_000 * 3584
+    # ... plus its d2t map: 32,000 int64 offsets, in 2-byte weight units.
+    assert theory.eagle_head_profile(QWEN_7B, "eagle3", head_config).num_params == eagle3 + 32_000 * 3584 + 128_000
     with pytest.raises(ValueError, match="eagle"):
         theory.eagle_head_profile(QWEN_7B, "ngram")
 

