@@ -621,13 +621,14 @@ def _eagle_head_work(
     Weights at the dtype width kv_bytes_per_element (heads ship unquantized),
     plus the head's one layer of KV cache per sequence.
     """
+    matmul_params = eagle_head_matmul_params(method, head)
     lm_params = _eagle_head_lm_params(method, head)
-    body_params = eagle_head_matmul_params(method, head) - lm_params
-    bytes_moved = (body_params + lm_params) * target.kv_bytes_per_element + (
+    bytes_moved = matmul_params * target.kv_bytes_per_element + (
         num_seqs * context_len * target.kv_bytes_per_token / target.num_layers
     )
+    # fc and the layer run on every token; the LM head only where logits are read.
     flops = num_tokens * (
-        2.0 * body_params + 4.0 * context_len * head.num_attention_heads * head.head_dim
+        2.0 * (matmul_params - lm_params) + 4.0 * context_len * head.num_attention_heads * head.head_dim
     ) + logits * 2.0 * lm_params
     return bytes_moved, flops
 
@@ -816,8 +817,8 @@ def eagle_head_profile(target: ModelProfile, method: str, head: ModelProfile | N
     absent) plus its norm vectors, less the LM head EAGLE-1 shares with the
     target (EAGLE-3 brings its own, over draft_vocab_size tokens, and its
     int64 ``d2t`` map; without the head's config, the full vocabulary: an
-    upper bound). The embeddings are
-    the target's (vLLM shares them). Weights and its one layer of KV cache
+    upper bound). The embeddings are the target's (vLLM shares them).
+    Weights and its one layer of KV cache
     are at the dtype width kv_bytes_per_element: heads ship unquantized.
     """
     if method not in _EAGLE_FC_INPUTS:
