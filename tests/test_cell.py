@@ -11,7 +11,7 @@ from typing import Sequence
 import pytest
 
 from specbench import engine, run
-from specbench.cell import CellPlan, GeneratedRequest, SpecCounters, measure
+from specbench.cell import WARMUP_MAX_TOKENS, CellPlan, GeneratedRequest, SpecCounters, measure
 from specbench.engine import EngineError, EnginePool, EngineSpec, EngineWorker
 
 
@@ -23,9 +23,11 @@ class FakeEngine:
         self.counters = SpecCounters()
         self.unstable = unstable
         self.generated = 0
+        self.max_tokens: list[int] = []
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[GeneratedRequest]:
         self.calls.append(("generate", len(prompts)))
+        self.max_tokens.append(max_tokens)
         self.generated += 1
         # Each request drafts twice (2 tokens each) and has its first drafted token accepted once.
         c, n = self.counters, len(prompts)
@@ -69,6 +71,15 @@ def test_measure_warms_up_untimed_then_times_every_batch_of_every_repetition():
     assert len(m.ttft_s) == len(m.tpot_s) == len(m.e2e_s) == 12
     assert m.decode_tokens == 12 * 4 and m.decode_s == pytest.approx(12 * 4 * 0.01)
     assert m.warmup_s is not None
+
+
+def test_warm_up_decodes_few_tokens_and_the_timed_batches_all_of_them():
+    fake = FakeEngine()
+    measure(fake, plan(max_tokens=WARMUP_MAX_TOKENS + 24, repetitions=1))
+    assert fake.max_tokens == [WARMUP_MAX_TOKENS] + [WARMUP_MAX_TOKENS + 24] * 2
+    short = FakeEngine()
+    measure(short, plan(max_tokens=3, repetitions=1))
+    assert short.max_tokens == [3, 3, 3]
 
 
 def test_measure_without_warm_up_runs_the_reference_pass_first_for_controlled_acceptance():
