@@ -24,7 +24,7 @@ The profile, the samples and their residuals are printed and written to
 ``~/.cache/specbench/hardware/``), where :mod:`specbench.prediction` finds it
 for every later sweep that names no ``hardware``.
 
-    python -m specbench.calibrate                      # ~2-3 min on 2 CPU cores
+    python -m specbench.calibrate                      # ~2.5 min on 2 CPU cores
     python -m specbench.calibrate model=qwen2.5-7b-instruct --max-step-tokens 8192
 """
 
@@ -46,9 +46,14 @@ from specbench import models, prediction, theory
 from specbench.results import write_atomic
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
-DEFAULT_PROMPT_LENGTHS = (64, 512, 1024)
+# Prefill is most of the calibration's time and none of its samples: the short
+# length is 16 tokens (64 made batch 64 prefill 4096 tokens for a 76-token
+# context), so the short-context row costs a quarter of what it did.
+DEFAULT_PROMPT_LENGTHS = (16, 512, 1024)
 DEFAULT_MAX_TOKENS = 24
-DEFAULT_ROUNDS = 3
+# Each sample keeps its fastest round; on a quiet machine the second round
+# rarely beats the first by more than a few percent, and a third costs a minute.
+DEFAULT_ROUNDS = 2
 # vLLM's own default on CPU. A wider grid (16384: batch 32 at 512-token
 # prompts) was tried: one bandwidth cannot serve both the weight-bound small
 # batches and the KV-bound large ones, and the fit predicted speedups worse.
