@@ -9,7 +9,9 @@ cannot happen. Cells that share an :class:`EngineSpec` reuse one worker
 through :class:`EnginePool`.
 
 The worker runs :func:`specbench.cell.measure` itself, so the timed region
-contains only vLLM calls, never inter-process traffic.
+contains only vLLM calls, never inter-process traffic. Workers are forked from
+a fork server that has imported vLLM once (:func:`worker_context`), so an
+engine start costs building the engine, not importing vLLM again.
 """
 
 from __future__ import annotations
@@ -132,20 +134,76 @@ class EngineInfo:
     start_s: float
 
 
-def worker_environment(spec: EngineSpec) -> dict[str, str]:
-    """Environment for an engine worker, set before vLLM is imported there."""
-    return {
+def worker_environment(spec: EngineSpec | None) -> dict[str, str]:
+    """Environment for an engine worker, set before it builds its engine.
+
+    ``None``: only the part every worker shares (the fork server's).
+    """
+    shared = {
         # The worker process is the isolation boundary; a second process per
         # engine would double start-up time and memory.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_KVCACHE_SPACE": str(spec.cpu_kvcache_space_gib),
         "VLLM_NO_USAGE_STATS": "1",
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
         "TOKENIZERS_PARALLELISM": "false",
         # vLLM otherwise drops torch to one thread "for serving"; an offline
         # benchmark owns the machine's cores.
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
-    } | dict(spec.worker_env)
+    }
+    if spec is None:
+        return shared
+    return shared | {"VLLM_CPU_KVCACHE_SPACE": str(spec.cpu_kvcache_space_gib)} | dict(spec.worker_env)
+
+
+_SERVER_STARTED = False
+
+
+def worker_context(log_path: Path | None = None) -> Any:
+    """The multiprocessing context that engine workers start from.
+
+    A fork server that has imported vLLM (:mod:`specbench.engine_preload`),
+    started once per process with only the environment every worker shares
+    (each worker applies its own :func:`worker_environment` before it builds
+    an engine; vLLM reads its variables when the engine is built, not when it
+    is imported). ``log_path``: where the server's import output goes. Where
+    the platform has no fork server, plain spawn.
+    """
+    global _SERVER_STARTED
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    if not _SERVER_STARTED:
+        from multiprocessing import forkserver
+
+        from specbench.engine_preload import LOG_ENV
+
+        shared = {k: v for k, v in worker_environment(None).items()}
+        if log_path is not None:
+            shared[LOG_ENV] = str(log_path)
+        ctx.set_forkserver_preload(["specbench.engine_preload", "specbench.engine"])
+        with _environment(shared):  # the server copies os.environ when it starts
+            forkserver.ensure_running()
+        _SERVER_STARTED = True
+    return ctx
+
+
+class _environment:
+    """Context manager: ``os.environ`` updated with ``values``, restored on exit."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        self.saved = {k: os.environ.get(k) for k in self.values}
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class EngineWorker:
@@ -158,19 +216,12 @@ class EngineWorker:
 
     def __init__(self, spec: EngineSpec, start_timeout_s: float = 900.0, log_path: Path | None = None) -> None:
         self.spec = spec
-        ctx = mp.get_context("spawn")
+        ctx = worker_context(log_path)
         self._conn, child_conn = ctx.Pipe()
-        saved = {k: os.environ.get(k) for k in worker_environment(spec)}
-        os.environ.update(worker_environment(spec))
-        try:  # spawn copies os.environ at start
-            self._process = ctx.Process(target=_serve, args=(child_conn, spec, log_path), daemon=True)
+        environment = worker_environment(spec)
+        with _environment(environment):  # spawn copies os.environ at start; a forked worker applies it itself
+            self._process = ctx.Process(target=_serve, args=(child_conn, spec, log_path, environment), daemon=True)
             self._process.start()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         child_conn.close()
         self.info: EngineInfo = self._receive(start_timeout_s, "starting the engine")
 
@@ -473,9 +524,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def _serve(conn: Connection, spec: EngineSpec, log_path: Path | None = None) -> None:
+def _serve(
+    conn: Connection, spec: EngineSpec, log_path: Path | None = None, environment: dict[str, str] | None = None
+) -> None:
     """Worker main loop: build the engine, then measure plans until told to stop."""
     _die_with_parent()
+    os.environ.update(environment or {})
     if log_path is not None:
         from specbench.logs import redirect_output
 
