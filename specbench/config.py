@@ -19,13 +19,10 @@ from typing import Any, Mapping, NoReturn
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specbench import controlled, heads, memory, models
+from specbench import controlled, heads, memory, methods, models
 from specbench.engine import EngineSpec
 from specbench.workloads import validate_workload_config
 
-METHODS = ("baseline", "ngram", "eagle", "eagle3", "draft_model", "controlled")
-# Methods whose speculative_config names a checkpoint in `model`.
-CHECKPOINT_METHODS = ("eagle", "eagle3", "draft_model")
 MAX_K = 64  # vLLM accepts more, but past this a sweep point is a typo
 
 
@@ -223,8 +220,9 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
 
     method = plain.get("method") or {}
     name = method.get("name")
-    if name not in METHODS:
-        errors.append(f"method={name!r} is not one of {', '.join(METHODS)}")
+    registered = methods.get(name) if isinstance(name, str) else None
+    if registered is None:
+        errors.append(f"method={name!r} is not one of {', '.join(methods.names())}")
     k = plain.get("num_speculative_tokens")
     if name != "baseline" and not (isinstance(k, int) and 1 <= k <= MAX_K):
         errors.append(f"num_speculative_tokens={k!r} must be an integer in 1..{MAX_K} for method={name}")
@@ -240,11 +238,11 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
 
     if name == "controlled":
         errors += _check_controlled(method)
-    if name in CHECKPOINT_METHODS:
+    if registered is not None and registered.checkpoint is not None:
         checkpoint = (method.get("speculative_config") or {}).get("model")
-        problems = _check_checkpoint(_checkpoint_key(name, method), checkpoint, _missing_checkpoint_hint(
-            name, plain.get("model") or {}))
-        if not problems and name in ("eagle", "eagle3"):
+        problems = _check_checkpoint(_checkpoint_key(registered, method), checkpoint, _missing_checkpoint_hint(
+            registered, plain.get("model") or {}))
+        if not problems and registered.checkpoint == "head":
             problems = _check_head_fits_target(name, checkpoint, (plain.get("model") or {}).get("path"))
         errors += problems
     errors += _check_checkpoint("model.path", (plain.get("model") or {}).get("path"))
@@ -288,19 +286,20 @@ def _check_controlled(method: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-def _checkpoint_key(method: str, config: Mapping[str, Any]) -> str:
+def _checkpoint_key(method: methods.Method, config: Mapping[str, Any]) -> str:
     """The model-config key a method's checkpoint comes from, as a user would override it."""
-    key = f"model.drafts.{config.get('draft')}" if method == "draft_model" else f"model.{method}"
-    return f"method={method} ({key})"
+    key = f"model.drafts.{config.get('draft')}" if method.checkpoint == "model" else f"model.{method.name}"
+    return f"method={method.name} ({key})"
 
 
-def _missing_checkpoint_hint(method: str, model: Mapping[str, Any]) -> str:
+def _missing_checkpoint_hint(method: methods.Method, model: Mapping[str, Any]) -> str:
     """What to do when the model config names no checkpoint for ``method``."""
-    if method in ("eagle", "eagle3"):
+    if method.checkpoint == "head":
+        name = method.name
         return (
-            f"model config {model.get('name')} names no {method.upper()} head (model.{method}); train one with "
-            f"`python -m specbench.heads train --method {method} --target {model.get('path')}`, "
-            f"or set model.{method}=<checkpoint folder or hub id>"
+            f"model config {model.get('name')} names no {name.upper()} head (model.{name}); train one with "
+            f"`python -m specbench.heads train --method {name} --target {model.get('path')}`, "
+            f"or set model.{name}=<checkpoint folder or hub id>"
         )
     return "this model config names no checkpoint for it"
 

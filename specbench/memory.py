@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from specbench import prediction, theory
+from specbench import methods, prediction, theory
 from specbench.engine import EngineMemory
 
 # Device memory a GPU engine holds outside the weights, activations and KV
@@ -122,12 +122,12 @@ def drafter_profile(
     method: Mapping[str, Any], target: theory.ModelProfile, dtype: str
 ) -> theory.ModelProfile | None:
     """The drafter's profile: a draft model's own, an EAGLE head's from the target, None otherwise."""
-    name = method.get("name")
+    priced_as = methods.priced_as(method.get("name"))
     spec = method.get("speculative_config") or {}
-    if name == "draft_model":
+    if priced_as == "draft_model":
         return prediction.model_profile(spec["model"], dtype)
-    if name in ("eagle", "eagle3"):
-        return theory.eagle_head_profile(target, name, _head_shapes(spec.get("model"), dtype))
+    if priced_as in ("eagle", "eagle3"):
+        return theory.eagle_head_profile(target, priced_as, _head_shapes(spec.get("model"), dtype))
     return None
 
 

@@ -27,7 +27,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from specbench import memory, prediction, theory
+from specbench import memory, methods, prediction, theory
 from specbench.config import validate
 from specbench.sweep import _key, _replace
 
@@ -94,8 +94,8 @@ def _predicted_speedup(
     plain: Mapping[str, Any], hardware: Mapping[str, Any], method: str, k: int, alpha: float
 ) -> float | None:
     """Decode speedup at acceptance alpha over a mid-length request (half of prompt cap + output)."""
-    priced_as = {"controlled": "ngram"}.get(method, method)
-    if priced_as not in theory.METHODS:
+    priced_as = methods.priced_as(method)
+    if priced_as is None:
         return None
     try:
         hw = theory.HardwareProfile.from_mapping(hardware)

@@ -53,7 +53,7 @@ from typing import Any
 
 import yaml
 
-from specbench import models, theory
+from specbench import methods, models, theory
 from specbench.results import SCHEDULE_KEY, curve_key, results_path, row_config
 
 CALIBRATED_FILE = "calibrated.yaml"
@@ -62,9 +62,6 @@ CALIBRATE_HINT = (
     "(measures this machine, ~3 min) or pass hardware=<name> (conf/hardware); "
     "predicted_speedup columns left empty"
 )
-# Methods the theory prices under another name: drafting that costs nothing
-# next to a forward pass.
-_PRICED_AS = {"controlled": "ngram"}
 # vLLM's max_num_batched_tokens for the offline LLM on CPU, used when the
 # engine config leaves it to vLLM (EngineArgs.get_batch_defaults, vLLM 0.32);
 # GPUs default higher, see default_step_tokens.
@@ -248,8 +245,8 @@ def _predict(
     acceptance: DecodeAcceptance,
 ) -> Prediction:
     method = row["method"]
-    priced_as = _PRICED_AS.get(method, method)
-    if priced_as not in theory.METHODS:
+    priced_as = methods.priced_as(method)
+    if priced_as is None:
         raise _Unpriced(f"method {method} has no cost model")
     context = context_length(row)
     if context is None:
