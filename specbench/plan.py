@@ -4,7 +4,7 @@ Takes the same overrides as ``python -m specbench`` (a preset, ``hardware=``,
 grid points such as ``batch_size=1,8``), composes each cell with Hydra's
 compose API, and prints per cell the memory model's figures
 (:mod:`specbench.memory`), the predicted decode speedup at an assumed
-per-token acceptance alpha (:func:`theory.predicted_speedup` with
+per-token acceptance alpha (:func:`theory.predicted_decode_speedup` with
 ``E(alpha, K)``), and whether grid validation would refuse it and why. It
 imports neither vLLM nor torch, so it answers in seconds on any machine:
 
@@ -41,7 +41,7 @@ class PlannedRow:
     overrides: tuple[str, ...]
     label: str
     estimate: theory.MemoryEstimate | None
-    predicted_speedup: float | None
+    predicted_decode_speedup: float | None
     problems: tuple[str, ...]  # validation errors; empty when the cell would run
 
 
@@ -86,11 +86,11 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
             estimate = memory.cell_estimate(plain, hardware)
         except memory.Unpriced:
             estimate = None
-        speedup = _predicted_speedup(plain, hardware, method, k, alpha)
+        speedup = _predicted_decode_speedup(plain, hardware, method, k, alpha)
     return PlannedRow(job, label, estimate, speedup, problems)
 
 
-def _predicted_speedup(
+def _predicted_decode_speedup(
     plain: Mapping[str, Any], hardware: Mapping[str, Any], method: str, k: int, alpha: float
 ) -> float | None:
     """Decode speedup at acceptance alpha over a mid-length request (half of prompt cap + output)."""
@@ -106,7 +106,7 @@ def _predicted_speedup(
     except (KeyError, ValueError):
         return None
     workload = plain["workload"]
-    return theory.predicted_speedup(
+    return theory.predicted_decode_speedup(
         method=priced_as, k=k, batch_size=int(plain["batch_size"]),
         tokens_per_pass=theory.expected_tokens_per_pass(alpha, k), target=target, hw=hw,
         context_len=(workload["max_prompt_tokens"] + workload["max_tokens"]) / 2, draft=draft,
@@ -160,7 +160,7 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
             f"{e.kv_pool_bytes / gb:>8.2f} {e.requests_fit:>8} {e.peak_bytes / gb:>7.1f} {e.usable_bytes / gb:>7.1f}"
             if e is not None else f"{'n/a':>8} {'':>8} {'':>8} {'':>8} {'':>8} {'':>7} {'':>7}"
         )
-        speedup = f"{r.predicted_speedup:>6.2f}x" if r.predicted_speedup is not None else f"{'n/a':>7}"
+        speedup = f"{r.predicted_decode_speedup:>6.2f}x" if r.predicted_decode_speedup is not None else f"{'n/a':>7}"
         verdict = "fits" if not r.problems else "REFUSED: " + _reason_class(r.problems[0])
         lines.append(f"{r.label:<34} {memory_cols} {speedup}  {verdict}")
     refused = [r for r in rows if r.problems]

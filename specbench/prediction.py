@@ -19,7 +19,7 @@ For each measured row, :func:`annotate` prices the row's own cell with
 - context: mean prompt tokens per request plus half the mean output tokens
   per request (the average KV length a decode step attends to).
 
-``predicted_decode_speedup`` is :func:`theory.predicted_speedup`, to be held
+``predicted_decode_speedup`` is :func:`theory.predicted_decode_speedup`, to be held
 against the measured ``decode_speedup`` (TPOT ratio). ``predicted_speedup``
 adds the prefill of each batch (:func:`theory.prefill_time`), which the
 target pays alike with and without speculation, and the drafter's own pass
@@ -264,7 +264,7 @@ def _predict(
         raise _Unpriced(f"no model profile: {exc}") from exc
     batch = int(row["batch_size"])
     k = effective_k(speculative, int(row["num_speculative_tokens"]), batch)
-    decode = theory.predicted_speedup(
+    decode = theory.predicted_decode_speedup(
         method=priced_as, k=k, batch_size=batch,
         tokens_per_pass=min(acceptance.tokens_per_pass, k + 1.0), target=target, hw=hw,
         context_len=context, draft=draft,

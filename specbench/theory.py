@@ -47,7 +47,7 @@ __all__ = [
     "memory_problems",
     "num_speculative_tokens_per_batch_size",
     "plain_decode_step",
-    "predicted_speedup",
+    "predicted_decode_speedup",
     "prefill_time",
     "request_kv_tokens",
     "ridge_point",
@@ -653,7 +653,7 @@ def eagle_head_matmul_params(method: str, head: ModelProfile) -> int:
 # --------------------------------------------------------------------------- prediction
 
 
-def predicted_speedup(
+def predicted_decode_speedup(
     *,
     method: str,
     k: int,
@@ -694,7 +694,7 @@ def end_to_end_speedup(
 
     prefill_s (P) and plain_decode_s (D) are the times a plain engine spends
     prefilling and decoding the same batch; decode_speedup (S) is the decode
-    speedup (predicted_speedup); draft_prefill_s (P_d) is what the drafter
+    speedup (predicted_decode_speedup); draft_prefill_s (P_d) is what the drafter
     adds to the prefill (:func:`draft_prefill_time`: a draft model or EAGLE
     head processes the prompts too). Prefill dilutes S towards 1 as P grows,
     which on long prompts and large batches it does.
@@ -746,14 +746,14 @@ def best_k(
     context_len: float,
     draft: ModelProfile | None = None,
 ) -> tuple[int, float]:
-    """The K maximising predicted_speedup with tokens_per_pass = E(alpha, K), and that speedup.
+    """The K maximising predicted_decode_speedup with tokens_per_pass = E(alpha, K), and that speedup.
 
     K = 0 (no speculation, speedup 1) is always a candidate, so the answer is
     never a slowdown; ties go to the smaller K.
     """
     best = (0, 1.0)
     for k in sorted(set(candidate_ks)):
-        speedup = predicted_speedup(
+        speedup = predicted_decode_speedup(
             method=method, k=k, batch_size=batch_size,
             tokens_per_pass=expected_tokens_per_pass(alpha, k),
             target=target, hw=hw, context_len=context_len, draft=draft,

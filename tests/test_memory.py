@@ -225,7 +225,7 @@ def test_plan_lists_cells_with_memory_speedup_and_refusals() -> None:
     assert len(bf16) == 10
     refused = [r for r in bf16 if r.problems]
     assert {r.label.split()[2] for r in refused} == {"b=64"} and len(refused) == 5
-    assert all(r.estimate is not None and r.predicted_speedup is not None for r in bf16)
+    assert all(r.estimate is not None and r.predicted_decode_speedup is not None for r in bf16)
     text = format_plan(bf16, 0.7)
     assert "10 cells: 5 fit, 5 refused (5 KV below the batch)" in text
     awq = make_plan(["model=qwen2.5-7b-instruct-awq"] + overrides)

@@ -61,7 +61,7 @@ def _theory(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=Non
     profile = theory.ModelProfile.from_config_json(target, dtype="float32")
     draft_profile = theory.ModelProfile.from_config_json(draft, dtype="float32") if draft else None
     context = PROMPT_LEN + OUTPUT_LEN / 2
-    decode = theory.predicted_speedup(method=method, k=k, batch_size=batch, tokens_per_pass=tokens_per_pass,
+    decode = theory.predicted_decode_speedup(method=method, k=k, batch_size=batch, tokens_per_pass=tokens_per_pass,
                                       target=profile, hw=HW, context_len=context, draft=draft_profile,
                                       draft_tokens_per_pass=drafted)
     prefill = theory.prefill_time(profile, HW, batch, PROMPT_LEN, max_step_tokens=prediction.DEFAULT_STEP_TOKENS)

@@ -24,7 +24,7 @@ from specbench.theory import (
     fit_hardware_profile,
     num_speculative_tokens_per_batch_size,
     plain_decode_step,
-    predicted_speedup,
+    predicted_decode_speedup,
     prefill_time,
     ridge_point,
     step_time,
@@ -329,7 +329,7 @@ def test_free_draft_speedup_equals_e_at_batch_one(
     e = expected_tokens_per_pass(0.7, 4)
     hw = no_overhead(h200)
     # Memory-bound at 1 and 5 tokens: both passes read the same bytes, so S = E exactly.
-    speedup = predicted_speedup(
+    speedup = predicted_decode_speedup(
         method="ngram", k=4, batch_size=1, tokens_per_pass=e, target=qwen, hw=hw, context_len=0
     )
     assert speedup == pytest.approx(e, rel=1e-12)
@@ -341,14 +341,14 @@ def test_draft_model_speedup_matches_leviathan(
     e = expected_tokens_per_pass(0.8, 3)
     hw = no_overhead(h200)
     c = smol.weight_bytes / qwen.weight_bytes
-    speedup = predicted_speedup(method="draft_model", k=3, batch_size=1, tokens_per_pass=e,
+    speedup = predicted_decode_speedup(method="draft_model", k=3, batch_size=1, tokens_per_pass=e,
                                 target=qwen, hw=hw, context_len=0, draft=smol)
     assert speedup == pytest.approx(e / (3 * c + 1), rel=1e-12)
 
 
 def test_baseline_and_k0_speedup_is_one(qwen: ModelProfile, h200: HardwareProfile) -> None:
     for method, k in [("baseline", 4), ("ngram", 0)]:
-        assert predicted_speedup(method=method, k=k, batch_size=64, tokens_per_pass=1.0,
+        assert predicted_decode_speedup(method=method, k=k, batch_size=64, tokens_per_pass=1.0,
                                  target=qwen, hw=h200, context_len=100) == 1.0
 
 
@@ -368,7 +368,7 @@ def test_speedup_decays_monotonically_with_batch(
     model, hw = ModelProfile.from_config_json(config), load_hardware(hw_name)
     e = expected_tokens_per_pass(0.7, 4)
     curve = [
-        predicted_speedup(method="ngram", k=4, batch_size=b, tokens_per_pass=e,
+        predicted_decode_speedup(method="ngram", k=4, batch_size=b, tokens_per_pass=e,
                           target=model, hw=hw, context_len=1024)
         for b in range(1, 1025)
     ]
@@ -388,7 +388,7 @@ def test_break_even_batch_size() -> None:
 def test_break_even_on_predicted_curve(qwen: ModelProfile, h200: HardwareProfile) -> None:
     batches = [2**i for i in range(11)]
     e = expected_tokens_per_pass(0.7, 4)
-    speedups = [predicted_speedup(method="ngram", k=4, batch_size=b, tokens_per_pass=e,
+    speedups = [predicted_decode_speedup(method="ngram", k=4, batch_size=b, tokens_per_pass=e,
                                   target=qwen, hw=h200, context_len=1024) for b in batches]
     crossing = break_even_batch_size(batches, speedups)
     assert crossing is not None and 128 < crossing < 256
@@ -529,7 +529,7 @@ def test_invalid_step_and_method_inputs(qwen: ModelProfile, h200: HardwareProfil
     with pytest.raises(ValueError, match="target"):
         draft_time("eagle", hw=h200, batch_size=1, k=2, context_len=0)
     with pytest.raises(ValueError, match="tokens_per_pass"):
-        predicted_speedup(method="ngram", k=2, batch_size=1, tokens_per_pass=3.5,
+        predicted_decode_speedup(method="ngram", k=2, batch_size=1, tokens_per_pass=3.5,
                           target=qwen, hw=h200, context_len=0)
     with pytest.raises(ValueError, match="samples"):
         fit_hardware_profile([StepSample(1, 1, 0, 1e-3)] * 2, qwen, name="x")
