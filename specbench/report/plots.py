@@ -32,7 +32,16 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from specbench import theory
-from specbench.report.tables import CONFIG, PANEL, PREDICTED, compared, has_predictions, measured, speculative
+from specbench.report.tables import (
+    CONFIG,
+    PANEL,
+    PREDICTED,
+    PREDICTED_DECODE,
+    compared,
+    has_predictions,
+    measured,
+    speculative,
+)
 
 DPI = 110
 _PANEL_W, _PANEL_H = 4.4, 3.3  # inches per facet
@@ -178,9 +187,12 @@ def speedup_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
         anchor="speedup",
         title="Speedup against batch size",
         caption=(
-            "Speedup over plain decoding at the same batch size, with confidence-interval bars; "
-            "look for where each curve crosses the dotted 1× line, past which speculation costs "
-            "more than it saves."
+            "Speedup over plain decoding at the same batch size. Filled markers: wall time (prefill "
+            "included), with confidence-interval bars; hollow markers: decode only (first to last "
+            "token of each request), the part speculation acts on. Each has its model line (dashed: "
+            "wall, dash-dot: decode); prefill, which speculation does not speed up, pulls the wall "
+            "speedup toward 1×. Look for where each curve crosses the dotted 1× line, past which "
+            "speculation costs more than it saves."
         ),
     )
     comp = compared(df)
@@ -208,19 +220,32 @@ def speedup_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
                     x, y, yerr=np.nan_to_num([low, high]), color=enc.colour(method), marker=enc.marker(k),
                     ms=6, lw=1.6, capsize=3, elinewidth=1,
                 )
+                if "decode_speedup" in s:
+                    ax.plot(x, s["decode_speedup"].to_numpy(dtype=float, na_value=np.nan),
+                            color=enc.colour(method), marker=enc.marker(k), mfc="none", ms=6, ls="none")
                 if has_model:
                     model = s.dropna(subset=[PREDICTED])
                     ax.plot(
                         model["batch_size"].astype(float), model[PREDICTED].astype(float),
                         color=enc.colour(method), ls="--", lw=1.3, alpha=0.9,
                     )
+                if PREDICTED_DECODE in s:
+                    model = s.dropna(subset=[PREDICTED_DECODE])
+                    ax.plot(
+                        model["batch_size"].astype(float), model[PREDICTED_DECODE].astype(float),
+                        color=enc.colour(method), ls="-.", lw=1.0, alpha=0.8,
+                    )
             ax.axhline(1.0, color="0.2", ls=":", lw=1.3)
             _log2_batches(ax, rows["batch_size"].astype(int))
         axes[0].set_ylabel("speedup (× plain decoding)")
         handles = enc.legend(sorted(comp["method"].unique()), _ks(comp))
         handles.append(Line2D([], [], color="0.2", ls=":", label="1× (break-even)"))
+        if "decode_speedup" in comp:
+            handles.append(Line2D([], [], color="0.35", marker="o", mfc="none", ls="none", label="decode only"))
         if has_model:
-            handles.append(Line2D([], [], color="0.35", ls="--", label="model prediction"))
+            handles.append(Line2D([], [], color="0.35", ls="--", label="model, wall time"))
+        if PREDICTED_DECODE in comp and comp[PREDICTED_DECODE].notna().any():
+            handles.append(Line2D([], [], color="0.35", ls="-.", label="model, decode"))
         _legend(fig, handles)
         return replace(plot, image=_png(fig), notes=notes)
 

@@ -30,6 +30,8 @@ CONFIG = "config_label"
 """Derived column: ``"<method> K=<K>"``."""
 PREDICTED = "predicted_speedup"
 """The analytic model's wall-time speedup column: null on every row of a sweep without a hardware profile."""
+PREDICTED_DECODE = "predicted_decode_speedup"
+"""The analytic model's decode speedup column (first to last token), beside the measured ``decode_speedup``."""
 
 
 FLAGGED = "flagged"
