@@ -175,11 +175,11 @@ def worker_context(log_path: Path | None = None) -> Any:
     if not _SERVER_STARTED:
         from multiprocessing import forkserver
 
-        from specbench.engine_preload import LOG_ENV
+        from specbench.logs import ENGINE_LOG_ENV  # not engine_preload: importing it imports vLLM
 
-        shared = {k: v for k, v in worker_environment(None).items()}
+        shared = worker_environment(None)
         if log_path is not None:
-            shared[LOG_ENV] = str(log_path)
+            shared[ENGINE_LOG_ENV] = str(log_path)
         ctx.set_forkserver_preload(["specbench.engine_preload", "specbench.engine"])
         with _environment(shared):  # the server copies os.environ when it starts
             forkserver.ensure_running()

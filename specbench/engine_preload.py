@@ -15,12 +15,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from specbench.logs import redirect_output
+from specbench.logs import ENGINE_LOG_ENV, redirect_output
 
-LOG_ENV = "SPECBENCH_ENGINE_LOG"
-
-if os.environ.get(LOG_ENV):
-    redirect_output(Path(os.environ[LOG_ENV]))
+if os.environ.get(ENGINE_LOG_ENV):
+    redirect_output(Path(os.environ[ENGINE_LOG_ENV]))
 
 import torch  # noqa: E402,F401
 import transformers  # noqa: E402,F401

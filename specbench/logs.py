@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 LOG_FILE = "specbench.log"
+# Where the engine workers' fork server sends what it prints while importing vLLM.
+ENGINE_LOG_ENV = "SPECBENCH_ENGINE_LOG"
 
 
 class TerminalFilter(logging.Filter):

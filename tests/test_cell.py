@@ -215,3 +215,21 @@ def test_run_cell_records_a_timed_out_cell_as_failed_and_discards_the_engine(tmp
     assert Pool.discarded == 1
     row = read_rows(tmp_path / f"{cell.cell_id}.parquet")[0]
     assert row["status"] == "failed" and "timed out" in row["error"]
+
+
+@pytest.mark.engine
+def test_the_fork_server_imports_vllm_so_the_sweep_process_does_not():
+    """Workers fork from a server that imported vLLM; the sweep process itself stays free of it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from specbench import engine\n"
+        "ctx = engine.worker_context(None)\n"
+        "print('parent:', ctx.get_start_method(), 'vllm' in sys.modules, 'torch' in sys.modules, flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300)
+    # The server's own import may print around this line (no log file here).
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("parent:")]
+    assert line == "parent: forkserver False False", out.stdout + out.stderr
