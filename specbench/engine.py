@@ -166,10 +166,12 @@ def worker_context(log_path: Path | None = None) -> Any:
     (each worker applies its own :func:`worker_environment` before it builds
     an engine; vLLM reads its variables when the engine is built, not when it
     is imported). ``log_path``: where the server's import output goes. Where
-    the platform has no fork server, plain spawn.
+    the platform has no fork server, or ``$SPECBENCH_WORKER_START`` is
+    ``spawn`` (each worker imports vLLM itself, as before; the fork server was
+    measured on the CPU build only), plain spawn.
     """
     global _SERVER_STARTED
-    if "forkserver" not in mp.get_all_start_methods():
+    if os.environ.get("SPECBENCH_WORKER_START") == "spawn" or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     if not _SERVER_STARTED:
