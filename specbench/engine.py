@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specbench.cell import CellPlan, GeneratedRequest, Measurement, SpecCounters
+from specbench.environ import patched_environ
 
 # Sent to a worker instead of a CellPlan: asks for its EngineMemory.
 _MEMORY_REQUEST = "memory"
@@ -183,29 +184,10 @@ def worker_context(log_path: Path | None = None) -> Any:
         if log_path is not None:
             shared[ENGINE_LOG_ENV] = str(log_path)
         ctx.set_forkserver_preload(["specbench.engine_preload", "specbench.engine"])
-        with _environment(shared):  # the server copies os.environ when it starts
+        with patched_environ(shared):  # the server copies os.environ when it starts
             forkserver.ensure_running()
         _SERVER_STARTED = True
     return ctx
-
-
-class _environment:
-    """Context manager: ``os.environ`` updated with ``values``, restored on exit."""
-
-    def __init__(self, values: dict[str, str]) -> None:
-        self.values = values
-        self.saved: dict[str, str | None] = {}
-
-    def __enter__(self) -> None:
-        self.saved = {k: os.environ.get(k) for k in self.values}
-        os.environ.update(self.values)
-
-    def __exit__(self, *exc: object) -> None:
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 class EngineWorker:
@@ -221,8 +203,10 @@ class EngineWorker:
         ctx = worker_context(log_path)
         self._conn, child_conn = ctx.Pipe()
         environment = worker_environment(spec)
-        with _environment(environment):  # spawn copies os.environ at start; a forked worker applies it itself
-            self._process = ctx.Process(target=_serve, args=(child_conn, spec, log_path, environment), daemon=True)
+        with patched_environ(environment):  # spawn copies os.environ at start; a forked worker applies it itself
+            self._process = ctx.Process(
+                target=_serve, args=(child_conn, spec, log_path, environment, os.getpid()), daemon=True
+            )
             self._process.start()
         child_conn.close()
         self.info: EngineInfo = self._receive(start_timeout_s, "starting the engine")
@@ -526,11 +510,41 @@ def _die_with_parent() -> None:
         pass
 
 
+def _exit_with(sweep_pid: int) -> None:
+    """Exit this worker within a second of the sweep process's death.
+
+    A worker forked by the fork server has the server as its parent, and the
+    server outlives a killed sweep for as long as any worker holds the pipe it
+    watches (each forked child inherits it): so :func:`_die_with_parent` alone
+    would leave the engine running its cell. A daemon thread polls the sweep
+    once a second instead.
+    """
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(sweep_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # a process of another user: the pid is alive
+                pass
+
+    threading.Thread(target=watch, name="exit-with-sweep", daemon=True).start()
+
+
 def _serve(
-    conn: Connection, spec: EngineSpec, log_path: Path | None = None, environment: dict[str, str] | None = None
+    conn: Connection,
+    spec: EngineSpec,
+    log_path: Path | None = None,
+    environment: dict[str, str] | None = None,
+    sweep_pid: int | None = None,
 ) -> None:
     """Worker main loop: build the engine, then measure plans until told to stop."""
     _die_with_parent()
+    if sweep_pid is not None:
+        _exit_with(sweep_pid)
     os.environ.update(environment or {})
     if log_path is not None:
         from specbench.logs import redirect_output

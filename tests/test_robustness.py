@@ -99,3 +99,45 @@ def test_submitit_local_launcher_runs_cells_and_merges(tmp_path):
     assert (results["status"] == "ok").all() and results["exact_match"].all()
     assert (sweep / ".submitit").exists() or any(sweep.rglob("*_submitted.pkl"))
 
+
+
+def _session_members(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (Linux /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":  # fields after the name: state, ppid, pgrp, session
+            members.append(int(stat.parent.name))
+    return members
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_an_engine_dies_within_seconds_of_its_killed_sweep(tmp_path):
+    """SIGKILL of the sweep process alone (not its group): the fork server and the engine worker follow."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specbench", "method=ngram", "workload.num_prompts=8", "workload.max_tokens=256",
+         "repetitions=3", "passes=1", f"hydra.run.dir={sweep}"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        log = sweep / "specbench.log"
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                log.is_file() and "init engine" in log.read_text(errors="replace")):
+            time.sleep(0.5)
+        assert proc.poll() is None, "the sweep ended before its engine started"
+        assert len(_session_members(proc.pid)) >= 3  # the sweep, the fork server, the worker
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while _session_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _session_members(proc.pid) == []
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from specbench.environ import patched_environ
+
 __all__ = [
     "NAMES",
     "SELECTIONS",
@@ -502,16 +504,8 @@ def _offline_env_if_requested() -> Iterator[None]:
     if os.environ.get("HF_HUB_OFFLINE") != "1":
         yield
         return
-    saved = {key: os.environ.get(key) for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    os.environ.update({key: "1" for key in saved})
-    try:
+    with patched_environ({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _prompts_from_hf(cfg: Mapping[str, Any]) -> list[Prompt]:
