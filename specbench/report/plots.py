@@ -190,7 +190,7 @@ def speedup_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
             "Speedup over plain decoding at the same batch size. Filled markers: wall time (prefill "
             "included), with confidence-interval bars; hollow markers: decode only (first to last "
             "token of each request), the part speculation acts on. Each has its model line (dashed: "
-            "wall, dash-dot: decode); prefill, which speculation does not speed up, pulls the wall "
+            "wall, dash-dot: decode; a bar marks the prediction at each batch size); prefill, which speculation does not speed up, pulls the wall "
             "speedup toward 1×. Look for where each curve crosses the dotted 1× line, past which "
             "speculation costs more than it saves."
         ),
@@ -212,7 +212,8 @@ def speedup_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
             for i, (method, k, s) in enumerate(series):
                 batches = s["batch_size"].astype(float).to_numpy()
                 # Nudge series apart along x so that overlapping CI bars stay readable.
-                x = batches * 2 ** ((i - (len(series) - 1) / 2) * 0.07)
+                nudge = 2 ** ((i - (len(series) - 1) / 2) * 0.07)
+                x = batches * nudge
                 y = s["speedup"].to_numpy(dtype=float)
                 low = (y - s["speedup_ci_low"].to_numpy(dtype=float, na_value=np.nan)).clip(min=0)
                 high = (s["speedup_ci_high"].to_numpy(dtype=float, na_value=np.nan) - y).clip(min=0)
@@ -226,14 +227,14 @@ def speedup_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
                 if has_model:
                     model = s.dropna(subset=[PREDICTED])
                     ax.plot(
-                        model["batch_size"].astype(float), model[PREDICTED].astype(float),
-                        color=enc.colour(method), ls="--", lw=1.3, alpha=0.9,
+                        model["batch_size"].astype(float) * nudge, model[PREDICTED].astype(float),
+                        color=enc.colour(method), ls="--", lw=1.3, alpha=0.9, marker="_", ms=14, mew=1.6,
                     )
                 if PREDICTED_DECODE in s:
                     model = s.dropna(subset=[PREDICTED_DECODE])
                     ax.plot(
-                        model["batch_size"].astype(float), model[PREDICTED_DECODE].astype(float),
-                        color=enc.colour(method), ls="-.", lw=1.0, alpha=0.8,
+                        model["batch_size"].astype(float) * nudge, model[PREDICTED_DECODE].astype(float),
+                        color=enc.colour(method), ls="-.", lw=1.0, alpha=0.8, marker="_", ms=10, mew=1.0,
                     )
             ax.axhline(1.0, color="0.2", ls=":", lw=1.3)
             _log2_batches(ax, rows["batch_size"].astype(int))
@@ -243,9 +244,9 @@ def speedup_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
         if "decode_speedup" in comp:
             handles.append(Line2D([], [], color="0.35", marker="o", mfc="none", ls="none", label="decode only"))
         if has_model:
-            handles.append(Line2D([], [], color="0.35", ls="--", label="model, wall time"))
+            handles.append(Line2D([], [], color="0.35", ls="--", marker="_", ms=14, label="model, wall time"))
         if PREDICTED_DECODE in comp and comp[PREDICTED_DECODE].notna().any():
-            handles.append(Line2D([], [], color="0.35", ls="-.", label="model, decode"))
+            handles.append(Line2D([], [], color="0.35", ls="-.", marker="_", ms=10, label="model, decode"))
         _legend(fig, handles)
         return replace(plot, image=_png(fig), notes=notes)
 
