@@ -19,14 +19,14 @@ define PIP_SOURCES
 import shlex, subprocess, sys
 flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links"}
 out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-args = []
+pairs = []  # (flag, value), each once: pip lists a setting from both its file and its environment
 for line in out.splitlines():
     key, _, value = line.partition("=")
     flag = flags.get(key.rpartition(".")[2])
     for item in (shlex.split(value)[0].split() if flag and value else []):
-        if [flag, item] not in [args[i:i + 2] for i in range(0, len(args), 2)]:
-            args += [flag, item]
-print(shlex.join(args))
+        if (flag, item) not in pairs:
+            pairs.append((flag, item))
+print(shlex.join(part for pair in pairs for part in pair))
 endef
 export PIP_SOURCES
 

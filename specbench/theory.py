@@ -818,8 +818,8 @@ def eagle_head_profile(target: ModelProfile, method: str, head: ModelProfile | N
     target (EAGLE-3 brings its own, over draft_vocab_size tokens, and its
     int64 ``d2t`` map; without the head's config, the full vocabulary: an
     upper bound). The embeddings are the target's (vLLM shares them).
-    Weights and its one layer of KV cache
-    are at the dtype width kv_bytes_per_element: heads ship unquantized.
+    Weights and its one layer of KV cache are at the dtype width
+    kv_bytes_per_element: heads ship unquantized.
     """
     if method not in _EAGLE_FC_INPUTS:
         raise ValueError(f"method must be one of {', '.join(_EAGLE_FC_INPUTS)}; got {method!r}")

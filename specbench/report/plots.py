@@ -190,9 +190,9 @@ def speedup_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
             "Speedup over plain decoding at the same batch size. Filled markers: wall time (prefill "
             "included), with confidence-interval bars; hollow markers: decode only (first to last "
             "token of each request), the part speculation acts on. Each has its model line (dashed: "
-            "wall, dash-dot: decode; a bar marks the prediction at each batch size); prefill, which speculation does not speed up, pulls the wall "
-            "speedup toward 1×. Look for where each curve crosses the dotted 1× line, past which "
-            "speculation costs more than it saves."
+            "wall, dash-dot: decode; a bar marks the prediction at each batch size); prefill, which "
+            "speculation does not speed up, pulls the wall speedup toward 1×. Look for where each "
+            "curve crosses the dotted 1× line, past which speculation costs more than it saves."
         ),
     )
     comp = compared(df)
