@@ -12,6 +12,15 @@ fastest round: on a machine shared with other work, interference only ever
 adds time. :func:`specbench.theory.fit_hardware_profile` then fits effective
 memory bandwidth, peak FLOP/s and per-step overhead to those samples.
 
+A draft pass (an EAGLE head's forward inside the engine step) skips the
+scheduler and sampler that make up most of a step's fixed cost here, so it
+gets its own: where the model config names an EAGLE head (EAGLE-3 first, the
+cheaper to run), a second engine decodes :data:`DRAFT_POINTS` with it at
+K = :data:`DRAFT_K`, and :func:`specbench.theory.fit_draft_overhead` takes
+the per-draft-pass overhead that the fitted step time and the head's own
+roofline work leave unexplained. Without a head, draft passes are charged
+the step's overhead (an upper bound) and the profile says so.
+
 Only grid points whose whole batch prefills in one engine step are measured
 (batch size x prompt length <= ``--max-step-tokens``, which the calibration
 engine gets as its ``engine.max_num_batched_tokens`` unless the overrides set
@@ -36,7 +45,7 @@ import re
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +75,14 @@ class GridPoint:
 
     batch_size: int
     prompt_len: int
+
+
+# The draft-pass samples: a context of the workloads' order, two batch sizes.
+DRAFT_POINTS = (GridPoint(1, 512), GridPoint(4, 512))
+DRAFT_K = 3
+# Tried in order: the first method the model config names a head for is timed
+# (EAGLE-3 first: its reduced LM head makes it the cheaper to run).
+DRAFT_METHODS = ("eagle3", "eagle")
 
 
 def grid(
@@ -148,6 +165,28 @@ def step_sample(
     return sample, record
 
 
+def draft_sample(
+    point: GridPoint, k: int, max_tokens: int, rounds: Sequence[tuple[float, int]]
+) -> tuple[theory.DraftSample, dict[str, Any]]:
+    """The speculative pass sample of one draft point, and its record for the YAML.
+
+    ``rounds`` holds, per round, the decode seconds summed over requests and
+    the drafts vLLM verified in them: one per request and pass, so their
+    ratio is the time of one pass (verification and k draft passes). The
+    fastest round is kept, as for the plain samples. Raises ValueError when no
+    round drafted.
+    """
+    per_pass = [seconds / drafts for seconds, drafts in rounds if drafts > 0 and seconds > 0]
+    if not per_pass:
+        raise ValueError(f"draft batch {point.batch_size} x {point.prompt_len} tokens: nothing was drafted")
+    seconds = min(per_pass)
+    context = point.prompt_len + max_tokens / 2
+    sample = theory.DraftSample(batch_size=point.batch_size, k=k, context_len=context, seconds=seconds)
+    record = {"batch_size": point.batch_size, "prompt_tokens": point.prompt_len, "k": k,
+              "context_len": context, "seconds_per_pass": seconds, "round_seconds_per_pass": per_pass}
+    return sample, record
+
+
 def fit(
     samples: Sequence[theory.StepSample],
     records: Sequence[dict[str, Any]],
@@ -175,6 +214,8 @@ def profile_document(
     measured_at: str,
     vllm_version: str | None,
     settings: dict[str, Any],
+    draft_records: Sequence[dict[str, Any]] = (),
+    draft_method: str | None = None,
 ) -> dict[str, Any]:
     """The YAML document: conf/hardware keys, then the evidence behind them."""
     residuals = [r["residual"] for r in records]
@@ -185,6 +226,8 @@ def profile_document(
         "peak_tflops": round(profile.peak_flops / 1e12, 6),
         "fixed_overhead_ms": round(profile.fixed_overhead_s * 1e3, 4),
     }
+    if profile.draft_overhead_s is not None:
+        doc["draft_overhead_ms"] = round(profile.draft_overhead_s * 1e3, 4)
     memory = _host_memory_gb()
     if memory is not None and device.startswith("CPU"):
         doc["memory_gb"] = memory
@@ -203,6 +246,10 @@ def profile_document(
         "residuals": residuals,
         "samples": list(records),
     }
+    if draft_records:
+        doc["draft_samples"] = {"method": draft_method, "samples": list(draft_records)}
+    else:
+        doc["draft_samples"] = {"method": None, "note": "no EAGLE head to time: draft passes pay fixed_overhead_ms"}
     return doc
 
 
@@ -210,6 +257,17 @@ def write_profile(doc: dict[str, Any], path: Path) -> None:
     """Write the YAML atomically (:func:`specbench.results.write_atomic`)."""
     text = yaml.safe_dump(doc, sort_keys=False)
     write_atomic(path, lambda f: f.write(text.encode()))
+
+
+def format_draft_fit(
+    method: str, overhead_s: float, records: Sequence[dict[str, Any]]
+) -> str:
+    """The draft-pass fit and its per-sample residuals as a text table."""
+    lines = [f"draft pass overhead ({method} head): {overhead_s * 1e3:.2f} ms per draft pass",
+             f"{'batch':>5} {'prompt':>6} {'K':>3} {'measured ms/pass':>17} {'residual':>9}"]
+    lines += [f"{r['batch_size']:>5} {r['prompt_tokens']:>6} {r['k']:>3} {r['seconds_per_pass'] * 1e3:>17.2f} "
+              f"{r['residual'] * 100:>+8.1f}%" for r in records]
+    return "\n".join(lines)
 
 
 def format_fit(profile: theory.HardwareProfile, records: Sequence[dict[str, Any]]) -> str:
@@ -263,8 +321,8 @@ def _token_stream(tokenizer: Any) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _compose(overrides: Sequence[str]) -> Any:
-    """The baseline cell's config; an override Hydra refuses becomes a ConfigError."""
+def _compose(overrides: Sequence[str], method: Sequence[str] = ("method=baseline",)) -> Any:
+    """The config of a cell of ``method`` (default: the baseline); an override Hydra refuses becomes a ConfigError."""
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
 
@@ -272,7 +330,7 @@ def _compose(overrides: Sequence[str]) -> Any:
 
     with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
         try:
-            return compose(config_name="config", overrides=["method=baseline", *overrides])
+            return compose(config_name="config", overrides=[*method, *overrides])
         except HydraException as exc:  # its message names the override and what is allowed
             raise ConfigError(str(exc)) from exc
 
@@ -365,6 +423,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(format_fit(profile, records))
+    draft_method, draft_records = None, []
+    draft_cell, skipped = _draft_cell(overrides)
+    if draft_cell is None:
+        print(f"draft passes: not timed ({skipped}); each is charged the step's fixed overhead")
+    else:
+        draft_method = draft_cell.method
+        try:
+            rounds = _measure_draft_passes(draft_cell, stream, args.max_tokens, args.rounds,
+                                           None if args.verbose else engine_log)
+            pairs = [draft_sample(p, DRAFT_K, args.max_tokens, rounds[p]) for p in DRAFT_POINTS]
+            head = prediction.drafter_profile(draft_cell.identity["method"], model, dtype)
+            overhead, residuals = theory.fit_draft_overhead(
+                [s for s, _ in pairs], method=draft_method, target=model, head=head, hw=profile)
+        except (EngineError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        profile = replace(profile, draft_overhead_s=overhead)
+        draft_records = [dict(r, residual=res) for (_, r), res in zip(pairs, residuals)]
+        print(format_draft_fit(draft_method, overhead, draft_records))
     doc = profile_document(
         profile, records,
         model={"name": model_cfg["name"], "path": model_cfg["path"], "dtype": dtype},
@@ -372,10 +449,53 @@ def main(argv: list[str] | None = None) -> int:
         vllm_version=worker.info.vllm_version,
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": overrides},
+        draft_records=draft_records, draft_method=draft_method,
     )
     write_profile(doc, out)
     print(f"profile: {out}")
     return 0
+
+
+def _draft_cell(overrides: Sequence[str]) -> tuple[Any, str]:
+    """The cell whose head the draft passes are timed with, or None and why not."""
+    from specbench.config import cell_from_config
+
+    reasons = []
+    for method in DRAFT_METHODS:
+        try:
+            return cell_from_config(_compose(
+                overrides, (f"method={method}", f"num_speculative_tokens={DRAFT_K}"))), ""
+        except ValueError as exc:
+            reasons.append(f"{method}: {str(exc).splitlines()[-1].strip()}")
+    return None, "; ".join(reasons)
+
+
+def _measure_draft_passes(
+    cell: Any, stream: Sequence[int], max_tokens: int, rounds: int, log_path: Path | None
+) -> dict[GridPoint, list[tuple[float, int]]]:
+    """Decode :data:`DRAFT_POINTS` on an engine with the cell's head, ``rounds`` times each."""
+    from specbench.cell import CellPlan
+    from specbench.engine import EngineWorker
+
+    print(f"timing draft passes of the {cell.method} head at K={DRAFT_K}")
+    measured: dict[GridPoint, list[tuple[float, int]]] = {p: [] for p in DRAFT_POINTS}
+    worker = EngineWorker(cell.engine_spec(), log_path=log_path)
+    try:
+        for round_index in range(rounds):
+            for i, point in enumerate(DRAFT_POINTS):
+                plan = CellPlan(
+                    prompts=synthetic_prompts(stream, point.prompt_len, point.batch_size),
+                    batch_size=point.batch_size, max_tokens=max_tokens,
+                    repetitions=1, warmup=round_index == 0 and i == 0,
+                )
+                m = worker.measure(plan)
+                measured[point].append((m.decode_s, m.counters.drafts))
+                per_pass = m.decode_s / m.counters.drafts * 1e3 if m.counters.drafts else float("nan")
+                print(f"  round {round_index + 1}: batch {point.batch_size:>3} x {point.prompt_len:>5} "
+                      f"tokens: {per_pass:.2f} ms per speculative pass", flush=True)
+    finally:
+        worker.close()
+    return measured
 
 
 def _ints(text: str) -> list[int]:

@@ -12,9 +12,8 @@ The memory model itself is :mod:`specbench.theory` (``engine_memory``,
   CPU build: the KV pool is fixed at ``engine.cpu_kvcache_space_gib`` GiB.
   A profile with neither cannot be priced for memory, and nothing is refused.
 - **models**: the target's and the draft's config.json (local, the Hugging
-  Face cache, or the published facts in ``models.PUBLISHED_CONFIGS``); an
-  EAGLE head as ``theory.eagle_head_profile``, from the head's own config.json
-  where it can be read (else the target's shapes).
+  Face cache, or the published facts in ``models.PUBLISHED_CONFIGS``); the
+  drafter as :func:`specbench.prediction.drafter_profile` prices it.
 - **a request**: ``workload.max_prompt_tokens + workload.max_tokens`` (the
   longest request the workload admits) plus K lookahead slots.
 
@@ -118,29 +117,6 @@ def step_tokens(hardware: Mapping[str, Any], engine: Mapping[str, Any]) -> int:
     )
 
 
-def drafter_profile(
-    method: Mapping[str, Any], target: theory.ModelProfile, dtype: str
-) -> theory.ModelProfile | None:
-    """The drafter's profile: a draft model's own, an EAGLE head's from the target, None otherwise."""
-    priced_as = methods.priced_as(method.get("name"))
-    spec = method.get("speculative_config") or {}
-    if priced_as == "draft_model":
-        return prediction.model_profile(spec["model"], dtype)
-    if priced_as in ("eagle", "eagle3"):
-        return theory.eagle_head_profile(target, priced_as, _head_shapes(spec.get("model"), dtype))
-    return None
-
-
-def _head_shapes(reference: str | None, dtype: str) -> theory.ModelProfile | None:
-    """An EAGLE head's own shapes from its config.json, None where it cannot be read (a hub id offline)."""
-    if not reference:
-        return None
-    try:
-        return prediction.model_profile(reference, dtype)
-    except (KeyError, ValueError, OSError):
-        return None
-
-
 def cell_estimate(
     cfg: Mapping[str, Any],
     hardware: Mapping[str, Any],
@@ -157,7 +133,7 @@ def cell_estimate(
         dtype = engine.get("dtype") or model["dtype"]
         k = 0 if method.get("name") == "baseline" else int(cfg["num_speculative_tokens"])
         target = prediction.model_profile(model["path"], dtype, model.get("name"))
-        drafter = drafter_profile(method, target, dtype)
+        drafter = prediction.drafter_profile(method, target, dtype)
         return theory.engine_memory(
             target, drafter, budget(hardware, engine),
             batch_size=int(cfg["batch_size"]),
@@ -322,7 +298,6 @@ __all__ = [
     "budget",
     "cell_estimate",
     "checkpoint_weight_bytes",
-    "drafter_profile",
     "fit_problems",
     "measured_columns",
     "resolve_hardware",

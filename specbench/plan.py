@@ -52,8 +52,9 @@ def grid_jobs(overrides: Sequence[str]) -> list[tuple[str, ...]]:
     single = [o.input_line for o in parser.parse_overrides(list(overrides)) if not o.is_sweep_override()]
     with initialize_config_module("specbench.conf", version_base="1.3"):
         cfg = compose("config", overrides=single, return_hydra_config=True)
-    params = OmegaConf.to_container(cfg.hydra.sweeper.params or {}, resolve=False)
-    preset = [f"{k}={v}" for k, v in (params or {}).items()]
+    # No preset: the sweeper's params are empty (None or an empty node), and the grid is the overrides alone.
+    params = cfg.hydra.sweeper.params
+    preset = [f"{k}={v}" for k, v in OmegaConf.to_container(params, resolve=False).items()] if params else []
     parsed = parser.parse_overrides(preset + list(overrides))
     return [tuple(job) for job in BasicSweeper.split_arguments(parsed, None)[0]]
 
@@ -101,8 +102,7 @@ def _predicted_decode_speedup(
         hw = theory.HardwareProfile.from_mapping(hardware)
         dtype = plain["engine"].get("dtype") or plain["model"]["dtype"]
         target = prediction.model_profile(plain["model"]["path"], dtype, plain["model"].get("name"))
-        draft = (prediction.model_profile(plain["method"]["speculative_config"]["model"], dtype)
-                 if priced_as == "draft_model" else None)
+        draft = prediction.drafter_profile(plain["method"], target, dtype)
     except (KeyError, ValueError):
         return None
     workload = plain["workload"]

@@ -7,9 +7,9 @@ For each measured row, :func:`annotate` prices the row's own cell with
   ``conf/hardware``), else the calibrated profile of this machine that
   ``python -m specbench.calibrate`` stored in the user cache;
 - model: the target's own config.json (``ModelProfile.from_config_json``),
-  at the dtype the cell ran in; for ``draft_model`` the draft checkpoint's
-  config.json too; EAGLE heads are priced from the target's shape, as the
-  theory does;
+  at the dtype the cell ran in; the drafter from :func:`drafter_profile`
+  (a draft model's config.json; an EAGLE head's own shapes, as the plan and
+  the memory model price it too);
 - acceptance: tokens and drafted tokens per *decode* pass
   (:func:`decode_acceptance`), from the row's own counters
   (``predicted_speedup``, ``predicted_decode_speedup``) or from those of the
@@ -192,6 +192,38 @@ def _hub_config(reference: str) -> Path | None:
     return Path(found) if isinstance(found, str) and os.path.isfile(found) else None
 
 
+def drafter_profile(
+    method: Mapping[str, Any], target: theory.ModelProfile, dtype: str
+) -> theory.ModelProfile | None:
+    """The drafter's profile, for pricing and memory alike; None for drafters without weights.
+
+    ``method`` is a cell's method config (name, speculative_config). A draft
+    model: its own config.json. An EAGLE head: ``theory.eagle_head_profile``
+    from the head's config.json (its one layer, EAGLE-3's reduced
+    vocabulary), or from the target's shapes where the head's config cannot
+    be read (a hub id offline): an upper bound. Raises ValueError when a draft
+    model's config is missing.
+    """
+    priced_as = methods.priced_as(method.get("name"))
+    spec = method.get("speculative_config") or {}
+    if priced_as == "draft_model":
+        if not spec.get("model"):
+            raise ValueError("method.speculative_config.model is not set")
+        return model_profile(spec["model"], dtype)
+    if priced_as in ("eagle", "eagle3"):
+        return theory.eagle_head_profile(target, priced_as, _head_shapes(spec.get("model"), dtype))
+    return None
+
+
+def _head_shapes(reference: str | None, dtype: str) -> theory.ModelProfile | None:
+    if not reference:
+        return None
+    try:
+        return model_profile(reference, dtype)
+    except (KeyError, ValueError, OSError):
+        return None
+
+
 class _Unpriced(Exception):
     """A row the model cannot price; the message says why."""
 
@@ -253,13 +285,11 @@ def _predict(
         raise _Unpriced("prompt/output token counts missing")
     model_cfg = cfg.get("model") or {}
     dtype = row.get("dtype") or model_cfg.get("dtype") or "bfloat16"
-    speculative = (cfg.get("method") or {}).get("speculative_config") or {}
+    method_cfg = cfg.get("method") or {}
+    speculative = method_cfg.get("speculative_config") or {}
     try:
         target = model_profile(model_cfg["path"], dtype, row.get("model"))
-        draft = None
-        if priced_as in ("draft_model", "eagle", "eagle3"):
-            # An EAGLE head's own config.json gives its real shapes (EAGLE-3's reduced vocabulary).
-            draft = model_profile(speculative["model"], dtype)
+        draft = drafter_profile({**method_cfg, "name": method}, target, dtype)
     except (KeyError, ValueError) as exc:
         raise _Unpriced(f"no model profile: {exc}") from exc
     batch = int(row["batch_size"])

@@ -17,6 +17,7 @@ import json
 import math
 import numbers
 import os
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +30,7 @@ __all__ = [
     "MemoryEstimate",
     "MemoryProblem",
     "ModelProfile",
+    "DraftSample",
     "StepSample",
     "activation_bytes",
     "best_k",
@@ -42,6 +44,7 @@ __all__ = [
     "expected_tokens_from_rates",
     "expected_tokens_per_pass",
     "fit_alpha",
+    "fit_draft_overhead",
     "fit_hardware_profile",
     "kv_bytes_per_token",
     "memory_problems",
@@ -173,8 +176,13 @@ class HardwareProfile:
     """What one accelerator costs per forward pass, in the roofline's terms.
 
     memory_bandwidth in bytes/s, peak_flops in FLOP/s (dense, at the dtype the
-    model runs in), fixed_overhead_s in seconds per forward pass (kernel
+    model runs in), fixed_overhead_s in seconds per engine step (kernel
     launch, scheduler and sampler time that does not scale with work).
+    draft_overhead_s is the same per draft pass (an EAGLE head's or a draft
+    model's forward inside a step): it skips the scheduler and the sampler's
+    bookkeeping, so it can be far below fixed_overhead_s; None (a vendor
+    profile, or a calibration without a head to time) charges each draft pass
+    the full fixed_overhead_s, an upper bound.
     source is "vendor" (datasheet figures) or "calibrated" (fitted on the
     device by fit_hardware_profile).
     """
@@ -185,13 +193,21 @@ class HardwareProfile:
     fixed_overhead_s: float
     source: str
     notes: str = ""
+    draft_overhead_s: float | None = None
 
     def __post_init__(self) -> None:
         _check_real("memory_bandwidth", self.memory_bandwidth, 0.0, low_open=True)
         _check_real("peak_flops", self.peak_flops, 0.0, low_open=True)
         _check_real("fixed_overhead_s", self.fixed_overhead_s, 0.0)
+        if self.draft_overhead_s is not None:
+            _check_real("draft_overhead_s", self.draft_overhead_s, 0.0)
         if self.source not in ("vendor", "calibrated"):
             raise ValueError(f"source must be 'vendor' or 'calibrated', got {self.source!r}")
+
+    @property
+    def draft_pass_overhead_s(self) -> float:
+        """Seconds of fixed cost per draft pass: draft_overhead_s, else fixed_overhead_s."""
+        return self.fixed_overhead_s if self.draft_overhead_s is None else self.draft_overhead_s
 
     @classmethod
     def from_mapping(cls, d: Mapping) -> HardwareProfile:
@@ -199,7 +215,8 @@ class HardwareProfile:
 
         Required: name, source, memory_bandwidth_gbps (GB/s, 1e9 bytes/s),
         peak_tflops (1e12 FLOP/s), fixed_overhead_ms (milliseconds); optional:
-        notes. Other keys (e.g. memory_gb) are ignored.
+        draft_overhead_ms (milliseconds), notes. Other keys (e.g. memory_gb)
+        are ignored.
         """
         for key in ("name", "source", "memory_bandwidth_gbps", "peak_tflops", "fixed_overhead_ms"):
             if key not in d:
@@ -213,6 +230,10 @@ class HardwareProfile:
             fixed_overhead_s=1e-3 * _check_real("fixed_overhead_ms", d["fixed_overhead_ms"], 0.0),
             source=str(d["source"]),
             notes=str(d.get("notes", "")),
+            draft_overhead_s=(
+                None if d.get("draft_overhead_ms") is None
+                else 1e-3 * _check_real("draft_overhead_ms", d["draft_overhead_ms"], 0.0)
+            ),
         )
 
 
@@ -404,8 +425,10 @@ def ridge_point(model: ModelProfile, hw: HardwareProfile) -> float:
 # --------------------------------------------------------------------------- step time
 
 
-def _roofline(hw: HardwareProfile, bytes_moved: float, flops: float) -> float:
-    return max(bytes_moved / hw.memory_bandwidth, flops / hw.peak_flops) + hw.fixed_overhead_s
+def _roofline(hw: HardwareProfile, bytes_moved: float, flops: float, *, draft: bool = False) -> float:
+    """max(bytes / bandwidth, FLOPs / peak) plus the pass's fixed cost (a draft pass's, if ``draft``)."""
+    overhead = hw.draft_pass_overhead_s if draft else hw.fixed_overhead_s
+    return max(bytes_moved / hw.memory_bandwidth, flops / hw.peak_flops) + overhead
 
 
 def _work(
@@ -500,15 +523,20 @@ def prefill_time(
     batch_size times, not once per prompt token. Speculation leaves the
     target's prefill unchanged, but it is part of every wall-time measurement.
     """
+    steps, num_tokens = _prefill_steps(batch_size, prompt_len, max_step_tokens)
+    return steps * _roofline(
+        hw, *_work(model, num_tokens, batch_size, prompt_len / 2.0, logits=batch_size / steps)
+    )
+
+
+def _prefill_steps(batch_size: int, prompt_len: float, max_step_tokens: int) -> tuple[int, float]:
+    """How many equal steps prefill the batch, and the tokens in each."""
     batch_size = _check_int("batch_size", batch_size, 1)
     prompt_len = _check_real("prompt_len", prompt_len, 1.0)
     max_step_tokens = _check_int("max_step_tokens", max_step_tokens, 1)
     total = batch_size * prompt_len
     steps = math.ceil(total / max_step_tokens)
-    num_tokens = max(total / steps, batch_size)
-    return steps * _roofline(
-        hw, *_work(model, num_tokens, batch_size, prompt_len / 2.0, logits=batch_size / steps)
-    )
+    return steps, max(total / steps, batch_size)
 
 
 def draft_prefill_time(
@@ -523,34 +551,32 @@ def draft_prefill_time(
 ) -> float:
     """Seconds the drafter spends on the prompts, beside the target's own prefill.
 
-    A draft model prefills every prompt as the target does
-    (:func:`prefill_time` of ``draft``); an EAGLE head runs its layer and fc
+    A draft model prefills every prompt as the target does (the work of
+    :func:`prefill_time` of ``draft``); an EAGLE head runs its layer and fc
     over every prompt token (it needs their hidden states before it can
-    propose) and its LM head read at each prompt's last position, in the
-    same steps as the target, priced from the head's own shapes (``draft``,
-    its profile; the target's shapes when absent) as :func:`draft_time`
-    prices a draft step. ngram and plain decoding: 0.
+    propose) and its LM head read at each prompt's last position, priced
+    from the head's own shapes (``draft``, its profile; the target's shapes
+    when absent) as :func:`draft_time` prices a draft step. Either runs in
+    the same engine steps as the target, so each of its passes pays
+    ``hw.draft_pass_overhead_s``, not a step's fixed overhead. ngram and
+    plain decoding: 0.
     """
     _check_method(method)
     if method in ("baseline", "ngram"):
         return 0.0
+    steps, num_tokens = _prefill_steps(batch_size, prompt_len, max_step_tokens)
     if method == "draft_model":
         if draft is None:
             raise ValueError("draft must be given for method 'draft_model'")
-        return prefill_time(draft, hw, batch_size, prompt_len, max_step_tokens)
-    if target is None:
+        work = _work(draft, num_tokens, batch_size, prompt_len / 2.0, logits=batch_size / steps)
+    elif target is None:
         raise ValueError(f"target must be given for method {method!r}")
-    batch_size = _check_int("batch_size", batch_size, 1)
-    prompt_len = _check_real("prompt_len", prompt_len, 1.0)
-    max_step_tokens = _check_int("max_step_tokens", max_step_tokens, 1)
-    total = batch_size * prompt_len
-    steps = math.ceil(total / max_step_tokens)
-    num_tokens = max(total / steps, batch_size)
-    work = _eagle_head_work(
-        method, draft or target, target, num_tokens=num_tokens, num_seqs=batch_size,
-        context_len=prompt_len / 2.0, logits=batch_size / steps,
-    )
-    return steps * _roofline(hw, *work)
+    else:
+        work = _eagle_head_work(
+            method, draft or target, target, num_tokens=num_tokens, num_seqs=batch_size,
+            context_len=prompt_len / 2.0, logits=batch_size / steps,
+        )
+    return steps * _roofline(hw, *work, draft=True)
 
 
 # --------------------------------------------------------------------------- draft cost
@@ -570,7 +596,7 @@ def draft_time(
 
     baseline: 0. ngram: 0, assuming the CPU-side prompt lookup is negligible
     next to a GPU forward pass. draft_model: k sequential passes of `draft`,
-    k * step_time(draft, num_tokens=num_seqs=batch_size). eagle / eagle3: k
+    each the work of step_time(draft, num_tokens=num_seqs=batch_size). eagle / eagle3: k
     passes of the head (see :func:`eagle_head_matmul_params`: one decoder
     layer with its own one-layer KV cache, the fc layer, and the LM head the
     head reads: the target's full vocabulary for EAGLE-1, the head's own
@@ -578,8 +604,9 @@ def draft_time(
     the target's shapes with one layer, plus draft_vocab_size); without it
     the head is assumed to have the target's shapes and full vocabulary.
     Head weights cost the dtype width kv_bytes_per_element, not the target's
-    bytes_per_weight, because heads ship unquantized. Every pass pays
-    fixed_overhead_s.
+    bytes_per_weight, because heads ship unquantized. Every draft pass pays
+    ``hw.draft_pass_overhead_s`` (a pass inside the engine step, which has
+    already paid the scheduler and sampler once).
     """
     _check_method(method)
     batch_size = _check_int("batch_size", batch_size, 1)
@@ -590,14 +617,15 @@ def draft_time(
     if method == "draft_model":
         if draft is None:
             raise ValueError("draft must be given for method 'draft_model'")
-        return k * plain_decode_step(draft, hw, batch_size, context_len)
-    if target is None:
+        work = _work(draft, batch_size, batch_size, context_len)
+    elif target is None:
         raise ValueError(f"target must be given for method {method!r}")
-    work = _eagle_head_work(
-        method, draft or target, target, num_tokens=batch_size, num_seqs=batch_size,
-        context_len=context_len, logits=batch_size,
-    )
-    return k * _roofline(hw, *work)
+    else:
+        work = _eagle_head_work(
+            method, draft or target, target, num_tokens=batch_size, num_seqs=batch_size,
+            context_len=context_len, logits=batch_size,
+        )
+    return k * _roofline(hw, *work, draft=True)
 
 
 def _eagle_head_lm_params(method: str, head: ModelProfile) -> int:
@@ -1183,3 +1211,58 @@ def fit_hardware_profile(
         for s in samples
     ]
     return profile, residuals
+
+
+@dataclass(frozen=True)
+class DraftSample:
+    """One measured speculative decode pass: batch_size sequences at context_len,
+    each verifying k drafted tokens (EAGLE drafts K on every pass), took
+    `seconds` (decode seconds over verified drafts: draft passes included)."""
+
+    batch_size: int
+    k: int
+    context_len: float
+    seconds: float
+
+
+def fit_draft_overhead(
+    samples: Sequence[DraftSample],
+    *,
+    method: str,
+    target: ModelProfile,
+    head: ModelProfile | None,
+    hw: HardwareProfile,
+) -> tuple[float, list[float]]:
+    """Per-draft-pass fixed cost under which step time and draft time reproduce measured passes.
+
+    A speculative pass costs verify_step + k draft passes, each the head's
+    roofline work plus a fixed cost d (:func:`draft_time`). With the target's
+    profile ``hw`` already fitted, each sample gives
+    d_i = (seconds_i - verify_i - k * work_i) / k; d is their median, floored
+    at 0 (a fit of the target that overprices verification can push one
+    below). Returns d in seconds and each sample's relative residual
+    predicted / measured - 1 under it.
+    """
+    _check_method(method)
+    if method not in _EAGLE_FC_INPUTS:
+        raise ValueError(f"method must be an EAGLE head ({', '.join(_EAGLE_FC_INPUTS)}); got {method!r}")
+    if not samples:
+        raise ValueError("samples must not be empty")
+    free = replace(hw, draft_overhead_s=0.0)
+    per_sample = []
+    for i, s in enumerate(samples):
+        k = _check_int(f"samples[{i}].k", s.k, 1)
+        seconds = _check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True)
+        verify = verify_step(target, hw, s.batch_size, k, s.context_len)
+        work = draft_time(method, hw=free, batch_size=s.batch_size, k=k, context_len=s.context_len,
+                          draft=head, target=target)
+        per_sample.append((seconds - verify - work) / k)
+    overhead = max(statistics.median(per_sample), 0.0)
+    fitted = replace(hw, draft_overhead_s=overhead)
+    residuals = [
+        (verify_step(target, hw, s.batch_size, s.k, s.context_len)
+         + draft_time(method, hw=fitted, batch_size=s.batch_size, k=s.k, context_len=s.context_len,
+                      draft=head, target=target)) / s.seconds - 1.0
+        for s in samples
+    ]
+    return overhead, residuals

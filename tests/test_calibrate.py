@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import yaml
 
@@ -94,6 +96,34 @@ def test_profile_file_round_trips_and_sweeps_find_it(tmp_path, monkeypatch):
     assert choice.profile.source == "calibrated" and choice.profile.name == "my-cpu"
     assert choice.profile.memory_bandwidth == pytest.approx(profile.memory_bandwidth, rel=1e-4)
     assert "2026-01-01" in choice.label
+
+
+def test_draft_sample_is_the_fastest_rounds_time_per_verified_draft():
+    point = GridPoint(batch_size=4, prompt_len=512)
+    # Decode seconds summed over the batch's requests, and the drafts verified in them.
+    sample, record = calibrate.draft_sample(point, 3, 16, [(4.0, 40), (3.0, 40), (1.0, 0)])
+    assert sample == theory.DraftSample(batch_size=4, k=3, context_len=520.0, seconds=0.075)
+    assert record["round_seconds_per_pass"] == [0.1, 0.075]
+    with pytest.raises(ValueError, match="drafted"):
+        calibrate.draft_sample(point, 3, 16, [(1.0, 0)])
+
+
+def test_the_profile_file_carries_the_draft_overhead_and_its_evidence(tmp_path):
+    samples, records = _synthetic_samples()
+    profile, fitted = calibrate.fit(samples, records, MODEL, "my-cpu")
+    common = {"model": {"name": "m", "path": "embedded:x", "dtype": "float32"}, "device": "CPU",
+              "measured_at": "2026-01-01T00:00:00+00:00", "vllm_version": "0.32.0", "settings": {}}
+    without = calibrate.profile_document(profile, fitted, **common)
+    assert "draft_overhead_ms" not in without and without["draft_samples"]["method"] is None
+    timed = replace(profile, draft_overhead_s=0.0042)
+    draft = [{"batch_size": 1, "prompt_tokens": 512, "k": 3, "seconds_per_pass": 0.05, "residual": 0.01}]
+    doc = calibrate.profile_document(timed, fitted, **common, draft_records=draft, draft_method="eagle3")
+    assert doc["draft_overhead_ms"] == 4.2 and doc["draft_samples"] == {"method": "eagle3", "samples": draft}
+    path = tmp_path / "p.yaml"
+    calibrate.write_profile(doc, path)
+    loaded = prediction.load_hardware_file(path).profile
+    assert loaded.draft_pass_overhead_s == pytest.approx(0.0042)
+    assert "4.20 ms per draft pass" in calibrate.format_draft_fit("eagle3", 0.0042, draft)
 
 
 def test_bad_integer_lists_are_refused():

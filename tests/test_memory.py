@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
@@ -230,6 +232,33 @@ def test_plan_lists_cells_with_memory_speedup_and_refusals() -> None:
     assert "10 cells: 5 fit, 5 refused (5 KV below the batch)" in text
     awq = make_plan(["model=qwen2.5-7b-instruct-awq"] + overrides)
     assert not any(r.problems for r in awq)
+
+
+def test_plan_prices_an_eagle_head_from_its_own_shapes_as_the_prediction_does() -> None:
+    # The shipped EAGLE-3 head: one layer and a 4096-token LM head, not the target's 49k vocabulary.
+    rows = make_plan(["model=smollm2-135m", "hardware=cpu-amd-epyc-2-cores", "method=eagle3",
+                      "num_speculative_tokens=4", "batch_size=1", "workload=creative"])
+    (row,) = [r for r in rows if r.label.startswith("eagle3")]
+    from specbench import prediction, theory
+    from specbench.plan import DEFAULT_ALPHA
+    target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
+    head = prediction.drafter_profile(
+        {"name": "eagle3", "speculative_config": {"model": "heads:smollm2-135m-instruct-eagle3"}}, target, "float32")
+    assert head is not None and head.draft_vocab_size == 4096 and head.num_layers == 1
+    hw = theory.HardwareProfile.from_mapping(
+        yaml.safe_load((Path(__file__).parents[1] / "conf/hardware/cpu-amd-epyc-2-cores.yaml").read_text()))
+    common = {"method": "eagle3", "k": 4, "batch_size": 1, "target": target, "hw": hw,
+              "tokens_per_pass": theory.expected_tokens_per_pass(DEFAULT_ALPHA, 4), "context_len": row_context(rows)}
+    assert row.predicted_decode_speedup == pytest.approx(theory.predicted_decode_speedup(**common, draft=head))
+    assert row.predicted_decode_speedup > theory.predicted_decode_speedup(**common)  # the full-vocabulary upper bound
+
+
+def row_context(rows) -> float:
+    """The plan's context: half of the workload's prompt cap plus its output."""
+    from hydra import compose, initialize_config_module
+    with initialize_config_module("specbench.conf", version_base="1.3"):
+        cfg = compose("config", overrides=["model=smollm2-135m", "workload=creative"])
+    return (cfg.workload.max_prompt_tokens + cfg.workload.max_tokens) / 2
 
 
 # --- the report's memory section ----------------------------------------------------------

@@ -5,22 +5,27 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from specbench.theory import (
+    DraftSample,
     HardwareProfile,
     ModelProfile,
     StepSample,
     best_k,
     break_even_batch_size,
+    draft_prefill_time,
     draft_time,
+    eagle_head_profile,
     end_to_end_speedup,
     expected_tokens_from_rates,
     expected_tokens_per_pass,
     fit_alpha,
+    fit_draft_overhead,
     fit_hardware_profile,
     num_speculative_tokens_per_batch_size,
     plain_decode_step,
@@ -321,6 +326,48 @@ def test_draft_time_by_method(
     head_bytes = 2 * (qwen.layer_matmul_params + 2 * 3584**2 + 152064 * 3584)
     head_bytes += 4 * 256 * qwen.kv_bytes_per_token / 28
     assert eagle == pytest.approx(3 * (head_bytes / h200.memory_bandwidth + h200.fixed_overhead_s))
+
+
+def test_a_draft_pass_pays_its_own_overhead_where_the_profile_has_one(
+    qwen: ModelProfile, smol: ModelProfile, h200: HardwareProfile
+) -> None:
+    # A draft pass runs inside the engine step: it pays draft_overhead_s, not the step's overhead.
+    cheap = replace(h200, draft_overhead_s=0.0)
+    for method, kw in (("eagle3", {"target": qwen}), ("draft_model", {"draft": smol})):
+        full = draft_time(method, hw=h200, batch_size=2, k=4, context_len=300, **kw)
+        free = draft_time(method, hw=cheap, batch_size=2, k=4, context_len=300, **kw)
+        assert full - free == pytest.approx(4 * h200.fixed_overhead_s)
+        prompt = {"hw": h200, "batch_size": 2, "prompt_len": 100, "max_step_tokens": 64}  # 4 prefill steps
+        full = draft_prefill_time(method, **prompt, **kw)
+        free = draft_prefill_time(method, **{**prompt, "hw": cheap}, **kw)
+        assert full - free == pytest.approx(4 * h200.fixed_overhead_s)
+    assert h200.draft_overhead_s is None and h200.draft_pass_overhead_s == h200.fixed_overhead_s
+    mapped = HardwareProfile.from_mapping({"name": "x", "source": "calibrated", "memory_bandwidth_gbps": 30,
+                                           "peak_tflops": 0.15, "fixed_overhead_ms": 18, "draft_overhead_ms": 4})
+    assert mapped.draft_pass_overhead_s == pytest.approx(4e-3)
+    with pytest.raises(ValueError, match="draft_overhead_ms"):
+        HardwareProfile.from_mapping({"name": "x", "source": "calibrated", "memory_bandwidth_gbps": 30,
+                                      "peak_tflops": 0.15, "fixed_overhead_ms": 18, "draft_overhead_ms": -1})
+
+
+def test_draft_overhead_fit_recovers_a_known_machine(smol: ModelProfile) -> None:
+    truth = HardwareProfile("cpu", 30e9, 0.15e12, 18e-3, "calibrated", draft_overhead_s=3.5e-3)
+    head = eagle_head_profile(smol, "eagle3", replace(smol, num_layers=1, draft_vocab_size=4096))
+    samples = [
+        DraftSample(batch_size=b, k=k, context_len=ctx, seconds=verify_step(smol, truth, b, k, ctx)
+                    + draft_time("eagle3", hw=truth, batch_size=b, k=k, context_len=ctx, draft=head, target=smol))
+        for b, k, ctx in ((1, 3, 524), (4, 3, 524), (8, 2, 100))
+    ]
+    target_only = replace(truth, draft_overhead_s=None)
+    overhead, residuals = fit_draft_overhead(samples, method="eagle3", target=smol, head=head, hw=target_only)
+    assert overhead == pytest.approx(3.5e-3, rel=1e-9)
+    assert max(abs(r) for r in residuals) < 1e-9
+    # Passes faster than the target's fit allows for: the overhead floors at 0, the residuals say so.
+    fast = [replace(s, seconds=s.seconds / 3) for s in samples]
+    overhead, residuals = fit_draft_overhead(fast, method="eagle3", target=smol, head=head, hw=target_only)
+    assert overhead == 0.0 and min(residuals) > 0.5
+    with pytest.raises(ValueError, match="EAGLE"):
+        fit_draft_overhead(samples, method="ngram", target=smol, head=None, hw=target_only)
 
 
 def test_free_draft_speedup_equals_e_at_batch_one(
