@@ -7,10 +7,17 @@ Each grid point gives one :class:`specbench.theory.StepSample`: the decode
 step time is the median TPOT vLLM reports for the batch's requests
 (first-to-last-token time over the tokens after the first, so prefill is
 excluded), at the mean context length the steps attend to (prompt + half the
-output). The grid is measured in ``--rounds`` passes and each point keeps its
-fastest round: on a machine shared with other work, interference only ever
-adds time. :func:`specbench.theory.fit_hardware_profile` then fits effective
-memory bandwidth, peak FLOP/s and per-step overhead to those samples.
+output). Each grid point also gives a prefill sample: its whole batch
+prefills in one step, whose time is the median TTFT, with batch x prompt
+tokens over batch sequences and logits at one position each. Decode steps
+alone cannot tell compute from per-sequence cost (both grow with the batch)
+nor KV reads from attention FLOPs (both grow with batch x context); the
+prefill steps, many tokens per sequence, can. The grid is measured in
+``--rounds`` passes and each point keeps its fastest round: on a machine
+shared with other work, interference only ever adds time.
+:func:`specbench.theory.fit_hardware_profile` then fits the profile's rates
+(weight and KV bandwidth, linear and attention FLOP/s, overhead per step and
+per sequence) to those samples.
 
 A draft pass (an EAGLE head's forward inside the engine step) skips the
 scheduler and sampler that make up most of a step's fixed cost here, so it
@@ -40,6 +47,7 @@ for every later sweep that names no ``hardware``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import statistics
@@ -153,6 +161,7 @@ def step_sample(
         num_tokens=point.batch_size, num_seqs=point.batch_size, context_len=context, seconds=seconds
     )
     record = {
+        "kind": "decode",
         "batch_size": point.batch_size,
         "prompt_tokens": point.prompt_len,
         "context_len": context,
@@ -162,6 +171,31 @@ def step_sample(
         "output_tokens_per_round": min(output_tokens) if output_tokens else None,
         "complete": bool(output_tokens) and min(output_tokens) == point.batch_size * max_tokens,
     }
+    return sample, record
+
+
+def prefill_sample(
+    point: GridPoint, rounds: Sequence[Sequence[float | None]]
+) -> tuple[theory.StepSample, dict[str, Any]]:
+    """The prefill step sample of one grid point, and its record for the YAML.
+
+    ``rounds`` holds, per round, every request's TTFT. The batch prefills in
+    one step (the grid admits only such points), so each TTFT is that step's
+    time; a round's is their median, and the fastest round is kept. The step
+    processes batch x prompt tokens, each attending to half its prompt on
+    average, and reads logits at each prompt's last position. Raises
+    ValueError when no request reported a TTFT.
+    """
+    medians = [statistics.median(ts) for ts in ([t for t in r if t is not None and t > 0] for r in rounds) if ts]
+    if not medians:
+        raise ValueError(f"batch {point.batch_size} x {point.prompt_len} tokens: no request reported a TTFT")
+    seconds = min(medians)
+    sample = theory.StepSample(
+        num_tokens=point.batch_size * point.prompt_len, num_seqs=point.batch_size,
+        context_len=point.prompt_len / 2, seconds=seconds, logits=point.batch_size,
+    )
+    record = {"kind": "prefill", "batch_size": point.batch_size, "prompt_tokens": point.prompt_len,
+              "context_len": point.prompt_len / 2, "seconds": seconds, "round_seconds": medians}
     return sample, record
 
 
@@ -197,11 +231,7 @@ def fit(
     profile, residuals = theory.fit_hardware_profile(samples, model, name=name)
     out = []
     for sample, record, residual in zip(samples, records, residuals):
-        predicted = theory.step_time(
-            model, profile, num_tokens=sample.num_tokens, num_seqs=sample.num_seqs,
-            context_len=sample.context_len,
-        )
-        out.append(dict(record, predicted_seconds=predicted, residual=residual))
+        out.append(dict(record, predicted_seconds=sample.seconds * (1.0 + residual), residual=residual))
     return profile, out
 
 
@@ -225,6 +255,9 @@ def profile_document(
         "memory_bandwidth_gbps": round(profile.memory_bandwidth / 1e9, 4),
         "peak_tflops": round(profile.peak_flops / 1e12, 6),
         "fixed_overhead_ms": round(profile.fixed_overhead_s * 1e3, 4),
+        "per_sequence_overhead_ms": round(profile.per_seq_overhead_s * 1e3, 4),
+        "kv_bandwidth_gbps": _rounded_rate(profile.kv_read_bandwidth / 1e9),
+        "attention_tflops": _rounded_rate(profile.attention_peak_flops / 1e12),
     }
     if profile.draft_overhead_s is not None:
         doc["draft_overhead_ms"] = round(profile.draft_overhead_s * 1e3, 4)
@@ -233,8 +266,8 @@ def profile_document(
         doc["memory_gb"] = memory
     doc |= {
         "notes": (
-            f"Fitted by python -m specbench.calibrate to {len(records)} plain-decode step times "
-            f"(median TPOT, fastest of {settings.get('rounds')} rounds) of {model['name']} ({model['dtype']}) on vLLM {vllm_version}; effective "
+            f"Fitted by python -m specbench.calibrate to {len(records)} plain-decode and prefill step times "
+            f"(median TPOT and TTFT, fastest of {settings.get('rounds')} rounds) of {model['name']} ({model['dtype']}) on vLLM {vllm_version}; effective "
             "figures for this engine and model, not datasheet values."
         ),
         "device": device,
@@ -251,6 +284,11 @@ def profile_document(
     else:
         doc["draft_samples"] = {"method": None, "note": "no EAGLE head to time: draft passes pay fixed_overhead_ms"}
     return doc
+
+
+def _rounded_rate(value: float) -> float:
+    """A rate for the YAML: 6 significant figures, or inf (a cost the fit found too small to see)."""
+    return value if math.isinf(value) else float(f"{value:.6g}")
 
 
 def write_profile(doc: dict[str, Any], path: Path) -> None:
@@ -274,20 +312,25 @@ def format_fit(profile: theory.HardwareProfile, records: Sequence[dict[str, Any]
     """The fit and its per-sample residuals as a text table."""
     lines = [
         f"hardware profile {profile.name!r} (calibrated): "
-        f"memory bandwidth {profile.memory_bandwidth / 1e9:.2f} GB/s, "
-        f"peak {profile.peak_flops / 1e12:.4f} TFLOP/s, "
-        f"fixed overhead {profile.fixed_overhead_s * 1e3:.2f} ms per step",
-        f"{'batch':>5} {'prompt':>6} {'context':>8} {'measured ms':>12} {'model ms':>9} {'residual':>9}",
+        f"weights {profile.memory_bandwidth / 1e9:.2f} GB/s, "
+        f"matmul peak {profile.peak_flops / 1e12:.4f} TFLOP/s, "
+        f"KV reads {profile.kv_read_bandwidth / 1e9:.2f} GB/s, "
+        f"attention {profile.attention_peak_flops / 1e12:.4f} TFLOP/s, "
+        f"overhead {profile.fixed_overhead_s * 1e3:.2f} ms per step + "
+        f"{profile.per_seq_overhead_s * 1e3:.3f} ms per sequence",
+        f"{'step':>7} {'batch':>5} {'prompt':>6} {'context':>8} {'measured ms':>12} {'model ms':>9} {'residual':>9}",
     ]
     for r in records:
         mark = "" if r.get("complete", True) else "  (some requests stopped early)"
         lines.append(
-            f"{r['batch_size']:>5} {r['prompt_tokens']:>6} {r['context_len']:>8.0f} "
+            f"{r.get('kind', 'decode'):>7} {r['batch_size']:>5} {r['prompt_tokens']:>6} {r['context_len']:>8.0f} "
             f"{r['seconds'] * 1e3:>12.2f} {r['predicted_seconds'] * 1e3:>9.2f} "
             f"{r['residual'] * 100:>+8.1f}%{mark}"
         )
-    rms = (sum(r["residual"] ** 2 for r in records) / len(records)) ** 0.5
-    lines.append(f"rms residual {rms * 100:.1f}%")
+    for kind in sorted({r.get("kind", "decode") for r in records}):
+        residuals = [r["residual"] for r in records if r.get("kind", "decode") == kind]
+        rms = (sum(x * x for x in residuals) / len(residuals)) ** 0.5
+        lines.append(f"rms residual {rms * 100:.1f}% over {len(residuals)} {kind} steps")
     return "\n".join(lines)
 
 
@@ -389,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.max_tokens} tokens each, {args.rounds} rounds; load average {_load()}")
     measured_at = now_iso()
     tpot: dict[GridPoint, list[list[float]]] = {p: [] for p in points}
+    ttft: dict[GridPoint, list[list[float]]] = {p: [] for p in points}
     outputs: dict[GridPoint, list[int]] = {p: [] for p in points}
     try:
         worker = EngineWorker(cell.engine_spec(), log_path=None if args.verbose else engine_log)
@@ -405,10 +449,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 m = worker.measure(plan)
                 tpot[point].append(m.tpot_s)
+                ttft[point].append(m.ttft_s)
                 outputs[point] += m.rep_output_tokens
                 step = statistics.median(m.tpot_s) * 1e3 if m.tpot_s else float("nan")
+                prefill = statistics.median(m.ttft_s) * 1e3 if m.ttft_s else float("nan")
                 print(f"  round {round_index + 1}: batch {point.batch_size:>3} x {point.prompt_len:>5} "
-                      f"tokens: {step:.2f} ms per step", flush=True)
+                      f"tokens: {step:.2f} ms per decode step, {prefill:.1f} ms prefill", flush=True)
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -417,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average after: {_load()}")
     try:
         pairs = [step_sample(p, args.max_tokens, tpot[p], outputs[p]) for p in points]
+        pairs += [prefill_sample(p, ttft[p]) for p in points]
         profile, records = fit([s for s, _ in pairs], [r for _, r in pairs], model,
                                args.name or _slug(worker.info.hardware))
     except ValueError as exc:

@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 __all__ = [
     "METHODS",
@@ -175,14 +176,27 @@ def fit_alpha(rates: Sequence[float]) -> float:
 class HardwareProfile:
     """What one accelerator costs per forward pass, in the roofline's terms.
 
-    memory_bandwidth in bytes/s, peak_flops in FLOP/s (dense, at the dtype the
-    model runs in), fixed_overhead_s in seconds per engine step (kernel
-    launch, scheduler and sampler time that does not scale with work).
-    draft_overhead_s is the same per draft pass (an EAGLE head's or a draft
-    model's forward inside a step): it skips the scheduler and the sampler's
-    bookkeeping, so it can be far below fixed_overhead_s; None (a vendor
-    profile, or a calibration without a head to time) charges each draft pass
-    the full fixed_overhead_s, an upper bound.
+    A pass (:func:`step_time`) costs, in seconds,
+
+        fixed_overhead_s + per_seq_overhead_s * num_seqs
+        + max(weight bytes / memory_bandwidth, linear FLOPs / peak_flops)
+        + KV-cache bytes / kv_bandwidth + attention FLOPs / attention_flops
+
+    memory_bandwidth in bytes/s and peak_flops in FLOP/s (dense, at the dtype
+    the model runs in) price the weight-bound and compute-bound matrix
+    multiplies; kv_bandwidth (bytes/s) the KV-cache reads that grow with
+    batch x context, attention_flops (FLOP/s) the QK^T and PV products: on
+    a GPU the same memory and the same units (None: memory_bandwidth and
+    peak_flops), on a CPU attention kernels that run at their own rates.
+    fixed_overhead_s is paid once per engine step (kernel launch, scheduler,
+    sampler time that does not scale with work), per_seq_overhead_s once per
+    sequence in it (sampling over the vocabulary, per-request bookkeeping:
+    negligible on a GPU, a millisecond on a CPU).
+    draft_overhead_s is the fixed cost of a draft pass (an EAGLE head's or a
+    draft model's forward inside a step): it skips the scheduler and the
+    sampler's bookkeeping, so it can be far below fixed_overhead_s; None (a
+    vendor profile, or a calibration without a head to time) charges each
+    draft pass the full fixed_overhead_s, an upper bound.
     source is "vendor" (datasheet figures) or "calibrated" (fitted on the
     device by fit_hardware_profile).
     """
@@ -194,13 +208,23 @@ class HardwareProfile:
     source: str
     notes: str = ""
     draft_overhead_s: float | None = None
+    per_seq_overhead_s: float = 0.0
+    kv_bandwidth: float | None = None
+    attention_flops: float | None = None
 
     def __post_init__(self) -> None:
         _check_real("memory_bandwidth", self.memory_bandwidth, 0.0, low_open=True)
         _check_real("peak_flops", self.peak_flops, 0.0, low_open=True)
         _check_real("fixed_overhead_s", self.fixed_overhead_s, 0.0)
+        _check_real("per_seq_overhead_s", self.per_seq_overhead_s, 0.0)
         if self.draft_overhead_s is not None:
             _check_real("draft_overhead_s", self.draft_overhead_s, 0.0)
+        # A fit may find a cost too small to measure: an infinite rate prices it at 0.
+        for field in ("kv_bandwidth", "attention_flops"):
+            value = getattr(self, field)
+            if value is not None and not (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                                          and value > 0.0 and not math.isnan(value)):
+                raise ValueError(f"{field} must be a positive number or inf, got {value!r}")
         if self.source not in ("vendor", "calibrated"):
             raise ValueError(f"source must be 'vendor' or 'calibrated', got {self.source!r}")
 
@@ -209,18 +233,37 @@ class HardwareProfile:
         """Seconds of fixed cost per draft pass: draft_overhead_s, else fixed_overhead_s."""
         return self.fixed_overhead_s if self.draft_overhead_s is None else self.draft_overhead_s
 
+    @property
+    def kv_read_bandwidth(self) -> float:
+        """Bytes/s of KV-cache reads: kv_bandwidth, else memory_bandwidth."""
+        return self.memory_bandwidth if self.kv_bandwidth is None else self.kv_bandwidth
+
+    @property
+    def attention_peak_flops(self) -> float:
+        """FLOP/s of attention's products: attention_flops, else peak_flops."""
+        return self.peak_flops if self.attention_flops is None else self.attention_flops
+
     @classmethod
     def from_mapping(cls, d: Mapping) -> HardwareProfile:
         """Build a profile from YAML-style keys.
 
         Required: name, source, memory_bandwidth_gbps (GB/s, 1e9 bytes/s),
         peak_tflops (1e12 FLOP/s), fixed_overhead_ms (milliseconds); optional:
-        draft_overhead_ms (milliseconds), notes. Other keys (e.g. memory_gb)
-        are ignored.
+        per_sequence_overhead_ms, draft_overhead_ms (milliseconds),
+        kv_bandwidth_gbps (GB/s), attention_tflops (TFLOP/s; .inf: free),
+        notes. Other keys (e.g. memory_gb) are ignored.
         """
         for key in ("name", "source", "memory_bandwidth_gbps", "peak_tflops", "fixed_overhead_ms"):
             if key not in d:
                 raise ValueError(f"hardware profile is missing key {key!r}")
+
+        def optional(key: str, scale: float, *, low_open: bool) -> float | None:
+            if d.get(key) is None:
+                return None
+            if d[key] == math.inf:
+                return math.inf
+            return scale * _check_real(key, d[key], 0.0, low_open=low_open)
+
         return cls(
             name=str(d["name"]),
             memory_bandwidth=1e9 * _check_real(
@@ -230,10 +273,10 @@ class HardwareProfile:
             fixed_overhead_s=1e-3 * _check_real("fixed_overhead_ms", d["fixed_overhead_ms"], 0.0),
             source=str(d["source"]),
             notes=str(d.get("notes", "")),
-            draft_overhead_s=(
-                None if d.get("draft_overhead_ms") is None
-                else 1e-3 * _check_real("draft_overhead_ms", d["draft_overhead_ms"], 0.0)
-            ),
+            draft_overhead_s=optional("draft_overhead_ms", 1e-3, low_open=False),
+            per_seq_overhead_s=optional("per_sequence_overhead_ms", 1e-3, low_open=False) or 0.0,
+            kv_bandwidth=optional("kv_bandwidth_gbps", 1e9, low_open=True),
+            attention_flops=optional("attention_tflops", 1e12, low_open=True),
         )
 
 
@@ -425,24 +468,44 @@ def ridge_point(model: ModelProfile, hw: HardwareProfile) -> float:
 # --------------------------------------------------------------------------- step time
 
 
-def _roofline(hw: HardwareProfile, bytes_moved: float, flops: float, *, draft: bool = False) -> float:
-    """max(bytes / bandwidth, FLOPs / peak) plus the pass's fixed cost (a draft pass's, if ``draft``)."""
-    overhead = hw.draft_pass_overhead_s if draft else hw.fixed_overhead_s
-    return max(bytes_moved / hw.memory_bandwidth, flops / hw.peak_flops) + overhead
+class _Work(NamedTuple):
+    """What one pass moves and computes, by the rate that prices it."""
+
+    weight_bytes: float
+    kv_bytes: float
+    linear_flops: float
+    attention_flops: float
+    num_seqs: float
+
+
+def _roofline(hw: HardwareProfile, work: _Work, *, draft: bool = False) -> float:
+    """Seconds of one pass (see :class:`HardwareProfile`); a draft pass pays only draft_pass_overhead_s."""
+    overhead = (hw.draft_pass_overhead_s if draft
+                else hw.fixed_overhead_s + hw.per_seq_overhead_s * work.num_seqs)
+    return (
+        overhead
+        + max(work.weight_bytes / hw.memory_bandwidth, work.linear_flops / hw.peak_flops)
+        + work.kv_bytes / hw.kv_read_bandwidth
+        + work.attention_flops / hw.attention_peak_flops
+    )
 
 
 def _work(
     model: ModelProfile, num_tokens: float, num_seqs: int, context_len: float, logits: float | None = None
-) -> tuple[float, float]:
-    """Bytes and FLOPs of one pass; ``logits`` tokens (default: all) go through the LM head."""
-    bytes_moved = model.weight_bytes + num_seqs * context_len * model.kv_bytes_per_token
+) -> _Work:
+    """What one pass of ``model`` moves and computes; ``logits`` tokens (default: all) go through the LM head."""
+    linear = num_tokens * model.flops_per_token
+    if logits is not None:
+        linear -= (num_tokens - logits) * 2.0 * model.vocab_size * model.hidden_size
     # QK^T and PV: each a head_dim-long multiply-add (2 FLOPs) per head, layer and cached token.
     per_context_token = 4.0 * model.num_layers * model.num_attention_heads * model.head_dim
-    attention = num_tokens * context_len * per_context_token
-    flops = num_tokens * model.flops_per_token + attention
-    if logits is not None:
-        flops -= (num_tokens - logits) * 2.0 * model.vocab_size * model.hidden_size
-    return bytes_moved, flops
+    return _Work(
+        weight_bytes=model.weight_bytes,
+        kv_bytes=num_seqs * context_len * model.kv_bytes_per_token,
+        linear_flops=linear,
+        attention_flops=num_tokens * context_len * per_context_token,
+        num_seqs=num_seqs,
+    )
 
 
 def _check_step(num_tokens: float, num_seqs: int, context_len: float) -> tuple[float, int, float]:
@@ -458,15 +521,19 @@ def step_time(
 ) -> float:
     """Seconds for one forward pass of num_tokens tokens over num_seqs sequences.
 
-    T = max(bytes / memory_bandwidth, flops / peak_flops) + fixed_overhead_s, with
-    bytes = weight_bytes + num_seqs * context_len * kv_bytes_per_token and
-    flops = num_tokens * flops_per_token
-            + 4 * num_tokens * context_len * num_layers * num_attention_heads * head_dim.
+    T = fixed_overhead_s + per_seq_overhead_s * num_seqs
+        + max(weight_bytes / memory_bandwidth, num_tokens * flops_per_token / peak_flops)
+        + num_seqs * context_len * kv_bytes_per_token / kv_bandwidth
+        + 4 * num_tokens * context_len * num_layers * num_attention_heads * head_dim / attention_flops.
     context_len is the KV-cache length (tokens) each sequence attends to. The
-    max() assumes memory traffic and compute overlap perfectly.
+    matrix multiplies read the weights once per pass, so they are weight-bound
+    up to the ridge (:func:`ridge_point`) and compute-bound past it, the max()
+    assuming reads and compute overlap; attention reads each sequence's own
+    KV cache, a cost that grows with batch x context whatever the batch, so
+    it is priced apart, at its own rates.
     """
     num_tokens, num_seqs, context_len = _check_step(num_tokens, num_seqs, context_len)
-    return _roofline(hw, *_work(model, num_tokens, num_seqs, context_len))
+    return _roofline(hw, _work(model, num_tokens, num_seqs, context_len))
 
 
 def plain_decode_step(
@@ -525,7 +592,7 @@ def prefill_time(
     """
     steps, num_tokens = _prefill_steps(batch_size, prompt_len, max_step_tokens)
     return steps * _roofline(
-        hw, *_work(model, num_tokens, batch_size, prompt_len / 2.0, logits=batch_size / steps)
+        hw, _work(model, num_tokens, batch_size, prompt_len / 2.0, logits=batch_size / steps)
     )
 
 
@@ -576,7 +643,7 @@ def draft_prefill_time(
             method, draft or target, target, num_tokens=num_tokens, num_seqs=batch_size,
             context_len=prompt_len / 2.0, logits=batch_size / steps,
         )
-    return steps * _roofline(hw, *work, draft=True)
+    return steps * _roofline(hw, work, draft=True)
 
 
 # --------------------------------------------------------------------------- draft cost
@@ -625,7 +692,7 @@ def draft_time(
             method, draft or target, target, num_tokens=batch_size, num_seqs=batch_size,
             context_len=context_len, logits=batch_size,
         )
-    return k * _roofline(hw, *work, draft=True)
+    return k * _roofline(hw, work, draft=True)
 
 
 def _eagle_head_lm_params(method: str, head: ModelProfile) -> int:
@@ -643,22 +710,22 @@ def _eagle_head_work(
     num_seqs: int,
     context_len: float,
     logits: float,
-) -> tuple[float, float]:
-    """Bytes and FLOPs of one head pass over num_tokens tokens, logits read at ``logits`` of them.
+) -> _Work:
+    """What one head pass over num_tokens tokens moves and computes, logits read at ``logits`` of them.
 
     Weights at the dtype width kv_bytes_per_element (heads ship unquantized),
     plus the head's one layer of KV cache per sequence.
     """
     matmul_params = eagle_head_matmul_params(method, head)
     lm_params = _eagle_head_lm_params(method, head)
-    bytes_moved = matmul_params * target.kv_bytes_per_element + (
-        num_seqs * context_len * target.kv_bytes_per_token / target.num_layers
+    return _Work(
+        weight_bytes=matmul_params * target.kv_bytes_per_element,
+        kv_bytes=num_seqs * context_len * target.kv_bytes_per_token / target.num_layers,
+        # fc and the layer run on every token; the LM head only where logits are read.
+        linear_flops=num_tokens * 2.0 * (matmul_params - lm_params) + logits * 2.0 * lm_params,
+        attention_flops=num_tokens * 4.0 * context_len * head.num_attention_heads * head.head_dim,
+        num_seqs=num_seqs,
     )
-    # fc and the layer run on every token; the LM head only where logits are read.
-    flops = num_tokens * (
-        2.0 * (matmul_params - lm_params) + 4.0 * context_len * head.num_attention_heads * head.head_dim
-    ) + logits * 2.0 * lm_params
-    return bytes_moved, flops
 
 
 def eagle_head_matmul_params(method: str, head: ModelProfile) -> int:
@@ -1112,12 +1179,15 @@ def memory_problems(estimate: MemoryEstimate) -> list[MemoryProblem]:
 @dataclass(frozen=True)
 class StepSample:
     """One measured forward pass: num_tokens tokens over num_seqs sequences,
-    each attending to context_len cached tokens, took `seconds`."""
+    each attending to context_len cached tokens, took `seconds`; logits of
+    them went through the LM head (None: all, as in decode; a prefill reads
+    one per sequence)."""
 
-    num_tokens: int
+    num_tokens: float
     num_seqs: int
     context_len: float
     seconds: float
+    logits: float | None = None
 
 
 def _golden_section(f: Callable[[float], float], low: float, high: float, tol: float) -> float:
@@ -1136,18 +1206,81 @@ def _golden_section(f: Callable[[float], float], low: float, high: float, tol: f
     return (low + high) / 2
 
 
+def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
+    """x with matrix @ x = rhs by Gaussian elimination with partial pivoting; None if (nearly) singular.
+
+    ``matrix`` is a Gram matrix of unit-norm columns (diagonal 1), so a pivot
+    below 1e-9 means two columns are parallel to within float precision.
+    """
+    n = len(rhs)
+    m = [row[:] + [rhs[i]] for i, row in enumerate(matrix)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-9:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, n):
+            factor = m[r][col] / m[col][col]
+            for c in range(col, n + 1):
+                m[r][c] -= factor * m[col][c]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x
+
+
+def _nonnegative_least_squares(rows: Sequence[Sequence[float]], required: int) -> tuple[float, list[float]]:
+    """min sum_i (rows_i . x - 1)^2 over x >= 0 with x[required] > 0, by trying every support.
+
+    Columns are scaled to unit norm first, so that bytes, FLOPs and counts
+    (1e9 apart) solve alike. Few columns (<= 5) make the 2^n supports cheap,
+    and the best feasible support is the exact optimum; a support whose
+    columns are parallel is skipped (a smaller one fits as well). Returns the
+    loss and x.
+    """
+    n = len(rows[0])
+    norms = [math.sqrt(sum(r[j] ** 2 for r in rows)) or 1.0 for j in range(n)]
+    scaled = [[r[j] / norms[j] for j in range(n)] for r in rows]
+    gram = [[sum(r[i] * r[j] for r in scaled) for j in range(n)] for i in range(n)]
+    moment = [sum(r[i] for r in scaled) for i in range(n)]
+    best: tuple[float, list[float]] = (math.inf, [0.0] * n)
+    for mask in range(1 << n):
+        support = [j for j in range(n) if mask >> j & 1]
+        if required not in support:
+            continue
+        x_support = _solve([[gram[i][j] for j in support] for i in support], [moment[i] for i in support])
+        if x_support is None or min(x_support) < 0.0:
+            continue
+        x = [0.0] * n
+        for j, value in zip(support, x_support):
+            x[j] = value
+        loss = sum((sum(r[j] * x[j] for j in support) - 1.0) ** 2 for r in scaled)
+        if loss < best[0]:
+            best = (loss, x)
+    return best[0], [x / norms[j] for j, x in enumerate(best[1])]
+
+
 def fit_hardware_profile(
     samples: Sequence[StepSample], model: ModelProfile, *, name: str
 ) -> tuple[HardwareProfile, list[float]]:
     """Effective hardware profile under which step_time reproduces measured passes.
 
-    Fits memory bandwidth W, peak P and overhead c >= 0 in
-    t_i = max(B_i / W, F_i / P) + c (B_i, F_i: the bytes and FLOPs step_time
-    charges sample i) by minimising sum_i (t_i / seconds_i - 1)^2. With
-    v = 1 / P and rho = P / W (the ridge intensity, FLOP/byte),
-    t_i = v * max(rho * B_i, F_i) + c is linear in (v, c) for fixed rho, so
-    (v, c) come from a closed-form weighted least-squares solve and only
-    log(rho) is searched: a 1001-point grid, then golden section.
+    Fits the six rates of :class:`HardwareProfile` (memory bandwidth W, peak
+    P, KV bandwidth W_kv, attention rate P_att, overheads c and s per
+    sequence) in
+    t_i = c + s * n_i + max(B_i / W, F_i / P) + K_i / W_kv + A_i / P_att
+    (B_i weight bytes, F_i linear FLOPs, K_i KV bytes and A_i attention FLOPs
+    that step_time charges sample i, n_i its sequences) by minimising
+    sum_i (t_i / seconds_i - 1)^2. With v = 1 / P and rho = P / W (the ridge
+    intensity, FLOP/byte) t_i is linear in (v, 1/W_kv, 1/P_att, c, s) for
+    fixed rho: those come from a non-negative least-squares solve, and only
+    log(rho) is searched (a 201-point grid, then golden section). A rate
+    whose cost the samples cannot see (its coefficient 0) comes back as inf.
+
+    The terms separate only if the samples vary them independently: plain
+    decode steps alone move linear FLOPs and sequences together, and KV bytes
+    and attention FLOPs together. Prefill steps (many tokens per sequence,
+    logits at one) break both ties; :mod:`specbench.calibrate` measures both.
 
     rho is searched only between the smallest and largest sample intensity
     F_i / B_i: beyond either end every sample sits on one side of the ridge
@@ -1158,41 +1291,37 @@ def fit_hardware_profile(
     Returns the profile (source "calibrated", units as HardwareProfile) and the
     per-sample relative residuals predicted / measured - 1.
     """
-    if len(samples) < 3:
+    if len(samples) < 6:
         raise ValueError(
-            "samples must hold at least 3 measurements (3 parameters are fitted), "
+            "samples must hold at least 6 measurements (6 rates are fitted), "
             f"got {len(samples)}"
         )
     work, seconds = [], []
     for i, s in enumerate(samples):
         num_tokens, num_seqs, context_len = _check_step(s.num_tokens, s.num_seqs, s.context_len)
-        work.append(_work(model, num_tokens, num_seqs, context_len))
+        logits = None if s.logits is None else _check_real(f"samples[{i}].logits", s.logits, 1.0, num_tokens)
+        work.append(_work(model, num_tokens, num_seqs, context_len, logits=logits))
         seconds.append(_check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True))
 
-    def solve(log_rho: float) -> tuple[float, float, float]:
+    def solve(log_rho: float) -> tuple[float, list[float]]:
         rho = math.exp(log_rho)
-        # Residual_i = v * p_i + c * q_i - 1: least squares over (v, c), c clamped at 0.
-        p = [max(rho * b, f) / t for (b, f), t in zip(work, seconds)]
-        q = [1.0 / t for t in seconds]
-        spp, sqq = sum(x * x for x in p), sum(y * y for y in q)
-        spq, sp, sq = sum(x * y for x, y in zip(p, q)), sum(p), sum(q)
-        det = spp * sqq - spq * spq
-        # det = 0 when all samples share one work/time ratio: the overhead is then
-        # unidentifiable, so take none.
-        c = max((spp * sq - spq * sp) / det, 0.0) if det > 1e-12 * spp * sqq else 0.0
-        v = (sp - c * spq) / spp
-        loss = sum((v * x + c * y - 1.0) ** 2 for x, y in zip(p, q))
-        return loss, v, c
+        rows = [[max(rho * w.weight_bytes, w.linear_flops) / t, w.kv_bytes / t, w.attention_flops / t,
+                 1.0 / t, w.num_seqs / t] for w, t in zip(work, seconds)]
+        return _nonnegative_least_squares(rows, required=0)
 
-    intensities = [math.log(f / b) for b, f in work]
+    intensities = [math.log(w.linear_flops / w.weight_bytes) for w in work]
     low, high = min(intensities), max(intensities)
-    grid = [low + (high - low) * j / 1000 for j in range(1001)]
-    j = min(range(len(grid)), key=lambda j: solve(grid[j])[0])
-    log_rho = _golden_section(
-        lambda x: solve(x)[0], grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)], tol=1e-12
+    grid = [low + (high - low) * j / 200 for j in range(201)]
+    losses = [solve(x)[0] for x in grid]
+    # Ties (samples that cannot tell weight reads from fixed cost, e.g. all memory-bound)
+    # go to the largest ridge: the smallest peak that still explains every sample.
+    j = max(j for j, loss in enumerate(losses) if loss <= min(losses) + 1e-12)
+    refined = _golden_section(
+        lambda x: solve(x)[0], grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)], tol=1e-9
     )
-    _, v, c = solve(log_rho)
-    if v <= 0.0:
+    log_rho = refined if solve(refined)[0] < losses[j] - 1e-12 else grid[j]
+    loss, (v, per_kv_byte, per_attention_flop, c, per_seq) = solve(log_rho)
+    if not math.isfinite(loss) or v <= 0.0:
         raise ValueError(
             "samples do not show step time growing with work; bandwidth and peak cannot be fitted"
         )
@@ -1201,15 +1330,13 @@ def fit_hardware_profile(
         memory_bandwidth=1.0 / (v * math.exp(log_rho)),
         peak_flops=1.0 / v,
         fixed_overhead_s=c,
+        per_seq_overhead_s=per_seq,
+        kv_bandwidth=1.0 / per_kv_byte if per_kv_byte > 0.0 else math.inf,
+        attention_flops=1.0 / per_attention_flop if per_attention_flop > 0.0 else math.inf,
         source="calibrated",
         notes=f"fitted to {len(samples)} step-time samples of {model.name}",
     )
-    residuals = [
-        step_time(
-            model, profile, num_tokens=s.num_tokens, num_seqs=s.num_seqs, context_len=s.context_len
-        ) / s.seconds - 1.0
-        for s in samples
-    ]
+    residuals = [_roofline(profile, w) / t - 1.0 for w, t in zip(work, seconds)]
     return profile, residuals
 
 

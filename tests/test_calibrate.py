@@ -15,9 +15,6 @@ MODEL = theory.ModelProfile(
     num_attention_heads=9, num_kv_heads=3, head_dim=64, vocab_size=49152,
     bytes_per_weight=4.0, kv_bytes_per_element=4.0,
 )
-TRUE = theory.HardwareProfile(
-    name="true", memory_bandwidth=20e9, peak_flops=0.3e12, fixed_overhead_s=4e-3, source="calibrated"
-)
 
 
 def test_grid_keeps_only_batches_that_prefill_in_one_step():
@@ -54,28 +51,49 @@ def test_step_sample_is_the_fastest_rounds_median_tpot_at_the_mean_decode_contex
         calibrate.step_sample(point, 16, [[None], []], [64])
 
 
+TRUE = theory.HardwareProfile(
+    name="true", memory_bandwidth=20e9, peak_flops=0.3e12, fixed_overhead_s=4e-3, source="calibrated",
+    per_seq_overhead_s=0.5e-3, kv_bandwidth=8e9, attention_flops=0.06e12,
+)
+
+
 def _synthetic_samples():
+    """Decode and prefill samples of every grid point, as a machine with TRUE's rates would time them."""
     points = calibrate.grid([1, 2, 4, 8, 16, 32], [64, 512, 1024], 4096)
-    samples, records = [], []
+    pairs = []
     for p in points:
-        seconds = theory.step_time(MODEL, TRUE, num_tokens=p.batch_size, num_seqs=p.batch_size,
-                                   context_len=p.prompt_len + 8)
-        rounds = [[seconds * 1.3] * p.batch_size, [seconds] * p.batch_size]
-        sample, record = calibrate.step_sample(p, 16, rounds, [p.batch_size * 16] * 2)
-        samples.append(sample)
-        records.append(record)
-    return samples, records
+        decode = theory.step_time(MODEL, TRUE, num_tokens=p.batch_size, num_seqs=p.batch_size,
+                                  context_len=p.prompt_len + 8)
+        prefill = theory.prefill_time(MODEL, TRUE, p.batch_size, p.prompt_len, max_step_tokens=4096)
+        pairs.append(calibrate.step_sample(p, 16, [[decode * 1.3] * p.batch_size, [decode] * p.batch_size],
+                                           [p.batch_size * 16] * 2))
+        pairs.append(calibrate.prefill_sample(p, [[prefill] * p.batch_size, [prefill * 1.2] * p.batch_size]))
+    return [s for s, _ in pairs], [r for _, r in pairs]
+
+
+def test_prefill_sample_is_the_fastest_rounds_median_ttft_of_one_step():
+    point = GridPoint(batch_size=4, prompt_len=512)
+    sample, record = calibrate.prefill_sample(point, [[0.9, 1.0, 1.1, None], [0.5, 0.6, 0.7, 5.0]])
+    assert sample == theory.StepSample(num_tokens=2048, num_seqs=4, context_len=256.0,
+                                       seconds=pytest.approx(0.65), logits=4)
+    assert record["kind"] == "prefill" and record["round_seconds"] == pytest.approx([1.0, 0.65])
+    with pytest.raises(ValueError, match="TTFT"):
+        calibrate.prefill_sample(point, [[None]])
 
 
 def test_fit_recovers_a_known_machine_and_reports_residuals():
     samples, records = _synthetic_samples()
     profile, fitted = calibrate.fit(samples, records, MODEL, "test")
-    assert profile.memory_bandwidth == pytest.approx(TRUE.memory_bandwidth, rel=1e-3)
+    for field in ("memory_bandwidth", "peak_flops", "kv_bandwidth", "attention_flops"):
+        assert getattr(profile, field) == pytest.approx(getattr(TRUE, field), rel=1e-3), field
     assert profile.fixed_overhead_s == pytest.approx(TRUE.fixed_overhead_s, rel=1e-2)
+    assert profile.per_seq_overhead_s == pytest.approx(TRUE.per_seq_overhead_s, rel=1e-2)
     assert all(abs(r["residual"]) < 1e-6 for r in fitted)
     assert all(r["predicted_seconds"] == pytest.approx(r["seconds"]) for r in fitted)
     text = calibrate.format_fit(profile, fitted)
-    assert "GB/s" in text and "rms residual" in text and len(text.splitlines()) == len(fitted) + 3
+    assert "GB/s" in text and "ms per sequence" in text
+    assert "over 13 decode steps" in text and "over 13 prefill steps" in text
+    assert len(text.splitlines()) == len(fitted) + 4
 
 
 def test_profile_file_round_trips_and_sweeps_find_it(tmp_path, monkeypatch):

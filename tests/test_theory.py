@@ -253,15 +253,33 @@ def test_step_time_memory_bound_then_compute_bound(smol: ModelProfile) -> None:
     assert step_time(smol, hw, num_tokens=4096, num_seqs=64, context_len=0) == pytest.approx(
         4096 * smol.flops_per_token / 1e14 + 1e-4
     )
-    bytes_moved = smol.weight_bytes + 8 * 1000 * smol.kv_bytes_per_token
+    # The KV cache is read on top of the weights, at the same bandwidth on a GPU profile.
+    kv = 8 * 1000 * smol.kv_bytes_per_token
+    attention = 4 * 8 * 1000 * 30 * 9 * 64
     assert step_time(smol, hw, num_tokens=8, num_seqs=8, context_len=1000) == pytest.approx(
-        bytes_moved / 1e12 + 1e-4
+        smol.weight_bytes / 1e12 + kv / 1e12 + attention / 1e14 + 1e-4
     )
-    attention = 4 * 2048 * 1000 * 30 * 9 * 64
-    assert step_time(smol, hw, num_tokens=2048, num_seqs=2048, context_len=1000) == pytest.approx(
-        max((smol.weight_bytes + 2048 * 1000 * smol.kv_bytes_per_token) / 1e12,
-            (2048 * smol.flops_per_token + attention) / 1e14) + 1e-4
-    )
+
+
+def test_step_time_prices_each_kernel_at_its_own_rate(smol: ModelProfile) -> None:
+    # A CPU-like profile: KV reads and attention slower than the weight stream, a cost per sequence.
+    hw = HardwareProfile("cpu", 30e9, 0.3e12, 15e-3, "calibrated", per_seq_overhead_s=1e-3,
+                         kv_bandwidth=10e9, attention_flops=0.05e12)
+    for tokens, seqs, context in ((1, 1, 100), (32, 32, 1000), (288, 32, 1000), (2048, 4, 256)):
+        linear = tokens * smol.flops_per_token
+        kv = seqs * context * smol.kv_bytes_per_token
+        attention = 4 * tokens * context * 30 * 9 * 64
+        expected = (15e-3 + 1e-3 * seqs + max(smol.weight_bytes / 30e9, linear / 0.3e12)
+                    + kv / 10e9 + attention / 0.05e12)
+        assert step_time(smol, hw, num_tokens=tokens, num_seqs=seqs, context_len=context) == pytest.approx(expected)
+    # A verify pass of 32 sequences x 9 tokens pays the per-sequence cost once per sequence, not per token.
+    verify = verify_step(smol, hw, 32, 8, 1000)
+    plain = plain_decode_step(smol, hw, 32, 1000)
+    assert verify - plain < 9 * plain - 8 * (15e-3 + 32e-3)
+    # An unmeasurable cost (a fitted rate of inf) is free.
+    free = replace(hw, kv_bandwidth=math.inf, attention_flops=math.inf)
+    assert step_time(smol, free, num_tokens=1, num_seqs=1, context_len=5000) == pytest.approx(
+        16e-3 + smol.weight_bytes / 30e9)
 
 
 def test_plain_and_verify_steps(qwen: ModelProfile, h200: HardwareProfile) -> None:
@@ -325,7 +343,9 @@ def test_draft_time_by_method(
     assert 0.0 < eagle < eagle3 < 3 * plain_decode_step(qwen, h200, 4, 256)
     head_bytes = 2 * (qwen.layer_matmul_params + 2 * 3584**2 + 152064 * 3584)
     head_bytes += 4 * 256 * qwen.kv_bytes_per_token / 28
-    assert eagle == pytest.approx(3 * (head_bytes / h200.memory_bandwidth + h200.fixed_overhead_s))
+    attention = 4 * 4 * 256 * 28 * 128  # the head's one layer over 4 sequences' 256-token contexts
+    assert eagle == pytest.approx(
+        3 * (head_bytes / h200.memory_bandwidth + attention / h200.peak_flops + h200.fixed_overhead_s))
 
 
 def test_a_draft_pass_pays_its_own_overhead_where_the_profile_has_one(
@@ -446,7 +466,11 @@ def test_best_k_shrinks_with_batch(qwen: ModelProfile, h200: HardwareProfile) ->
               "context_len": 512}
     k_small, s_small = best_k(method="ngram", batch_size=1, **common)
     assert k_small == 8 and s_small == pytest.approx(expected_tokens_per_pass(0.8, 8), rel=0.01)
-    assert best_k(method="ngram", batch_size=4096, **common) == (0, 1.0)
+    # Past the ridge verification costs compute; only the KV reads, paid once per sequence
+    # however many tokens it verifies, still favour a short draft at long context.
+    k_large, s_large = best_k(method="ngram", batch_size=4096, **common)
+    assert k_large <= 1 and s_large < 1.1
+    assert best_k(method="ngram", batch_size=4096, **{**common, "context_len": 16}) == (0, 1.0)
     k_eagle_small, _ = best_k(method="eagle", batch_size=1, **common)
     k_eagle_large, _ = best_k(method="eagle", batch_size=256, **common)
     assert k_eagle_small > k_eagle_large
@@ -465,61 +489,86 @@ def test_schedule_from_best_k() -> None:
 # --------------------------------------------------------------------------- calibration
 
 
-Shape = tuple[int, int, float]
+Shape = tuple[int, int, float, "int | None"]
 
 
 def synthetic(
     model: ModelProfile, hw: HardwareProfile, shapes: list[Shape], noise: list[float] | None = None
 ) -> list[StepSample]:
     noise = noise or [0.0] * len(shapes)
-    return [
-        StepSample(
-            n, s, c, (1 + e) * step_time(model, hw, num_tokens=n, num_seqs=s, context_len=c)
-        )
-        for (n, s, c), e in zip(shapes, noise)
-    ]
+    samples = []
+    for (n, s, c, logits), e in zip(shapes, noise):
+        sample = StepSample(n, s, c, 1.0, logits)
+        samples.append(replace(sample, seconds=(1 + e) * _truth_time(model, hw, sample)))
+    return samples
 
 
-# Three memory-bound and three compute-bound passes, so every parameter is pinned.
-MIXED_SHAPES: list[Shape] = [
-    (1, 1, 100), (8, 8, 500), (64, 16, 1000), (256, 64, 200), (1024, 256, 100), (2048, 512, 50)
+def _truth_time(model: ModelProfile, hw: HardwareProfile, sample: StepSample) -> float:
+    """What ``hw`` charges for the sample's pass: the work the fit charges, logits included."""
+    from specbench.theory import _roofline, _work
+    return _roofline(hw, _work(model, sample.num_tokens, sample.num_seqs, sample.context_len, logits=sample.logits))
+
+
+# Decode steps (one token per sequence) at short and long contexts, small and
+# large batches, and prefill steps (many tokens per sequence, logits at one):
+# what the calibration measures, and what pins every rate.
+CALIBRATION_SHAPES: list[Shape] = [
+    (1, 1, 24, None), (8, 8, 24, None), (64, 64, 24, None), (1, 1, 1036, None), (16, 16, 1036, None),
+    (4, 4, 524, None), (16, 1, 8, 1), (512, 1, 256, 1), (2048, 4, 256, 4), (1024, 1, 512, 1), (1024, 64, 8, 64),
 ]
 
 
-def test_fit_recovers_synthetic_profile(qwen: ModelProfile) -> None:
-    truth = HardwareProfile("truth", 2.0e12, 300e12, 2e-4, "vendor")
-    samples = synthetic(qwen, truth, MIXED_SHAPES)
-    profile, residuals = fit_hardware_profile(samples, qwen, name="fit")
+def test_fit_recovers_synthetic_profile(smol: ModelProfile) -> None:
+    truth = HardwareProfile("truth", 30e9, 0.3e12, 15e-3, "calibrated", per_seq_overhead_s=0.8e-3,
+                            kv_bandwidth=10e9, attention_flops=0.05e12)
+    samples = synthetic(smol, truth, CALIBRATION_SHAPES)
+    profile, residuals = fit_hardware_profile(samples, smol, name="fit")
     assert profile.name == "fit" and profile.source == "calibrated"
-    assert profile.memory_bandwidth == pytest.approx(truth.memory_bandwidth, rel=1e-2)
-    assert profile.peak_flops == pytest.approx(truth.peak_flops, rel=1e-2)
-    assert profile.fixed_overhead_s == pytest.approx(truth.fixed_overhead_s, rel=1e-2)
+    for field in ("memory_bandwidth", "peak_flops", "fixed_overhead_s", "per_seq_overhead_s",
+                  "kv_bandwidth", "attention_flops"):
+        assert getattr(profile, field) == pytest.approx(getattr(truth, field), rel=1e-3), field
     assert max(abs(r) for r in residuals) < 1e-6
 
 
-def test_fit_tolerates_noise(qwen: ModelProfile) -> None:
-    truth = HardwareProfile("truth", 1.0e12, 165e12, 1e-4, "vendor")
-    noise = [0.01, -0.01, 0.005, -0.005, 0.01, -0.01]
-    profile, residuals = fit_hardware_profile(synthetic(qwen, truth, MIXED_SHAPES, noise), qwen,
-                                              name="fit")
-    assert profile.memory_bandwidth == pytest.approx(truth.memory_bandwidth, rel=0.05)
-    assert profile.peak_flops == pytest.approx(truth.peak_flops, rel=0.05)
+def test_fit_recovers_a_gpu_whose_kv_and_attention_share_the_weight_rates(qwen: ModelProfile) -> None:
+    truth = HardwareProfile("truth", 2.0e12, 300e12, 2e-4, "vendor")
+    shapes = [(1, 1, 100, None), (8, 8, 500, None), (64, 16, 1000, None), (256, 64, 200, None),
+              (1024, 256, 100, None), (2048, 512, 50, None), (4096, 4, 512, 4), (8192, 2, 2048, 2)]
+    profile, residuals = fit_hardware_profile(synthetic(qwen, truth, shapes), qwen, name="fit")
+    assert profile.memory_bandwidth == pytest.approx(truth.memory_bandwidth, rel=1e-3)
+    assert profile.peak_flops == pytest.approx(truth.peak_flops, rel=1e-3)
+    assert profile.kv_read_bandwidth == pytest.approx(truth.memory_bandwidth, rel=1e-3)
+    assert profile.attention_peak_flops == pytest.approx(truth.peak_flops, rel=1e-3)
+    assert profile.fixed_overhead_s == pytest.approx(truth.fixed_overhead_s, rel=1e-2)
+    assert profile.per_seq_overhead_s == pytest.approx(0.0, abs=1e-9)
+    assert max(abs(r) for r in residuals) < 1e-6
+
+
+def test_fit_tolerates_noise(smol: ModelProfile) -> None:
+    truth = HardwareProfile("truth", 30e9, 0.3e12, 15e-3, "calibrated", per_seq_overhead_s=0.8e-3,
+                            kv_bandwidth=10e9, attention_flops=0.05e12)
+    noise = [0.01, -0.01, 0.005, -0.005, 0.01, -0.01, 0.0, 0.01, -0.01, 0.005, -0.005]
+    profile, residuals = fit_hardware_profile(synthetic(smol, truth, CALIBRATION_SHAPES, noise), smol, name="fit")
+    assert profile.memory_bandwidth == pytest.approx(truth.memory_bandwidth, rel=0.1)
+    assert profile.peak_flops == pytest.approx(truth.peak_flops, rel=0.1)
     assert max(abs(r) for r in residuals) < 0.02
+    # What matters downstream: a verify pass far from every sample is priced within the noise.
+    probe = StepSample(32 * 9, 32, 1000, 1.0)
+    assert _truth_time(smol, profile, probe) == pytest.approx(_truth_time(smol, truth, probe), rel=0.05)
 
 
 def test_fit_memory_bound_samples_pick_the_smallest_consistent_peak(qwen: ModelProfile) -> None:
     truth = HardwareProfile("truth", 4.8e12, 989e12, 5e-5, "vendor")
-    shapes = [(1, 1, 100), (2, 2, 500), (4, 4, 1000), (8, 8, 2000), (16, 16, 300)]
+    shapes = [(1, 1, 100, None), (2, 2, 500, None), (4, 4, 1000, None), (8, 8, 2000, None),
+              (16, 16, 300, None), (3, 3, 50, None)]
     profile, residuals = fit_hardware_profile(synthetic(qwen, truth, shapes), qwen, name="fit")
-    assert profile.memory_bandwidth == pytest.approx(truth.memory_bandwidth, rel=1e-6)
-    assert profile.fixed_overhead_s == pytest.approx(truth.fixed_overhead_s, rel=1e-6)
     assert max(abs(r) for r in residuals) < 1e-9
+    # Every sample reads the same weights: their time and the fixed overhead are one constant,
+    # which the fit attributes to the weights.
+    assert profile.fixed_overhead_s + qwen.weight_bytes / profile.memory_bandwidth == pytest.approx(
+        truth.fixed_overhead_s + qwen.weight_bytes / truth.memory_bandwidth, rel=1e-6)
     # The peak is only bounded below: the fit puts the most compute-heavy sample on the ridge.
-    intensity = max(
-        (n * qwen.flops_per_token + 4 * n * c * 28 * 28 * 128)
-        / (qwen.weight_bytes + s * c * qwen.kv_bytes_per_token)
-        for n, s, c in shapes
-    )
+    intensity = max(n * qwen.flops_per_token / qwen.weight_bytes for n, _, _, _ in shapes)
     assert profile.peak_flops == pytest.approx(intensity * profile.memory_bandwidth, rel=1e-6)
     assert profile.peak_flops < truth.peak_flops
 
@@ -579,9 +628,9 @@ def test_invalid_step_and_method_inputs(qwen: ModelProfile, h200: HardwareProfil
         predicted_decode_speedup(method="ngram", k=2, batch_size=1, tokens_per_pass=3.5,
                           target=qwen, hw=h200, context_len=0)
     with pytest.raises(ValueError, match="samples"):
-        fit_hardware_profile([StepSample(1, 1, 0, 1e-3)] * 2, qwen, name="x")
+        fit_hardware_profile([StepSample(1, 1, 0, 1e-3)] * 5, qwen, name="x")
     with pytest.raises(ValueError, match=r"samples\[0\].seconds"):
-        fit_hardware_profile([StepSample(1, 1, 0, 0.0)] * 3, qwen, name="x")
+        fit_hardware_profile([StepSample(1, 1, 0, 0.0)] * 6, qwen, name="x")
 
 
 def test_drafters_prefill_the_prompts_too(smol: ModelProfile) -> None:
