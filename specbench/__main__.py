@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from specbench import run
 from specbench.config import ConfigError, cell_from_config, refuse
 from specbench.logs import LOG_FILE
-from specbench.results import CellFiles
+from specbench.results.files import CellFiles
 from specbench.run import completed_row, run_cell
 from specbench.sweep import PlannedCell, describe_plan, write_plan
 from specbench.workloads import WorkloadError, check_source

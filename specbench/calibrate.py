@@ -60,7 +60,7 @@ from typing import Any
 import yaml
 
 from specbench import models, prediction, theory
-from specbench.results import write_atomic
+from specbench.results.files import write_atomic
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # Prefill is most of the calibration's time and none of its samples: the short
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     from specbench.cell import CellPlan
     from specbench.config import cell_from_config
     from specbench.engine import EngineError, EngineWorker
-    from specbench.results import now_iso
+    from specbench.results.provenance import now_iso
 
     overrides = engine_overrides(args.overrides, args.max_step_tokens)
     try:

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from specbench import methods, prediction, theory
+from specbench import prediction, theory
 from specbench.engine import EngineMemory
 
 # Device memory a GPU engine holds outside the weights, activations and KV

@@ -54,7 +54,7 @@ from typing import Any
 import yaml
 
 from specbench import methods, models, theory
-from specbench.results import SCHEDULE_KEY, curve_key, results_path, row_config
+from specbench.results.schema import SCHEDULE_KEY, curve_key, results_path, row_config
 
 CALIBRATED_FILE = "calibrated.yaml"
 CALIBRATE_HINT = (
@@ -508,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reprice", action="store_true",
                         help="price the rows again with the current hardware profile and rewrite the file")
     args = parser.parse_args(argv)
-    from specbench.results import ResultsError, read_rows, write_results
+    from specbench.results.files import write_results
+    from specbench.results.schema import ResultsError, read_rows
 
     path = results_path(args.results)
     try:

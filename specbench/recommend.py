@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench import theory
-from specbench.results import SCHEDULE_KEY, curve_key, recommendable, results_path, row_config
+from specbench.results.schema import SCHEDULE_KEY, curve_key, recommendable, results_path, row_config
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--margin", type=float, default=0.0,
                         help="a K must beat plain decoding by more than this (e.g. 0.05)")
     args = parser.parse_args(argv)
-    from specbench.results import ResultsError, read_rows
+    from specbench.results.schema import ResultsError, read_rows
 
     paths = [results_path(p) for p in args.results]
     rows = []

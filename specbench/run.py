@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import os
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,17 +21,23 @@ from typing import Any
 from specbench import memory, models
 from specbench.cell import CellPlan, Measurement
 from specbench.config import Cell
-from specbench.engine import EngineError, EngineInfo, EnginePool, EngineSpec, describe_hardware
-from specbench.results import (
-    SCHEMA_VERSION,
-    CellFiles,
-    ResultsError,
-    measured_fields,
+from specbench.engine import (
+    EngineError,
+    EngineInfo,
+    EnginePool,
+    EngineSpec,
+    describe_hardware,
+)
+from specbench.results.files import CellFiles
+from specbench.results.metrics import measured_fields
+from specbench.results.provenance import (
+    CpuTimes,
+    machine_state,
     now_iso,
     provenance_differences,
-    read_rows,
     static_provenance,
 )
+from specbench.results.schema import SCHEMA_VERSION, ResultsError, read_rows
 from specbench.workloads import Workload, load_workload
 
 log = logging.getLogger(__name__)
@@ -190,7 +195,7 @@ def _run_cell(
         return CellOutcome(cell.cell_id, "failed", error, f"{cell_label(cell)}: FAILED {error.splitlines()[0]}")
 
     row = (base | _measured_columns(measurement, worker.info, workload, plan)
-           | _machine_state(load_before) | {"other_cpu_share": other_share} | memory_columns)
+           | machine_state(load_before) | {"other_cpu_share": other_share} | memory_columns)
     files.write(row, measurement.token_ids, workload.prompt_ids)
     log.info(
         "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",
@@ -344,71 +349,6 @@ def _measured_columns(
         "prompt_ids": workload.prompt_ids,
         "skipped_too_long": workload.skipped_too_long,
     }
-
-
-@dataclass(frozen=True)
-class CpuTimes:
-    """CPU seconds at one instant: the whole machine's busy time and this sweep's own
-    (this process and the engine worker), from /proc; None where /proc is missing."""
-
-    wall_s: float
-    busy_s: float | None
-    own_s: float | None
-
-    @classmethod
-    def now(cls, worker_pid: int | None) -> CpuTimes:
-        """Read the clocks now."""
-        tick = os.sysconf("SC_CLK_TCK")
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(v) for v in f.readline().split()[1:]]
-            # user nice system idle iowait irq softirq steal: all but idle and iowait.
-            busy = (sum(fields[:8]) - fields[3] - fields[4]) / tick
-            own = sum(os.times()[:2])
-            if worker_pid is not None:
-                with open(f"/proc/{worker_pid}/stat") as f:
-                    # Fields after the command name: utime and stime are the 12th and 13th.
-                    stat = f.read().rsplit(")", 1)[1].split()
-                own += (int(stat[11]) + int(stat[12])) / tick
-        except (OSError, ValueError, IndexError):
-            return cls(time.monotonic(), None, None)
-        return cls(time.monotonic(), busy, own)
-
-    def other_share(self, later: CpuTimes) -> float | None:
-        """Share of the machine's cores that other processes kept busy between the two readings."""
-        if None in (self.busy_s, self.own_s, later.busy_s, later.own_s) or later.wall_s <= self.wall_s:
-            return None
-        other = (later.busy_s - self.busy_s) - (later.own_s - self.own_s)  # type: ignore[operator]
-        return min(max(other / ((later.wall_s - self.wall_s) * (os.cpu_count() or 1)), 0.0), 1.0)
-
-
-def _machine_state(load_before: float) -> dict[str, Any]:
-    """Load and accelerator state around a measurement: what else the machine was doing."""
-    state: dict[str, Any] = {
-        "load_avg_1m": max(load_before, os.getloadavg()[0]),
-        "cpu_cores": os.cpu_count(),
-        "gpu_state": None,
-    }
-    try:
-        import pynvml  # ships with CUDA builds of vLLM (nvidia-ml-py)
-
-        pynvml.nvmlInit()
-    except Exception:  # no driver or no GPU: nothing to record
-        return state
-    try:
-        parts = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            parts.append(
-                f"gpu{i}: SM {pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)} MHz, "
-                f"memory {memory.used >> 20}/{memory.total >> 20} MiB, "
-                f"{pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)} C"
-            )
-        state["gpu_state"] = "; ".join(parts)
-    finally:
-        pynvml.nvmlShutdown()
-    return state
 
 
 def _hardware(info: EngineInfo | None) -> str:

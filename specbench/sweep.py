@@ -38,11 +38,13 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.config import Cell, ConfigError, cell_from_config, refuse, validate
 from specbench import memory, run
+from specbench.config import Cell, ConfigError, cell_from_config, refuse, validate
 from specbench.logs import LOG_FILE
 from specbench.prediction import predict_sweep
-from specbench.results import merge, results_path, write_results
+from specbench.results.files import write_results
+from specbench.results.merge import merge
+from specbench.results.schema import results_path
 from specbench.run import CellFiles, completed_row
 from specbench.workloads import check_source
 

@@ -189,7 +189,7 @@ def test_a_cell_that_runs_past_its_timeout_fails_and_its_engine_is_killed():
 def test_run_cell_records_a_timed_out_cell_as_failed_and_discards_the_engine(tmp_path: Path, compose_cell,
                                                                              monkeypatch):
     from specbench.config import cell_from_config
-    from specbench.results import read_rows
+    from specbench.results.schema import read_rows
 
     class HungWorker:
         pid = None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.resources
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specbench import recommend
-from specbench.results import write_results
+from specbench.results.files import write_results
 
 
 def _row(k, batch, speedup, schedule=None, workload="summarize"):

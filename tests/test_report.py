@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 from specbench.report import write_report
-from specbench.results import CellFiles, rows_to_table, write_table
+from specbench.results.files import CellFiles, write_table
+from specbench.results.schema import rows_to_table
 
 REPO = Path(__file__).resolve().parents[1]
 XSS = "<script>alert(1)</script>"
@@ -617,7 +618,7 @@ def test_page_and_cli_choose_k_by_the_same_rule(tmp_path: Path, capsys: pytest.C
 def test_page_and_prediction_cli_share_the_break_even_curves(tmp_path: Path) -> None:
     # Two engine settings of one method and K are two curves (one crossing each), as the CLI has them.
     from specbench import prediction
-    from specbench.results import read_rows
+    from specbench.results.schema import read_rows
 
     rows = [make_row("baseline", batch=b) for b in (1, 4)]
     for budget, speedups in ((None, (1.5, 0.9)), (1000, (1.2, 0.8))):

@@ -8,16 +8,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from specbench.results import (
-    COLUMNS,
-    CellFiles,
-    ResultsError,
-    measured_fields,
-    merge,
-    read_rows,
-    rows_to_table,
-    write_table,
-)
+from specbench.results.files import CellFiles, write_table
+from specbench.results.merge import merge
+from specbench.results.metrics import measured_fields
+from specbench.results.schema import COLUMNS, ResultsError, read_rows, rows_to_table
 
 
 def cell_row(cell_id, method, wall, *, baseline_id=None, pass_index=0, config_hash=None, reps=None, k=2):

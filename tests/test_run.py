@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from specbench.run import CpuTimes
+from specbench.results.provenance import CpuTimes
 
 
 def test_other_cpu_share_subtracts_the_sweeps_own_cpu_time():
@@ -42,7 +42,7 @@ def resumable(tmp_path, compose_cell, monkeypatch):
     """A cell over a jsonl prompt file, and a stored ok row that matches this run exactly."""
     from specbench import run
     from specbench.config import cell_from_config
-    from specbench.results import CellFiles
+    from specbench.results.files import CellFiles
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "a", "prompt": "one"}\n{"id": "b", "prompt": "two"}\n')
@@ -72,7 +72,7 @@ def test_resume_reuses_a_row_measured_by_this_exact_setup(resumable):
     [("schema_version", 2), ("vllm_version", "0.31.0"), ("torch_version", "2.12.0"), ("git_commit", "0123abc")],
 )
 def test_resume_measures_again_a_row_from_another_schema_or_software(resumable, caplog, column, stored):
-    from specbench.results import CellFiles
+    from specbench.results.files import CellFiles
     from specbench.run import completed_row
 
     cell, files, row, _ = resumable

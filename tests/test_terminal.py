@@ -11,7 +11,8 @@ from hydra.types import RunMode
 
 from specbench.config import cell_from_config
 from specbench.logs import LOG_FILE, TerminalFilter, redirect_output, sweep_log_file
-from specbench.results import CellFiles, measured_fields
+from specbench.results.files import CellFiles
+from specbench.results.metrics import measured_fields
 from specbench.run import cell_summary
 from specbench.sweep import describe_plan, engine_starts, plan_cells
 

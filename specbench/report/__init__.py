@@ -28,7 +28,8 @@ import yaml
 
 from specbench.logs import LOG_FILE
 from specbench.report import memory, plots, tables
-from specbench.results import ResultsError, results_path, write_atomic
+from specbench.results.files import write_atomic
+from specbench.results.schema import ResultsError, results_path
 
 __all__ = ["REPORT_FILE", "render_report", "write_report"]
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from specbench.report import write_report
-from specbench.results import ResultsError
+from specbench.results.schema import ResultsError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specbench import prediction, recommend
-from specbench.results import COLUMNS, recommendable, row_config
+from specbench.results.schema import COLUMNS, recommendable, row_config
 
 PANEL = "panel"
 """Derived column: the workload, prefixed by the model when a file holds several models."""

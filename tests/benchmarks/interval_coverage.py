@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench import stats
-from specbench.results import merge
+from specbench.results.merge import merge
 from specbench.sweep import read_plan
 
 

@@ -1,0 +1,259 @@
+"""The row format of every results file: its schema, and one rule each for reading rows.
+
+Two kinds of files share one schema (:data:`SCHEMA`):
+
+- ``cells/<cell_id>.parquet``: what one cell measured in one engine run,
+  written by the job that measured it; beside it ``<cell_id>.tokens.parquet``
+  (:data:`TOKENS_SCHEMA`) holds its output token ids. Comparison columns
+  (speedup, exact_match) are null here: they need two cells.
+- ``results.parquet``: one row per cell of the sweep, engine runs combined,
+  with every speculative cell compared against its baseline
+  (:mod:`specbench.results.merge`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+# 2: predicted_decode_speedup; target_passes >= requests + drafts; per-request acceptance
+# 3: requests_fingerprint and provenance checks (resume, merge); merged columns describe every pass;
+#    speedup is the geometric mean of the per-pass ratios; no zero-width intervals (null instead);
+#    order-statistic intervals over repetitions with their coverage; exactness mismatches flagged;
+#    mismatched_requests counts requests, not requests x passes
+# 4: memory columns (weights, KV cache, peaks, predicted)
+SCHEMA_VERSION = 4
+_STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
+SCHEMA = pa.schema(
+    [
+        ("schema_version", _INT),
+        ("cell_id", _STR),
+        ("baseline_cell_id", _STR),
+        ("status", _STR),  # ok | failed
+        ("error", _STR),
+        # --- the cell --------------------------------------------------------
+        ("model", _STR),
+        ("method", _STR),
+        ("num_speculative_tokens", _INT),
+        ("batch_size", _INT),
+        ("workload", _STR),
+        ("pass_index", _INT),  # null in results.parquet (passes combined)
+        ("passes", _INT),
+        ("repetitions", _INT),
+        ("num_requests", _INT),
+        ("prompt_tokens", _INT),
+        ("output_tokens", _INT),  # per repetition
+        # --- time ------------------------------------------------------------
+        # Merged rows: every column describes all passes (see _across_passes).
+        ("wall_time_s", _F),  # median over repetitions (of every pass)
+        ("wall_time_s_ci_low", _F),  # order-statistic interval of that median; null with one repetition
+        ("wall_time_s_ci_high", _F),
+        ("wall_time_s_cv", _F),
+        ("wall_time_s_reps", pa.list_(_F)),
+        ("tokens_per_s", _F),
+        ("tokens_per_s_ci_low", _F),
+        ("tokens_per_s_ci_high", _F),
+        ("reps_ci_coverage", _F),  # exact coverage of the two intervals above (0.75 for 3 repetitions)
+        # Latency percentiles are over the requests of one pass; merged rows hold their median over passes.
+        ("ttft_s_p50", _F),
+        ("ttft_s_p90", _F),
+        ("ttft_s_p99", _F),
+        ("tpot_s_p50", _F),
+        ("tpot_s_p90", _F),
+        ("tpot_s_p99", _F),
+        ("tpot_s_mean", _F),  # token-weighted: total decode time / tokens after each request's first (mean over passes)
+        ("e2e_s_p50", _F),
+        ("e2e_s_p90", _F),
+        ("e2e_s_p99", _F),
+        ("latency_note", _STR),
+        ("warmup_s", _F),
+        ("engine_start_s", _F),
+        # --- acceptance (vLLM counters, differenced around the timed region) --
+        ("drafts", _INT),
+        ("draft_tokens", _INT),
+        ("accepted_tokens", _INT),
+        ("acceptance_length", _F),  # 1 + accepted / drafts, over steps with a draft
+        ("acceptance_rate_per_pos", pa.list_(_F)),  # accepted at i / drafts that reached position i
+        ("drafted_per_pos", pa.list_(_INT)),  # drafts that reached each position (empty: not reported)
+        ("draft_acceptance_rate", _F),  # accepted / draft tokens
+        ("alpha", _F),  # fitted per-token acceptance (theory.fit_alpha)
+        ("target_passes", _INT),  # max(output - accepted, requests + drafts), see measured_fields
+        ("tokens_per_pass", _F),  # output tokens / target passes, prefill and undrafted passes included
+        ("draft_coverage", _F),  # drafts / target passes
+        ("acceptance_length_per_request", pa.list_(_F)),  # each request's own (null: never drafted); median over passes
+        ("acceptance_length_p50", _F),  # median of the above over requests that drafted
+        ("repetitive_requests", _INT),  # outputs caught in a loop (REPETITIVE_SHARE of 4-grams repeated); max over passes
+        # --- comparison with the baseline (results.parquet only) ---------------
+        ("speedup", _F),  # baseline wall time / this cell's: geometric mean over passes
+        ("speedup_ci_low", _F),  # null when there is no interval (speedup_ci_method says why)
+        ("speedup_ci_high", _F),
+        ("speedup_ci_method", _STR),
+        ("speedup_rerun_low", _F),  # where an identical rerun is expected to land (95%)
+        ("speedup_rerun_high", _F),
+        ("speedup_per_pass", pa.list_(_F)),
+        ("decode_speedup", _F),  # baseline tpot_s_mean / this cell's: decode time ratio, prefill excluded
+        ("exact_match", _BOOL),
+        ("mismatched_requests", _INT),  # requests whose outputs differ from the baseline's in any pass
+        ("outputs_stable", _BOOL),  # every repetition of every pass produced the same tokens
+        ("flagged", _BOOL),  # see flag_reasons: treat this speedup with care
+        ("flag_reasons", pa.list_(_STR)),
+        ("load_avg_1m", _F),  # machine load while the cell ran (max over passes)
+        ("other_cpu_share", _F),  # share of the cores other processes kept busy while the cell ran
+        ("cpu_cores", _INT),
+        ("gpu_state", _STR),  # clocks and memory as the driver reported them
+        # --- the analytic model beside the measurement (results.parquet only; specbench.prediction)
+        ("controlled_alpha", _F),  # method=controlled: the per-token acceptance it was set to
+        ("predicted_speedup", _F),  # roofline model, prefill included, this row's acceptance
+        ("predicted_decode_speedup", _F),  # ... decode only (held against decode_speedup)
+        ("predicted_speedup_bs1_alpha", _F),  # ... with tokens_per_pass measured at batch size 1
+        ("hardware_profile", _STR),  # the hardware profile priced with, and its source
+        ("prediction_note", _STR),  # why a prediction is null
+        # --- memory (specbench.memory; bytes, tokens) ------------------------------
+        ("target_weight_bytes", _INT),  # loaded parameters of the target
+        ("drafter_weight_bytes", _INT),  # ... of the draft model or EAGLE head (0: none)
+        ("kv_cache_blocks", _INT),  # KV cache vLLM allocated: blocks
+        ("kv_block_size", _INT),  # ... tokens per block
+        ("kv_cache_tokens", _INT),  # ... blocks x block size
+        ("kv_bytes_per_token", _INT),  # ... bytes per token, target and drafter layers summed
+        ("kv_cache_bytes", _INT),
+        ("kv_request_tokens", _INT),  # slots one request of this cell takes (longest prompt + max_tokens + K)
+        ("kv_requests_fit", _INT),  # such requests the KV cache holds at once
+        ("drafter_kv_share", _F),  # 1 - kv_cache_tokens / the baseline's (results.parquet only)
+        ("peak_gpu_allocated_bytes", _INT),  # torch.cuda.max_memory_allocated in the worker
+        ("peak_gpu_reserved_bytes", _INT),  # torch.cuda.max_memory_reserved
+        ("gpu_used_bytes", _INT),  # NVML's used device memory after the cell
+        ("peak_rss_bytes", _INT),  # CPU: the worker's peak resident memory (VmHWM)
+        ("predicted_weight_bytes", _INT),  # the memory model (theory.engine_memory): target + drafter
+        ("predicted_kv_bytes_per_token", _INT),
+        ("predicted_kv_cache_tokens", _INT),
+        ("predicted_peak_bytes", _INT),
+        # --- provenance --------------------------------------------------------
+        ("specbench_version", _STR),
+        ("git_commit", _STR),
+        ("vllm_version", _STR),
+        ("torch_version", _STR),
+        ("transformers_version", _STR),
+        ("python_version", _STR),
+        ("hardware", _STR),
+        ("host", _STR),
+        ("started_at", _STR),  # ISO 8601, UTC
+        ("dtype", _STR),
+        ("enable_prefix_caching", _BOOL),
+        ("enforce_eager", _BOOL),
+        ("max_model_len", _INT),
+        ("seed", _INT),
+        ("workload_source", _STR),
+        ("workload_fingerprint", _STR),  # sha256 of the workload's source file
+        ("requests_fingerprint", _STR),  # sha256 of the exact requests: prompt token ids and max_tokens
+        ("prompt_ids", pa.list_(_STR)),
+        ("skipped_too_long", _INT),
+        ("config_hash", _STR),
+        ("config_json", _STR),
+    ]
+)
+COLUMNS = SCHEMA.names
+TOKENS_SCHEMA = pa.schema([("request_index", _INT), ("prompt_id", _STR), ("token_ids", pa.list_(_INT))])
+
+
+RESULTS_FILE = "results.parquet"
+# vLLM's per-batch-size K schedule inside speculative_config.
+SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
+
+
+
+class ResultsError(RuntimeError):
+    """A results file that cannot be read or does not follow the schema."""
+
+
+def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
+    """Rows (dicts keyed by column) as a table with :data:`SCHEMA`; unknown keys are an error."""
+    for row in rows:
+        unknown = set(row) - set(COLUMNS)
+        if unknown:
+            raise ResultsError(f"columns not in the schema: {sorted(unknown)}")
+    return pa.Table.from_pylist([{c: row.get(c) for c in COLUMNS} for row in rows], schema=SCHEMA)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Read a results or cell file; :class:`ResultsError` names the file if it is unreadable.
+
+    Every column of :data:`SCHEMA` is present in the returned rows.
+    """
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        raise ResultsError(f"{path}: not a readable Parquet file ({exc})") from exc
+    missing = {"cell_id", "status"} - set(table.column_names)
+    if missing:
+        raise ResultsError(f"{path}: not a specbench results file (no {', '.join(sorted(missing))} column)")
+    # Columns added since the file was written read as null: a newer specbench
+    # still merges (and resumes from) cells measured by an older one.
+    return [{c: row.get(c) for c in COLUMNS} | row for row in table.to_pylist()]
+
+
+# --- reading rows: one rule each, for the report, the CLIs and the sweep ----------------------------
+
+
+def results_path(path: Path | str) -> Path:
+    """The results file of a sweep directory (:data:`RESULTS_FILE`), or ``path`` itself when it is a file."""
+    path = Path(path)
+    return path / RESULTS_FILE if path.is_dir() else path
+
+
+def row_config(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's resolved cell config (``config_json``); {} when absent or unreadable."""
+    try:
+        config = json.loads(row.get("config_json") or "{}")
+    except (TypeError, json.JSONDecodeError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def curve_key(row: Mapping[str, Any], *, across_k: bool = False) -> str:
+    """What a batch-size curve shares: everything that decides a cell except batch size and pass.
+
+    Two rows with equal keys differ only in batch size (and pass): they are
+    points of one speedup curve (break-even, batch-size-1 acceptance). With
+    ``across_k`` K and any per-batch-size K schedule are left out too, so the
+    key names a family of curves over which K is chosen (the K schedule).
+    """
+    cfg = row_config(row)
+    method = dict(cfg.get("method") or {})
+    speculative = dict(method.get("speculative_config") or {})
+    k: Any = row.get("num_speculative_tokens")
+    if across_k:
+        speculative.pop("num_speculative_tokens", None)
+        speculative.pop(SCHEDULE_KEY, None)
+        k = None
+    method["speculative_config"] = speculative or None
+    return json.dumps(
+        {"model": cfg.get("model"), "model_name": row.get("model"), "method": method,
+         "method_name": row.get("method"), "k": k, "workload": cfg.get("workload"),
+         "engine": cfg.get("engine")},
+        sort_keys=True, default=str,
+    )
+
+
+def recommendable(row: Mapping[str, Any]) -> bool:
+    """Whether a speculative row may be named best or chosen for a K schedule.
+
+    It must have run to the end and have a speedup, its outputs must not
+    differ from the baseline's (unknown exactness is allowed: old files, lost
+    token files), and it must not be flagged (interference, looping outputs,
+    passes that disagree, hardware that differs): a speedup that needs care
+    is shown, never recommended.
+    """
+    return (
+        row.get("status") == "ok"
+        and row.get("method") != "baseline"
+        and _known(row.get("speedup"))
+        and row.get("exact_match") is not False
+        and not row.get("flagged")
+    )
+
+
+def _known(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
