@@ -59,7 +59,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 # The report holds measurements against the roofline model, which needs this
-# machine's calibrated profile: measured once (~2.5 min), then reused.
+# machine's calibrated profile: measured once (a few minutes), then reused.
 CALIBRATED := $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)/hardware/calibrated.yaml
 
 demo: setup

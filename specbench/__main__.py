@@ -1,7 +1,7 @@
 """``python -m specbench``: the Hydra entry point.
 
 One composed config is one cell. ``-m`` sweeps a grid through
-:class:`specbench.sweep.CellSweeper`, which plans baselines, passes and
+:class:`specbench.sweep.CellSweeper`, which plans baselines, engine runs and
 resume, and launches one job per cell; without ``-m`` the cell runs here
 with its baseline. Either way :class:`specbench.sweep.FinishSweep` merges
 the results when the jobs are done.
@@ -42,13 +42,13 @@ def main(cfg: DictConfig) -> None:
     # Engine output goes to the sweep's log file; verbose=true leaves it on the terminal.
     engine_log = None if cfg.verbose else run_dir / LOG_FILE
     if multirun:
-        run_cell(cell, run_dir / "cells", passes=cfg.passes, timeout_s=timeout, engine_log=engine_log)
+        run_cell(cell, run_dir / "cells", engine_runs=cfg.engine_runs, timeout_s=timeout, engine_log=engine_log)
         return
     cells = []
-    for pass_index in range(cfg.passes):
-        measured = cell.in_pass(pass_index)
+    for engine_run in range(cfg.engine_runs):
+        measured = cell.in_engine_run(engine_run)
         pair = [measured] if measured.is_baseline else [measured.baseline(), measured]
-        cells += pair if pass_index % 2 == 0 else pair[::-1]  # drift hits both sides alike
+        cells += pair if engine_run % 2 == 0 else pair[::-1]  # drift hits both sides alike
     planned = [PlannedCell((), c) for c in cells]
     write_plan(run_dir, planned)
     todo = [p for p in planned if completed_row(CellFiles(run_dir / "cells", p.cell.cell_id), p.cell) is None]
@@ -56,7 +56,7 @@ def main(cfg: DictConfig) -> None:
     run.PROGRESS = run.SweepProgress(len(cells))
     try:
         for c in cells:
-            run_cell(c, run_dir / "cells", passes=cfg.passes, timeout_s=timeout, engine_log=engine_log)
+            run_cell(c, run_dir / "cells", engine_runs=cfg.engine_runs, timeout_s=timeout, engine_log=engine_log)
     finally:
         run.PROGRESS.close()
         run.PROGRESS = None

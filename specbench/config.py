@@ -13,11 +13,12 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Mapping, NoReturn
+from typing import Any, Mapping, NoReturn, Optional
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from specbench import controlled, heads, memory, methods, models
 from specbench.engine import EngineSpec
@@ -52,6 +53,53 @@ def cpu_engine() -> bool:
 # before any config of this package is resolved; looked up by name at each
 # resolution, so a test can stand in for the detection.
 OmegaConf.register_new_resolver("cpu_engine", lambda: cpu_engine(), replace=True)
+
+
+@dataclass
+class EngineSchema:
+    """Types of ``engine.*`` (conf/config.yaml holds the values and what each means)."""
+
+    dtype: str = MISSING
+    max_model_len: int = MISSING
+    max_num_seqs: int = MISSING
+    max_num_batched_tokens: Optional[int] = None
+    enforce_eager: bool = MISSING
+    enable_prefix_caching: bool = MISSING
+    gpu_memory_utilization: float = MISSING
+    cpu_kvcache_space_gib: float = MISSING
+    cell_timeout_s: Optional[float] = None
+
+
+@dataclass
+class CellSchema:
+    """Types of a cell's top-level keys, checked by Hydra when it composes.
+
+    Registered as ``specbench_schema`` and first in conf/config.yaml's
+    defaults, so ``batch_size=four`` or a missing key is refused by Hydra
+    itself, with the key's full path, before :func:`validate` runs the checks
+    only specbench can make (ranges, checkpoints, memory). The groups (model,
+    method, workload, hardware) differ per option and stay untyped here;
+    :func:`validate` checks them.
+    """
+
+    model: Any = MISSING
+    method: Any = MISSING
+    workload: Any = MISSING
+    hardware: Any = None
+    num_speculative_tokens: int = MISSING
+    batch_size: int = MISSING
+    repetitions: int = MISSING
+    warmup: bool = MISSING
+    engine_runs: int = MISSING
+    engine_run: int = MISSING
+    passes: Optional[int] = None
+    seed: int = MISSING
+    sweep_name: str = MISSING
+    verbose: bool = MISSING
+    engine: EngineSchema = field(default_factory=EngineSchema)
+
+
+ConfigStore.instance().store(name="specbench_schema", node=CellSchema)
 
 
 # Exit status of a refused configuration (argparse's, for a usage error).
@@ -102,9 +150,9 @@ class Cell:
         return self.identity["workload"]
 
     @property
-    def pass_index(self) -> int:
-        """Which independent pass (engine instance) this cell belongs to."""
-        return self.identity["pass_index"]
+    def engine_run(self) -> int:
+        """Which independent engine run (engine instance) this cell belongs to."""
+        return self.identity["engine_run"]
 
     @property
     def is_baseline(self) -> bool:
@@ -113,31 +161,31 @@ class Cell:
 
     @property
     def config_hash(self) -> str:
-        """A short digest of the identity without the pass: a cell's passes share it."""
-        identity = {k: v for k, v in self.identity.items() if k != "pass_index"}
+        """A short digest of the identity without the engine run: a cell's engine runs share it."""
+        identity = {k: v for k, v in self.identity.items() if k != "engine_run"}
         canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
     @property
     def cell_id(self) -> str:
-        """File-name-safe, human-readable and unique: method, K, batch, workload, digest, pass."""
+        """File-name-safe, human-readable and unique: method, K, batch, workload, digest, engine run."""
         return (
             f"{self.method}-k{self.k}-b{self.batch_size}-{self.workload['name']}"
-            f"-{self.config_hash}-p{self.pass_index}"
+            f"-{self.config_hash}-r{self.engine_run}"
         )
 
-    def in_pass(self, pass_index: int) -> Cell:
-        """The same cell in another independent pass."""
+    def in_engine_run(self, engine_run: int) -> Cell:
+        """The same cell in another independent engine run."""
         return Cell(
-            identity=dict(self.identity, pass_index=pass_index),
-            config=dict(self.config, pass_index=pass_index),
+            identity=dict(self.identity, engine_run=engine_run),
+            config=dict(self.config, engine_run=engine_run),
         )
 
     def baseline(self) -> Cell:
         """The plain-decoding cell this cell's speedup and exactness are measured against.
 
         Same model, workload, batch size, generation and engine settings, and
-        pass; only the method (and K) differ.
+        engine run; only the method (and K) differ.
         """
         identity = dict(self.identity, method=_BASELINE_METHOD, num_speculative_tokens=0)
         config = dict(self.config, method=dict(_BASELINE_METHOD), num_speculative_tokens=0)
@@ -161,7 +209,7 @@ class Cell:
             gpu_memory_utilization=engine["gpu_memory_utilization"],
             cpu_kvcache_space_gib=engine["cpu_kvcache_space_gib"],
             speculative_config_json=json.dumps(speculative, sort_keys=True) if speculative else None,
-            instance=self.pass_index,
+            instance=self.engine_run,
             worker_env=self._worker_env(),
         )
 
@@ -203,7 +251,7 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
         "warmup": plain["warmup"],
         "seed": plain["seed"],
         "engine": engine,
-        "pass_index": plain["pass_index"],
+        "engine_run": plain["engine_run"],
     }
     if baseline:
         plain = dict(plain, method=dict(_BASELINE_METHOD), num_speculative_tokens=0)
@@ -230,11 +278,14 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         value = plain.get(key)
         if not (isinstance(value, int) and value >= 1):
             errors.append(f"{key}={value!r} must be an integer >= 1")
-    passes, pass_index = plain.get("passes"), plain.get("pass_index")
-    if not (isinstance(passes, int) and passes >= 1):
-        errors.append(f"passes={passes!r} must be an integer >= 1")
-    elif not (isinstance(pass_index, int) and 0 <= pass_index < passes):
-        errors.append(f"pass_index={pass_index!r} must be in 0..{passes - 1}")
+    if plain.get("passes") is not None:
+        errors.append(f"passes={plain['passes']!r}: this key was renamed engine_runs "
+                      f"(independent engine runs per cell); use engine_runs={plain['passes']!r}")
+    runs, engine_run = plain.get("engine_runs"), plain.get("engine_run")
+    if not (isinstance(runs, int) and runs >= 1):
+        errors.append(f"engine_runs={runs!r} must be an integer >= 1")
+    elif not (isinstance(engine_run, int) and 0 <= engine_run < runs):
+        errors.append(f"engine_run={engine_run!r} must be in 0..{runs - 1}")
 
     if name == "controlled":
         errors += _check_controlled(method)

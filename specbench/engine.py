@@ -39,7 +39,7 @@ class EngineSpec:
     """Everything that decides which engine a cell needs.
 
     Two cells with equal specs can share one engine. ``instance`` separates
-    otherwise equal engines on purpose: each independent pass of a sweep gets
+    otherwise equal engines on purpose: each independent engine run of a sweep gets
     engines of its own, so engine-to-engine variation shows in the results.
     """
 

@@ -200,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rows = make_plan(args.overrides, args.alpha)
-    except Exception as exc:  # Hydra's own message names the bad override
-        print(f"error: {exc}", file=sys.stderr)
+    except Exception as exc:  # Hydra's own message (and its cause's) names the bad override
+        cause = f"\n{exc.__cause__}" if exc.__cause__ is not None else ""
+        print(f"error: {exc}{cause}", file=sys.stderr)
         return 2
     print(format_plan(rows, args.alpha))
     return 1 if any(r.problems for r in rows) else 0

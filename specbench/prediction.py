@@ -59,7 +59,7 @@ from specbench.results.schema import SCHEDULE_KEY, curve_key, results_path, row_
 CALIBRATED_FILE = "calibrated.yaml"
 CALIBRATE_HINT = (
     "no hardware profile for the analytic model: run `python -m specbench.calibrate` "
-    "(measures this machine, ~3 min) or pass hardware=<name> (conf/hardware); "
+    "(measures this machine, a few minutes) or pass hardware=<name> (conf/hardware); "
     "predicted_speedup columns left empty"
 )
 # vLLM's max_num_batched_tokens for the offline LLM on CPU, used when the

@@ -7,7 +7,7 @@ decoding, or 0 where none does (:func:`best_row`, the one rule the report's
 best configuration, verdicts and schedule use too). Only rows fit to be
 recommended count (:func:`specbench.results.recommendable`: outputs exact,
 not flagged). A K beats plain decoding when the lower end of its speedup
-interval exceeds 1 + margin; rows without an interval (one pass of one
+interval exceeds 1 + margin; rows without an interval (one engine run of one
 repetition) are judged by their point estimate, which is then only as good
 as the run's noise (``--margin`` asks for a clear lead). Consecutive batch sizes
 with the same K merge into vLLM's ``num_speculative_tokens_per_batch_size``
@@ -96,8 +96,8 @@ def _overrides(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
     out.append(f"workload={row['workload']}")
     out += [f"workload.{key}={workload[key]}" for key in ("num_prompts", "max_tokens") if key in workload]
     out.append(f"repetitions={cfg.get('repetitions', row.get('repetitions'))}")
-    if cfg.get("passes") is not None:
-        out.append(f"passes={cfg['passes']}")
+    if cfg.get("engine_runs") is not None:
+        out.append(f"engine_runs={cfg['engine_runs']}")
     return out
 
 
@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n\n".join(format_recommendation(r) for r in recommendations))
     if all(all(low == rec.measured[b][k] for k, low in by_k.items())
            for rec in recommendations for b, by_k in rec.lower.items()):
-        print(f"\nnote: no speedup intervals in this sweep (one pass of one repetition): K was chosen "
-              f"on point estimates with margin {args.margin}; rerun with passes>=2 or raise --margin")
+        print(f"\nnote: no speedup intervals in this sweep (one engine run of one repetition): K was chosen "
+              f"on point estimates with margin {args.margin}; rerun with engine_runs>=2 or raise --margin")
     return 0
 
 

@@ -150,21 +150,21 @@ def _workload(workload_json: str, model_path: str) -> Workload:
 
 
 def run_cell(
-    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None = None, pool: EnginePool = POOL,
+    cell: Cell, cells_dir: Path, *, engine_runs: int, timeout_s: float | None = None, pool: EnginePool = POOL,
     engine_log: Path | None = None,
 ) -> CellOutcome:
     """Measure ``cell`` (unless already complete) and write its files under ``cells_dir``.
 
     An engine started for it sends its output to ``engine_log`` (None: the terminal).
     """
-    outcome = _run_cell(cell, cells_dir, passes=passes, timeout_s=timeout_s, pool=pool, engine_log=engine_log)
+    outcome = _run_cell(cell, cells_dir, engine_runs=engine_runs, timeout_s=timeout_s, pool=pool, engine_log=engine_log)
     if PROGRESS is not None:
         PROGRESS.done(outcome)
     return outcome
 
 
 def _run_cell(
-    cell: Cell, cells_dir: Path, *, passes: int, timeout_s: float | None, pool: EnginePool,
+    cell: Cell, cells_dir: Path, *, engine_runs: int, timeout_s: float | None, pool: EnginePool,
     engine_log: Path | None,
 ) -> CellOutcome:
     files = CellFiles(cells_dir, cell.cell_id)
@@ -174,7 +174,7 @@ def _run_cell(
 
     started_at = now_iso()
     load_before = os.getloadavg()[0]
-    base = _identity_columns(cell, passes) | static_provenance() | {"started_at": started_at}
+    base = _identity_columns(cell, engine_runs) | static_provenance() | {"started_at": started_at}
     try:
         workload, plan = _requests(cell)
         worker = pool.get(cell.engine_spec(), engine_log)
@@ -205,18 +205,18 @@ def _run_cell(
 
 
 def cell_label(cell: Cell) -> str:
-    """A cell as a reader names it: method, K, batch size, workload, pass."""
+    """A cell as a reader names it: method, K, batch size, workload, engine run."""
     k = "" if cell.is_baseline else f" K={cell.k}"
-    return f"{cell.method}{k} batch {cell.batch_size} {cell.workload['name']} pass {cell.pass_index}"
+    return f"{cell.method}{k} batch {cell.batch_size} {cell.workload['name']} engine run {cell.engine_run}"
 
 
 def cell_summary(cell: Cell, row: dict[str, Any], cells_dir: Path) -> str:
-    """One line on a finished cell: speedup over its baseline in the same pass (once that is
+    """One line on a finished cell: speedup over its baseline in the same engine run (once that is
     measured), tokens/s, acceptance length, and whether the output is exact.
 
-    Odd passes run speculative cells before their baseline, so a baseline's
+    Odd engine runs measure speculative cells before their baseline, so a baseline's
     line gives the speedups of those measured before it. The sweep's results
-    compare all passes at the end; this is the running view.
+    compare all engine runs at the end; this is the running view.
     """
     files = CellFiles(cells_dir, cell.cell_id)
     if cell.is_baseline:
@@ -241,7 +241,7 @@ def cell_summary(cell: Cell, row: dict[str, Any], cells_dir: Path) -> str:
 def _versus(
     spec_files: CellFiles, spec: dict[str, Any], base_files: CellFiles, base: dict[str, Any]
 ) -> tuple[str, str | None]:
-    """Speedup of one pass (baseline wall time / the cell's) and exactness (None: tokens unreadable)."""
+    """Speedup of one engine run (baseline wall time / the cell's) and exactness (None: tokens unreadable)."""
     speedup = f"{base['wall_time_s'] / spec['wall_time_s']:.2f}x"
     mine, theirs = spec_files.read_tokens(), base_files.read_tokens()
     if mine is None or theirs is None:
@@ -251,9 +251,9 @@ def _versus(
 
 
 def _rows_against(cells_dir: Path, baseline: Cell) -> list[dict[str, Any]]:
-    """Measured speculative rows of the baseline's pass that compare against it."""
+    """Measured speculative rows of the baseline's engine run that compare against it."""
     rows = []
-    for path in sorted(cells_dir.glob(f"*-p{baseline.pass_index}.parquet")):
+    for path in sorted(cells_dir.glob(f"*-r{baseline.engine_run}.parquet")):
         try:
             row = read_rows(path)[0]
         except (ResultsError, IndexError):
@@ -288,7 +288,7 @@ def _plan(cell: Cell, workload: Workload) -> CellPlan:
     )
 
 
-def _identity_columns(cell: Cell, passes: int) -> dict[str, Any]:
+def _identity_columns(cell: Cell, engine_runs: int) -> dict[str, Any]:
     engine = cell.identity["engine"]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -299,8 +299,8 @@ def _identity_columns(cell: Cell, passes: int) -> dict[str, Any]:
         "num_speculative_tokens": cell.k,
         "batch_size": cell.batch_size,
         "workload": cell.workload["name"],
-        "pass_index": cell.pass_index,
-        "passes": passes,
+        "engine_run": cell.engine_run,
+        "engine_runs": engine_runs,
         "repetitions": cell.identity["repetitions"],
         "dtype": engine["dtype"],
         "enable_prefix_caching": engine["enable_prefix_caching"],

@@ -1,14 +1,14 @@
-"""Small, pure statistics for summarising timed repetitions and independent passes.
+"""Small, pure statistics for summarising timed repetitions and independent engine runs.
 
 Two kinds of spread are summarised here:
 
 - within one engine, repeated timings of the same cell (:func:`summarize`:
   median with a distribution-free order-statistic interval whose exact
   coverage is stated, robust to the odd slow repetition);
-- between independent passes, the paired speedup ratios, one per pass
+- between independent engine runs, the paired speedup ratios, one per run
   (:func:`speedup_interval`: a Student t interval on the log ratios, centred
   on their mean like the point estimate, because ratios are multiplicative
-  and passes are few).
+  and engine runs are few).
 
 An interval is never reported with zero width for want of data: with one
 value there is no interval (None), not the point twice. Everything here is
@@ -34,7 +34,7 @@ __all__ = [
     "latency_percentiles",
     "median_interval",
     "percentile",
-    "pooled_pass_spread",
+    "pooled_engine_run_spread",
     "repeated_ngram_share",
     "speedup_interval",
     "student_t_quantile",
@@ -239,7 +239,7 @@ def student_t_quantile(p: float, df: int) -> float:
     relative tolerance of about 1e-13, using the symmetry t_p = -t_(1-p).
     Examples at p = 0.975: df=1 -> 12.7062, df=2 -> 4.3027, df=4 -> 2.7764,
     df=9 -> 2.2622, df=30 -> 2.0423. Cost grows linearly in df, which is fine
-    for the handful of passes a benchmark makes.
+    for the handful of engine runs a benchmark makes.
 
     Raises:
         ValueError: if p is not strictly between 0 and 1 or df is not an
@@ -271,35 +271,35 @@ def student_t_quantile(p: float, df: int) -> float:
 class PassSpread:
     """Engine-to-engine spread of log speedups, pooled over a sweep's cells.
 
-    ``sd`` is the pooled standard deviation of one pass's log ratio around
+    ``sd`` is the pooled standard deviation of one engine run's log ratio around
     its cell's mean; ``df`` its degrees of freedom, counted per shared
-    baseline (see :func:`pooled_pass_spread`). ``df == 0`` means no cell had
-    two passes: the spread is unknown.
+    baseline (see :func:`pooled_engine_run_spread`). ``df == 0`` means no cell had
+    two runs: the spread is unknown.
     """
 
     sd: float
     df: int
 
 
-def pooled_pass_spread(
+def pooled_engine_run_spread(
     ratios_by_cell: Sequence[Sequence[float]], groups: Sequence[Hashable] | None = None
 ) -> PassSpread:
-    """Pool the between-pass variance of log ratios over every cell with two or more passes.
+    """Pool the between-run variance of log ratios over every cell with two or more engine runs.
 
-    A cell's passes differ because each uses fresh engines on a machine whose
+    A cell's engine runs differ because each uses fresh engines on a machine whose
     state drifts; that variation is a property of the machine and engine,
     not of the cell, so it is estimated from all cells together:
     s^2 = sum_cells sum_passes (ln r - mean_cell ln r)^2 / sum_cells (n - 1).
 
     Degrees of freedom: every speculative cell of one workload, batch size
-    and pass is divided by the same baseline measurement, so a slow baseline
-    pass moves all their ratios together and their residuals are correlated.
+    and engine run is divided by the same baseline measurement, so a slow baseline
+    engine run moves all their ratios together and their residuals are correlated.
     ``groups`` names each cell's baseline (cells with equal labels share it);
-    the t quantile then uses df = sum over baselines of (passes - 1), as if
+    the t quantile then uses df = sum over baselines of (engine runs - 1), as if
     each baseline's cells were one cell. That is the conservative end (the
     residuals of cells sharing a baseline are correlated, not identical), so
     the interval errs wide rather than narrow. Without ``groups`` every cell
-    counts on its own. With two passes per cell, one baseline alone gives one
+    counts on its own. With two engine runs per cell, one baseline alone gives one
     degree of freedom and a uselessly wide t interval; a sweep of 20 gives 20.
     """
     labels: Sequence[Hashable] = groups if groups is not None else list(range(len(ratios_by_cell)))
@@ -321,7 +321,7 @@ def pooled_pass_spread(
 
 @dataclass(frozen=True)
 class WithinNoise:
-    """Within-engine noise of a speedup from one pass: the repetitions' spread on both sides.
+    """Within-engine noise of a speedup from one engine run: the repetitions' spread on both sides.
 
     ``se`` is the relative standard error of the ratio (baseline and cell
     combined: sqrt(cv_b^2 / n_b + cv_s^2 / n_s)); ``df`` its degrees of
@@ -337,7 +337,7 @@ class SpeedupInterval:
     """A cell's speedup: point estimate, confidence interval, and rerun interval.
 
     The interval ends are None when there is nothing to build an interval
-    from (one pass of one repetition); ``method`` then says so.
+    from (one engine run of one repetition); ``method`` then says so.
     """
 
     point: float
@@ -346,10 +346,10 @@ class SpeedupInterval:
     rerun_low: float | None
     rerun_high: float | None
     method: str
-    passes_disagree: bool
+    engine_runs_disagree: bool
 
 
-NO_INTERVAL = "none: one pass of one repetition"
+NO_INTERVAL = "none: one engine run of one repetition"
 
 
 def speedup_interval(
@@ -359,24 +359,24 @@ def speedup_interval(
     *,
     confidence: float = 0.95,
 ) -> SpeedupInterval:
-    """Interval estimates for one cell's speedup from its per-pass ratios.
+    """Interval estimates for one cell's speedup from its per-run ratios.
 
-    Point estimate: the geometric mean of the per-pass ratios, exp(m) with m
+    Point estimate: the geometric mean of the per-run ratios, exp(m) with m
     the mean log ratio; the intervals are built on the log scale around the
     same m, so the point always lies inside its own interval:
 
     - with a pooled spread (``spread.df > 0``): the confidence interval for
       the expected speedup is ``exp(m +- t_df * s / sqrt(n))``; the rerun
-      interval, where an identical rerun of n passes is expected to land, is
+      interval, where an identical rerun of n engine runs is expected to land, is
       ``exp(m +- t_df * s * sqrt(2 / n))``. Method ``pooled-t-log-<conf>``.
-    - without (every cell had one pass): only the within-engine noise of the
+    - without (every cell had one engine run): only the within-engine noise of the
       repetitions is known; ``exp(m +- t_df * within.se)`` with the
       repetitions' df, and sqrt(2) wider for a rerun. Method
       ``within-only-t-<conf>``: it understates engine-to-engine variation.
-    - with neither (one pass of one repetition on each side): no interval
+    - with neither (one engine run of one repetition on each side): no interval
       (None ends, method :data:`NO_INTERVAL`), never a zero-width one.
 
-    ``passes_disagree`` is True when two passes of the cell differ by more than
+    ``engine_runs_disagree`` is True when two engine runs of the cell differ by more than
     the pooled spread allows at this confidence (``|ln r_i - ln r_j| >
     t_df * s * sqrt(2)``), i.e. something beyond ordinary engine-to-engine
     variation happened in one of them.
@@ -409,7 +409,7 @@ def speedup_interval(
         rerun_low=math.exp(center - rerun_half),
         rerun_high=math.exp(center + rerun_half),
         method=method,
-        passes_disagree=disagree,
+        engine_runs_disagree=disagree,
     )
 
 

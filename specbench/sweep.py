@@ -8,8 +8,8 @@ launchers) with what a benchmark sweep needs before the first engine loads:
 - each speculative cell's baseline (same model, workload, batch size, engine
   settings) is added once, whether or not ``method=baseline`` was listed, and
   never repeated per K;
-- ``passes`` independent passes: each pass gets fresh engines (engine reuse
-  holds within a pass); odd passes run speculative cells before baselines so
+- ``engine_runs`` independent engine runs: each gets fresh engines (engine reuse
+  holds within one); odd engine runs measure speculative cells before baselines so
   that drift does not always favour one side;
 - cells already complete in the sweep directory are skipped (resume);
 - cells that share an engine run consecutively, so the engine is reused.
@@ -104,7 +104,7 @@ def plan_cells(
         unique = list(dict.fromkeys(errors))
         raise ConfigError(f"{len(unique)} invalid setting(s) in the sweep:\n  " + "\n  ".join(unique))
 
-    cells = [(job, cell_from_config(cfg), int(cfg.passes)) for job, cfg in composed]
+    cells = [(job, cell_from_config(cfg), int(cfg.engine_runs)) for job, cfg in composed]
     baselines_by_overrides: dict[tuple[str, ...], Cell] = {}
 
     def baseline_of(job: tuple[str, ...]) -> tuple[tuple[str, ...], Cell]:
@@ -119,24 +119,24 @@ def plan_cells(
 
     planned: list[PlannedCell] = []
     seen: set[str] = set()
-    for pass_index in range(max(passes for _, _, passes in cells)):
+    for engine_run in range(max(runs for _, _, runs in cells)):
         baselines, speculative = [], []
-        for job, cell, passes in cells:
-            if pass_index >= passes:
+        for job, cell, runs in cells:
+            if engine_run >= runs:
                 continue
-            item = PlannedCell(_replace(job, pass_index=pass_index), cell.in_pass(pass_index))
+            item = PlannedCell(_replace(job, engine_run=engine_run), cell.in_engine_run(engine_run))
             if cell.is_baseline:
                 baselines.append(item)
                 continue
             speculative.append(item)
             base_overrides, base = baseline_of(job)
-            baselines.append(PlannedCell(_replace(base_overrides, pass_index=pass_index), base.in_pass(pass_index)))
+            baselines.append(PlannedCell(_replace(base_overrides, engine_run=engine_run), base.in_engine_run(engine_run)))
         # Cells sharing an engine run back to back; the pool keeps it alive.
         engine_rank: dict[Any, int] = {}
         for item in speculative:
             engine_rank.setdefault(item.cell.engine_spec(prepare=False), len(engine_rank))
         speculative.sort(key=lambda p: engine_rank[p.cell.engine_spec(prepare=False)])
-        ordered = baselines + speculative if pass_index % 2 == 0 else speculative + baselines
+        ordered = baselines + speculative if engine_run % 2 == 0 else speculative + baselines
         for item in ordered:
             if item.cell.cell_id not in seen:
                 seen.add(item.cell.cell_id)
@@ -161,10 +161,10 @@ def describe_plan(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequenc
                   grid_points: int, verbose: bool) -> str:
     """The plan as the terminal shows it before the first engine: cells, engines, where things go."""
     skipped = len(planned) - len(todo)
-    passes = max((p.cell.pass_index for p in planned), default=0) + 1
+    runs = max((p.cell.engine_run for p in planned), default=0) + 1
     lines = [
         f"sweep {sweep_dir}: {len(planned)} cells ({grid_points} grid points, their baselines, "
-        f"{passes} pass(es)); {len(todo)} to run on {engine_starts(todo)} engine(s)"
+        f"{runs} engine run(s)); {len(todo)} to run on {engine_starts(todo)} engine(s)"
         + (f", {skipped} already complete" if skipped else ""),
         f"  results and report: {sweep_dir}/",
         f"  log: {sweep_dir / LOG_FILE}" + ("" if verbose else " (vLLM and engine output; verbose=true shows it here)"),

@@ -57,8 +57,12 @@ def sweep(*overrides: str, multirun: bool, out: Path) -> list[str]:
          ["method=eagle (model.eagle) is not set",
           "python -m specbench.heads train --method eagle --target embedded:smollm2-135m-instruct"]),
         (["batch_size=1", "no_such_key=3"], ["Could not override 'no_such_key'"]),
+        (["passes=3"], ["passes=3: this key was renamed engine_runs", "use engine_runs=3"]),
+        (["engine.max_model_len=long"], ["Value 'long' of type 'str' could not be converted to Integer",
+                                         "full_key: engine.max_model_len"]),
     ],
-    ids=["unknown-method", "k-below-1", "missing-draft", "eagle-without-head", "unknown-key"],
+    ids=["unknown-method", "k-below-1", "missing-draft", "eagle-without-head", "unknown-key", "renamed-key",
+         "wrong-type"],
 )
 def test_config_refusals(tmp_path: Path, overrides: list[str], expected: list[str], multirun: bool) -> None:
     assert_refused(run(sweep(*overrides, multirun=multirun, out=tmp_path), tmp_path), *expected)

@@ -110,7 +110,7 @@ def test_unknown_method_names_the_options(compose_cell):
 
 
 def test_plan_adds_each_baseline_once_and_orders_by_engine(compose_cell):
-    jobs = [[f"method={m}", f"num_speculative_tokens={k}", f"batch_size={b}", "passes=1"]
+    jobs = [[f"method={m}", f"num_speculative_tokens={k}", f"batch_size={b}", "engine_runs=1"]
             for b in (1, 4) for m in ("ngram", "draft_model") for k in (2, 4)]
     planned = plan_cells(jobs, compose_cell)
     cells = [p.cell for p in planned]
@@ -126,13 +126,13 @@ def test_plan_adds_each_baseline_once_and_orders_by_engine(compose_cell):
 
 
 def test_passes_get_their_own_cells_and_alternate_order(compose_cell):
-    planned = plan_cells([["method=ngram", "passes=2"]], compose_cell)
-    assert [(p.cell.method, p.cell.pass_index) for p in planned] == [
+    planned = plan_cells([["method=ngram", "engine_runs=2"]], compose_cell)
+    assert [(p.cell.method, p.cell.engine_run) for p in planned] == [
         ("baseline", 0), ("ngram", 0), ("ngram", 1), ("baseline", 1),
     ]
     assert len({p.cell.config_hash for p in planned if p.cell.method == "ngram"}) == 1
     assert planned[2].cell.engine_spec(prepare=False) != planned[1].cell.engine_spec(prepare=False)
-    assert "pass_index=1" in planned[2].overrides
+    assert "engine_run=1" in planned[2].overrides
 
 
 def test_a_model_without_a_head_is_refused_saying_how_to_train_one(compose_cell):

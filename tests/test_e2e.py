@@ -19,7 +19,7 @@ pytestmark = pytest.mark.engine
 GRID = [
     "method=ngram,draft_model", "model.drafts.small=embedded:smollm2-135m-instruct",  # self-draft oracle
     "num_speculative_tokens=2", "batch_size=1,2",
-    "workload=summarize", "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1", "passes=1",
+    "workload=summarize", "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1", "engine_runs=1",
 ]
 
 
@@ -96,10 +96,10 @@ def test_terminal_shows_the_plan_and_cells_and_the_log_file_the_rest(sweep):
     plan = next(line for line in terminal if line.startswith(f"sweep {directory}: "))
     assert plan.startswith(f"sweep {directory}: 6 cells") and "6 to run on 3 engine(s)" in plan
     assert f"  log: {log} (vLLM and engine output; verbose=true shows it here)" in terminal
-    # One line per cell; speculative cells run after their baseline in pass 0, so their speedup is known.
-    assert any(line.startswith("draft_model K=2 batch 2 summarize pass 0: ") and line.endswith(", exact")
+    # One line per cell; speculative cells run after their baseline in engine run 0, so their speedup is known.
+    assert any(line.startswith("draft_model K=2 batch 2 summarize engine run 0: ") and line.endswith(", exact")
                for line in terminal), terminal
-    assert sum(": " in line and " pass 0: " in line for line in terminal) == 6
+    assert sum(": " in line and " engine run 0: " in line for line in terminal) == 6
     assert f"log: {log}" in terminal and any(line.startswith("report: ") for line in terminal)
     # vLLM's INFO lines went to the log file, not the terminal.
     assert not any(line.startswith(("INFO", "(EngineCore", "[20")) for line in terminal), terminal
@@ -118,7 +118,7 @@ def test_rerun_into_the_same_directory_resumes(sweep):
 def test_single_run_measures_the_cell_with_its_baseline(tmp_path):
     run_dir = tmp_path / "run"
     done = specbench("method=ngram", "num_speculative_tokens=2", "workload=creative", "workload.num_prompts=2",
-                     "workload.max_tokens=8", "repetitions=1", "passes=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+                     "workload.max_tokens=8", "repetitions=1", "engine_runs=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     results = pd.read_parquet(run_dir / "results.parquet")
     assert sorted(results["method"]) == ["baseline", "ngram"]

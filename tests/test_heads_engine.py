@@ -44,7 +44,7 @@ def test_verify_catches_a_tensor_missing_from_the_file(tmp_path):
 def test_eagle_and_eagle3_run_exact_with_accepted_drafts(tmp_path):
     done = run(
         "specbench", "-m", "method=eagle,eagle3", "num_speculative_tokens=2", "workload=creative",
-        "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1", "passes=1",
+        "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1", "engine_runs=1",
         f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-4000:]

@@ -57,14 +57,14 @@ def make_row(
     baseline = method == "baseline"
     k = 0 if baseline else k
     speedup = 1.0 if baseline else speedup
-    base_id = f"baseline-k0-b{batch}-{workload}-p0"
+    base_id = f"baseline-k0-b{batch}-{workload}-r0"
     base_wall = 2.0 + 0.1 * batch
     rates = [] if baseline else [alpha ** (i + 1) for i in range(k)]
     accepted = 0 if baseline else round(40 * sum(rates))
     output = 256
     row: dict[str, Any] = {
         "schema_version": 1,
-        "cell_id": base_id if baseline else f"{method}-k{k}-b{batch}-{workload}-p0",
+        "cell_id": base_id if baseline else f"{method}-k{k}-b{batch}-{workload}-r0",
         "baseline_cell_id": None if baseline else base_id,
         "status": "ok",
         "error": None,
@@ -73,7 +73,7 @@ def make_row(
         "num_speculative_tokens": k,
         "batch_size": batch,
         "workload": workload,
-        "passes": 1,
+        "engine_runs": 1,
         "repetitions": 2,
         "num_requests": 4,
         "prompt_tokens": 900,
@@ -116,7 +116,7 @@ def make_row(
         "config_json": json.dumps(
             {"method": {"name": method}, "num_speculative_tokens": k, "batch_size": batch,
              "workload": {"name": workload, "num_prompts": 4, "max_tokens": 64},
-             "model": {"name": "smollm2-135m"}, "repetitions": 2, "passes": 1, "seed": 0,
+             "model": {"name": "smollm2-135m"}, "repetitions": 2, "engine_runs": 1, "seed": 0,
              "sweep_name": "demo"}
         ),
     }
@@ -308,7 +308,7 @@ def test_command_reconstructed_from_config_json_without_multirun_yaml(grid_page:
     assert (
         "python -m specbench -m model=smollm2-135m method=draft_model,ngram num_speculative_tokens=2,4 "
         "batch_size=1,4,16 workload=creative,summarize workload.num_prompts=4 workload.max_tokens=64 "
-        "repetitions=2 passes=1 seed=0 sweep_name=demo"
+        "repetitions=2 engine_runs=1 seed=0 sweep_name=demo"
     ) in page.text("provenance")
     assert "Reconstructed from the cells' config_json" in page.text("provenance")
 
@@ -368,7 +368,7 @@ def without_baselines() -> list[dict[str, Any]]:
     return [
         make_row(
             "ngram", k, b, speedup=None,
-            error=f"no successful baseline measurement: baseline-k0-b{b}-summarize-p0",
+            error=f"no successful baseline measurement: baseline-k0-b{b}-summarize-r0",
         )
         for k in (2, 4)
         for b in (1, 4)
@@ -383,7 +383,7 @@ PARTIAL_CASES: dict[str, tuple[list[dict[str, Any]], list[str]]] = {
             "No speedups to plot: no speculative cell was compared with a baseline.",
             "No speedups to map",
             "Exactness unknown: no speculative cell was compared",
-            "no successful baseline measurement: baseline-k0-b1-summarize-p0",
+            "no successful baseline measurement: baseline-k0-b1-summarize-r0",
         ],
     ),
     "one method, one batch size": (
@@ -450,10 +450,10 @@ def test_exactness_lists_mismatches_and_unknowns(tmp_path: Path) -> None:
     ]
     _, page = render(tmp_path, rows)
     exactness = page.tables["exactness"]
-    assert ["summarize", "ngram K=2", "1", "2 of 4 requests differ", "ngram-k2-b1-summarize-p0"] in exactness
+    assert ["summarize", "ngram K=2", "1", "2 of 4 requests differ", "ngram-k2-b1-summarize-r0"] in exactness
     assert [
         "summarize", "ngram K=2", "4", "output tokens of the cell or its baseline were not found",
-        "ngram-k2-b4-summarize-p0",
+        "ngram-k2-b4-summarize-r0",
     ] in exactness
     assert "All speculative outputs matched" not in page.text("exactness")
     assert "1 speculative cell(s) produced output that differs" in page.text("exactness")
@@ -463,7 +463,7 @@ def test_model_columns_and_flags_are_used_when_present(tmp_path: Path) -> None:
     rows = [make_row("baseline", batch=b) for b in (1, 4)]
     rows += [
         make_row("ngram", 2, 1, speedup=1.5),
-        make_row("ngram", 2, 4, speedup=0.9, flagged=True, flag_reasons=["passes disagree: 0.70x, 1.10x"]),
+        make_row("ngram", 2, 4, speedup=0.9, flagged=True, flag_reasons=["engine runs disagree: 0.70x, 1.10x"]),
     ]
     for row, predicted in zip(rows, [1.0, 1.0, 1.6, 1.2]):  # never below 1: the model says it always pays
         row["predicted_speedup"] = predicted
@@ -474,8 +474,8 @@ def test_model_columns_and_flags_are_used_when_present(tmp_path: Path) -> None:
     assert "No model columns" not in text
     assert "The model's predicted curve is not drawn" not in text
     assert [
-        "summarize", "ngram K=2", "4", "passes disagree: 0.70x, 1.10x (speedup 0.90×, CI [0.81, 0.99])",
-        "ngram-k2-b4-summarize-p0",
+        "summarize", "ngram K=2", "4", "engine runs disagree: 0.70x, 1.10x (speedup 0.90×, CI [0.81, 0.99])",
+        "ngram-k2-b4-summarize-r0",
     ] in page.tables["flagged"]
 
 
@@ -539,8 +539,8 @@ def sweep_dir_with_cells(root: Path, spec_error: str | None = None) -> Path:
         ("speedup", "speedup_ci_low", "speedup_ci_high", "decode_speedup", "exact_match",
          "mismatched_requests")
     )
-    base = make_row("baseline", pass_index=0, config_hash="b") | uncompared
-    spec = make_row("ngram", 2, speedup=1.5, pass_index=0, config_hash="s") | uncompared
+    base = make_row("baseline", engine_run=0, config_hash="b") | uncompared
+    spec = make_row("ngram", 2, speedup=1.5, engine_run=0, config_hash="s") | uncompared
     if spec_error:
         spec |= {"status": "failed", "error": spec_error}
     for row in (base, spec):
@@ -633,10 +633,10 @@ def test_page_and_prediction_cli_share_the_break_even_curves(tmp_path: Path) -> 
 
 
 def test_a_cell_without_an_interval_says_so(tmp_path: Path) -> None:
-    # One pass of one repetition: no interval, never a zero-width one shown as if it were precise.
+    # One engine run of one repetition: no interval, never a zero-width one shown as if it were precise.
     rows = [make_row("baseline", speedup_ci_low=None, speedup_ci_high=None),
             make_row("ngram", 2, speedup=1.4, speedup_ci_low=None, speedup_ci_high=None)]
     _, page = render(tmp_path, rows)
     summary = page.text("summary")
     assert "1.40× (no interval) with ngram K=2 at batch 1" in summary
-    assert "no interval (one pass of one repetition)" in summary
+    assert "no interval (one engine run of one repetition)" in summary

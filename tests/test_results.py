@@ -14,12 +14,12 @@ from specbench.results.metrics import measured_fields
 from specbench.results.schema import COLUMNS, ResultsError, read_rows, rows_to_table
 
 
-def cell_row(cell_id, method, wall, *, baseline_id=None, pass_index=0, config_hash=None, reps=None, k=2):
+def cell_row(cell_id, method, wall, *, baseline_id=None, engine_run=0, config_hash=None, reps=None, k=2):
     reps = reps or [wall * 0.99, wall, wall * 1.01]
     row = {
         "cell_id": cell_id, "baseline_cell_id": baseline_id, "status": "ok", "model": "m", "method": method,
         "num_speculative_tokens": 0 if method == "baseline" else k, "batch_size": 1, "workload": "summarize",
-        "pass_index": pass_index, "passes": 1, "config_hash": config_hash or cell_id,
+        "engine_run": engine_run, "engine_runs": 1, "config_hash": config_hash or cell_id,
     }
     row |= measured_fields(
         rep_wall_s=reps, rep_output_tokens=[100] * len(reps), num_requests=2,
@@ -143,15 +143,15 @@ def test_merge_computes_speedup_exactness_and_interval(tmp_path):
 
 def test_merge_combines_passes_by_geometric_mean_ratio(tmp_path):
     for p, (b, s) in enumerate([(2.0, 1.0), (2.0, 1.6), (2.4, 1.2)]):
-        write_cell(tmp_path, cell_row(f"base-p{p}", "baseline", b, pass_index=p, config_hash="B"), [[1]])
-        write_cell(tmp_path, cell_row(f"spec-p{p}", "ngram", s, baseline_id=f"base-p{p}", pass_index=p,
+        write_cell(tmp_path, cell_row(f"base-p{p}", "baseline", b, engine_run=p, config_hash="B"), [[1]])
+        write_cell(tmp_path, cell_row(f"spec-p{p}", "ngram", s, baseline_id=f"base-p{p}", engine_run=p,
                                       config_hash="S"), [[1]])
     rows = merge(tmp_path, [f"{c}-p{p}" for p in range(3) for c in ("base", "spec")])
     assert len(rows) == 2
     spec = next(r for r in rows if r["method"] == "ngram")
-    assert spec["passes"] == 3 and spec["pass_index"] is None
-    assert spec["speedup_per_pass"] == pytest.approx([2.0, 1.25, 2.0])
-    # One cell, 3 passes: the pooled spread is this cell's own (df = 2).
+    assert spec["engine_runs"] == 3 and spec["engine_run"] is None
+    assert spec["speedup_per_engine_run"] == pytest.approx([2.0, 1.25, 2.0])
+    # One cell, 3 engine runs: the pooled spread is this cell's own (df = 2).
     logs = [math.log(r) for r in (2.0, 1.25, 2.0)]
     mean = sum(logs) / 3
     # The point is the interval's own centre, the geometric mean (not the median, 2.0).
@@ -167,8 +167,8 @@ def test_merge_combines_passes_by_geometric_mean_ratio(tmp_path):
 
 
 def write_pair(cells, name, base_wall, spec_wall, p, **spec_extra):
-    write_cell(cells, cell_row(f"b{name}-p{p}", "baseline", base_wall, pass_index=p, config_hash=f"B{name}"), [[1]])
-    row = cell_row(f"s{name}-p{p}", "ngram", spec_wall, baseline_id=f"b{name}-p{p}", pass_index=p,
+    write_cell(cells, cell_row(f"b{name}-p{p}", "baseline", base_wall, engine_run=p, config_hash=f"B{name}"), [[1]])
+    row = cell_row(f"s{name}-p{p}", "ngram", spec_wall, baseline_id=f"b{name}-p{p}", engine_run=p,
                    config_hash=f"S{name}") | spec_extra
     write_cell(cells, row, [[1]])
     return [f"b{name}-p{p}", f"s{name}-p{p}"]
@@ -176,7 +176,7 @@ def write_pair(cells, name, base_wall, spec_wall, p, **spec_extra):
 
 def test_pass_spread_is_pooled_over_cells_and_outlying_cells_are_flagged(tmp_path):
     ids = []
-    # Ten steady cells whose two passes differ by about 2%, one whose passes differ by 40%.
+    # Ten steady cells whose two engine runs differ by about 2%, one whose engine runs differ by 40%.
     for i in range(10):
         ids += write_pair(tmp_path, str(i), 2.0, 1.0, 0) + write_pair(tmp_path, str(i), 2.0, 1.02, 1)
     ids += write_pair(tmp_path, "x", 2.0, 1.0, 0) + write_pair(tmp_path, "x", 2.0, 1.4, 1)
@@ -187,7 +187,7 @@ def test_pass_spread_is_pooled_over_cells_and_outlying_cells_are_flagged(tmp_pat
     width = lambda r: math.log(r["speedup_ci_high"] / r["speedup_ci_low"])  # noqa: E731
     assert width(steady) == pytest.approx(width(outlier))
     assert not steady["flagged"]
-    assert outlier["flagged"] and "passes disagree: 2.00x, 1.43x" in outlier["flag_reasons"][0]
+    assert outlier["flagged"] and "engine runs disagree: 2.00x, 1.43x" in outlier["flag_reasons"][0]
 
 
 def test_single_pass_interval_is_within_engine_only_and_load_is_flagged(tmp_path):
@@ -266,7 +266,7 @@ def test_merged_columns_describe_every_pass_not_pass_0(tmp_path):
     spec = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
     # Pass 0 alone would say: stable, ttft 0.1, no loops, ...
     assert spec["outputs_stable"] is False
-    assert spec["ttft_s_p50"] == 0.1 and spec["tpot_s_p90"] == 0.01  # median over the 3 passes
+    assert spec["ttft_s_p50"] == 0.1 and spec["tpot_s_p90"] == 0.01  # median over the 3 engine runs
     assert spec["tpot_s_mean"] == pytest.approx((0.01 + 0.03 + 0.01) / 3)
     assert spec["repetitive_requests"] == 1
     assert spec["started_at"] == "2026-01-01T00:00:00+00:00"
@@ -278,7 +278,7 @@ def test_merged_columns_describe_every_pass_not_pass_0(tmp_path):
 
 def test_passes_whose_outputs_differ_from_each_other_are_not_stable(tmp_path):
     write_cell(tmp_path, cell_row("b-p0", "baseline", 2.0, config_hash="B"), [[1, 2]])
-    write_cell(tmp_path, cell_row("b-p1", "baseline", 2.0, pass_index=1, config_hash="B") | {"outputs_stable": True},
+    write_cell(tmp_path, cell_row("b-p1", "baseline", 2.0, engine_run=1, config_hash="B") | {"outputs_stable": True},
                [[1, 3]])
     base = merge(tmp_path, ["b-p0", "b-p1"])[0]
     assert base["outputs_stable"] is False
@@ -297,12 +297,12 @@ def test_one_pass_of_one_repetition_has_no_interval_rather_than_a_zero_width_one
 
 
 def test_shared_baselines_count_once_in_the_degrees_of_freedom(tmp_path):
-    # Two K values over one baseline, two passes each: 1 df (t = 12.7), not 2 (t = 4.3).
+    # Two K values over one baseline, two engine runs each: 1 df (t = 12.7), not 2 (t = 4.3).
     ids = []
     for p, (b, s2, s4) in enumerate([(2.0, 1.0, 1.1), (2.1, 1.0, 1.2)]):
-        write_cell(tmp_path, cell_row(f"b-p{p}", "baseline", b, pass_index=p, config_hash="B"), [[1]])
+        write_cell(tmp_path, cell_row(f"b-p{p}", "baseline", b, engine_run=p, config_hash="B"), [[1]])
         for k, wall in ((2, s2), (4, s4)):
-            write_cell(tmp_path, cell_row(f"k{k}-p{p}", "ngram", wall, baseline_id=f"b-p{p}", pass_index=p,
+            write_cell(tmp_path, cell_row(f"k{k}-p{p}", "ngram", wall, baseline_id=f"b-p{p}", engine_run=p,
                                           config_hash=f"K{k}", k=k), [[1]])
             ids.append(f"k{k}-p{p}")
         ids.append(f"b-p{p}")
@@ -319,13 +319,13 @@ def test_shared_baselines_count_once_in_the_degrees_of_freedom(tmp_path):
 def test_an_exactness_mismatch_is_flagged_and_counted_once_per_request(tmp_path):
     ids = []
     for p in range(2):
-        write_cell(tmp_path, cell_row(f"b-p{p}", "baseline", 2.0, pass_index=p, config_hash="B"), [[1, 2], [3, 4]])
-        write_cell(tmp_path, cell_row(f"s-p{p}", "ngram", 1.0, baseline_id=f"b-p{p}", pass_index=p, config_hash="S"),
+        write_cell(tmp_path, cell_row(f"b-p{p}", "baseline", 2.0, engine_run=p, config_hash="B"), [[1, 2], [3, 4]])
+        write_cell(tmp_path, cell_row(f"s-p{p}", "ngram", 1.0, baseline_id=f"b-p{p}", engine_run=p, config_hash="S"),
                    [[1, 2], [3, 5]])
         ids += [f"b-p{p}", f"s-p{p}"]
     spec = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
     assert spec["exact_match"] is False
-    assert spec["mismatched_requests"] == 1  # the same request in both passes: 1 of 2, not 2
+    assert spec["mismatched_requests"] == 1  # the same request in both engine runs: 1 of 2, not 2
     assert spec["flagged"] and any("differ from the baseline's in 1 of 2" in r for r in spec["flag_reasons"])
 
 
@@ -352,7 +352,7 @@ def test_pooled_position_rates_pool_the_counts_of_every_pass(tmp_path):
     ids = []
     for p, (accepted, drafted) in enumerate([([8, 2], [10, 4]), ([4, 3], [10, 6])]):
         ids += write_pair(tmp_path, "a", 2.0, 1.0, p)
-        row = cell_row(f"sa-p{p}", "ngram", 1.0, baseline_id=f"ba-p{p}", pass_index=p, config_hash="Sa") | {
+        row = cell_row(f"sa-p{p}", "ngram", 1.0, baseline_id=f"ba-p{p}", engine_run=p, config_hash="Sa") | {
             "drafts": 10, "acceptance_rate_per_pos": [a / d for a, d in zip(accepted, drafted)],
             "drafted_per_pos": drafted}
         write_cell(tmp_path, row, [[1]])

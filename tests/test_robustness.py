@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.engine
 
-SMALL = ["workload.num_prompts=2", "workload.max_tokens=12", "repetitions=1", "passes=1"]
+SMALL = ["workload.num_prompts=2", "workload.max_tokens=12", "repetitions=1", "engine_runs=1"]
 
 
 def specbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -120,7 +120,7 @@ def test_an_engine_dies_within_seconds_of_its_killed_sweep(tmp_path):
     sweep = tmp_path / "sweep"
     proc = subprocess.Popen(
         [sys.executable, "-m", "specbench", "method=ngram", "workload.num_prompts=8", "workload.max_tokens=256",
-         "repetitions=3", "passes=1", f"hydra.run.dir={sweep}"],
+         "repetitions=3", "engine_runs=1", f"hydra.run.dir={sweep}"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 600

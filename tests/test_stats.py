@@ -12,7 +12,7 @@ from specbench.stats import (
     PassSpread,
     WithinNoise,
     median_interval,
-    pooled_pass_spread,
+    pooled_engine_run_spread,
     repeated_ngram_share,
     speedup_interval,
     Summary,
@@ -171,28 +171,28 @@ class TestStudentTQuantile:
 
 class TestPooledPassSpread:
     def test_pools_squared_log_deviations_over_cells(self) -> None:
-        spread = pooled_pass_spread([[1.0, 1.21], [2.0, 2.0, 2.0], [1.5]])
+        spread = pooled_engine_run_spread([[1.0, 1.21], [2.0, 2.0, 2.0], [1.5]])
         # Cell 1: logs 0 and ln 1.21, deviations +-ln(1.1): 2 ln(1.1)^2 over df 1; cell 2 adds 0 over df 2.
         assert spread.df == 3
         assert spread.sd == pytest.approx(math.sqrt(2 * math.log(1.1) ** 2 / 3))
 
     def test_cells_sharing_a_baseline_count_its_degrees_of_freedom_once(self) -> None:
-        # Three K values over one baseline, two passes: their residuals share the
+        # Three K values over one baseline, two engine runs: their residuals share the
         # baseline's pass-to-pass noise, so they give 1 df, not 3. The variance
         # still averages the three cells' own residuals.
         ratios = [[1.0, 1.21], [2.0, 2.42], [1.5, 1.5]]
-        shared = pooled_pass_spread(ratios, groups=["b", "b", "b"])
-        separate = pooled_pass_spread(ratios)
+        shared = pooled_engine_run_spread(ratios, groups=["b", "b", "b"])
+        separate = pooled_engine_run_spread(ratios)
         assert (shared.df, separate.df) == (1, 3)
         assert shared.sd == pytest.approx(separate.sd)
-        assert pooled_pass_spread(ratios, groups=["b", "b", "c"]).df == 2
+        assert pooled_engine_run_spread(ratios, groups=["b", "b", "c"]).df == 2
 
     def test_no_cell_with_two_passes_means_unknown_spread(self) -> None:
-        assert pooled_pass_spread([[1.2], [0.9]]) == PassSpread(sd=0.0, df=0)
+        assert pooled_engine_run_spread([[1.2], [0.9]]) == PassSpread(sd=0.0, df=0)
 
     def test_rejects_non_positive_ratio(self) -> None:
         with pytest.raises(ValueError, match="positive"):
-            pooled_pass_spread([[1.0, 0.0]])
+            pooled_engine_run_spread([[1.0, 0.0]])
 
 
 class TestSpeedupInterval:
@@ -206,8 +206,8 @@ class TestSpeedupInterval:
         assert interval.ci_high == pytest.approx(math.exp(center + t * 0.05 / math.sqrt(2)))
         assert interval.rerun_high == pytest.approx(math.exp(center + t * 0.05))
         assert interval.method == "pooled-t-log-95"
-        # The passes differ by ln(1.21) = 0.1906, within t * 0.05 * sqrt(2) = 0.1963.
-        assert interval.passes_disagree is False
+        # The engine runs differ by ln(1.21) = 0.1906, within t * 0.05 * sqrt(2) = 0.1963.
+        assert interval.engine_runs_disagree is False
 
     def test_point_and_interval_share_one_centre(self) -> None:
         # Ratios [1, 1, 3]: their median (1) lies outside a t interval around
@@ -220,7 +220,7 @@ class TestSpeedupInterval:
         )
 
     def test_passes_that_differ_beyond_the_spread_disagree(self) -> None:
-        assert speedup_interval([1.0, 1.3], PassSpread(sd=0.05, df=4), None).passes_disagree
+        assert speedup_interval([1.0, 1.3], PassSpread(sd=0.05, df=4), None).engine_runs_disagree
 
     def test_without_spread_uses_within_engine_noise_with_its_t_quantile(self) -> None:
         interval = speedup_interval([1.3], PassSpread(sd=0.0, df=0), WithinNoise(se=0.01, df=4))

@@ -71,32 +71,32 @@ def test_cell_line_has_speedup_acceptance_and_exactness(compose_cell, tmp_path):
     spec = cell_from_config(compose_cell(["method=ngram", "num_speculative_tokens=2", "batch_size=4"]))
     base = spec.baseline()
     CellFiles(tmp_path, spec.cell_id).write(row(spec, 1.0, 20), [[1, 2], [3, 4]], ["a", "b"])
-    # Before its baseline is measured (odd passes run speculative cells first): tokens/s only.
+    # Before its baseline is measured (odd engine runs measure speculative cells first): tokens/s only.
     assert cell_summary(spec, row(spec, 1.0, 20), tmp_path) == (
-        "ngram K=2 batch 4 summarize pass 0: 64.0 tok/s, acceptance length 2.00, "
+        "ngram K=2 batch 4 summarize engine run 0: 64.0 tok/s, acceptance length 2.00, "
         "speedup once its baseline is measured")
-    assert cell_summary(base, row(base, 1.5, 0), tmp_path) == "baseline batch 4 summarize pass 0: 42.7 tok/s"
+    assert cell_summary(base, row(base, 1.5, 0), tmp_path) == "baseline batch 4 summarize engine run 0: 42.7 tok/s"
     CellFiles(tmp_path, base.cell_id).write(row(base, 1.5, 0), [[1, 2], [3, 5]], ["a", "b"])
     assert cell_summary(spec, row(spec, 1.0, 20), tmp_path) == (
-        "ngram K=2 batch 4 summarize pass 0: 1.50x, 64.0 tok/s, acceptance length 2.00, "
+        "ngram K=2 batch 4 summarize engine run 0: 1.50x, 64.0 tok/s, acceptance length 2.00, "
         "NOT EXACT: 1 request(s) differ")
     # The baseline measured after it names its speedup.
     CellFiles(tmp_path, spec.cell_id).write(row(spec, 1.0, 20) | {
         "baseline_cell_id": base.cell_id, "method": "ngram", "num_speculative_tokens": 2}, [[1, 2], [3, 5]], ["a", "b"])
     assert cell_summary(base, row(base, 1.5, 0), tmp_path) == (
-        "baseline batch 4 summarize pass 0: 42.7 tok/s; measured before it: ngram K=2 1.50x exact")
+        "baseline batch 4 summarize engine run 0: 42.7 tok/s; measured before it: ngram K=2 1.50x exact")
 
 
 def test_plan_counts_cells_and_engines(compose_cell, tmp_path):
     jobs = [["method=ngram", "num_speculative_tokens=2", "batch_size=1"],
             ["method=ngram", "num_speculative_tokens=2", "batch_size=4"],
             ["method=ngram", "num_speculative_tokens=4", "batch_size=1"]]
-    planned = plan_cells([job + ["passes=1"] for job in jobs], compose_cell)
+    planned = plan_cells([job + ["engine_runs=1"] for job in jobs], compose_cell)
     # Baselines (batch 1 and 4) share an engine; so do the K=2 cells.
     assert engine_starts(planned) == 3
     text = describe_plan(tmp_path, planned, planned[1:], len(jobs), verbose=False)
     assert text.splitlines() == [
-        f"sweep {tmp_path}: 5 cells (3 grid points, their baselines, 1 pass(es)); 4 to run on 3 engine(s), "
+        f"sweep {tmp_path}: 5 cells (3 grid points, their baselines, 1 engine run(s)); 4 to run on 3 engine(s), "
         "1 already complete",
         f"  results and report: {tmp_path}/",
         f"  log: {tmp_path / LOG_FILE} (vLLM and engine output; verbose=true shows it here)",

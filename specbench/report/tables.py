@@ -234,7 +234,7 @@ def verdict(panel_rows: pd.DataFrame, panel: str, excluded: int = 0) -> str:
         paying.append(int(batch))
     caveat = ""
     if pd.isna(top["speedup_ci_low"]) or pd.isna(top["speedup_ci_high"]):
-        caveat = "; no interval (one pass of one repetition), so noise is not ruled out"
+        caveat = "; no interval (one engine run of one repetition), so noise is not ruled out"
     elif _ci_side(top["speedup_ci_low"], top["speedup_ci_high"]) != "above":
         caveat = f"; its CI {fmt_ci(top['speedup_ci_low'], top['speedup_ci_high'])} does not exclude 1×"
     if len(curve) == 1:
@@ -644,7 +644,7 @@ _CONFIG_KEYS = (
     ("workload.num_prompts", ("workload", "num_prompts")),
     ("workload.max_tokens", ("workload", "max_tokens")),
     ("repetitions", ("repetitions",)),
-    ("passes", ("passes",)),
+    ("engine_runs", ("engine_runs",)),
     ("seed", ("seed",)),
     ("sweep_name", ("sweep_name",)),
 )

@@ -27,19 +27,19 @@ OTHER_CPU_FLAG_SHARE = 0.1
 
 
 def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
-    """Combine a sweep's cell files into results rows, one per cell (passes combined).
+    """Combine a sweep's cell files into results rows, one per cell (engine runs combined).
 
     Speculative cells get speedup and exactness against their baseline in the
-    same pass, provided both were measured with the same schema, software and
+    same engine run, provided both were measured with the same schema, software and
     requests (:func:`provenance_differences`); otherwise the comparison fails
     with the reason and no speedup. The speedup is the geometric mean of the
-    per-pass ratios. Its intervals use the engine-to-engine spread of log
+    per-run ratios. Its intervals use the engine-to-engine spread of log
     ratios pooled over every cell of the sweep, its degrees of freedom counted
-    per shared baseline (``stats.pooled_pass_spread``); with a single pass
+    per shared baseline (``stats.pooled_engine_run_spread``); with a single pass
     everywhere only the within-engine spread of the repetitions is known, and
     the method tag says so; with one repetition as well there is no interval.
-    Cells are flagged when their passes disagree beyond that spread, when a
-    pass ran under heavy load, when baseline and cell ran on different
+    Cells are flagged when their engine runs disagree beyond that spread, when a
+    run ran under heavy load, when baseline and cell ran on different
     hardware, when their outputs differ from the baseline's, or when their
     outputs loop. Missing cells are skipped; unreadable ones become failed
     rows naming the file.
@@ -57,14 +57,14 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
 
     rows = []
     for group in by_cell.values():
-        group.sort(key=lambda r: r.get("pass_index") or 0)
-        rows.append(_combine_passes(cells_dir, group))
-    speculative = [r for r in rows if r.get("method") != "baseline" and r.get("speedup_per_pass")]
-    spread = stats.pooled_pass_spread(
-        [r["speedup_per_pass"] for r in speculative], groups=[r["_baseline"] for r in speculative]
+        group.sort(key=lambda r: r.get("engine_run") or 0)
+        rows.append(_combine_engine_runs(cells_dir, group))
+    speculative = [r for r in rows if r.get("method") != "baseline" and r.get("speedup_per_engine_run")]
+    spread = stats.pooled_engine_run_spread(
+        [r["speedup_per_engine_run"] for r in speculative], groups=[r["_baseline"] for r in speculative]
     )
     for row in speculative:
-        interval = stats.speedup_interval(row["speedup_per_pass"], spread, row.pop("_within", None))
+        interval = stats.speedup_interval(row["speedup_per_engine_run"], spread, row.pop("_within", None))
         row |= {
             "speedup": interval.point,
             "speedup_ci_low": interval.ci_low,
@@ -73,9 +73,9 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
             "speedup_rerun_high": interval.rerun_high,
             "speedup_ci_method": interval.method,
         }
-        if interval.passes_disagree:
+        if interval.engine_runs_disagree:
             row["flag_reasons"] = (row.get("flag_reasons") or []) + [
-                "passes disagree: " + ", ".join(f"{r:.2f}x" for r in row["speedup_per_pass"])
+                "engine runs disagree: " + ", ".join(f"{r:.2f}x" for r in row["speedup_per_engine_run"])
             ]
     for row in rows:
         for private in ("_within", "_baseline"):
@@ -84,45 +84,45 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def _combine_passes(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
-    first = dict(passes[0])
-    ok = [r for r in passes if r.get("status") == "ok"]
-    if len(ok) < len(passes):
-        failed = next(r for r in passes if r.get("status") != "ok")
-        return first | {"status": "failed", "error": failed.get("error"), "pass_index": None}
-    row = first | {"pass_index": None, "passes": len(passes)}
-    if len(passes) > 1:
-        row |= _across_passes(cells_dir, passes)
+def _combine_engine_runs(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    first = dict(runs[0])
+    ok = [r for r in runs if r.get("status") == "ok"]
+    if len(ok) < len(runs):
+        failed = next(r for r in runs if r.get("status") != "ok")
+        return first | {"status": "failed", "error": failed.get("error"), "engine_run": None}
+    row = first | {"engine_run": None, "engine_runs": len(runs)}
+    if len(runs) > 1:
+        row |= _across_engine_runs(cells_dir, runs)
         for key in ("drafts", "draft_tokens", "accepted_tokens", "target_passes"):
-            row[key] = sum(r[key] or 0 for r in passes)
-        row |= _pooled_acceptance(passes, row)
+            row[key] = sum(r[key] or 0 for r in runs)
+        row |= _pooled_acceptance(runs, row)
     if row["method"] == "baseline":
         # A baseline's speedup is 1 by definition: there is nothing to put an interval on.
         return row | {"speedup": 1.0, "speedup_ci_low": None, "speedup_ci_high": None,
                       "speedup_ci_method": "none: the baseline itself",
-                      "speedup_per_pass": [1.0] * len(passes), "decode_speedup": 1.0,
+                      "speedup_per_engine_run": [1.0] * len(runs), "decode_speedup": 1.0,
                       "exact_match": True, "mismatched_requests": 0}
-    return row | _compare(cells_dir, passes)
+    return row | _compare(cells_dir, runs)
 
 
 _LATENCY_COLUMNS = tuple(f"{m}_p{q}" for m in ("ttft_s", "tpot_s", "e2e_s") for q in (50, 90, 99))
-# Provenance that should not differ between passes, but can (a cluster
-# launcher puts passes on several hosts): every distinct value is kept.
+# Provenance that should not differ between engine runs, but can (a cluster
+# launcher puts engine runs on several hosts): every distinct value is kept.
 _JOINED_COLUMNS = ("host", "hardware", "gpu_state", "specbench_version", "git_commit", "vllm_version",
                    "torch_version", "transformers_version", "python_version")
 
 
-def _across_passes(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
-    """The per-cell columns of a merged row, each describing every pass (not pass 0's copy).
+def _across_engine_runs(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-cell columns of a merged row, each describing every engine run (not the first run's copy).
 
-    Time summaries are over the repetitions of all passes; latency
+    Time summaries are over the repetitions of all engine runs; latency
     percentiles, TPOT, warm-up and start-up are medians (TPOT a mean) of the
-    passes' own; loads and looping outputs the worst pass; outputs are stable
-    only if every repetition of every pass produced the same tokens.
+    engine runs' own; loads and looping outputs the worst engine run; outputs are stable
+    only if every repetition of every engine run produced the same tokens.
     """
-    reps = [w for r in passes for w in r["wall_time_s_reps"]]
+    reps = [w for r in runs for w in r["wall_time_s_reps"]]
     wall = stats.summarize(reps)
-    tps = stats.summarize([r["output_tokens"] / w for r in passes for w in r["wall_time_s_reps"]])
+    tps = stats.summarize([r["output_tokens"] / w for r in runs for w in r["wall_time_s_reps"]])
     out: dict[str, Any] = {
         "wall_time_s": wall.median,
         "wall_time_s_ci_low": wall.ci_low,
@@ -133,35 +133,35 @@ def _across_passes(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, A
         "tokens_per_s_ci_low": tps.ci_low,
         "tokens_per_s_ci_high": tps.ci_high,
         "reps_ci_coverage": wall.coverage,
-        "output_tokens": statistics.median_low(r["output_tokens"] for r in passes),
-        "outputs_stable": _stable_across_passes(cells_dir, passes),
-        "repetitive_requests": _max_known(r.get("repetitive_requests") for r in passes),
+        "output_tokens": statistics.median_low(r["output_tokens"] for r in runs),
+        "outputs_stable": _stable_across_engine_runs(cells_dir, runs),
+        "repetitive_requests": _max_known(r.get("repetitive_requests") for r in runs),
         "acceptance_length_per_request": _elementwise_median(
-            [r.get("acceptance_length_per_request") or [] for r in passes]
+            [r.get("acceptance_length_per_request") or [] for r in runs]
         ),
-        "latency_note": next((r["latency_note"] for r in passes if r.get("latency_note")), None),
-        "started_at": min((r["started_at"] for r in passes if r.get("started_at")), default=None),
-        "load_avg_1m": _max_known(r.get("load_avg_1m") for r in passes),
-        "other_cpu_share": _max_known(r.get("other_cpu_share") for r in passes),
+        "latency_note": next((r["latency_note"] for r in runs if r.get("latency_note")), None),
+        "started_at": min((r["started_at"] for r in runs if r.get("started_at")), default=None),
+        "load_avg_1m": _max_known(r.get("load_avg_1m") for r in runs),
+        "other_cpu_share": _max_known(r.get("other_cpu_share") for r in runs),
     }
     for column in (*_LATENCY_COLUMNS, "warmup_s", "engine_start_s"):
-        out[column] = median_known(r.get(column) for r in passes)
-    # Each pass decodes the same requests, so their decode token counts agree
-    # and the plain mean of the passes' token-weighted TPOTs stays token-weighted.
-    tpots = [r["tpot_s_mean"] for r in passes if r.get("tpot_s_mean") is not None]
+        out[column] = median_known(r.get(column) for r in runs)
+    # Each engine run decodes the same requests, so their decode token counts agree
+    # and the plain mean of the engine runs' token-weighted TPOTs stays token-weighted.
+    tpots = [r["tpot_s_mean"] for r in runs if r.get("tpot_s_mean") is not None]
     out["tpot_s_mean"] = statistics.fmean(tpots) if tpots else None
     for column in _JOINED_COLUMNS:
-        values = list(dict.fromkeys(str(r[column]) for r in passes if r.get(column) is not None))
+        values = list(dict.fromkeys(str(r[column]) for r in runs if r.get(column) is not None))
         out[column] = " | ".join(values) if values else None
     return out
 
 
-def _stable_across_passes(cells_dir: Path, passes: list[dict[str, Any]]) -> bool | None:
-    """False if any pass was unstable or two passes produced different tokens; None if unknown."""
-    flags = [r.get("outputs_stable") for r in passes]
+def _stable_across_engine_runs(cells_dir: Path, runs: list[dict[str, Any]]) -> bool | None:
+    """False if any engine run was unstable or two engine runs produced different tokens; None if unknown."""
+    flags = [r.get("outputs_stable") for r in runs]
     if False in flags:
         return False
-    tokens = [CellFiles(cells_dir, r["cell_id"]).read_tokens() for r in passes]
+    tokens = [CellFiles(cells_dir, r["cell_id"]).read_tokens() for r in runs]
     known = [t for t in tokens if t is not None]
     if any(t != known[0] for t in known[1:]):
         return False
@@ -178,15 +178,15 @@ def _elementwise_median(lists: Sequence[Sequence[float | None]]) -> list[float |
     return [median_known(values[i] for values in lists if i < len(values)) for i in range(width)]
 
 
-def _pooled_acceptance(passes: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+def _pooled_acceptance(runs: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
     drafts = row["drafts"]
     if not drafts:
         return {}
-    # Back from each pass's rates to its counts, then rates over the pooled counts.
+    # Back from each engine run's rates to its counts, then rates over the pooled counts.
     accepted: list[float] = []
     drafted: list[int] = []
-    known = all(r.get("drafted_per_pos") or not r["drafts"] for r in passes)
-    for r in passes:
+    known = all(r.get("drafted_per_pos") or not r["drafts"] for r in runs)
+    for r in runs:
         rates = r["acceptance_rate_per_pos"] or []
         denominators = (r.get("drafted_per_pos") or []) if known else [r["drafts"]] * len(rates)
         for i, (rate, d) in enumerate(zip(rates, denominators)):
@@ -196,7 +196,7 @@ def _pooled_acceptance(passes: list[dict[str, Any]], row: dict[str, Any]) -> dic
             accepted[i] += rate * d
             drafted[i] += d
     rates = [a / d for a, d in zip(accepted, drafted) if d] if known else [a / drafts for a in accepted]
-    out_total = sum(r["output_tokens"] * len(r["wall_time_s_reps"]) for r in passes)
+    out_total = sum(r["output_tokens"] * len(r["wall_time_s_reps"]) for r in runs)
     return {
         "acceptance_length": 1.0 + row["accepted_tokens"] / drafts,
         "acceptance_rate_per_pos": rates,
@@ -206,7 +206,7 @@ def _pooled_acceptance(passes: list[dict[str, Any]], row: dict[str, Any]) -> dic
         "tokens_per_pass": out_total / row["target_passes"] if row["target_passes"] else None,
         "draft_coverage": drafts / row["target_passes"] if row["target_passes"] else None,
         "acceptance_length_p50": median_known(
-            v for r in passes for v in r.get("acceptance_length_per_request") or []
+            v for r in runs for v in r.get("acceptance_length_per_request") or []
         ),
     }
 
@@ -228,10 +228,10 @@ def _interference(who: str, side: dict[str, Any]) -> str | None:
     return None
 
 
-def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Speedup and exactness of a speculative cell's passes against their baselines.
+def _compare(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Speedup and exactness of a speculative cell's engine runs against their baselines.
 
-    A pass whose baseline is missing, failed, or measured with another
+    An engine run whose baseline is missing, failed, or measured with another
     schema, software or set of requests fails the comparison: the row gets
     no speedup and an error naming the difference.
     """
@@ -240,7 +240,7 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
     mismatched: set[int] = set()
     compared, requests_compared = 0, 0
     baseline_group = None
-    for spec in passes:
+    for spec in runs:
         base_files = CellFiles(cells_dir, spec["baseline_cell_id"])
         try:
             base = read_rows(base_files.row)[0] if base_files.row.exists() else None
@@ -259,7 +259,7 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
             reasons.append(f"baseline ran on {base.get('hardware')}, this cell on {spec.get('hardware')}")
         reasons += [
             reason for name, side in (("baseline", base), ("cell", spec))
-            if (reason := _interference(f"pass {side.get('pass_index')} {name}", side))
+            if (reason := _interference(f"engine run {side.get('engine_run')} {name}", side))
         ]
         # Token-weighted mean TPOT: the ratio of total decode time. (A median
         # request's TPOT is a latency; it moves with which request is median.)
@@ -273,7 +273,7 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
         if base_tokens is not None and spec_tokens is not None:
             compared += 1
             requests_compared = max(requests_compared, len(base_tokens), len(spec_tokens))
-            # By request index, so a request that differs in every pass counts once.
+            # By request index, so a request that differs in every engine run counts once.
             mismatched |= {i for i, (a, b) in enumerate(zip(base_tokens, spec_tokens)) if a != b}
             mismatched |= set(range(min(len(base_tokens), len(spec_tokens)), max(len(base_tokens), len(spec_tokens))))
     if missing:
@@ -282,14 +282,14 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
     if incomparable:
         return {"speedup": None, "exact_match": None, "mismatched_requests": None,
                 "error": "not compared: baseline measured differently: " + " | ".join(incomparable)}
-    exact = len(mismatched) == 0 if compared == len(passes) else None
+    exact = len(mismatched) == 0 if compared == len(runs) else None
     if exact is False:
         reasons.append(
             f"outputs differ from the baseline's in {len(mismatched)} of {requests_compared} "
             "requests: greedy speculative decoding should be exact, so this speedup is not of the same work"
         )
-    looping = _max_known(r.get("repetitive_requests") for r in passes)
-    requests = passes[0].get("num_requests")
+    looping = _max_known(r.get("repetitive_requests") for r in runs)
+    requests = runs[0].get("num_requests")
     if looping and requests and looping / requests >= LOOPING_FLAG_SHARE:
         reasons.append(
             f"{looping} of {requests} outputs loop: drafts of a loop are accepted whole, so acceptance "
@@ -297,7 +297,7 @@ def _compare(cells_dir: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
         )
     known_within = [w for w in within if w is not None]
     return {
-        "speedup_per_pass": ratios,
+        "speedup_per_engine_run": ratios,
         "_within": max(known_within, key=lambda w: w.se) if known_within else None,
         "_baseline": baseline_group,
         "flag_reasons": reasons,

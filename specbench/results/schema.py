@@ -13,19 +13,23 @@ Two kinds of files share one schema (:data:`SCHEMA`):
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 # 2: predicted_decode_speedup; target_passes >= requests + drafts; per-request acceptance
-# 3: requests_fingerprint and provenance checks (resume, merge); merged columns describe every pass;
-#    speedup is the geometric mean of the per-pass ratios; no zero-width intervals (null instead);
+# 3: requests_fingerprint and provenance checks (resume, merge); merged columns describe every engine run;
+#    speedup is the geometric mean of the per-run ratios; no zero-width intervals (null instead);
 #    order-statistic intervals over repetitions with their coverage; exactness mismatches flagged;
-#    mismatched_requests counts requests, not requests x passes
+#    mismatched_requests counts requests, not requests x engine runs
 # 4: memory columns (weights, KV cache, peaks, predicted)
-SCHEMA_VERSION = 4
+# 5: engine runs are named so (engine_run, engine_runs, speedup_per_engine_run; were pass_index, passes,
+#    speedup_per_pass): "pass" is kept for a target forward pass (target_passes, tokens_per_pass)
+SCHEMA_VERSION = 5
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 SCHEMA = pa.schema(
     [
@@ -40,15 +44,15 @@ SCHEMA = pa.schema(
         ("num_speculative_tokens", _INT),
         ("batch_size", _INT),
         ("workload", _STR),
-        ("pass_index", _INT),  # null in results.parquet (passes combined)
-        ("passes", _INT),
+        ("engine_run", _INT),  # null in results.parquet (engine runs combined)
+        ("engine_runs", _INT),
         ("repetitions", _INT),
         ("num_requests", _INT),
         ("prompt_tokens", _INT),
         ("output_tokens", _INT),  # per repetition
         # --- time ------------------------------------------------------------
-        # Merged rows: every column describes all passes (see _across_passes).
-        ("wall_time_s", _F),  # median over repetitions (of every pass)
+        # Merged rows: every column describes all engine runs (see _across_engine_runs).
+        ("wall_time_s", _F),  # median over repetitions (of every engine run)
         ("wall_time_s_ci_low", _F),  # order-statistic interval of that median; null with one repetition
         ("wall_time_s_ci_high", _F),
         ("wall_time_s_cv", _F),
@@ -57,14 +61,14 @@ SCHEMA = pa.schema(
         ("tokens_per_s_ci_low", _F),
         ("tokens_per_s_ci_high", _F),
         ("reps_ci_coverage", _F),  # exact coverage of the two intervals above (0.75 for 3 repetitions)
-        # Latency percentiles are over the requests of one pass; merged rows hold their median over passes.
+        # Latency percentiles are over the requests of one engine run; merged rows hold their median over engine runs.
         ("ttft_s_p50", _F),
         ("ttft_s_p90", _F),
         ("ttft_s_p99", _F),
         ("tpot_s_p50", _F),
         ("tpot_s_p90", _F),
         ("tpot_s_p99", _F),
-        ("tpot_s_mean", _F),  # token-weighted: total decode time / tokens after each request's first (mean over passes)
+        ("tpot_s_mean", _F),  # token-weighted: total decode time / tokens after each request's first (mean over runs)
         ("e2e_s_p50", _F),
         ("e2e_s_p90", _F),
         ("e2e_s_p99", _F),
@@ -83,24 +87,24 @@ SCHEMA = pa.schema(
         ("target_passes", _INT),  # max(output - accepted, requests + drafts), see measured_fields
         ("tokens_per_pass", _F),  # output tokens / target passes, prefill and undrafted passes included
         ("draft_coverage", _F),  # drafts / target passes
-        ("acceptance_length_per_request", pa.list_(_F)),  # each request's own (null: never drafted); median over passes
+        ("acceptance_length_per_request", pa.list_(_F)),  # each request's own (null: never drafted); median over engine runs
         ("acceptance_length_p50", _F),  # median of the above over requests that drafted
-        ("repetitive_requests", _INT),  # outputs caught in a loop (REPETITIVE_SHARE of 4-grams repeated); max over passes
+        ("repetitive_requests", _INT),  # outputs caught in a loop (REPETITIVE_SHARE of 4-grams repeated); max over engine runs
         # --- comparison with the baseline (results.parquet only) ---------------
-        ("speedup", _F),  # baseline wall time / this cell's: geometric mean over passes
+        ("speedup", _F),  # baseline wall time / this cell's: geometric mean over engine runs
         ("speedup_ci_low", _F),  # null when there is no interval (speedup_ci_method says why)
         ("speedup_ci_high", _F),
         ("speedup_ci_method", _STR),
         ("speedup_rerun_low", _F),  # where an identical rerun is expected to land (95%)
         ("speedup_rerun_high", _F),
-        ("speedup_per_pass", pa.list_(_F)),
+        ("speedup_per_engine_run", pa.list_(_F)),
         ("decode_speedup", _F),  # baseline tpot_s_mean / this cell's: decode time ratio, prefill excluded
         ("exact_match", _BOOL),
         ("mismatched_requests", _INT),  # requests whose outputs differ from the baseline's in any pass
-        ("outputs_stable", _BOOL),  # every repetition of every pass produced the same tokens
+        ("outputs_stable", _BOOL),  # every repetition of every engine run produced the same tokens
         ("flagged", _BOOL),  # see flag_reasons: treat this speedup with care
         ("flag_reasons", pa.list_(_STR)),
-        ("load_avg_1m", _F),  # machine load while the cell ran (max over passes)
+        ("load_avg_1m", _F),  # machine load while the cell ran (max over runs)
         ("other_cpu_share", _F),  # share of the cores other processes kept busy while the cell ran
         ("cpu_cores", _INT),
         ("gpu_state", _STR),  # clocks and memory as the driver reported them
@@ -213,9 +217,9 @@ def row_config(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def curve_key(row: Mapping[str, Any], *, across_k: bool = False) -> str:
-    """What a batch-size curve shares: everything that decides a cell except batch size and pass.
+    """What a batch-size curve shares: everything that decides a cell except batch size and engine run.
 
-    Two rows with equal keys differ only in batch size (and pass): they are
+    Two rows with equal keys differ only in batch size (and engine run): they are
     points of one speedup curve (break-even, batch-size-1 acceptance). With
     ``across_k`` K and any per-batch-size K schedule are left out too, so the
     key names a family of curves over which K is chosen (the K schedule).
@@ -243,7 +247,7 @@ def recommendable(row: Mapping[str, Any]) -> bool:
     It must have run to the end and have a speedup, its outputs must not
     differ from the baseline's (unknown exactness is allowed: old files, lost
     token files), and it must not be flagged (interference, looping outputs,
-    passes that disagree, hardware that differs): a speedup that needs care
+    engine runs that disagree, hardware that differs): a speedup that needs care
     is shown, never recommended.
     """
     return (

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 CELL = ["method=ngram", "num_speculative_tokens=4", "batch_size=1", "workload=summarize",
-        "workload.num_prompts=4", "workload.max_tokens=64", "repetitions=3", "passes=1"]
+        "workload.num_prompts=4", "workload.max_tokens=64", "repetitions=3", "engine_runs=1"]
 
 RUNS = 3
 

@@ -6,7 +6,7 @@ under its CPU lock):
     .venv/bin/python tests/benchmarks/interval_coverage.py FIRST_DIR SECOND_DIR [OVERRIDE ...]
 
 The CPU demo sweep (``sweep=cpu_demo``: ngram and EAGLE-3, K=2,4 x batch 1,4 x
-summarize, creative, two passes: 16 speculative cells), with any extra Hydra
+summarize, creative, two engine runs: 16 speculative cells), with any extra Hydra
 overrides, runs into each directory unless it already holds a
 finished sweep (``results.parquet``), so a finished demo sweep can be reused.
 Both runs are merged again from their cell files with the current code, so
@@ -15,9 +15,9 @@ it checks whether the second run's speedup falls inside the first run's 95%
 intervals (and the first run's inside the second's: each rerun is a test of
 the other), and prints the coverage and median relative width of:
 
-- one pass (one engine per side): the within-engine interval from pass 0 alone;
+- one engine run (one engine per side): the within-engine interval from run 0 alone;
 - the pooled-pass confidence interval (``speedup_ci_*``) and the rerun
-  interval (``speedup_rerun_*``) with ``passes`` independent passes.
+  interval (``speedup_rerun_*``) with ``engine_runs`` independent engine runs.
 
 The rerun interval is the one a rerun should land in (target: 90% or more);
 the confidence interval is for the expected speedup, so it may cover less.
@@ -47,7 +47,7 @@ def sweep(directory: Path, overrides: list[str]) -> None:
 
 
 def merged(directory: Path, pass_zero_only: bool = False) -> pd.DataFrame:
-    """The sweep merged from its cell files with this checkout's code (optionally pass 0 alone)."""
+    """The sweep merged from its cell files with this checkout's code (optionally engine run 0 alone)."""
     ids = read_plan(directory)
     if pass_zero_only:
         ids = [i for i in ids if i.endswith("-p0")]
@@ -82,18 +82,18 @@ def main() -> None:
         sweep(directory, overrides)
     frames = [merged(d) for d in dirs]
     one_pass = [merged(d, pass_zero_only=True) for d in dirs]
-    passes = int(frames[0]["passes"].max())
+    runs = int(frames[0]["engine_runs"].max())
     spec = [key(f) for f in frames]
-    print(f"speculative cells compared: {len(spec[0])} + {len(spec[1])} in the two runs, {passes} passes each")
+    print(f"speculative cells compared: {len(spec[0])} + {len(spec[1])} in the two runs, {runs} engine runs each")
     for i, frame in enumerate(spec):
         methods = frame["speedup_ci_method"].unique()
-        spread = stats.pooled_pass_spread(list(frame["speedup_per_pass"]))
+        spread = stats.pooled_engine_run_spread(list(frame["speedup_per_engine_run"]))
         print(f"run {i + 1}: pass-to-pass sd of log speedup {spread.sd:.3f}; interval methods {', '.join(methods)}")
     diffs = (spec[0]["speedup"] / spec[1]["speedup"]).dropna().apply(lambda x: abs(x - 1))
     print(f"run 1 vs run 2 speedup: median |difference| {statistics.median(diffs):.1%}, max {diffs.max():.1%}")
     report("1 pass (within-engine interval)", one_pass, "speedup_ci_low", "speedup_ci_high")
-    report(f"{passes} passes, confidence interval", frames, "speedup_ci_low", "speedup_ci_high")
-    report(f"{passes} passes, rerun interval", frames, "speedup_rerun_low", "speedup_rerun_high")
+    report(f"{runs} engine runs, confidence interval", frames, "speedup_ci_low", "speedup_ci_high")
+    report(f"{runs} engine runs, rerun interval", frames, "speedup_rerun_low", "speedup_rerun_high")
 
 
 if __name__ == "__main__":

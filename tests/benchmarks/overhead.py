@@ -6,7 +6,7 @@ Prints figures; asserts nothing. Target: at most 1.5 for specbench.
     .venv/bin/python tests/benchmarks/overhead.py --sweep outputs/cpu_demo --wall 355   # reuse a timed demo run
 
 1. specbench runs the CPU demo preset (``sweep=cpu_demo``, plus any extra
-   overrides, e.g. ``passes=1`` for a quicker run) into a fresh directory;
+   overrides, e.g. ``engine_runs=1`` for a quicker run) into a fresh directory;
    generation time is the sum over cells of warm-up plus timed repetitions,
    as the cells recorded them.
 2. The naive pattern runs the first ``NAIVE_CELLS`` cells of the same plan
@@ -38,7 +38,7 @@ def generation_seconds(rows: pd.DataFrame) -> float:
 
 
 def cell_rows(directory: Path) -> pd.DataFrame:
-    """One row per measured cell and pass, as the jobs wrote them."""
+    """One row per measured cell and engine run, as the jobs wrote them."""
     return pd.concat(pd.read_parquet(p) for p in (directory / "cells").glob("*.parquet") if ".tokens." not in p.name)
 
 
@@ -63,7 +63,7 @@ def run_naive(directory: Path, naive_dir: Path, extra: list[str]) -> tuple[float
         for entry in plan[:NAIVE_CELLS]:
             cfg = compose(config_name="config", overrides=["sweep=cpu_demo", *extra, *entry["overrides"]])
             pool = EnginePool()  # a fresh engine for every cell
-            run_cell(cell_from_config(cfg), naive_dir / "cells", passes=int(cfg.passes), pool=pool)
+            run_cell(cell_from_config(cfg), naive_dir / "cells", engine_runs=int(cfg.engine_runs), pool=pool)
             pool.discard()
     wall = time.perf_counter() - start
     return wall, generation_seconds(cell_rows(naive_dir))
