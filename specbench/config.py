@@ -66,7 +66,7 @@ class EngineSchema:
     enforce_eager: bool = MISSING
     enable_prefix_caching: bool = MISSING
     gpu_memory_utilization: float = MISSING
-    cpu_kvcache_space_gib: float = MISSING
+    cpu_kvcache_space_gib: int = MISSING  # VLLM_CPU_KVCACHE_SPACE: whole GiB
     cell_timeout_s: Optional[float] = None
 
 

@@ -51,7 +51,7 @@ class EngineSpec:
     enforce_eager: bool
     enable_prefix_caching: bool
     gpu_memory_utilization: float
-    cpu_kvcache_space_gib: float
+    cpu_kvcache_space_gib: int
     speculative_config_json: str | None = None
     instance: int = 0
     # (name, value) pairs added to the worker's environment: settings a custom

@@ -188,3 +188,14 @@ def test_cpu_engine_is_read_from_the_installed_distribution(monkeypatch):
                             ({"vllm": "0.32.0"}, False), ({"vllm": "0.32.0+cu128"}, False), ({}, True)):
         monkeypatch.setattr(config.metadata, "version", versions(table))
         assert config.cpu_engine() is expected, table
+
+
+def test_the_schema_keeps_engine_settings_as_vllm_reads_them(compose_cell):
+    # vLLM parses VLLM_CPU_KVCACHE_SPACE with int(): a schema that typed it float handed it "2.0".
+    from specbench.engine import worker_environment
+
+    spec = cell_from_config(compose_cell(["engine.cpu_kvcache_space_gib=3"])).engine_spec(prepare=False)
+    assert worker_environment(spec)["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert isinstance(spec.max_model_len, int) and isinstance(spec.gpu_memory_utilization, float)
+    with pytest.raises(Exception, match="engine.cpu_kvcache_space_gib"):
+        compose_cell(["engine.cpu_kvcache_space_gib=1.5"])
