@@ -1,4 +1,8 @@
-"""Shared fixtures: Hydra composition of the packaged configs."""
+"""Shared fixtures: Hydra composition of the packaged configs.
+
+Result rows for tests are built in one place, ``tests/rows.py`` (merged rows,
+cell rows, a whole sweep of them and their files).
+"""
 
 from __future__ import annotations
 

@@ -264,7 +264,8 @@ def row_context(rows) -> float:
 
 
 def test_report_shows_memory_per_method(tmp_path) -> None:
-    from test_report import make_row, render
+    from rows import make_row
+    from test_report import render
 
     def with_memory(row: dict, drafter_bytes: int, kv_tokens: int, share: float) -> dict:
         return row | {"drafter_weight_bytes": drafter_bytes, "target_weight_bytes": 538_060_032,

@@ -5,21 +5,22 @@ from __future__ import annotations
 import json
 
 import pytest
+from rows import make_row
 
 from specbench import recommend
 from specbench.results.files import write_results
 
 
 def _row(k, batch, speedup, schedule=None, workload="summarize"):
+    """A merged ngram row (rows.make_row) with its vLLM config and a point estimate only."""
     speculative = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2}
     if schedule:
         speculative["num_speculative_tokens_per_batch_size"] = schedule
     cfg = {"model": {"name": "smollm2-135m"}, "method": {"name": "ngram", "speculative_config": speculative},
            "workload": {"name": workload, "num_prompts": 32, "max_tokens": 32}, "repetitions": 1,
            "engine": {"dtype": "float32"}}
-    return {"status": "ok", "method": "ngram", "num_speculative_tokens": k, "batch_size": batch,
-            "speedup": speedup, "model": "smollm2-135m", "workload": workload, "repetitions": 1,
-            "cell_id": f"ngram-k{k}-b{batch}", "config_json": json.dumps(cfg)}
+    return make_row("ngram", k, batch, workload, speedup, repetitions=1, cell_id=f"ngram-k{k}-b{batch}",
+                    config_json=json.dumps(cfg), speedup_ci_low=None, speedup_ci_high=None)
 
 
 GRID = {  # batch -> {K: speedup}

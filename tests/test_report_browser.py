@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from specbench.report import write_report
-from test_report import XSS, grid_rows, make_row, write_results
+from rows import XSS, grid_rows, make_row, write_results
 
 pytestmark = pytest.mark.browser
 

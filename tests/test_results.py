@@ -3,36 +3,15 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from rows import cell_row, write_cell
 
-from specbench.results.files import CellFiles, write_table
+from specbench.results.files import write_table
 from specbench.results.merge import merge
 from specbench.results.metrics import measured_fields
 from specbench.results.schema import COLUMNS, ResultsError, read_rows, rows_to_table
-
-
-def cell_row(cell_id, method, wall, *, baseline_id=None, engine_run=0, config_hash=None, reps=None, k=2):
-    reps = reps or [wall * 0.99, wall, wall * 1.01]
-    row = {
-        "cell_id": cell_id, "baseline_cell_id": baseline_id, "status": "ok", "model": "m", "method": method,
-        "num_speculative_tokens": 0 if method == "baseline" else k, "batch_size": 1, "workload": "summarize",
-        "engine_run": engine_run, "engine_runs": 1, "config_hash": config_hash or cell_id,
-    }
-    row |= measured_fields(
-        rep_wall_s=reps, rep_output_tokens=[100] * len(reps), num_requests=2,
-        drafts=0 if method == "baseline" else 20, draft_tokens=0 if method == "baseline" else 40,
-        accepted_tokens=0 if method == "baseline" else 30,
-        accepted_per_pos=[] if method == "baseline" else [16, 14],
-        ttft_s=[0.1, 0.2], tpot_s=[0.02 if method == "baseline" else 0.01] * 2, e2e_s=[1.0, 1.1],
-    )
-    return row
-
-
-def write_cell(cells: Path, row, tokens):
-    CellFiles(cells, row["cell_id"]).write(row, tokens, ["p0", "p1"])
 
 
 def test_measured_fields_follow_vllm_definitions():
