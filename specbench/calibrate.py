@@ -52,7 +52,7 @@ import os
 import re
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -402,7 +402,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from specbench.cell import CellPlan
     from specbench.config import cell_from_config
     from specbench.engine import EngineError, EngineWorker
     from specbench.results.provenance import now_iso
@@ -431,30 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"calibrating with {len(points)} samples of {model_cfg['name']} ({dtype}), "
           f"{args.max_tokens} tokens each, {args.rounds} rounds; load average {_load()}")
     measured_at = now_iso()
-    tpot: dict[GridPoint, list[list[float]]] = {p: [] for p in points}
-    ttft: dict[GridPoint, list[list[float]]] = {p: [] for p in points}
-    outputs: dict[GridPoint, list[int]] = {p: [] for p in points}
     try:
         worker = EngineWorker(cell.engine_spec(), log_path=None if args.verbose else engine_log)
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
-        for round_index in range(args.rounds):
-            for i, point in enumerate(points):
-                plan = CellPlan(
-                    prompts=synthetic_prompts(stream, point.prompt_len, point.batch_size),
-                    batch_size=point.batch_size, max_tokens=args.max_tokens,
-                    repetitions=1, warmup=round_index == 0 and i == 0,
-                )
-                m = worker.measure(plan)
-                tpot[point].append(m.tpot_s)
-                ttft[point].append(m.ttft_s)
-                outputs[point] += m.rep_output_tokens
-                step = statistics.median(m.tpot_s) * 1e3 if m.tpot_s else float("nan")
-                prefill = statistics.median(m.ttft_s) * 1e3 if m.ttft_s else float("nan")
-                print(f"  round {round_index + 1}: batch {point.batch_size:>3} x {point.prompt_len:>5} "
-                      f"tokens: {step:.2f} ms per decode step, {prefill:.1f} ms prefill", flush=True)
+        measured = _measure_grid(worker, points, stream, args.max_tokens, args.rounds, _step_line)
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -462,8 +444,9 @@ def main(argv: list[str] | None = None) -> int:
         worker.close()
     print(f"load average after: {_load()}")
     try:
-        pairs = [step_sample(p, args.max_tokens, tpot[p], outputs[p]) for p in points]
-        pairs += [prefill_sample(p, ttft[p]) for p in points]
+        pairs = [step_sample(p, args.max_tokens, [m.tpot_s for m in measured[p]],
+                             [t for m in measured[p] for t in m.rep_output_tokens]) for p in points]
+        pairs += [prefill_sample(p, [m.ttft_s for m in measured[p]]) for p in points]
         profile, records = fit([s for s, _ in pairs], [r for _, r in pairs], model,
                                args.name or _slug(worker.info.hardware))
     except ValueError as exc:
@@ -520,29 +503,54 @@ def _draft_cell(overrides: Sequence[str]) -> tuple[Any, str]:
 def _measure_draft_passes(
     cell: Any, stream: Sequence[int], max_tokens: int, rounds: int, log_path: Path | None
 ) -> dict[GridPoint, list[tuple[float, int]]]:
-    """Decode :data:`DRAFT_POINTS` on an engine with the cell's head, ``rounds`` times each."""
-    from specbench.cell import CellPlan
+    """Decode :data:`DRAFT_POINTS` on an engine with the cell's head, ``rounds`` times each:
+    per point and round, the decode seconds and the drafts verified in them."""
     from specbench.engine import EngineWorker
 
     print(f"timing draft passes of the {cell.method} head at K={DRAFT_K}")
-    measured: dict[GridPoint, list[tuple[float, int]]] = {p: [] for p in DRAFT_POINTS}
     worker = EngineWorker(cell.engine_spec(), log_path=log_path)
     try:
-        for round_index in range(rounds):
-            for i, point in enumerate(DRAFT_POINTS):
-                plan = CellPlan(
-                    prompts=synthetic_prompts(stream, point.prompt_len, point.batch_size),
-                    batch_size=point.batch_size, max_tokens=max_tokens,
-                    repetitions=1, warmup=round_index == 0 and i == 0,
-                )
-                m = worker.measure(plan)
-                measured[point].append((m.decode_s, m.counters.drafts))
-                per_pass = m.decode_s / m.counters.drafts * 1e3 if m.counters.drafts else float("nan")
-                print(f"  round {round_index + 1}: batch {point.batch_size:>3} x {point.prompt_len:>5} "
-                      f"tokens: {per_pass:.2f} ms per speculative pass", flush=True)
+        measured = _measure_grid(worker, DRAFT_POINTS, stream, max_tokens, rounds, _draft_line)
     finally:
         worker.close()
+    return {p: [(m.decode_s, m.counters.drafts) for m in ms] for p, ms in measured.items()}
+
+
+def _measure_grid(
+    worker: Any, points: Sequence[GridPoint], stream: Sequence[int], max_tokens: int, rounds: int,
+    describe: Callable[[Any], str],
+) -> dict[GridPoint, list[Any]]:
+    """Every point's :class:`~specbench.cell.Measurement` in each of ``rounds`` passes over the grid.
+
+    The first batch of the first round is warmed up; each measurement prints
+    one line, ``describe`` saying what it measured.
+    """
+    from specbench.cell import CellPlan
+
+    measured: dict[GridPoint, list[Any]] = {p: [] for p in points}
+    for round_index in range(rounds):
+        for i, point in enumerate(points):
+            plan = CellPlan(
+                prompts=synthetic_prompts(stream, point.prompt_len, point.batch_size),
+                batch_size=point.batch_size, max_tokens=max_tokens,
+                repetitions=1, warmup=round_index == 0 and i == 0,
+            )
+            m = worker.measure(plan)
+            measured[point].append(m)
+            print(f"  round {round_index + 1}: batch {point.batch_size:>3} x {point.prompt_len:>5} "
+                  f"tokens: {describe(m)}", flush=True)
     return measured
+
+
+def _step_line(m: Any) -> str:
+    step = statistics.median(m.tpot_s) * 1e3 if m.tpot_s else float("nan")
+    prefill = statistics.median(m.ttft_s) * 1e3 if m.ttft_s else float("nan")
+    return f"{step:.2f} ms per decode step, {prefill:.1f} ms prefill"
+
+
+def _draft_line(m: Any) -> str:
+    per_pass = m.decode_s / m.counters.drafts * 1e3 if m.counters.drafts else float("nan")
+    return f"{per_pass:.2f} ms per speculative pass"
 
 
 def _ints(text: str) -> list[int]:

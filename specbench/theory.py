@@ -1376,20 +1376,14 @@ def fit_draft_overhead(
     if not samples:
         raise ValueError("samples must not be empty")
     free = replace(hw, draft_overhead_s=0.0)
-    per_sample = []
+    # Per sample: measured seconds, and the pass priced without the draft overhead.
+    priced = []
     for i, s in enumerate(samples):
         k = _check_int(f"samples[{i}].k", s.k, 1)
         seconds = _check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True)
-        verify = verify_step(target, hw, s.batch_size, k, s.context_len)
-        work = draft_time(method, hw=free, batch_size=s.batch_size, k=k, context_len=s.context_len,
-                          draft=head, target=target)
-        per_sample.append((seconds - verify - work) / k)
-    overhead = max(statistics.median(per_sample), 0.0)
-    fitted = replace(hw, draft_overhead_s=overhead)
-    residuals = [
-        (verify_step(target, hw, s.batch_size, s.k, s.context_len)
-         + draft_time(method, hw=fitted, batch_size=s.batch_size, k=s.k, context_len=s.context_len,
-                      draft=head, target=target)) / s.seconds - 1.0
-        for s in samples
-    ]
+        base = verify_step(target, hw, s.batch_size, k, s.context_len) + draft_time(
+            method, hw=free, batch_size=s.batch_size, k=k, context_len=s.context_len, draft=head, target=target)
+        priced.append((k, seconds, base))
+    overhead = max(statistics.median((seconds - base) / k for k, seconds, base in priced), 0.0)
+    residuals = [(base + k * overhead) / seconds - 1.0 for k, seconds, base in priced]
     return overhead, residuals
