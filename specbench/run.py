@@ -21,13 +21,7 @@ from typing import Any
 from specbench import memory, models
 from specbench.cell import CellPlan, Measurement
 from specbench.config import Cell
-from specbench.engine import (
-    EngineError,
-    EngineInfo,
-    EnginePool,
-    EngineSpec,
-    describe_hardware,
-)
+from specbench.engine import EngineError, EngineInfo, EnginePool, EngineSpec, describe_hardware
 from specbench.results.files import CellFiles
 from specbench.results.metrics import measured_fields
 from specbench.results.provenance import (
