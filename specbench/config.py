@@ -22,7 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from specbench import controlled, heads, memory, methods, models
 from specbench.engine import EngineSpec
-from specbench.workloads import validate_workload_config
+from specbench.workloads import SOURCE_KEYS, WorkloadSchema, validate_workload_config
 
 MAX_K = 64  # vLLM accepts more, but past this a sweep point is a typo
 
@@ -75,16 +75,16 @@ class CellSchema:
     """Types of a cell's top-level keys, checked by Hydra when it composes.
 
     Registered as ``specbench_schema`` and first in conf/config.yaml's
-    defaults, so ``batch_size=four`` or a missing key is refused by Hydra
-    itself, with the key's full path, before :func:`validate` runs the checks
-    only specbench can make (ranges, checkpoints, memory). The groups (model,
-    method, workload, hardware) differ per option and stay untyped here;
-    :func:`validate` checks them.
+    defaults, so ``batch_size=four``, a misspelt key or a missing one is
+    refused by Hydra itself, with the key's full path, before :func:`validate`
+    runs the checks only specbench can make (ranges, checkpoints, memory).
+    Each group's schema lives with the code that reads it. The hardware
+    profile is checked where it is loaded (:mod:`specbench.prediction`).
     """
 
-    model: Any = MISSING
-    method: Any = MISSING
-    workload: Any = MISSING
+    model: models.ModelSchema = field(default_factory=models.ModelSchema)
+    method: methods.MethodSchema = field(default_factory=methods.MethodSchema)
+    workload: WorkloadSchema = field(default_factory=WorkloadSchema)
     hardware: Any = None
     num_speculative_tokens: int = MISSING
     batch_size: int = MISSING
@@ -246,7 +246,9 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
         },
         "num_speculative_tokens": 0 if baseline else plain["num_speculative_tokens"],
         "batch_size": plain["batch_size"],
-        "workload": plain["workload"],
+        # A source-specific key left unset measures nothing different: leaving
+        # it out keeps the identities (and cell files) of sweeps written before it existed.
+        "workload": {k: v for k, v in plain["workload"].items() if not (k in SOURCE_KEYS and v is None)},
         "repetitions": plain["repetitions"],
         "warmup": plain["warmup"],
         "seed": plain["seed"],
@@ -289,6 +291,9 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
 
     if name == "controlled":
         errors += _check_controlled(method)
+    for key, reader in (("alpha", "controlled"), ("draft", "draft_model")):
+        if name != reader and method.get(key) is not None:
+            errors.append(f"method.{key}={method[key]!r} is only read for method={reader}, not {name}")
     if registered is not None and registered.checkpoint is not None:
         checkpoint = (method.get("speculative_config") or {}).get("model")
         problems = _check_checkpoint(_checkpoint_key(registered, method), checkpoint, _missing_checkpoint_hint(

@@ -10,7 +10,9 @@ the prediction, the memory model, the report) reads this registry.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Dict, Literal, Optional
+
+from omegaconf import MISSING
 
 Checkpoint = Literal["head", "model"]
 
@@ -33,6 +35,21 @@ class Method:
     name: str
     priced_as: str | None
     checkpoint: Checkpoint | None = None
+
+
+@dataclass
+class MethodSchema:
+    """The keys of a ``method`` config and their types, checked by Hydra when it composes.
+
+    ``speculative_config`` is vLLM's, handed over as it is (vLLM checks its
+    keys); the keys after it belong to one method each and stay null for the
+    others. A method with a key of its own adds it here.
+    """
+
+    name: str = MISSING
+    speculative_config: Optional[Dict[str, Any]] = MISSING
+    alpha: Optional[float] = None  # controlled: the per-token acceptance probability
+    draft: Optional[str] = None  # draft_model: which of model.drafts drafts
 
 
 _REGISTRY: dict[str, Method] = {}

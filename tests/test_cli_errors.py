@@ -84,6 +84,14 @@ def test_corrupt_results_file(tmp_path: Path, module: str) -> None:
     assert_refused(run(["-m", module, str(damaged)], tmp_path), str(damaged), "not a readable Parquet file")
 
 
+def test_a_misspelt_key_in_a_users_own_workload_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "conf" / "workload").mkdir(parents=True)
+    text = (REPO / "conf" / "workload" / "creative.yaml").read_text().replace("max_tokens:", "max_token:")
+    (tmp_path / "conf" / "workload" / "mine.yaml").write_text(text)
+    result = run(sweep(f"--config-dir={tmp_path / 'conf'}", "workload=mine", multirun=False, out=tmp_path), tmp_path)
+    assert_refused(result, "Key 'max_token' not in 'WorkloadSchema'", "full_key: workload.max_token")
+
+
 def test_calibrate_refuses_an_unknown_model(tmp_path: Path) -> None:
     assert_refused(run(["-m", "specbench.calibrate", "model=nope"], tmp_path), "model/nope")
 

@@ -199,3 +199,45 @@ def test_the_schema_keeps_engine_settings_as_vllm_reads_them(compose_cell):
     assert isinstance(spec.max_model_len, int) and isinstance(spec.gpu_memory_utilization, float)
     with pytest.raises(Exception, match="engine.cpu_kvcache_space_gib"):
         compose_cell(["engine.cpu_kvcache_space_gib=1.5"])
+
+
+def test_group_schemas_keep_cell_identities(compose_cell):
+    # Cell files are named by identity, so a resumed sweep finds its cells only
+    # if typing the groups added nothing to it: these ids were computed before
+    # the model, method and workload groups had schemas.
+    ids = {
+        "ngram-k4-b1-summarize-28abaf57d9bd-r0": [],
+        "controlled-k4-b1-summarize-85c81d2c1883-r0": ["method=controlled"],
+        "draft_model-k4-b1-creative-c809c5b0eaa8-r0": ["method=draft_model", "workload=creative"],
+        "eagle3-k4-b4-summarize-266d635ba36d-r0": ["method=eagle3", "batch_size=4"],
+    }
+    for cell_id, overrides in ids.items():
+        assert cell_from_config(compose_cell(overrides)).cell_id == cell_id
+
+
+def test_a_source_key_is_in_the_identity_only_when_set(compose_cell):
+    default = cell_from_config(compose_cell([]))
+    assert "prompt_field" not in default.workload
+    spec_bench = cell_from_config(compose_cell(["workload.turn=1"]))
+    assert spec_bench.workload["turn"] == 1 and spec_bench.cell_id != default.cell_id
+
+
+@pytest.mark.parametrize(
+    ("overrides", "full_key"),
+    [
+        (["workload.max_tokens=many"], "workload.max_tokens"),
+        (["workload.max_token=64"], "workload.max_token"),
+        (["method=controlled", "method.alpha=high"], "method.alpha"),
+        (["model.eagle3=[a, b]"], "model.eagle3"),
+    ],
+)
+def test_group_schemas_refuse_wrong_types_and_unknown_keys(compose_cell, overrides, full_key):
+    with pytest.raises(Exception) as refused:
+        compose_cell(overrides)
+    # Hydra's override error wraps OmegaConf's, which names the key.
+    assert f"full_key: {full_key}" in f"{refused.value}\n{refused.value.__cause__}"
+
+
+def test_a_method_key_set_for_another_method_is_refused(compose_cell):
+    errors = validate(compose_cell(["method=ngram", "method.alpha=0.5"]))
+    assert "method.alpha=0.5 is only read for method=controlled, not ngram" in errors

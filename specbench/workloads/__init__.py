@@ -8,6 +8,7 @@ filtered by length and drawn.
 from specbench.workloads.sources import (
     NAMES,
     SELECTIONS,
+    SOURCE_KEYS,
     SOURCES,
     SPEC_BENCH_CATEGORIES,
     SPEC_BENCH_WORKLOAD_CATEGORIES,
@@ -15,6 +16,7 @@ from specbench.workloads.sources import (
     Tokenizer,
     Workload,
     WorkloadError,
+    WorkloadSchema,
     check_source,
     load_prompts,
     load_workload,
@@ -24,6 +26,7 @@ from specbench.workloads.sources import (
 __all__ = [
     "NAMES",
     "SELECTIONS",
+    "SOURCE_KEYS",
     "SOURCES",
     "SPEC_BENCH_CATEGORIES",
     "SPEC_BENCH_WORKLOAD_CATEGORIES",
@@ -31,6 +34,7 @@ __all__ = [
     "Tokenizer",
     "Workload",
     "WorkloadError",
+    "WorkloadSchema",
     "check_source",
     "load_prompts",
     "load_workload",

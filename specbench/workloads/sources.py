@@ -31,13 +31,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, List, Optional, Protocol
+
+from omegaconf import MISSING
 
 from specbench.environ import patched_environ
 
 __all__ = [
     "NAMES",
     "SELECTIONS",
+    "SOURCE_KEYS",
     "SOURCES",
     "SPEC_BENCH_CATEGORIES",
     "SPEC_BENCH_WORKLOAD_CATEGORIES",
@@ -45,6 +48,7 @@ __all__ = [
     "Tokenizer",
     "Workload",
     "WorkloadError",
+    "WorkloadSchema",
     "check_source",
     "load_prompts",
     "load_workload",
@@ -88,6 +92,48 @@ SPEC_BENCH_WORKLOAD_CATEGORIES: dict[str, tuple[str, ...]] = {
 _OFFLINE_ALTERNATIVES = (
     "offline alternatives: workload.source=jsonl or workload.source=spec_bench "
     "with a local file in workload.path"
+)
+
+
+@dataclass
+class WorkloadSchema:
+    """The keys of a ``workload`` config and their types (conf/workload/*.yaml hold the values).
+
+    Hydra checks a composed workload against it, so a misspelt key in a
+    user's own workload file, or ``workload.max_tokens=many``, is refused
+    with the key's full path. :func:`validate_workload_config` then checks
+    what types cannot say (names, ranges, files). The keys after
+    ``chat_template`` are read by one source each and stay null otherwise;
+    unset, they are not part of a cell's identity (:data:`SOURCE_KEYS`).
+    """
+
+    name: str = MISSING
+    source: str = MISSING
+    path: Optional[str] = None
+    num_prompts: Any = MISSING  # an integer, or "all"
+    selection: str = MISSING
+    seed: int = MISSING
+    max_tokens: int = MISSING
+    max_prompt_tokens: int = MISSING
+    chat_template: bool = MISSING
+    # jsonl and hf: which fields of a record hold the prompt and its id
+    prompt_field: Optional[str] = None
+    id_field: Optional[str] = None
+    # spec_bench: the turn of each question, and the categories (default: the workload's own)
+    turn: Optional[int] = None
+    categories: Optional[List[str]] = None
+    # hf: the dataset, its config and split, the text field and the instruction put before it
+    dataset: Optional[str] = None
+    dataset_config: Optional[str] = None
+    split: Optional[str] = None
+    text_field: Optional[str] = None
+    instruction: Optional[str] = None
+
+
+# WorkloadSchema's source-specific keys: left null, a cell's identity omits them.
+SOURCE_KEYS = (
+    "prompt_field", "id_field", "turn", "categories",
+    "dataset", "dataset_config", "split", "text_field", "instruction",
 )
 
 
