@@ -20,7 +20,8 @@ from typing import Any, Mapping, NoReturn, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from specbench import controlled, heads, memory, methods, models
+from specbench import controlled, heads, methods, models
+from specbench.analytic import memory
 from specbench.engine import EngineSpec
 from specbench.workloads import SOURCE_KEYS, WorkloadSchema, validate_workload_config
 
@@ -79,7 +80,7 @@ class CellSchema:
     refused by Hydra itself, with the key's full path, before :func:`validate`
     runs the checks only specbench can make (ranges, checkpoints, memory).
     Each group's schema lives with the code that reads it. The hardware
-    profile is checked where it is loaded (:mod:`specbench.prediction`).
+    profile is checked where it is loaded (:mod:`specbench.analytic.prediction`).
     """
 
     model: models.ModelSchema = field(default_factory=models.ModelSchema)

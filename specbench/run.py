@@ -18,7 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from specbench import memory, models
+from specbench import models
+from specbench.analytic import memory
 from specbench.cell import CellPlan, Measurement
 from specbench.config import Cell
 from specbench.engine import EngineError, EngineInfo, EnginePool, EngineSpec, describe_hardware

@@ -38,10 +38,11 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from specbench import memory, run
+from specbench import run
+from specbench.analytic import memory
 from specbench.config import Cell, ConfigError, cell_from_config, refuse, validate
 from specbench.logs import LOG_FILE
-from specbench.prediction import predict_sweep
+from specbench.analytic.prediction import predict_sweep
 from specbench.results.files import write_results
 from specbench.results.merge import merge
 from specbench.results.schema import results_path
@@ -249,7 +250,7 @@ class FinishSweep(Callback):
 
 
 def finish(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Merge, price with the analytic model (specbench.prediction), report, summarise; exit non-zero naming failed cells."""
+    """Merge, price with the analytic model (specbench.analytic.prediction), report, summarise; exit non-zero naming failed cells."""
     rows, calibrate_hint = predict_sweep(merge(sweep_dir / "cells", read_plan(sweep_dir)))
     rows = memory.annotate(rows)
     if calibrate_hint:

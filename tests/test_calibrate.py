@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from specbench import calibrate, prediction, theory
-from specbench.calibrate import GridPoint
+from specbench.analytic import calibrate, prediction, theory
+from specbench.analytic.calibrate import GridPoint
 
 MODEL = theory.ModelProfile(
     name="m", num_params=135_000_000, num_layers=30, hidden_size=576, intermediate_size=1536,

@@ -77,7 +77,7 @@ def test_malformed_prompt_file_is_refused_before_any_cell(tmp_path: Path, bad_js
     assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
 
 
-@pytest.mark.parametrize("module", ["specbench.report", "specbench.prediction", "specbench.recommend"])
+@pytest.mark.parametrize("module", ["specbench.report", "specbench.analytic.prediction", "specbench.analytic.recommend"])
 def test_corrupt_results_file(tmp_path: Path, module: str) -> None:
     damaged = tmp_path / "results.parquet"
     damaged.write_bytes(b"PAR1 this is not a parquet file")
@@ -93,9 +93,9 @@ def test_a_misspelt_key_in_a_users_own_workload_file_is_refused(tmp_path: Path) 
 
 
 def test_calibrate_refuses_an_unknown_model(tmp_path: Path) -> None:
-    assert_refused(run(["-m", "specbench.calibrate", "model=nope"], tmp_path), "model/nope")
+    assert_refused(run(["-m", "specbench.analytic.calibrate", "model=nope"], tmp_path), "model/nope")
 
 
 def test_calibrate_refuses_an_invalid_setting(tmp_path: Path) -> None:
-    result = run(["-m", "specbench.calibrate", "engine.max_model_len=0"], tmp_path)
+    result = run(["-m", "specbench.analytic.calibrate", "engine.max_model_len=0"], tmp_path)
     assert_refused(result, "exceeds engine.max_model_len=0")

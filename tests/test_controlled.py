@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specbench import controlled, theory
+from specbench import controlled
+from specbench.analytic import theory
 from specbench.controlled import ControlledProposer, ReferenceBook, corrupt_draft, prompt_stream
 
 VOCAB = 1000

@@ -217,7 +217,7 @@ def test_a_head_for_another_target_is_refused_naming_both_shapes(compose_cell, t
 
 
 def test_head_cost_reads_the_heads_own_shapes():
-    from specbench.theory import ModelProfile, eagle_head_matmul_params
+    from specbench.analytic.theory import ModelProfile, eagle_head_matmul_params
 
     layer = 576 * (2 * (9 + 3) * 64 + 3 * 1536)
     eagle = ModelProfile.from_config_json(dict(SMOLLM2, num_hidden_layers=1), dtype="float32")
@@ -230,7 +230,7 @@ def test_head_cost_reads_the_heads_own_shapes():
 
 def test_head_prefill_reads_the_heads_own_shapes():
     """The head's prompt pass: fc + layer over every prompt token, its own LM head at the last one."""
-    from specbench.theory import HardwareProfile, ModelProfile, draft_prefill_time
+    from specbench.analytic.theory import HardwareProfile, ModelProfile, draft_prefill_time
 
     target = ModelProfile.from_config_json(SMOLLM2, dtype="float32")
     eagle3 = ModelProfile.from_config_json(dict(SMOLLM2, num_hidden_layers=1, draft_vocab_size=4096), dtype="float32")

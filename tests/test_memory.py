@@ -11,10 +11,11 @@ import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
-from specbench import memory, models, theory
+from specbench import models
+from specbench.analytic import memory, theory
 from specbench.config import ConfigError, validate
 from specbench.engine import EngineMemory
-from specbench.plan import format_plan, make_plan
+from specbench.analytic.plan import format_plan, make_plan
 from specbench.sweep import plan_cells
 
 QWEN_7B = theory.ModelProfile.from_config_json(
@@ -238,8 +239,8 @@ def test_plan_prices_an_eagle_head_from_its_own_shapes_as_the_prediction_does() 
     rows = make_plan(["model=smollm2-135m", "hardware=cpu-amd-epyc-2-cores", "method=eagle3",
                       "num_speculative_tokens=4", "batch_size=1", "workload=creative"])
     (row,) = [r for r in rows if r.label.startswith("eagle3")]
-    from specbench import prediction, theory
-    from specbench.plan import DEFAULT_ALPHA
+    from specbench.analytic import prediction, theory
+    from specbench.analytic.plan import DEFAULT_ALPHA
     target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
     head = prediction.drafter_profile(
         {"name": "eagle3", "speculative_config": {"model": "heads:smollm2-135m-instruct-eagle3"}}, target, "float32")

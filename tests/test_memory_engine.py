@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_module
 
-from specbench import memory
+from specbench.analytic import memory
 from specbench.config import cell_from_config
 from specbench.engine import EngineWorker
 

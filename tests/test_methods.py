@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from specbench import config, methods, theory
+from specbench import config, methods
+from specbench.analytic import theory
 
 TOY_YAML = """\
 # Prompt lookup over longer n-grams: a toy method added the way the README says.

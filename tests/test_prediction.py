@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
-from specbench import prediction, theory
-from specbench.prediction import HardwareChoice
+from specbench.analytic import prediction, theory
+from specbench.analytic.prediction import HardwareChoice
 
 HW = theory.HardwareProfile(
     name="test-cpu", memory_bandwidth=20e9, peak_flops=0.1e12, fixed_overhead_s=0.015, source="calibrated"
@@ -216,7 +216,7 @@ def test_without_any_profile_predictions_are_null_and_the_sweep_says_how_to_cali
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "empty"))
     target, _ = checkpoints
     rows, hint = prediction.predict_sweep([_row(target), _row(target, "baseline")])
-    assert "python -m specbench.calibrate" in hint and "\n" not in hint
+    assert "python -m specbench.analytic.calibrate" in hint and "\n" not in hint
     assert all(r["predicted_speedup"] is None and r["hardware_profile"] is None for r in rows)
     cfg = json.loads(rows[0]["config_json"])
     cfg["hardware"] = {"name": "a100", "source": "vendor", "memory_bandwidth_gbps": 2039,

@@ -7,7 +7,7 @@ import json
 import pytest
 from rows import make_row
 
-from specbench import recommend
+from specbench.analytic import recommend
 from specbench.results.files import write_results
 
 

@@ -481,8 +481,8 @@ def test_best_configuration_and_verdict_skip_inexact_and_flagged_cells(tmp_path:
 def test_page_and_cli_choose_k_by_the_same_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # K=4 is faster on its point estimate but its interval reaches below 1x;
     # K=2 clearly beats plain decoding. The schedule, the best-configuration
-    # table and `python -m specbench.recommend` all pick K=2.
-    from specbench import recommend
+    # table and `python -m specbench.analytic.recommend` all pick K=2.
+    from specbench.analytic import recommend
 
     rows = [
         make_row("baseline"),
@@ -498,7 +498,7 @@ def test_page_and_cli_choose_k_by_the_same_rule(tmp_path: Path, capsys: pytest.C
 
 def test_page_and_prediction_cli_share_the_break_even_curves(tmp_path: Path) -> None:
     # Two engine settings of one method and K are two curves (one crossing each), as the CLI has them.
-    from specbench import prediction
+    from specbench.analytic import prediction
     from specbench.results.schema import read_rows
 
     rows = [make_row("baseline", batch=b) for b in (1, 4)]

@@ -1,4 +1,4 @@
-"""Hand-computed checks for specbench.theory, the analytic roofline-decay model."""
+"""Hand-computed checks for specbench.analytic.theory, the analytic roofline-decay model."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbench.theory import (
+from specbench.analytic.theory import (
     DraftSample,
     HardwareProfile,
     ModelProfile,
@@ -505,7 +505,7 @@ def synthetic(
 
 def _truth_time(model: ModelProfile, hw: HardwareProfile, sample: StepSample) -> float:
     """What ``hw`` charges for the sample's pass: the work the fit charges, logits included."""
-    from specbench.theory import _roofline, _work
+    from specbench.analytic.theory import _roofline, _work
     return _roofline(hw, _work(model, sample.num_tokens, sample.num_seqs, sample.context_len, logits=sample.logits))
 
 
@@ -634,7 +634,7 @@ def test_invalid_step_and_method_inputs(qwen: ModelProfile, h200: HardwareProfil
 
 
 def test_drafters_prefill_the_prompts_too(smol: ModelProfile) -> None:
-    from specbench.theory import draft_prefill_time
+    from specbench.analytic.theory import draft_prefill_time
 
     hw = HardwareProfile("toy", 1e12, 1e14, 1e-3, "vendor")
     common = dict(hw=hw, batch_size=4, prompt_len=500, max_step_tokens=4096)

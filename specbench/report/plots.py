@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from specbench import theory
+from specbench.analytic import theory
 from specbench.report.tables import (
     CONFIG,
     PANEL,

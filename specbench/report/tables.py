@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specbench import prediction, recommend
+from specbench.analytic import prediction, recommend
 from specbench.results.schema import COLUMNS, recommendable, row_config
 
 PANEL = "panel"
@@ -107,7 +107,7 @@ def compared(df: pd.DataFrame) -> pd.DataFrame:
 
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """The frame's rows as plain dicts, nulls as None: what the shared rules of
-    :mod:`specbench.recommend` and :mod:`specbench.prediction` read."""
+    :mod:`specbench.analytic.recommend` and :mod:`specbench.analytic.prediction` read."""
     plain = df.astype(object).where(df.notna(), None)
     return plain.to_dict("records")
 
@@ -119,7 +119,7 @@ def eligible(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _best(df: pd.DataFrame) -> pd.Series | None:
-    """The row :func:`specbench.recommend.best_row` names among ``df``'s rows, or None."""
+    """The row :func:`specbench.analytic.recommend.best_row` names among ``df``'s rows, or None."""
     chosen = recommend.best_row([r | {"_index": i} for i, r in zip(df.index, records(df))])
     return None if chosen is None else df.loc[chosen[0]["_index"]]
 
@@ -171,7 +171,7 @@ def summary(df: pd.DataFrame, missing_columns: Sequence[str]) -> Summary:
 
     The best speedup and the verdicts name only cells fit to be recommended
     (exact outputs, not flagged), chosen by the rule the K schedule uses
-    (:func:`specbench.recommend.best_row`).
+    (:func:`specbench.analytic.recommend.best_row`).
     """
     good = eligible(df)
     top = _best(good)
@@ -209,7 +209,7 @@ def verdict(panel_rows: pd.DataFrame, panel: str, excluded: int = 0) -> str:
     """One line on whether speculation pays on one workload, and up to which batch size.
 
     ``panel_rows`` are the workload's cells fit to be recommended. Follows the
-    configuration :func:`specbench.recommend.best_row` names at the smallest
+    configuration :func:`specbench.analytic.recommend.best_row` names at the smallest
     batch size measured, since that is where speculation has its best
     chance, and reports the contiguous run of batch sizes from there on
     which it beats 1×. ``excluded`` cells (inexact or flagged) are counted
@@ -302,7 +302,7 @@ class BestConfig:
 
 
 def best_configs(df: pd.DataFrame) -> list[BestConfig]:
-    """Per workload and batch size, the configuration :func:`specbench.recommend.best_row` names.
+    """Per workload and batch size, the configuration :func:`specbench.analytic.recommend.best_row` names.
 
     Among cells fit to be recommended (exact, not flagged): the fastest that
     clearly beats plain decoding, which is the K the schedule picks there,
@@ -346,7 +346,7 @@ class BreakEven:
 
 
 def _crossing(value: float | str | None, batches: Sequence[int], speedups: Sequence[float | None]) -> str:
-    """A break-even batch size from :func:`specbench.prediction.break_even`, in words."""
+    """A break-even batch size from :func:`specbench.analytic.prediction.break_even`, in words."""
     if isinstance(value, str):
         return "n/a: a batch size has no value"
     if value is None:
@@ -360,8 +360,8 @@ def _crossing(value: float | str | None, batches: Sequence[int], speedups: Seque
 def break_even(df: pd.DataFrame) -> list[BreakEven]:
     """Measured (and, with model columns, predicted) break-even batch size per curve.
 
-    The curves and crossings are :func:`specbench.prediction.break_even`'s,
-    the ones ``python -m specbench.prediction`` prints, over the compared cells.
+    The curves and crossings are :func:`specbench.analytic.prediction.break_even`'s,
+    the ones ``python -m specbench.analytic.prediction`` prints, over the compared cells.
     """
     panel_of = dict(zip(df["cell_id"], df[PANEL]))
     label_of = dict(zip(df["cell_id"], df[CONFIG]))
@@ -395,7 +395,7 @@ class Schedule:
 
 
 def schedules(df: pd.DataFrame) -> list[Schedule]:
-    """The K schedules of :func:`specbench.recommend.recommend`, the ones ``python -m specbench.recommend`` prints.
+    """The K schedules of :func:`specbench.analytic.recommend.recommend`, the ones ``python -m specbench.analytic.recommend`` prints.
 
     Per method and workload, from the cells fit to be recommended: the K with
     the highest speedup among those whose interval clears 1× at each batch

@@ -13,7 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from specbench import stats, theory
+from specbench import stats
+from specbench.analytic import theory
 from specbench.results.files import CellFiles
 from specbench.results.metrics import median_known
 from specbench.results.provenance import provenance_differences

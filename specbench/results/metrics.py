@@ -5,7 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Sequence
 
-from specbench import stats, theory
+from specbench import stats
+from specbench.analytic import theory
 
 # An output counts as repetitive when at least this share of its 4-grams
 # already occurred earlier in it (stats.repeated_ngram_share).

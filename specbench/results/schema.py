@@ -108,14 +108,14 @@ SCHEMA = pa.schema(
         ("other_cpu_share", _F),  # share of the cores other processes kept busy while the cell ran
         ("cpu_cores", _INT),
         ("gpu_state", _STR),  # clocks and memory as the driver reported them
-        # --- the analytic model beside the measurement (results.parquet only; specbench.prediction)
+        # --- the analytic model beside the measurement (results.parquet only; specbench.analytic.prediction)
         ("controlled_alpha", _F),  # method=controlled: the per-token acceptance it was set to
         ("predicted_speedup", _F),  # roofline model, prefill included, this row's acceptance
         ("predicted_decode_speedup", _F),  # ... decode only (held against decode_speedup)
         ("predicted_speedup_bs1_alpha", _F),  # ... with tokens_per_pass measured at batch size 1
         ("hardware_profile", _STR),  # the hardware profile priced with, and its source
         ("prediction_note", _STR),  # why a prediction is null
-        # --- memory (specbench.memory; bytes, tokens) ------------------------------
+        # --- memory (specbench.analytic.memory; bytes, tokens) ------------------------------
         ("target_weight_bytes", _INT),  # loaded parameters of the target
         ("drafter_weight_bytes", _INT),  # ... of the draft model or EAGLE head (0: none)
         ("kv_cache_blocks", _INT),  # KV cache vLLM allocated: blocks

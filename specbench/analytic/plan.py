@@ -1,14 +1,14 @@
-"""``python -m specbench.plan``: every cell of a grid with its predicted memory and speedup, no engine.
+"""``python -m specbench.analytic.plan``: every cell of a grid with its predicted memory and speedup, no engine.
 
 Takes the same overrides as ``python -m specbench`` (a preset, ``hardware=``,
 grid points such as ``batch_size=1,8``), composes each cell with Hydra's
 compose API, and prints per cell the memory model's figures
-(:mod:`specbench.memory`), the predicted decode speedup at an assumed
+(:mod:`specbench.analytic.memory`), the predicted decode speedup at an assumed
 per-token acceptance alpha (:func:`theory.predicted_decode_speedup` with
 ``E(alpha, K)``), and whether grid validation would refuse it and why. It
 imports neither vLLM nor torch, so it answers in seconds on any machine:
 
-    python -m specbench.plan sweep=full_grid model=qwen2.5-7b-instruct-awq hardware=rtx4090
+    python -m specbench.analytic.plan sweep=full_grid model=qwen2.5-7b-instruct-awq hardware=rtx4090
 
 Exits 1 when some cell would be refused, 2 on a config error.
 """
@@ -27,7 +27,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from specbench import memory, methods, prediction, theory
+from specbench import methods
+from specbench.analytic import memory, prediction, theory
 from specbench.config import validate
 from specbench.sweep import _key, _replace
 
@@ -175,7 +176,7 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
         + (" (" + ", ".join(f"{n} {c}" for c, n in classes.most_common()) + ")" if classes else "")
     )
     if rows and all(r.estimate is None for r in rows):
-        lines.append("no memory figures: pass hardware=<name> (conf/hardware) or run python -m specbench.calibrate")
+        lines.append("no memory figures: pass hardware=<name> (conf/hardware) or run python -m specbench.analytic.calibrate")
     return "\n".join(lines)
 
 
@@ -191,7 +192,7 @@ def _reason_class(problem: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print the plan of the grid the given Hydra overrides describe."""
     parser = argparse.ArgumentParser(
-        prog="python -m specbench.plan",
+        prog="python -m specbench.analytic.plan",
         description="Every cell of a sweep with its predicted memory and speedup; starts no engine.",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m specbench")

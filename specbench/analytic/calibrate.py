@@ -1,9 +1,9 @@
-"""``python -m specbench.calibrate``: measure this machine and fit its hardware profile.
+"""``python -m specbench.analytic.calibrate``: measure this machine and fit its hardware profile.
 
 One engine (the plain-decoding engine a sweep's baseline would use, from the
 same Hydra config and overrides) decodes batches of synthetic prompts over a
 grid of batch sizes (tokens per step) and prompt lengths (KV-cache traffic).
-Each grid point gives one :class:`specbench.theory.StepSample`: the decode
+Each grid point gives one :class:`specbench.analytic.theory.StepSample`: the decode
 step time is the median TPOT vLLM reports for the batch's requests
 (first-to-last-token time over the tokens after the first, so prefill is
 excluded), at the mean context length the steps attend to (prompt + half the
@@ -15,7 +15,7 @@ nor KV reads from attention FLOPs (both grow with batch x context); the
 prefill steps, many tokens per sequence, can. The grid is measured in
 ``--rounds`` passes and each point keeps its fastest round: on a machine
 shared with other work, interference only ever adds time.
-:func:`specbench.theory.fit_hardware_profile` then fits the profile's rates
+:func:`specbench.analytic.theory.fit_hardware_profile` then fits the profile's rates
 (weight and KV bandwidth, linear and attention FLOP/s, overhead per step and
 per sequence) to those samples.
 
@@ -23,7 +23,7 @@ A draft pass (an EAGLE head's forward inside the engine step) skips the
 scheduler and sampler that make up most of a step's fixed cost here, so it
 gets its own: where the model config names an EAGLE head (EAGLE-3 first, the
 cheaper to run), a second engine decodes :data:`DRAFT_POINTS` with it at
-K = :data:`DRAFT_K`, and :func:`specbench.theory.fit_draft_overhead` takes
+K = :data:`DRAFT_K`, and :func:`specbench.analytic.theory.fit_draft_overhead` takes
 the per-draft-pass overhead that the fitted step time and the head's own
 roofline work leave unexplained. Without a head, draft passes are charged
 the step's overhead (an upper bound) and the profile says so.
@@ -37,11 +37,11 @@ then decodes in lockstep.
 
 The profile, the samples and their residuals are printed and written to
 ``$SPECBENCH_CACHE/hardware/calibrated.yaml`` (default
-``~/.cache/specbench/hardware/``), where :mod:`specbench.prediction` finds it
+``~/.cache/specbench/hardware/``), where :mod:`specbench.analytic.prediction` finds it
 for every later sweep that names no ``hardware``.
 
-    python -m specbench.calibrate                      # 4-6 min on 2 CPU cores (two engines)
-    python -m specbench.calibrate model=qwen2.5-7b-instruct --max-step-tokens 8192
+    python -m specbench.analytic.calibrate                      # 4-6 min on 2 CPU cores (two engines)
+    python -m specbench.analytic.calibrate model=qwen2.5-7b-instruct --max-step-tokens 8192
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ from typing import Any
 
 import yaml
 
-from specbench import models, prediction, theory
+from specbench import models
+from specbench.analytic import prediction, theory
 from specbench.results.files import write_atomic
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -266,7 +267,7 @@ def profile_document(
         doc["memory_gb"] = memory
     doc |= {
         "notes": (
-            f"Fitted by python -m specbench.calibrate to {len(records)} plain-decode and prefill step times "
+            f"Fitted by python -m specbench.analytic.calibrate to {len(records)} plain-decode and prefill step times "
             f"(median TPOT and TTFT, fastest of {settings.get('rounds')} rounds) of {model['name']} ({model['dtype']}) on vLLM {vllm_version}; effective "
             "figures for this engine and model, not datasheet values."
         ),
@@ -381,7 +382,7 @@ def _compose(overrides: Sequence[str], method: Sequence[str] = ("method=baseline
 def main(argv: list[str] | None = None) -> int:
     """Measure, fit, print and store; returns the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m specbench.calibrate",
+        prog="python -m specbench.analytic.calibrate",
         description="Fit this machine's hardware profile for the analytic model from real plain-decode steps.",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the engine/model, e.g. model=...")

@@ -1,11 +1,11 @@
 """The analytic model beside every measurement: predicted speedups for merged rows.
 
 For each measured row, :func:`annotate` prices the row's own cell with
-:mod:`specbench.theory`:
+:mod:`specbench.analytic.theory`:
 
 - hardware: the profile the sweep's config names (``hardware=<name>``, from
   ``conf/hardware``), else the calibrated profile of this machine that
-  ``python -m specbench.calibrate`` stored in the user cache;
+  ``python -m specbench.analytic.calibrate`` stored in the user cache;
 - model: the target's own config.json (``ModelProfile.from_config_json``),
   at the dtype the cell ran in; the drafter from :func:`drafter_profile`
   (a draft model's config.json; an EAGLE head's own shapes, as the plan and
@@ -32,7 +32,7 @@ lookup on the host, free next to a forward pass. A row the model cannot
 price gets nulls and a ``prediction_note`` saying why.
 
 :func:`accuracy` and :func:`break_even` hold the predictions against the
-measurements; ``python -m specbench.prediction <sweep>`` prints both (and
+measurements; ``python -m specbench.analytic.prediction <sweep>`` prints both (and
 ``--reprice`` prices an existing sweep again, e.g. after a new calibration).
 Pure: result rows (dicts) in and out, the theory module and the standard
 library; no vLLM.
@@ -53,12 +53,13 @@ from typing import Any
 
 import yaml
 
-from specbench import methods, models, theory
+from specbench import methods, models
+from specbench.analytic import theory
 from specbench.results.schema import SCHEDULE_KEY, curve_key, results_path, row_config
 
 CALIBRATED_FILE = "calibrated.yaml"
 CALIBRATE_HINT = (
-    "no hardware profile for the analytic model: run `python -m specbench.calibrate` "
+    "no hardware profile for the analytic model: run `python -m specbench.analytic.calibrate` "
     "(measures this machine, a few minutes) or pass hardware=<name> (conf/hardware); "
     "predicted_speedup columns left empty"
 )
@@ -428,7 +429,7 @@ def break_even(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Measured and predicted break-even batch size for each batch-size curve.
 
     The one break-even rule: the report's table and ``python -m
-    specbench.prediction`` both print these. A curve is the rows of one
+    specbench.analytic.prediction`` both print these. A curve is the rows of one
     :func:`specbench.results.curve_key` (method, K, alpha, workload, engine,
     ...); each series (speedup, decode speedup, the predictions) takes the
     median of its rows at each batch size, and ``theory.break_even_batch_size``
@@ -496,13 +497,13 @@ def format_check(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m specbench.prediction <sweep dir or results.parquet> [--reprice]``.
+    """``python -m specbench.analytic.prediction <sweep dir or results.parquet> [--reprice]``.
 
     Prints how well the analytic model predicts the sweep's speedups;
     ``--reprice`` first prices the rows again with the current hardware
     profile (e.g. after a new calibration) and rewrites the file.
     """
-    parser = argparse.ArgumentParser(prog="python -m specbench.prediction",
+    parser = argparse.ArgumentParser(prog="python -m specbench.analytic.prediction",
                                      description="Predicted against measured speedups of a sweep.")
     parser.add_argument("results", type=Path, help="a sweep directory or its results.parquet")
     parser.add_argument("--reprice", action="store_true",

@@ -1280,7 +1280,7 @@ def fit_hardware_profile(
     The terms separate only if the samples vary them independently: plain
     decode steps alone move linear FLOPs and sequences together, and KV bytes
     and attention FLOPs together. Prefill steps (many tokens per sequence,
-    logits at one) break both ties; :mod:`specbench.calibrate` measures both.
+    logits at one) break both ties; :mod:`specbench.analytic.calibrate` measures both.
 
     rho is searched only between the smallest and largest sample intensity
     F_i / B_i: beyond either end every sample sits on one side of the ridge

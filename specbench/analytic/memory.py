@@ -1,6 +1,6 @@
 """What a cell costs in memory: the fit check before launch, and memory beside every row.
 
-The memory model itself is :mod:`specbench.theory` (``engine_memory``,
+The memory model itself is :mod:`specbench.analytic.theory` (``engine_memory``,
 ``memory_problems``); this module prices a cell's config with it:
 
 - **budget**: the hardware profile (``conf/hardware``; the sweep's
@@ -13,7 +13,7 @@ The memory model itself is :mod:`specbench.theory` (``engine_memory``,
   A profile with neither cannot be priced for memory, and nothing is refused.
 - **models**: the target's and the draft's config.json (local, the Hugging
   Face cache, or the published facts in ``models.PUBLISHED_CONFIGS``); the
-  drafter as :func:`specbench.prediction.drafter_profile` prices it.
+  drafter as :func:`specbench.analytic.prediction.drafter_profile` prices it.
 - **a request**: ``workload.max_prompt_tokens + workload.max_tokens`` (the
   longest request the workload admits) plus K lookahead slots.
 
@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from specbench import prediction, theory
+from specbench.analytic import prediction, theory
 from specbench.engine import EngineMemory
 
 # Device memory a GPU engine holds outside the weights, activations and KV

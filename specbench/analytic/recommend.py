@@ -1,4 +1,4 @@
-"""``python -m specbench.recommend <sweep dir or results.parquet>...``: the best K per batch-size range.
+"""``python -m specbench.analytic.recommend <sweep dir or results.parquet>...``: the best K per batch-size range.
 
 From a sweep's measured speedups, for each method and workload (and every
 other setting held fixed: :func:`specbench.results.curve_key`), the K with
@@ -12,7 +12,7 @@ repetition) are judged by their point estimate, which is then only as good
 as the run's noise (``--margin`` asks for a clear lead). Consecutive batch sizes
 with the same K merge into vLLM's ``num_speculative_tokens_per_batch_size``
 schedule of inclusive (start, end, K) ranges
-(:func:`specbench.theory.num_speculative_tokens_per_batch_size`): grid point
+(:func:`specbench.analytic.theory.num_speculative_tokens_per_batch_size`): grid point
 b's K holds up to the next grid point, the smallest point's K reaches down to
 batch size 1.
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbench import theory
+from specbench.analytic import theory
 from specbench.results.schema import SCHEDULE_KEY, curve_key, recommendable, results_path, row_config
 
 
@@ -203,7 +203,7 @@ def format_recommendation(rec: Recommendation) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print the recommendations of a sweep; exit 2 when there is nothing to recommend from."""
     parser = argparse.ArgumentParser(
-        prog="python -m specbench.recommend",
+        prog="python -m specbench.analytic.recommend",
         description="Best K per batch-size range (vLLM num_speculative_tokens_per_batch_size) from a sweep.",
     )
     parser.add_argument("results", type=Path, nargs="+",
