@@ -70,6 +70,17 @@ class GeneratedRequest:
             return None
         return 1.0 + self.accepted_tokens / self.drafts
 
+    @property
+    def decode_passes(self) -> int:
+        """Target passes after the prefill that emitted the first token.
+
+        Each emits one token plus those it accepted. vLLM may count drafts
+        accepted past ``max_tokens`` before the output is cut, so the count
+        is kept at least one pass per draft.
+        """
+        decoded = max(len(self.token_ids) - 1, 0)
+        return max(decoded - (self.accepted_tokens or 0), self.drafts or 0, 0 if not decoded else 1)
+
 
 class Generator(Protocol):
     """What the measurement needs from an engine."""
@@ -161,6 +172,7 @@ class Measurement:
     # Per request of the first timed repetition, in submission order (None:
     # no draft or no per-request counts).
     request_acceptance: list[float | None] = field(default_factory=list)
+    request_decode_passes: list[int] = field(default_factory=list)
     # Summed over the timed requests that reported a TPOT: decode seconds
     # (first to last token) and the tokens decoded in them (all but the first).
     decode_s: float = 0.0
@@ -198,6 +210,7 @@ def measure(
     rep_tokens: list[int] = []
     first_ids: list[tuple[int, ...]] | None = None
     request_acceptance: list[float | None] = []
+    request_decode_passes: list[int] = []
     stable = True
     ttft, tpot, e2e = [], [], []
     decode_s, decode_tokens = 0.0, 0
@@ -216,6 +229,7 @@ def measure(
         if first_ids is None:
             first_ids = ids
             request_acceptance = [r.acceptance_length for r in finished]
+            request_decode_passes = [r.decode_passes for r in finished]
         elif ids != first_ids:
             stable = False
         ttft += [r.ttft_s for r in finished if _is_number(r.ttft_s)]
@@ -238,6 +252,7 @@ def measure(
         tpot_s=tpot,
         e2e_s=e2e,
         request_acceptance=request_acceptance,
+        request_decode_passes=request_decode_passes,
         decode_s=decode_s,
         decode_tokens=decode_tokens,
         warmup_s=warmup_s,

@@ -325,6 +325,7 @@ def _measured_columns(
         tpot_s=m.tpot_s,
         e2e_s=m.e2e_s,
         request_acceptance=m.request_acceptance,
+        request_decode_passes=m.request_decode_passes,
         token_ids=m.token_ids,
         decode_s=m.decode_s,
         decode_tokens=m.decode_tokens,

@@ -67,6 +67,7 @@ def test_measure_warms_up_untimed_then_times_every_batch_of_every_repetition():
     assert (m.counters.drafts, m.counters.draft_tokens, m.counters.accepted_tokens) == (24, 48, 12)
     assert m.counters.accepted_per_pos == (12,)
     assert m.request_acceptance == [1.5] * 4  # per request of the first repetition: 1 + 1 accepted / 2 drafts
+    assert m.request_decode_passes == [3] * 4  # 4 tokens after the first, 1 of them accepted
     # Per-request latencies of every timed request; decode time token-weighted.
     assert len(m.ttft_s) == len(m.tpot_s) == len(m.e2e_s) == 12
     assert m.decode_tokens == 12 * 4 and m.decode_s == pytest.approx(12 * 4 * 0.01)
@@ -233,3 +234,18 @@ def test_the_fork_server_imports_vllm_so_the_sweep_process_does_not():
     # The server's own import may print around this line (no log file here).
     (line,) = [x for x in out.stdout.splitlines() if x.startswith("parent:")]
     assert line == "parent: forkserver False False", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("tokens", "drafts", "accepted", "passes"),
+    [
+        (5, None, None, 4),  # plain decoding: one pass per token after the first
+        (9, 4, 4, 4),  # 8 tokens after the first: 4 passes of 1 + 1 accepted
+        (9, 3, 7, 3),  # vLLM counted drafts accepted past max_tokens: at least one pass per draft
+        (1, None, None, 0),  # only the prefill's token
+    ],
+)
+def test_a_requests_decode_passes(tokens, drafts, accepted, passes):
+    request = GeneratedRequest(tuple(range(tokens)), ttft_s=None, e2e_s=None, tpot_s=None,
+                               drafts=drafts, accepted_tokens=accepted)
+    assert request.decode_passes == passes

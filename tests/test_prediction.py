@@ -112,6 +112,28 @@ def test_prefill_dilutes_the_wall_time_prediction_more_at_larger_batches(checkpo
     assert share[1] < share[0]
 
 
+def test_the_wall_time_waits_for_each_batchs_slowest_request(checkpoints):
+    # Batch 4, 31 decode tokens per request, 15.5 passes a request on average either way:
+    # even passes, or two requests that loop (accept much) beside two that accept little.
+    target, _ = checkpoints
+    outputs = [OUTPUT_LEN] * REQUESTS
+    even = _row(target, batch=4, output_tokens_per_request=outputs, decode_passes_per_request=[16, 15] * 4)
+    spread = _row(target, batch=4, output_tokens_per_request=outputs, decode_passes_per_request=[8, 23] * 4)
+    unrecorded, even, spread = prediction.annotate([_row(target, batch=4), even, spread], CHOICE)
+    assert even["predicted_speedup"] == pytest.approx(unrecorded["predicted_speedup"], rel=0.02)
+    assert spread["predicted_decode_speedup"] == even["predicted_decode_speedup"]  # the mean pass count is the same
+    # Each batch pays its slowest requests' 23 passes, two of them at half the batch.
+    profile = theory.ModelProfile.from_config_json(target, dtype="float32")
+    context = PROMPT_LEN + OUTPUT_LEN / 2
+    step = lambda b: theory.verify_step(profile, HW, b, 4, context, 4.0)  # noqa: E731
+    tail = theory.batch_decode_time([8, 23, 8, 23], step) / (15.5 * step(4))
+    prefill = theory.prefill_time(profile, HW, 4, PROMPT_LEN, max_step_tokens=prediction.DEFAULT_STEP_TOKENS)
+    plain = (OUTPUT_LEN - 1) * theory.plain_decode_step(profile, HW, 4, context)
+    assert tail > 1.05  # less than 23 / 15.5: the last passes run at half the batch, and cost less
+    assert spread["predicted_speedup"] == pytest.approx(theory.end_to_end_speedup(
+        spread["predicted_decode_speedup"], prefill, plain, speculative_tail=tail))
+
+
 def test_prefill_steps_follow_the_engines_max_num_batched_tokens(checkpoints):
     target, _ = checkpoints
     row = _row(target, batch=8, tokens_per_pass=3.0)

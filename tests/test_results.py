@@ -54,6 +54,7 @@ def test_per_request_acceptance_and_repetitive_outputs():
     assert row["acceptance_length_per_request"] == [5.0, None]
     assert row["acceptance_length_p50"] == 5.0  # the request that never drafted is left out
     assert row["repetitive_requests"] == 1
+    assert row["output_tokens_per_request"] == [32, 32] and row["decode_passes_per_request"] == []
     plain = measured_fields(rep_wall_s=[1.0], rep_output_tokens=[64], num_requests=2, drafts=0,
                             draft_tokens=0, accepted_tokens=0, accepted_per_pos=[],
                             ttft_s=[], tpot_s=[], e2e_s=[])
@@ -236,9 +237,11 @@ def test_merge_refuses_a_baseline_measured_with_other_software_or_requests(tmp_p
 
 def test_merged_columns_describe_every_pass_not_pass_0(tmp_path):
     slow = {"ttft_s_p50": 0.5, "tpot_s_p90": 0.09, "e2e_s_p99": 9.0, "tpot_s_mean": 0.03,
-            "outputs_stable": False, "repetitive_requests": 1, "started_at": "2026-01-01T00:00:00+00:00"}
+            "outputs_stable": False, "repetitive_requests": 1, "started_at": "2026-01-01T00:00:00+00:00",
+            "decode_passes_per_request": [9, 4]}
     fast = {"ttft_s_p50": 0.1, "tpot_s_p90": 0.01, "e2e_s_p99": 1.0, "tpot_s_mean": 0.01,
-            "outputs_stable": True, "repetitive_requests": 0, "started_at": "2026-01-01T01:00:00+00:00"}
+            "outputs_stable": True, "repetitive_requests": 0, "started_at": "2026-01-01T01:00:00+00:00",
+            "decode_passes_per_request": [6, 5]}
     ids = []
     for p, extra in enumerate([fast, slow, fast]):
         ids += write_pair(tmp_path, "a", 2.0, 1.0 + p / 10, p, **extra)
@@ -248,6 +251,7 @@ def test_merged_columns_describe_every_pass_not_pass_0(tmp_path):
     assert spec["ttft_s_p50"] == 0.1 and spec["tpot_s_p90"] == 0.01  # median over the 3 engine runs
     assert spec["tpot_s_mean"] == pytest.approx((0.01 + 0.03 + 0.01) / 3)
     assert spec["repetitive_requests"] == 1
+    assert spec["decode_passes_per_request"] == [6, 5]  # request by request, the median engine run's count
     assert spec["started_at"] == "2026-01-01T00:00:00+00:00"
     reps = [w for wall in (1.0, 1.1, 1.2) for w in (wall * 0.99, wall, wall * 1.01)]
     assert spec["wall_time_s"] == pytest.approx(sorted(reps)[4])  # median of all 9 repetitions

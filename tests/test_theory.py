@@ -22,6 +22,8 @@ from specbench.analytic.theory import (
     draft_time,
     eagle_head_profile,
     end_to_end_speedup,
+    batch_decode_time,
+    batch_tail,
     expected_tokens_from_rates,
     expected_tokens_per_pass,
     fit_alpha,
@@ -645,3 +647,27 @@ def test_drafters_prefill_the_prompts_too(smol: ModelProfile) -> None:
     assert 0.0 < eagle < prefill_time(smol, hw, 4, 500, 4096) / 4
     # The wall-time speedup pays it: (P + D) / (P + P_d + D / S).
     assert end_to_end_speedup(2.0, 10.0, 10.0, draft_prefill_s=5.0) == pytest.approx(20 / 20)
+
+
+def test_a_batch_decodes_until_its_slowest_request_on_a_thinning_batch() -> None:
+    # Passes 2, 5, 5: 2 steps of 3 sequences, then 3 steps of 2.
+    assert batch_decode_time([5, 2, 5], lambda b: 10.0 * b) == pytest.approx(2 * 30 + 3 * 20)
+    assert batch_decode_time([], lambda b: 1.0) == 0.0
+
+
+def test_batch_tail_is_one_for_even_requests_and_grows_with_their_spread() -> None:
+    constant = lambda b: 1.0  # noqa: E731  (a step that costs the same at any batch)
+    assert batch_tail([[4, 4], [6, 6]], constant) == pytest.approx(1.0)
+    # max / mean per batch, weighted by each batch's even time: (4 + 6) / (3 + 3).
+    assert batch_tail([[2, 4], [6, 0]], constant) == pytest.approx(10 / 6)
+    # A thinner batch that steps faster pays less of the spread: (2 * 2 + 2 * 1) / (3 * 2).
+    assert batch_tail([[2, 4]], lambda b: float(b)) == pytest.approx(1.0)
+    assert 1.0 < batch_tail([[2, 4]], lambda b: 1.0 + 0.1 * b) < 4 / 3
+
+
+def test_end_to_end_speedup_pays_each_sides_tail() -> None:
+    # (P + g_p D) / (P + P_d + g_s D / S) = (10 + 1.0 * 10) / (10 + 0 + 1.5 * 10 / 2)
+    assert end_to_end_speedup(2.0, 10.0, 10.0, plain_tail=1.0, speculative_tail=1.5) == pytest.approx(20 / 17.5)
+    assert end_to_end_speedup(2.0, 0.0, 10.0, plain_tail=1.2, speculative_tail=1.2) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="speculative_tail"):
+        end_to_end_speedup(2.0, 1.0, 1.0, speculative_tail=0.5)

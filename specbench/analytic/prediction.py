@@ -25,7 +25,11 @@ adds the prefill of each batch (:func:`theory.prefill_time`), which the
 target pays alike with and without speculation, and the drafter's own pass
 over the prompts (:func:`theory.draft_prefill_time`: draft_model and EAGLE),
 which only the speculative side pays; it is held against the wall-time
-``speedup``: on long prompts prefill dilutes the decode gain.
+``speedup``: on long prompts prefill dilutes the decode gain. It also pays
+each batch's tail (:func:`theory.batch_tail`): a batch decodes until its
+slowest request is done, and requests that accept little need many more
+passes than those that accept much; the row's per-request pass counts
+(``decode_passes_per_request``, ``output_tokens_per_request``) give it.
 
 ``controlled`` cells are priced like ``ngram``: their draft is a table
 lookup on the host, free next to a forward pass. A row the model cannot
@@ -314,7 +318,35 @@ def _predict(
     )
     decode_steps = max(row["output_tokens"] / requests - 1.0, 0.0)
     plain_decode = decode_steps * theory.plain_decode_step(target, hw, batch, context)
-    return Prediction(decode, theory.end_to_end_speedup(decode, prefill, plain_decode, draft_prefill))
+
+    def plain_step(b: int) -> float:
+        return theory.plain_decode_step(target, hw, b, context)
+
+    def speculative_step(b: int) -> float:
+        return theory.verify_step(target, hw, b, k, context, min(acceptance.draft_tokens_per_pass, float(k))) + \
+            theory.draft_time(priced_as, hw=hw, batch_size=b, k=k, context_len=context, draft=draft, target=target)
+
+    tails = {}
+    per_request = _per_request_passes(row, batch)
+    if per_request is not None:
+        plain_batches, speculative_batches = per_request
+        tails = {"plain_tail": theory.batch_tail(plain_batches, plain_step),
+                 "speculative_tail": theory.batch_tail(speculative_batches, speculative_step)}
+    return Prediction(decode, theory.end_to_end_speedup(decode, prefill, plain_decode, draft_prefill, **tails))
+
+
+def _per_request_passes(row: Mapping[str, Any], batch: int) -> tuple[list[list[int]], list[list[int]]] | None:
+    """Each batch's decode passes per request, plain (output - 1) and speculative; None if unrecorded.
+
+    Requests are submitted in batches of ``batch``, in the order the lists keep.
+    """
+    outputs = row.get("output_tokens_per_request") or []
+    passes = row.get("decode_passes_per_request") or []
+    if not outputs or len(outputs) != len(passes) or any(v is None for v in (*outputs, *passes)):
+        return None
+    plain = [max(n - 1, 0) for n in outputs]
+    chunks = range(0, len(plain), batch)
+    return [plain[i : i + batch] for i in chunks], [list(passes[i : i + batch]) for i in chunks]
 
 
 def annotate(

@@ -35,6 +35,8 @@ __all__ = [
     "StepSample",
     "activation_bytes",
     "best_k",
+    "batch_decode_time",
+    "batch_tail",
     "break_even_batch_size",
     "draft_prefill_time",
     "draft_time",
@@ -783,24 +785,68 @@ def predicted_decode_speedup(
 
 
 def end_to_end_speedup(
-    decode_speedup: float, prefill_s: float, plain_decode_s: float, draft_prefill_s: float = 0.0
+    decode_speedup: float,
+    prefill_s: float,
+    plain_decode_s: float,
+    draft_prefill_s: float = 0.0,
+    *,
+    plain_tail: float = 1.0,
+    speculative_tail: float = 1.0,
 ) -> float:
-    """Wall-time speedup when only decode speeds up: (P + D) / (P + P_d + D / S).
+    """Wall-time speedup when only decode speeds up: (P + g_p D) / (P + P_d + g_s D / S).
 
     prefill_s (P) and plain_decode_s (D) are the times a plain engine spends
-    prefilling and decoding the same batch; decode_speedup (S) is the decode
-    speedup (predicted_decode_speedup); draft_prefill_s (P_d) is what the drafter
-    adds to the prefill (:func:`draft_prefill_time`: a draft model or EAGLE
-    head processes the prompts too). Prefill dilutes S towards 1 as P grows,
-    which on long prompts and large batches it does.
+    prefilling and decoding the same batch, every request at the mean length;
+    decode_speedup (S) is the decode speedup (predicted_decode_speedup);
+    draft_prefill_s (P_d) is what the drafter adds to the prefill
+    (:func:`draft_prefill_time`: a draft model or EAGLE head processes the
+    prompts too). Prefill dilutes S towards 1 as P grows, which on long
+    prompts and large batches it does. The tails (g_p, g_s >= 1,
+    :func:`batch_tail`) say how much longer each side's batch decodes than
+    its mean request: a batch ends with its slowest request, and under
+    speculation requests differ far more in passes than in tokens.
     """
     decode_speedup = _check_real("decode_speedup", decode_speedup, 0.0, low_open=True)
     prefill_s = _check_real("prefill_s", prefill_s, 0.0)
     plain_decode_s = _check_real("plain_decode_s", plain_decode_s, 0.0)
     draft_prefill_s = _check_real("draft_prefill_s", draft_prefill_s, 0.0)
+    plain_tail = _check_real("plain_tail", plain_tail, 1.0)
+    speculative_tail = _check_real("speculative_tail", speculative_tail, 1.0)
     if prefill_s + plain_decode_s == 0.0:
         return 1.0
-    return (prefill_s + plain_decode_s) / (prefill_s + draft_prefill_s + plain_decode_s / decode_speedup)
+    return (prefill_s + plain_tail * plain_decode_s) / (
+        prefill_s + draft_prefill_s + speculative_tail * plain_decode_s / decode_speedup
+    )
+
+
+def batch_decode_time(passes: Sequence[float], step_s: Callable[[int], float]) -> float:
+    """Decode time of one batch whose request i needs ``passes[i]`` passes.
+
+    The batch steps until its slowest request is done, with one sequence
+    fewer each time a request finishes: with the counts sorted,
+    sum_j (p_(j) - p_(j-1)) * step_s(B - j + 1). ``step_s(b)`` is the time of
+    one step over b sequences (:func:`plain_decode_step`, or a verify step
+    plus its draft).
+    """
+    counts = sorted(_check_real("passes", p, 0.0) for p in passes)
+    total, done = 0.0, 0.0
+    for finished, count in enumerate(counts):
+        total += (count - done) * step_s(len(counts) - finished)
+        done = count
+    return total
+
+
+def batch_tail(batches: Sequence[Sequence[float]], step_s: Callable[[int], float]) -> float:
+    """How much longer batches decode than their mean request would, at full batch.
+
+    Summed over ``batches`` (each a list of per-request pass counts):
+    :func:`batch_decode_time` over mean(passes) * step_s(B). 1 when every
+    request of a batch needs as many passes; above 1 as they spread, less so
+    where a thinner batch steps faster.
+    """
+    actual = sum(batch_decode_time(b, step_s) for b in batches if b)
+    even = sum(statistics.fmean(b) * step_s(len(b)) for b in batches if b)
+    return actual / even if even > 0 else 1.0
 
 
 def break_even_batch_size(batch_sizes: Sequence[int], speedups: Sequence[float]) -> float | None:

@@ -140,6 +140,12 @@ def _across_engine_runs(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[str
         "acceptance_length_per_request": _elementwise_median(
             [r.get("acceptance_length_per_request") or [] for r in runs]
         ),
+        "output_tokens_per_request": _elementwise_median(
+            [r.get("output_tokens_per_request") or [] for r in runs], low=True
+        ),
+        "decode_passes_per_request": _elementwise_median(
+            [r.get("decode_passes_per_request") or [] for r in runs], low=True
+        ),
         "latency_note": next((r["latency_note"] for r in runs if r.get("latency_note")), None),
         "started_at": min((r["started_at"] for r in runs if r.get("started_at")), default=None),
         "load_avg_1m": _max_known(r.get("load_avg_1m") for r in runs),
@@ -174,9 +180,16 @@ def _max_known(values: Iterable[Any]) -> Any:
     return max(known) if known else None
 
 
-def _elementwise_median(lists: Sequence[Sequence[float | None]]) -> list[float | None]:
+def _elementwise_median(lists: Sequence[Sequence[Any]], *, low: bool = False) -> list[Any]:
+    """Position by position, the median over engine runs; ``low``: the lower middle value, so counts stay counts."""
     width = max((len(values) for values in lists), default=0)
-    return [median_known(values[i] for values in lists if i < len(values)) for i in range(width)]
+    middle = _median_low_known if low else median_known
+    return [middle(values[i] for values in lists if i < len(values)) for i in range(width)]
+
+
+def _median_low_known(values: Iterable[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return statistics.median_low(known) if known else None
 
 
 def _pooled_acceptance(runs: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ def measured_fields(
     tpot_s: Sequence[float],
     e2e_s: Sequence[float],
     request_acceptance: Sequence[float | None] = (),
+    request_decode_passes: Sequence[int] = (),
     token_ids: Sequence[Sequence[int]] = (),
     decode_s: float = 0.0,
     decode_tokens: int = 0,
@@ -88,6 +89,8 @@ def measured_fields(
         "tokens_per_pass": total_out / target_passes if target_passes > 0 else None,
         "draft_coverage": drafts / target_passes if target_passes > 0 else None,
         "acceptance_length_per_request": list(request_acceptance),
+        "output_tokens_per_request": [len(ids) for ids in token_ids],
+        "decode_passes_per_request": list(request_decode_passes),
         "acceptance_length_p50": median_known(request_acceptance),
         "repetitive_requests": sum(
             stats.repeated_ngram_share(ids) >= REPETITIVE_SHARE for ids in token_ids

@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 # 4: memory columns (weights, KV cache, peaks, predicted)
 # 5: engine runs are named so (engine_run, engine_runs, speedup_per_engine_run; were pass_index, passes,
 #    speedup_per_pass): "pass" is kept for a target forward pass (target_passes, tokens_per_pass)
-SCHEMA_VERSION = 5
+# 6: output_tokens_per_request, decode_passes_per_request (the wall time's slowest-request tail)
+SCHEMA_VERSION = 6
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 SCHEMA = pa.schema(
     [
@@ -88,6 +89,10 @@ SCHEMA = pa.schema(
         ("tokens_per_pass", _F),  # output tokens / target passes, prefill and undrafted passes included
         ("draft_coverage", _F),  # drafts / target passes
         ("acceptance_length_per_request", pa.list_(_F)),  # each request's own (null: never drafted); median over engine runs
+        # Per request, in submission order (first timed repetition; median over engine runs): what a
+        # batch's slowest request makes the wall time pay (specbench.analytic.theory.batch_decode_time).
+        ("output_tokens_per_request", pa.list_(_INT)),
+        ("decode_passes_per_request", pa.list_(_INT)),  # target passes after the prefill's (= output - 1 without speculation)
         ("acceptance_length_p50", _F),  # median of the above over requests that drafted
         ("repetitive_requests", _INT),  # outputs caught in a loop (REPETITIVE_SHARE of 4-grams repeated); max over engine runs
         # --- comparison with the baseline (results.parquet only) ---------------
