@@ -49,7 +49,7 @@ import math
 import os
 import statistics
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -299,11 +299,11 @@ def _predict(
         raise _Unpriced(f"no model profile: {exc}") from exc
     batch = int(row["batch_size"])
     k = effective_k(speculative, int(row["num_speculative_tokens"]), batch)
+    drafted = min(acceptance.draft_tokens_per_pass, float(k))
     decode = theory.predicted_decode_speedup(
         method=priced_as, k=k, batch_size=batch,
         tokens_per_pass=min(acceptance.tokens_per_pass, k + 1.0), target=target, hw=hw,
-        context_len=context, draft=draft,
-        draft_tokens_per_pass=min(acceptance.draft_tokens_per_pass, float(k)),
+        context_len=context, draft=draft, draft_tokens_per_pass=drafted,
     )
     # One batch as the cell runs it: prefill every prompt, then decode the
     # tokens after each request's first (which the prefill pass emits).
@@ -318,35 +318,33 @@ def _predict(
     )
     decode_steps = max(row["output_tokens"] / requests - 1.0, 0.0)
     plain_decode = decode_steps * theory.plain_decode_step(target, hw, batch, context)
-
-    def plain_step(b: int) -> float:
-        return theory.plain_decode_step(target, hw, b, context)
-
-    def speculative_step(b: int) -> float:
-        return theory.verify_step(target, hw, b, k, context, min(acceptance.draft_tokens_per_pass, float(k))) + \
-            theory.draft_time(priced_as, hw=hw, batch_size=b, k=k, context_len=context, draft=draft, target=target)
-
-    tails = {}
-    per_request = _per_request_passes(row, batch)
-    if per_request is not None:
-        plain_batches, speculative_batches = per_request
-        tails = {"plain_tail": theory.batch_tail(plain_batches, plain_step),
-                 "speculative_tail": theory.batch_tail(speculative_batches, speculative_step)}
+    tails = _tails(
+        row, batch,
+        plain_step=lambda b: theory.plain_decode_step(target, hw, b, context),
+        speculative_step=lambda b: theory.speculative_step(
+            priced_as, target=target, hw=hw, batch_size=b, k=k, context_len=context, draft=draft,
+            draft_tokens_per_pass=drafted),
+    )
     return Prediction(decode, theory.end_to_end_speedup(decode, prefill, plain_decode, draft_prefill, **tails))
 
 
-def _per_request_passes(row: Mapping[str, Any], batch: int) -> tuple[list[list[int]], list[list[int]]] | None:
-    """Each batch's decode passes per request, plain (output - 1) and speculative; None if unrecorded.
+def _tails(
+    row: Mapping[str, Any], batch: int, *, plain_step: Callable[[int], float], speculative_step: Callable[[int], float]
+) -> dict[str, float]:
+    """Each side's :func:`theory.batch_tail` from the row's per-request counts; none if it has none.
 
-    Requests are submitted in batches of ``batch``, in the order the lists keep.
+    Requests are submitted in batches of ``batch``, in the order the lists
+    keep; without speculation, request i decodes in output_i - 1 passes.
     """
     outputs = row.get("output_tokens_per_request") or []
     passes = row.get("decode_passes_per_request") or []
     if not outputs or len(outputs) != len(passes) or any(v is None for v in (*outputs, *passes)):
-        return None
-    plain = [max(n - 1, 0) for n in outputs]
-    chunks = range(0, len(plain), batch)
-    return [plain[i : i + batch] for i in chunks], [list(passes[i : i + batch]) for i in chunks]
+        return {}
+    chunks = range(0, len(outputs), batch)
+    plain = [[max(n - 1, 0) for n in outputs[i : i + batch]] for i in chunks]
+    speculative = [list(passes[i : i + batch]) for i in chunks]
+    return {"plain_tail": theory.batch_tail(plain, plain_step),
+            "speculative_tail": theory.batch_tail(speculative, speculative_step)}
 
 
 def annotate(

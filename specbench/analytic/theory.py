@@ -57,6 +57,7 @@ __all__ = [
     "prefill_time",
     "request_kv_tokens",
     "ridge_point",
+    "speculative_step",
     "step_time",
     "verify_step",
 ]
@@ -776,12 +777,30 @@ def predicted_decode_speedup(
         return 1.0
     tokens_per_pass = _check_real("tokens_per_pass", tokens_per_pass, 1.0, k + 1.0)
     plain = plain_decode_step(target, hw, batch_size, context_len)
-    verify = verify_step(target, hw, batch_size, k, context_len, draft_tokens_per_pass)
-    drafting = draft_time(
-        method, hw=hw, batch_size=batch_size, k=k, context_len=context_len,
-        draft=draft, target=target,
+    return tokens_per_pass * plain / speculative_step(
+        method, target=target, hw=hw, batch_size=batch_size, k=k, context_len=context_len,
+        draft=draft, draft_tokens_per_pass=draft_tokens_per_pass,
     )
-    return tokens_per_pass * plain / (verify + drafting)
+
+
+def speculative_step(
+    method: str,
+    *,
+    target: ModelProfile,
+    hw: HardwareProfile,
+    batch_size: int,
+    k: int,
+    context_len: float,
+    draft: ModelProfile | None = None,
+    draft_tokens_per_pass: float | None = None,
+) -> float:
+    """Seconds of one speculative decode step: the drafter's passes, then the target verifying them.
+
+    T_verify(B, K) (:func:`verify_step`, draft_tokens_per_pass drafted
+    tokens per sequence, default K) + T_draft(B, K) (:func:`draft_time`).
+    """
+    return verify_step(target, hw, batch_size, k, context_len, draft_tokens_per_pass) + draft_time(
+        method, hw=hw, batch_size=batch_size, k=k, context_len=context_len, draft=draft, target=target)
 
 
 def end_to_end_speedup(
