@@ -38,8 +38,7 @@ price gets nulls and a ``prediction_note`` saying why.
 :func:`accuracy` and :func:`break_even` hold the predictions against the
 measurements; ``python -m specbench.analytic.prediction <sweep>`` prints both (and
 ``--reprice`` prices an existing sweep again, e.g. after a new calibration).
-Pure: result rows (dicts) in and out, the theory module and the standard
-library; no vLLM.
+Result rows (dicts) in and out; no vLLM.
 """
 
 from __future__ import annotations
