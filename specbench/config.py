@@ -292,7 +292,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
 
     if name == "controlled":
         errors += _check_controlled(method)
-    for key, reader in (("alpha", "controlled"), ("draft", "draft_model")):
+    for key, reader in methods.OWN_KEYS.items():
         if name != reader and method.get(key) is not None:
             errors.append(f"method.{key}={method[key]!r} is only read for method={reader}, not {name}")
     if registered is not None and registered.checkpoint is not None:

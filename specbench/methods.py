@@ -43,13 +43,18 @@ class MethodSchema:
 
     ``speculative_config`` is vLLM's, handed over as it is (vLLM checks its
     keys); the keys after it belong to one method each and stay null for the
-    others. A method with a key of its own adds it here.
+    others. A method with a key of its own adds it here and in :data:`OWN_KEYS`.
     """
 
     name: str = MISSING
     speculative_config: Optional[Dict[str, Any]] = MISSING
     alpha: Optional[float] = None  # controlled: the per-token acceptance probability
     draft: Optional[str] = None  # draft_model: which of model.drafts drafts
+
+
+# MethodSchema's method-specific keys and the method that reads each: set for
+# another method, validation refuses them (they would change nothing).
+OWN_KEYS = {"alpha": "controlled", "draft": "draft_model"}
 
 
 _REGISTRY: dict[str, Method] = {}
