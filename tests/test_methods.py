@@ -34,6 +34,15 @@ def test_every_registered_method_has_a_config_and_a_price_the_theory_knows():
     assert {p.stem for p in conf.glob("*.yaml")} == set(methods.names())
 
 
+def test_each_method_specific_key_is_typed_and_read_by_a_registered_method():
+    conf = Path(config.__file__).parent / "conf" / "method"
+    fields = set(methods.MethodSchema.__dataclass_fields__) - {"name", "speculative_config"}
+    assert fields == set(methods.OWN_KEYS)
+    for key, reader in methods.OWN_KEYS.items():
+        assert methods.get(reader) is not None, reader
+        assert f"\n{key}:" in "\n" + (conf / f"{reader}.yaml").read_text(), (key, reader)
+
+
 def test_a_toy_method_joins_validation_pricing_and_the_engine_spec(registry, compose_cell, tmp_path):
     (tmp_path / "method").mkdir()
     (tmp_path / "method" / "toy.yaml").write_text(TOY_YAML)
