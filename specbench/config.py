@@ -21,7 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from specbench import controlled, heads, methods, models
-from specbench.analytic import memory
+from specbench.analytic import memory, prediction
 from specbench.engine import EngineSpec
 from specbench.workloads import SOURCE_KEYS, WorkloadSchema, validate_workload_config
 
@@ -79,14 +79,13 @@ class CellSchema:
     defaults, so ``batch_size=four``, a misspelt key or a missing one is
     refused by Hydra itself, with the key's full path, before :func:`validate`
     runs the checks only specbench can make (ranges, checkpoints, memory).
-    Each group's schema lives with the code that reads it. The hardware
-    profile is checked where it is loaded (:mod:`specbench.analytic.prediction`).
+    Each group's schema lives with the code that reads it.
     """
 
     model: models.ModelSchema = field(default_factory=models.ModelSchema)
     method: methods.MethodSchema = field(default_factory=methods.MethodSchema)
     workload: WorkloadSchema = field(default_factory=WorkloadSchema)
-    hardware: Any = None
+    hardware: Optional[prediction.HardwareSchema] = None
     num_speculative_tokens: int = MISSING
     batch_size: int = MISSING
     repetitions: int = MISSING

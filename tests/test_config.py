@@ -229,6 +229,8 @@ def test_a_source_key_is_in_the_identity_only_when_set(compose_cell):
         (["workload.max_token=64"], "workload.max_token"),
         (["method=controlled", "method.alpha=high"], "method.alpha"),
         (["model.eagle3=[a, b]"], "model.eagle3"),
+        (["hardware=h200", "hardware.peak_tfops=3"], "hardware.peak_tfops"),
+        (["hardware=a100", "hardware.memory_bandwidth_gbps=fast"], "hardware.memory_bandwidth_gbps"),
     ],
 )
 def test_group_schemas_refuse_wrong_types_and_unknown_keys(compose_cell, overrides, full_key):

@@ -52,9 +52,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
+from omegaconf import MISSING
 
 from specbench import methods, models
 from specbench.analytic import theory
@@ -86,6 +87,41 @@ def hardware_dir() -> Path:
 def calibrated_path() -> Path:
     """The calibrated profile of this machine that later sweeps use."""
     return hardware_dir() / CALIBRATED_FILE
+
+
+@dataclass
+class HardwareSchema:
+    """The keys of a ``hardware`` config (conf/hardware/*.yaml) and their types, checked by Hydra.
+
+    The rates are :meth:`theory.HardwareProfile.from_mapping`'s (its units);
+    memory and the step budget are what the memory model and the plan read
+    (:mod:`specbench.analytic.memory`).
+    """
+
+    name: str = MISSING
+    source: str = MISSING  # vendor (a datasheet) or calibrated
+    memory_bandwidth_gbps: float = MISSING
+    peak_tflops: float = MISSING
+    fixed_overhead_ms: float = MISSING
+    kv_bandwidth_gbps: Optional[float] = None
+    attention_tflops: Optional[float] = None
+    per_sequence_overhead_ms: Optional[float] = None
+    draft_overhead_ms: Optional[float] = None
+    memory_bytes: Optional[int] = None  # a GPU's memory as the driver reports it
+    memory_gb: Optional[float] = None
+    max_num_batched_tokens: Optional[int] = None  # vLLM's default step budget on it
+    notes: str = ""
+    # A calibrated profile's record of how it was measured (calibrate writes it; the model reads none of it).
+    device: Optional[str] = None
+    model: Any = None
+    measured_at: Optional[str] = None
+    vllm_version: Optional[str] = None
+    settings: Any = None
+    rms_residual: Any = None
+    residuals: Any = None
+    samples: Any = None
+    samples_measured: Any = None
+    draft_samples: Any = None
 
 
 @dataclass(frozen=True)
