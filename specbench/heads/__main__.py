@@ -32,10 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--target", default="embedded:smollm2-135m-instruct",
                        help="the target: an embedded:<name> model, a local folder or a hub id")
     train.add_argument("--out", type=Path, default=None, help=f"parent folder of the heads (default: {HEADS_CACHE_HINT})")
-    train.add_argument("--direct-prompts", type=int, default=256)
-    train.add_argument("--source-prompts", type=int, default=40)
-    train.add_argument("--reading-prompts", type=int, default=96)
-    train.add_argument("--max-new-tokens", type=int, default=128)
+    train.add_argument("--direct-prompts", type=int, default=384)
+    train.add_argument("--source-prompts", type=int, default=120)
+    train.add_argument("--reading-prompts", type=int, default=240)
+    train.add_argument("--max-new-tokens", type=int, default=128, help="answer length of direct and reading prompts")
+    train.add_argument("--source-tokens", type=int, default=256,
+                       help="length of the source documents that reading prompts quote")
     train.add_argument("--epochs", type=int, default=TrainSettings.epochs)
     train.add_argument("--lr", type=float, default=None,
                        help="peak learning rate (default: 2e-3; EAGLE-1 3e-4)")
@@ -102,15 +104,15 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     eos = tokenizer.eos_token_id
     started = time.perf_counter()
 
-    def answer(prompts: list[corpus.TrainingPrompt], desc: str) -> list[Example]:
+    def answer(prompts: list[corpus.TrainingPrompt], desc: str, max_new_tokens: int) -> list[Example]:
         ids = [encode(tokenizer, p.text) for p in prompts]
-        return generate(model, ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
+        return generate(model, ids, max_new_tokens=max_new_tokens, eos_token_id=eos,
                         aux_layers=shape.aux_layers(), desc=desc)
 
     # The target's answers are the slow part; both methods (and reruns) share one copy.
     key = hashlib.sha256(json.dumps(
         [args.target, args.direct_prompts, args.source_prompts, args.reading_prompts, args.max_new_tokens,
-         args.seed, corpus.template_texts()]).encode()).hexdigest()[:16]
+         args.source_tokens, args.seed, corpus.template_texts()]).encode()).hexdigest()[:16]
     data_file = default_output_dir() / f"data-{key}.pt"
     if data_file.is_file():
         saved = torch.load(data_file, weights_only=False)
@@ -119,11 +121,12 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     else:
         direct = corpus.direct_prompts(args.direct_prompts, args.seed)
         sources = corpus.source_prompts(args.source_prompts, args.seed)
-        source_examples = answer(sources, "source documents")
+        source_examples = answer(sources, "source documents", args.source_tokens)
         documents = [tokenizer.decode(e.answer, skip_special_tokens=True).strip() for e in source_examples]
         reading = corpus.reading_prompts(documents, args.reading_prompts, args.seed)
         prompts = direct + sources + reading
-        examples = answer(direct, "direct prompts") + source_examples + answer(reading, "reading prompts")
+        examples = (answer(direct, "direct prompts", args.max_new_tokens) + source_examples
+                    + answer(reading, "reading prompts", args.max_new_tokens))
         data_seconds = time.perf_counter() - started
         data_file.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"prompts": prompts, "examples": examples, "seconds": data_seconds}, data_file)
@@ -158,6 +161,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
                 "held_out_prompts": len(held_out),
                 "answer_tokens": answer_tokens,
                 "max_new_tokens": args.max_new_tokens,
+                "source_tokens": args.source_tokens,
                 "generation_seconds": round(data_seconds, 1),
             },
             "held_out": {
