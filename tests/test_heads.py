@@ -295,3 +295,35 @@ def test_eagle1_trains_at_a_lower_learning_rate():
 
     assert TrainSettings.for_method(EAGLE).lr < TrainSettings.for_method(EAGLE3).lr
     assert TrainSettings.for_method(EAGLE, lr=1.0).lr == 1.0
+
+
+def test_states_batched_by_length_equal_each_sequence_alone():
+    """Right-padding a batch changes no row's states: each equals its own unpadded forward pass,
+    with the final state post-norm (EAGLE-1's input) and the aux states after vLLM's EAGLE-3 layers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specbench.heads.features import states
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=TINY.vocab_size, hidden_size=TINY.hidden_size,
+                         intermediate_size=TINY.intermediate_size, num_hidden_layers=TINY.num_layers,
+                         num_attention_heads=TINY.num_heads, num_key_value_heads=TINY.num_kv_heads)
+    model = LlamaForCausalLM(config).eval()
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10]]
+    answers = [[11, 12, 13, 14], [15], [16, 17, 18, 19, 20, 21]]
+    examples = states(model, prompts, answers, aux_layers=TINY.aux_layers(), batch_tokens=64)
+    assert len(examples) == 3
+    for prompt, answer, example in zip(prompts, answers, examples):
+        assert example.tokens.tolist() == prompt + answer
+        assert example.prompt_len == len(prompt)
+        normed = []
+        hook = model.model.norm.register_forward_hook(lambda module, inputs, output: normed.append(output))
+        with torch.no_grad():
+            alone = model(input_ids=torch.tensor([prompt + answer]), output_hidden_states=True)
+        hook.remove()
+        layers = alone.hidden_states
+        n = len(prompt) + len(answer)
+        assert example.final.shape == (n - 1, TINY.hidden_size)
+        assert torch.allclose(example.final, normed[0][0, : n - 1], atol=1e-5)
+        aux = torch.cat([layers[layer] for layer in TINY.aux_layers()], dim=-1)[0, : n - 1]
+        assert torch.allclose(example.aux, aux, atol=1e-5)

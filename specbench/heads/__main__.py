@@ -18,6 +18,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from specbench.heads import HEADS_CACHE_HINT, default_output_dir, head_name
 from specbench.heads.train import TrainSettings
@@ -82,6 +83,20 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _target_engine(folder: str, max_model_len: int) -> Any:
+    """The target in vLLM, in this process, as the sweeps run it on CPU (float32, eager)."""
+    import os
+
+    from specbench.engine import EngineSpec, VllmEngine, worker_environment
+
+    spec = EngineSpec(
+        model=folder, dtype="float32", seed=0, max_model_len=max_model_len, max_num_seqs=128,
+        enforce_eager=True, enable_prefix_caching=False, gpu_memory_utilization=0.9, cpu_kvcache_space_gib=4,
+    )
+    os.environ.update(worker_environment(spec))
+    return VllmEngine(spec)
+
+
 def _train(args: argparse.Namespace, argv: list[str]) -> int:
     import torch
     import transformers
@@ -89,7 +104,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 
     from specbench import models
     from specbench.heads import corpus
-    from specbench.heads.features import Example, encode, generate
+    from specbench.heads.features import Example, encode, states
     from specbench.heads.modules import TargetShape
     from specbench.heads.train import head_config, save, split_held_out, train
 
@@ -101,18 +116,23 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     shape = TargetShape.from_config(target_config)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    eos = tokenizer.eos_token_id
     started = time.perf_counter()
 
+    engine = None
+
     def answer(prompts: list[corpus.TrainingPrompt], desc: str, max_new_tokens: int) -> list[Example]:
+        nonlocal engine
+        if engine is None:
+            engine = _target_engine(folder, max_model_len=2048)
         ids = [encode(tokenizer, p.text) for p in prompts]
-        return generate(model, ids, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                        aux_layers=shape.aux_layers(), desc=desc)
+        print(f"{desc}: the target answers {len(ids)} prompts (vLLM, greedy, up to {max_new_tokens} tokens)")
+        answers = [r.token_ids for r in engine.generate(ids, max_new_tokens)]
+        return states(model, ids, answers, aux_layers=shape.aux_layers(), desc=desc)
 
     # The target's answers are the slow part; both methods (and reruns) share one copy.
     key = hashlib.sha256(json.dumps(
         [args.target, args.direct_prompts, args.source_prompts, args.reading_prompts, args.max_new_tokens,
-         args.source_tokens, args.seed, corpus.template_texts()]).encode()).hexdigest()[:16]
+         args.source_tokens, args.seed, corpus.template_texts(), "answers: vllm"]).encode()).hexdigest()[:16]
     data_file = default_output_dir() / f"data-{key}.pt"
     if data_file.is_file():
         saved = torch.load(data_file, weights_only=False)
@@ -128,6 +148,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
         examples = (answer(direct, "direct prompts", args.max_new_tokens) + source_examples
                     + answer(reading, "reading prompts", args.max_new_tokens))
         data_seconds = time.perf_counter() - started
+        del engine
         data_file.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"prompts": prompts, "examples": examples, "seconds": data_seconds}, data_file)
     records = [{"id": p.id, "kind": p.kind, "text": p.text, "answer": e.answer.tolist()}
