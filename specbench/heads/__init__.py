@@ -11,7 +11,9 @@ Modules: :mod:`~specbench.heads.corpus` (training prompts),
 :mod:`~specbench.heads.features` (the target's answers and states),
 :mod:`~specbench.heads.modules` (the heads in PyTorch, as vLLM computes
 them), :mod:`~specbench.heads.train` (objective, offline acceptance,
-checkpoint format). Training needs torch and transformers only, never vLLM.
+checkpoint format). The target's answers are decoded by vLLM, through
+:mod:`specbench.engine` (the one module that imports it); the heads train in
+plain torch.
 """
 
 from __future__ import annotations

@@ -107,6 +107,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     from specbench.heads.features import Example, encode, states
     from specbench.heads.modules import TargetShape
     from specbench.heads.train import head_config, save, split_held_out, train
+    from specbench.results.provenance import static_provenance
 
     torch.manual_seed(args.seed)
     if args.threads:
@@ -193,7 +194,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
             "curve": [{k: round(v, 4) for k, v in point.items()} for point in result.curve],
             "training_seconds": round(result.seconds, 1),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                         "python": platform.python_version()},
+                         "vllm": static_provenance()["vllm_version"], "python": platform.python_version()},
             "storage_dtype": args.dtype,
         }
         config = head_config(method, target_config, shape,
