@@ -42,12 +42,13 @@ from specbench import run
 from specbench.analytic import memory
 from specbench.config import Cell, ConfigError, cell_from_config, refuse, validate
 from specbench.logs import LOG_FILE
-from specbench.analytic.prediction import predict_sweep
+from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep
+from specbench.cell import WARMUP_MAX_TOKENS
 from specbench.results.files import write_results
 from specbench.results.merge import merge
 from specbench.results.schema import results_path
 from specbench.run import CellFiles, completed_row
-from specbench.workloads import check_source
+from specbench.workloads import check_source, estimated_requests
 
 log = logging.getLogger(__name__)
 
@@ -158,19 +159,46 @@ def engine_starts(planned: Sequence[PlannedCell]) -> int:
     return sum(1 for i, spec in enumerate(specs) if i == 0 or spec != specs[i - 1])
 
 
+def estimate_time(todo: Sequence[PlannedCell]) -> TimeEstimate:
+    """The analytic model's time for the cells still to run, decoding plainly (see
+    :func:`specbench.analytic.prediction.generation_estimate`)."""
+    requests: dict[str, tuple[int, float] | None] = {}
+    cells = []
+    for p in todo:
+        workload = p.cell.config["workload"]
+        key = json.dumps(workload, sort_keys=True, default=str)
+        if key not in requests:
+            requests[key] = estimated_requests(workload)
+        cells.append((p.cell.config, requests[key]))
+    return generation_estimate(cells, WARMUP_MAX_TOKENS)
+
+
 def describe_plan(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequence[PlannedCell],
-                  grid_points: int, verbose: bool) -> str:
-    """The plan as the terminal shows it before the first engine: cells, engines, where things go."""
+                  grid_points: int, verbose: bool, estimate: TimeEstimate | None = None) -> str:
+    """The plan as the terminal shows it before the first engine: cells, engines, time, where things go."""
     skipped = len(planned) - len(todo)
     runs = max((p.cell.engine_run for p in planned), default=0) + 1
+    engines = engine_starts(todo)
     lines = [
         f"sweep {sweep_dir}: {len(planned)} cells ({grid_points} grid points, their baselines, "
-        f"{runs} engine run(s)); {len(todo)} to run on {engine_starts(todo)} engine(s)"
+        f"{runs} engine run(s)); {len(todo)} to run on {engines} engine(s)"
         + (f", {skipped} already complete" if skipped else ""),
+    ]
+    if estimate is not None and todo:
+        lines.append(
+            f"  estimated: {_duration(estimate.seconds)} generating at plain-decoding speed "
+            f"({estimate.basis}; speculation changes it by its speedup), plus {engines} engine start(s)"
+            if estimate.seconds is not None else f"  estimated time: none ({estimate.basis})"
+        )
+    lines += [
         f"  results and report: {sweep_dir}/",
         f"  log: {sweep_dir / LOG_FILE}" + ("" if verbose else " (vLLM and engine output; verbose=true shows it here)"),
     ]
     return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def read_plan(sweep_dir: Path) -> list[str]:
@@ -211,7 +239,7 @@ class CellSweeper(BasicSweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cells_dir = sweep_dir / "cells"
         todo = [p for p in planned if completed_row(CellFiles(cells_dir, p.cell.cell_id), p.cell) is None]
-        plan = describe_plan(sweep_dir, planned, todo, len(jobs), bool(self.config.get("verbose")))
+        plan = describe_plan(sweep_dir, planned, todo, len(jobs), bool(self.config.get("verbose")), estimate_time(todo))
         log.info("%s", plan)
         print(plan, flush=True)
         # By name: Hydra's plugin scan re-executes core plugin modules, so the

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing as mp
 import sys
 from pathlib import Path
 
+import pytest
 from hydra.types import RunMode
 
 from specbench.config import cell_from_config
@@ -85,6 +87,46 @@ def test_cell_line_has_speedup_acceptance_and_exactness(compose_cell, tmp_path):
         "baseline_cell_id": base.cell_id, "method": "ngram", "num_speculative_tokens": 2}, [[1, 2], [3, 5]], ["a", "b"])
     assert cell_summary(base, row(base, 1.5, 0), tmp_path) == (
         "baseline batch 4 summarize engine run 0: 42.7 tok/s; measured before it: ngram K=2 1.50x exact")
+
+
+def test_plan_estimates_the_time_of_the_cells_to_run_at_plain_decoding_speed(compose_cell, tmp_path):
+    """The plan line's time: every cell to run priced by the analytic model as plain
+    decoding (warm-up and repetitions over its batches), from prompt lengths in characters."""
+    from specbench.analytic import prediction, theory
+    from specbench.cell import WARMUP_MAX_TOKENS
+    from specbench.sweep import estimate_time
+    from specbench.workloads import estimated_requests
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": str(i), "prompt": "x" * 900}) + "\n" for i in range(6)))
+    workload = [f"workload.source=jsonl", f"workload.path={prompts}", "workload.num_prompts=3",
+                "workload.max_tokens=16", "hardware=h200", "repetitions=2", "engine_runs=1"]
+    planned = plan_cells([["method=ngram", "batch_size=2"] + workload], compose_cell)
+    estimate = estimate_time(planned)
+    assert estimated_requests(planned[0].cell.config["workload"]) == (3, 200.0)  # 900 characters: 200 tokens
+    hw = theory.HardwareProfile.from_mapping(planned[0].cell.config["hardware"])
+    target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
+    batch = lambda tokens: theory.plain_batch_time(target, hw, 2, 200.0, tokens, 16384)  # noqa: E731
+    # Per cell (baseline and ngram): a warm-up of 8 tokens, then 2 repetitions of 2 batches (3 prompts, batch 2).
+    per_cell = batch(WARMUP_MAX_TOKENS) + 2 * 2 * batch(16)
+    assert estimate.seconds == pytest.approx(2 * per_cell)
+    assert estimate.basis == "h200"
+    text = describe_plan(tmp_path, planned, planned, 1, verbose=False, estimate=estimate)
+    assert text.splitlines()[1] == (
+        f"  estimated: {estimate.seconds:.0f} s generating at plain-decoding speed (h200; speculation "
+        "changes it by its speedup), plus 2 engine start(s)")
+
+
+def test_plan_says_why_it_has_no_time_estimate(compose_cell, tmp_path, monkeypatch):
+    from specbench.analytic import prediction
+    from specbench.sweep import estimate_time
+
+    monkeypatch.setattr(prediction, "calibrated_path", lambda: tmp_path / "none.yaml")
+    planned = plan_cells([["method=ngram", "engine_runs=1"]], compose_cell)
+    estimate = estimate_time(planned)
+    assert estimate.seconds is None and "calibrate" in estimate.basis
+    assert f"  estimated time: none ({estimate.basis})" in describe_plan(
+        tmp_path, planned, planned, 1, verbose=False, estimate=estimate).splitlines()
 
 
 def test_plan_counts_cells_and_engines(compose_cell, tmp_path):

@@ -30,6 +30,7 @@ from specbench.analytic.theory import (
     fit_draft_overhead,
     fit_hardware_profile,
     num_speculative_tokens_per_batch_size,
+    plain_batch_time,
     plain_decode_step,
     predicted_decode_speedup,
     prefill_time,
@@ -316,6 +317,19 @@ def test_prefill_runs_in_steps_of_at_most_max_step_tokens(smol: ModelProfile) ->
     )
     # Compute-bound: eight times the prompts cost about eight times as long.
     assert 7 < prefill_time(smol, hw, 32, 500, max_step_tokens=4096) / one_step < 9
+
+
+def test_a_plain_batch_is_its_prefill_then_one_step_per_token_after_the_first(smol: ModelProfile) -> None:
+    hw = HardwareProfile("toy", 1e12, 1e14, 1e-3, "vendor")
+    # 4 prompts of 500 tokens, 33 tokens each: the prefill emits the first, 32 decode
+    # steps at the mean context 500 + 33 / 2 emit the rest.
+    assert plain_batch_time(smol, hw, 4, 500, 33, max_step_tokens=4096) == pytest.approx(
+        prefill_time(smol, hw, 4, 500, max_step_tokens=4096) + 32 * plain_decode_step(smol, hw, 4, 516.5)
+    )
+    assert plain_batch_time(smol, hw, 4, 500, 1, max_step_tokens=4096) == pytest.approx(
+        prefill_time(smol, hw, 4, 500, max_step_tokens=4096))
+    with pytest.raises(ValueError, match="output_tokens"):
+        plain_batch_time(smol, hw, 4, 500, 0, max_step_tokens=4096)
 
 
 def test_end_to_end_speedup_is_decode_speedup_diluted_by_prefill() -> None:

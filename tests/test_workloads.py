@@ -20,6 +20,7 @@ from specbench.workloads import (
     Prompt,
     Workload,
     WorkloadError,
+    estimated_requests,
     load_prompts,
     load_workload,
     validate_workload_config,
@@ -161,6 +162,22 @@ class TestJsonl:
     def test_missing_file_is_a_workload_error(self, tmp_path: Path) -> None:
         with pytest.raises(WorkloadError, match=r"workload\.path=.*nope\.jsonl.* does not exist"):
             load_prompts(make_cfg(source="jsonl", path=str(tmp_path / "nope.jsonl")))
+
+
+class TestEstimatedRequests:
+    """What the sweep's plan prices before any tokenizer: count and mean length in tokens."""
+
+    def test_lengths_from_characters_and_the_prompt_cap_as_loading_applies_it(self, tmp_path: Path) -> None:
+        path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a" * n} for n in (450, 900, 9000)])
+        cfg = make_cfg(source="jsonl", path=str(path), max_prompt_tokens=1000)
+        # 9000 characters is about 2000 tokens, over the cap: left out, as loading would.
+        assert estimated_requests(cfg) == (2, 150.0)
+        count, mean = estimated_requests(make_cfg(source="jsonl", path=str(path), num_prompts="all"))
+        assert (count, mean) == (3, pytest.approx((100 + 200 + 2000) / 3))
+
+    def test_none_where_the_prompts_are_not_read_before_an_engine(self, tmp_path: Path) -> None:
+        assert estimated_requests(make_cfg(source="hf")) is None
+        assert estimated_requests(make_cfg(source="jsonl", path=str(tmp_path / "missing.jsonl"))) is None
 
 
 class TestSpecBench:

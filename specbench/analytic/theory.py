@@ -599,6 +599,22 @@ def prefill_time(
     )
 
 
+def plain_batch_time(
+    model: ModelProfile,
+    hw: HardwareProfile,
+    batch_size: int,
+    prompt_len: float,
+    output_tokens: int,
+    max_step_tokens: int,
+) -> float:
+    """Seconds for one batch decoded plainly: its prefill (which emits each
+    request's first token), then output_tokens - 1 decode steps at the mean
+    context (prompt + half the output)."""
+    output_tokens = _check_int("output_tokens", output_tokens, 1)
+    step = plain_decode_step(model, hw, batch_size, prompt_len + output_tokens / 2.0)
+    return prefill_time(model, hw, batch_size, prompt_len, max_step_tokens) + (output_tokens - 1) * step
+
+
 def _prefill_steps(batch_size: int, prompt_len: float, max_step_tokens: int) -> tuple[int, float]:
     """How many equal steps prefill the batch, and the tokens in each."""
     batch_size = _check_int("batch_size", batch_size, 1)
