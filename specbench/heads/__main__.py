@@ -18,10 +18,13 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specbench.heads import HEADS_CACHE_HINT, default_output_dir, head_name
 from specbench.heads.train import TrainSettings
+
+if TYPE_CHECKING:
+    from specbench.engine import EngineSpec, VllmEngine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,13 +67,12 @@ def _verify(args: argparse.Namespace) -> int:
     import os
 
     from specbench import models
-    from specbench.engine import EngineSpec, loaded_drafter_parameters, worker_environment
+    from specbench.engine import loaded_drafter_parameters, worker_environment
     from specbench.heads.train import compare_with_file
 
     folder = models.resolve(args.head)
-    spec = EngineSpec(
-        model=models.resolve(args.target), dtype="float32", seed=0, max_model_len=256, max_num_seqs=1,
-        enforce_eager=True, enable_prefix_caching=False, gpu_memory_utilization=0.9, cpu_kvcache_space_gib=1,
+    spec = _cpu_target_spec(
+        models.resolve(args.target), max_model_len=256, max_num_seqs=1, cpu_kvcache_space_gib=1,
         speculative_config_json=json.dumps({"method": args.method, "model": folder, "num_speculative_tokens": 1}),
     )
     os.environ.update(worker_environment(spec))
@@ -83,16 +85,21 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def _target_engine(folder: str, max_model_len: int) -> Any:
-    """The target in vLLM, in this process, as the sweeps run it on CPU (float32, eager)."""
+def _cpu_target_spec(folder: str, **fields: Any) -> EngineSpec:
+    """The target as the sweeps run it on CPU (float32, eager, no prefix cache), plus ``fields``."""
+    from specbench.engine import EngineSpec
+
+    return EngineSpec(model=folder, dtype="float32", seed=0, enforce_eager=True, enable_prefix_caching=False,
+                      gpu_memory_utilization=0.9, **fields)
+
+
+def _target_engine(folder: str, max_model_len: int) -> VllmEngine:
+    """The target in vLLM, in this process, for decoding the training answers."""
     import os
 
-    from specbench.engine import EngineSpec, VllmEngine, worker_environment
+    from specbench.engine import VllmEngine, worker_environment
 
-    spec = EngineSpec(
-        model=folder, dtype="float32", seed=0, max_model_len=max_model_len, max_num_seqs=128,
-        enforce_eager=True, enable_prefix_caching=False, gpu_memory_utilization=0.9, cpu_kvcache_space_gib=4,
-    )
+    spec = _cpu_target_spec(folder, max_model_len=max_model_len, max_num_seqs=128, cpu_kvcache_space_gib=4)
     os.environ.update(worker_environment(spec))
     return VllmEngine(spec)
 
