@@ -31,8 +31,10 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     try:
         cell = cell_from_config(cfg)
-        # A multirun's sweeper has read the prompt files already, once each.
-        if hydra_cfg.mode != RunMode.MULTIRUN and (problems := check_source(cell.workload)):
+        # A multirun's sweeper has checked the prompts already, once per workload and model.
+        if hydra_cfg.mode != RunMode.MULTIRUN and (
+            problems := check_source(cell.workload, cell.identity["model"]["path"])
+        ):
             raise WorkloadError("\n".join(problems))
     except (ConfigError, WorkloadError) as exc:
         refuse(exc)  # the sweeper refuses a multirun's bad cells before any job starts

@@ -40,6 +40,12 @@ class SpecCounters:
         )
 
 
+def _add(left: Sequence[int], right: Sequence[int]) -> tuple[int, ...]:
+    """Element-wise sum, the shorter padded with zeros."""
+    width = max(len(left), len(right))
+    return tuple((left[i] if i < len(left) else 0) + (right[i] if i < len(right) else 0) for i in range(width))
+
+
 def _difference(now: Sequence[int], then: Sequence[int]) -> tuple[int, ...]:
     width = max(len(now), len(then))
     padded_now = list(now) + [0] * (width - len(now))
@@ -62,24 +68,89 @@ class GeneratedRequest:
     tpot_s: float | None
     drafts: int | None = None
     accepted_tokens: int | None = None
+    # The engine's monotonic clock when the request was first scheduled and
+    # when its last token came (None: not reported): which requests ran at once.
+    scheduled_ts: float | None = None
+    finished_ts: float | None = None
+    # Drafted tokens the request's last verify pass accepted (None: not reported).
+    last_accepted: int | None = None
+    # Tokens vLLM's stop check cut from the request's last pass (None: not observed).
+    cut_tokens: int | None = None
+
+    @property
+    def truncated_accepted(self) -> int:
+        """Accepted draft tokens vLLM counted that never reached the output.
+
+        vLLM's scheduler counts a verify pass's accepted drafts before the
+        output is cut at ``max_tokens`` or a stop token, and it schedules whole
+        drafts up to the end. Only the last pass can be cut, and each token it
+        loses is one accepted draft fewer in what the user received (the pass
+        keeps its own token). The engine observes the cut (``cut_tokens``).
+        Without it: every pass emits at least one token, so passes + accepted
+        = decoded tokens + the cut, and with a pass per draft that gives the
+        cut as drafts + accepted - decoded, at most what the last pass
+        accepted; passes without a draft (prompt lookup that found no match)
+        hide part of the cut, so that is a lower bound, never an overcorrection.
+        """
+        if not self.drafts or not self.accepted_tokens:
+            return 0
+        if self.cut_tokens is not None:
+            return min(self.cut_tokens, self.accepted_tokens)
+        decoded = max(len(self.token_ids) - 1, 0)
+        last = self.last_accepted if self.last_accepted is not None else self.accepted_tokens
+        return max(0, min(self.drafts + self.accepted_tokens - decoded, last))
+
+    @property
+    def emitted_accepted(self) -> int | None:
+        """Accepted draft tokens that reached the output (None without speculation)."""
+        return None if self.accepted_tokens is None else self.accepted_tokens - self.truncated_accepted
 
     @property
     def acceptance_length(self) -> float | None:
-        """1 + accepted / drafts for this request; None if none of its passes drafted."""
-        if not self.drafts or self.accepted_tokens is None:
+        """1 + accepted / drafts for this request, counting accepted tokens that reached the output;
+        None if none of its passes drafted."""
+        if not self.drafts or self.emitted_accepted is None:
             return None
-        return 1.0 + self.accepted_tokens / self.drafts
+        return 1.0 + self.emitted_accepted / self.drafts
 
     @property
     def decode_passes(self) -> int:
         """Target passes after the prefill that emitted the first token.
 
-        Each emits one token plus those it accepted. vLLM may count drafts
-        accepted past ``max_tokens`` before the output is cut, so the count
-        is kept at least one pass per draft.
+        Each emits one token plus the accepted ones that reached the output
+        (:attr:`truncated_accepted`), and there is at least one pass per draft.
         """
         decoded = max(len(self.token_ids) - 1, 0)
-        return max(decoded - (self.accepted_tokens or 0), self.drafts or 0, 0 if not decoded else 1)
+        return max(decoded - (self.emitted_accepted or 0), self.drafts or 0, 0 if not decoded else 1)
+
+    def truncated_per_position(self) -> tuple[int, ...]:
+        """Per draft position, the accepted tokens :attr:`truncated_accepted` removes.
+
+        The cut takes the end of the last verify pass: its bonus token first,
+        then its accepted drafts from the highest position down.
+        """
+        cut = self.truncated_accepted
+        if not cut or self.last_accepted is None:
+            return ()
+        return tuple(1 if self.last_accepted - cut <= i < self.last_accepted else 0 for i in range(self.last_accepted))
+
+
+@dataclass(frozen=True)
+class TopTokens:
+    """One request decoded plainly, with the tokens that nearly tied with its choice at every position.
+
+    ``margins[i]`` is the top-1 minus top-2 log-probability where output
+    token ``i`` was chosen; ``near_ties[i]`` the tokens whose log-probability
+    there came within the plan's tie tolerance of the top one, the top one
+    included. Two continuations that part there between two of them met a
+    numerical tie, not a choice of the target's. (Even the same batch shape
+    can part there: asking vLLM for log-probabilities computes them in
+    float32, where greedy decoding takes the argmax of 16-bit logits.)
+    """
+
+    token_ids: tuple[int, ...]
+    margins: tuple[float, ...]
+    near_ties: tuple[tuple[int, ...], ...]
 
 
 class Generator(Protocol):
@@ -97,6 +168,14 @@ class Generator(Protocol):
         """Decode ``batches`` plainly, untimed, for a proposer that drafts from the outputs.
 
         Called only for plans with ``reference_pass`` set (method controlled).
+        """
+        ...
+
+    def top_tokens(self, prompts: Sequence[Sequence[int]], max_tokens: int, tolerance: float) -> list[TopTokens]:
+        """Greedy-generate one batch as :meth:`generate` does, with each position's near ties
+        (tokens within ``tolerance`` nats of the top one).
+
+        Called only for plans with a ``tie_tolerance``, after the timed region.
         """
         ...
 
@@ -118,6 +197,10 @@ class CellPlan:
     # Before the warm-up, an untimed plain pass whose outputs the proposer
     # drafts from (controlled acceptance, specbench.controlled).
     reference_pass: bool = False
+    # After the timed repetitions, an untimed pass that records each position's
+    # top-two margin and near ties within this many nats (baselines in a dtype
+    # whose ties can flip: see TopTokens); None: no such pass.
+    tie_tolerance: float | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or len(self.prompts) % self.batch_size:
@@ -178,6 +261,17 @@ class Measurement:
     decode_s: float = 0.0
     decode_tokens: int = 0
     warmup_s: float | None = None
+    # Accepted draft tokens vLLM counted past the end of an output, over the
+    # timed requests, in all and per draft position (GeneratedRequest.truncated_accepted).
+    truncated_accepted: int = 0
+    truncated_per_pos: tuple[int, ...] = ()
+    # Most requests the engine ran at once (None: no timestamps); below the
+    # batch size when the KV cache made it run a batch in waves.
+    reached_concurrency: int | None = None
+    # Per request of the first timed repetition (plans with a tie_tolerance), up to
+    # and including the first position where the untimed pass left the timed tokens.
+    top2_margins: list[list[float]] = field(default_factory=list)
+    near_tie_tokens: list[list[list[int]]] = field(default_factory=list)
 
 
 def measure(
@@ -195,7 +289,8 @@ def measure(
     timed region only. Token ids come from the first timed repetition;
     ``outputs_stable`` says whether every repetition produced the same ones.
     ``on_batch`` is called after every timed batch (progress display).
-    With ``plan.reference_pass``, ``engine.reference_pass`` runs first, untimed.
+    With ``plan.reference_pass``, ``engine.reference_pass`` runs first, untimed;
+    with ``plan.tie_tolerance``, :func:`top_tokens_pass` runs last, untimed.
     """
     if plan.reference_pass:
         engine.reference_pass(plan.batches(), plan.max_tokens)
@@ -212,6 +307,8 @@ def measure(
     request_acceptance: list[float | None] = []
     request_decode_passes: list[int] = []
     stable = True
+    concurrency: int | None = None
+    truncated, truncated_per_pos = 0, ()
     ttft, tpot, e2e = [], [], []
     decode_s, decode_tokens = 0.0, 0
     for _ in range(plan.repetitions):
@@ -219,12 +316,18 @@ def measure(
         finished: list[GeneratedRequest] = []
         for batch in plan.batches():
             start = time.perf_counter()
-            finished.extend(engine.generate(batch, plan.max_tokens))
+            requests = engine.generate(batch, plan.max_tokens)
             elapsed += time.perf_counter() - start
+            finished.extend(requests)
+            if (ran := most_at_once(requests)) is not None:
+                concurrency = max(concurrency or 0, ran)
             if on_batch is not None:
                 on_batch()
         rep_wall_s.append(elapsed)
         rep_tokens.append(sum(len(r.token_ids) for r in finished))
+        for r in finished:
+            truncated += r.truncated_accepted
+            truncated_per_pos = _add(truncated_per_pos, r.truncated_per_position())
         ids = [r.token_ids for r in finished]
         if first_ids is None:
             first_ids = ids
@@ -240,6 +343,7 @@ def measure(
                 decode_s += r.tpot_s * (len(r.token_ids) - 1)
                 decode_tokens += len(r.token_ids) - 1
     counters = engine.spec_counters() - before
+    margins, near_ties = top_tokens_pass(engine, plan, first_ids or []) if plan.tie_tolerance is not None else ([], [])
 
     return Measurement(
         rep_wall_s=rep_wall_s,
@@ -256,7 +360,53 @@ def measure(
         decode_s=decode_s,
         decode_tokens=decode_tokens,
         warmup_s=warmup_s,
+        reached_concurrency=concurrency,
+        truncated_accepted=truncated,
+        truncated_per_pos=truncated_per_pos,
+        top2_margins=margins,
+        near_tie_tokens=near_ties,
     )
+
+
+def top_tokens_pass(
+    engine: Generator, plan: CellPlan, timed_ids: Sequence[tuple[int, ...]]
+) -> tuple[list[list[float]], list[list[list[int]]]]:
+    """Each request's top-two margins and near ties, from an untimed pass over the plan's batches.
+
+    The pass submits the batches exactly as the timed region did, so it meets
+    the same kernels and, as a rule, decodes the same tokens. Where it leaves
+    the timed tokens anyway, what follows describes another continuation:
+    each request's lists stop at (and include) its first such position.
+    """
+    assert plan.tie_tolerance is not None
+    margins: list[list[float]] = []
+    near_ties: list[list[list[int]]] = []
+    results = [r for batch in plan.batches() for r in engine.top_tokens(batch, plan.max_tokens, plan.tie_tolerance)]
+    for result, timed in zip(results, timed_ids):
+        agree = next((i for i, (a, b) in enumerate(zip(result.token_ids, timed)) if a != b), len(result.token_ids))
+        keep = min(agree + 1, len(result.margins))
+        margins.append(list(result.margins[:keep]))
+        near_ties.append([list(tokens) for tokens in result.near_ties[:keep]])
+    return margins, near_ties
+
+
+def most_at_once(requests: Sequence[GeneratedRequest]) -> int | None:
+    """The most requests of one batch the engine had running at the same moment (None: no timestamps).
+
+    A request runs from its first scheduling to its last token; a batch whose
+    requests do not all fit the KV cache runs in waves, and this falls below its size.
+    """
+    spans = [(r.scheduled_ts, r.finished_ts) for r in requests]
+    if not spans or any(start is None or end is None for start, end in spans):
+        return None
+    # Sweep over start (+1) and end (-1) events; at equal times an end comes
+    # first, so back-to-back waves do not count as overlapping.
+    events = sorted([(end, -1) for _, end in spans] + [(start, 1) for start, _ in spans])  # type: ignore[misc]
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return most
 
 
 def _is_number(value: float | None) -> bool:

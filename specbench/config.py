@@ -23,7 +23,13 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from specbench import controlled, heads, methods, models
 from specbench.analytic import memory, prediction
 from specbench.engine import EngineSpec
-from specbench.workloads import SOURCE_KEYS, WorkloadSchema, validate_workload_config
+from specbench.workloads import (
+    SOURCE_KEYS,
+    WorkloadError,
+    WorkloadSchema,
+    prompt_lengths,
+    validate_workload_config,
+)
 
 MAX_K = 64  # vLLM accepts more, but past this a sweep point is a typo
 
@@ -94,6 +100,8 @@ class CellSchema:
     engine_run: int = MISSING
     passes: Optional[int] = None
     seed: int = MISSING
+    attempts: int = MISSING
+    remeasure: Optional[str] = None
     sweep_name: str = MISSING
     verbose: bool = MISSING
     engine: EngineSchema = field(default_factory=EngineSchema)
@@ -101,6 +109,9 @@ class CellSchema:
 
 ConfigStore.instance().store(name="specbench_schema", node=CellSchema)
 
+
+# remeasure=: which stored cells a resume measures again (null: none, it only fills in).
+REMEASURE = (None, "flagged")
 
 # Exit status of a refused configuration (argparse's, for a usage error).
 REFUSED_EXIT = 2
@@ -288,6 +299,12 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         errors.append(f"engine_runs={runs!r} must be an integer >= 1")
     elif not (isinstance(engine_run, int) and 0 <= engine_run < runs):
         errors.append(f"engine_run={engine_run!r} must be in 0..{runs - 1}")
+    attempts = plain.get("attempts")
+    if not (isinstance(attempts, int) and attempts >= 1):
+        errors.append(f"attempts={attempts!r} must be an integer >= 1 (measurements of a disturbed cell)")
+    if plain.get("remeasure") not in REMEASURE:
+        errors.append(f"remeasure={plain.get('remeasure')!r} must be one of: "
+                      + ", ".join("null" if r is None else r for r in REMEASURE))
 
     if name == "controlled":
         errors += _check_controlled(method)
@@ -322,9 +339,28 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
             f"workload.max_prompt_tokens={prompt} + workload.max_tokens={output} "
             f"exceeds engine.max_model_len={max_len}"
         )
-    if not errors:  # the memory model needs a valid cell to price
-        errors += memory.fit_problems(plain)
+    # The memory model needs a valid cell and a profile stating memory; only then are prompts measured.
+    if not errors and memory.resolve_hardware(plain.get("hardware")) is not None:
+        errors += memory.fit_problems(plain, batch_prompt_tokens(plain))
     return errors
+
+
+def batch_prompt_tokens(plain: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The prompt lengths of a valid cell's heaviest batch, for the memory model (longest first).
+
+    From the prompts the cell will send (:func:`specbench.workloads.prompt_lengths`:
+    measured with the model's tokenizer where it is on disk, else bounded
+    from their characters). None where they cannot be known before the
+    engine (an ``hf`` source, or prompts that do not load or are too few,
+    which the sweep refuses once per workload with
+    :func:`specbench.workloads.check_source`): the model then prices every
+    prompt at ``workload.max_prompt_tokens``.
+    """
+    try:
+        lengths = prompt_lengths(plain["workload"], plain["model"]["path"])
+    except WorkloadError:
+        return None
+    return None if lengths is None else memory.heaviest_batch(lengths.tokens, plain["batch_size"])
 
 
 def _check_controlled(method: Mapping[str, Any]) -> list[str]:

@@ -17,17 +17,19 @@ engine start costs building the engine, not importing vLLM again.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import os
 import platform
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Sequence
 
-from specbench.cell import CellPlan, GeneratedRequest, Measurement, SpecCounters
+from specbench.cell import CellPlan, GeneratedRequest, Measurement, SpecCounters, TopTokens
 from specbench.environ import patched_environ
 
 # Sent to a worker instead of a CellPlan: asks for its EngineMemory.
@@ -85,7 +87,7 @@ class EngineSpec:
             if self.max_num_batched_tokens is not None else {}
         ) | (
             # Each request's own acceptance; vLLM refuses it without speculation.
-            {"per_request_spec_decode_metrics": "summary"} if speculative else {}
+            {"per_request_spec_decode_metrics": "detailed"} if speculative else {}
         )
 
 
@@ -98,9 +100,11 @@ class EngineMemory:
     target's). The KV figures are vLLM's own allocation: blocks, tokens per
     block, and bytes per block (summed over every KV layer, target and
     drafter, since they share one pool) divided by the block size. Peaks
-    cover the engine's life so far: torch's peak allocated and reserved
-    device memory and NVML's used memory on a GPU, the worker's peak
-    resident memory (VmHWM) on CPU; None where they do not apply.
+    cover the cell the engine measured last (they are reset as each cell
+    starts; before any cell, the engine's start): torch's peak allocated and
+    reserved device memory and NVML's used memory on a GPU, the worker's
+    peak resident memory (VmHWM) on CPU; None where they do not apply or
+    could not be reset.
     """
 
     target_weight_bytes: int
@@ -328,6 +332,38 @@ def _count_drafted_positions() -> None:
     SpecDecodingStats.observe_draft = observe_draft  # type: ignore[method-assign]
 
 
+# Tokens a request's last pass generated beyond its end (max_tokens or a stop
+# token), by vLLM's external request id; read once by _request_result.
+_CUT_TOKENS: dict[str, int] = {}
+
+
+def _count_cut_tokens() -> None:
+    """Wrap vLLM's stop check to count the tokens it cuts from a request's last pass; a no-op if it moved.
+
+    The scheduler counts a verify pass's accepted drafts before this check
+    trims them, so the cut is what vLLM's acceptance counters hold beyond
+    the output. The scheduler runs in this process (in-process engine).
+    """
+    try:
+        from vllm.v1.core.sched.scheduler import Scheduler
+    except ImportError:
+        return
+    original = Scheduler._update_request_with_output
+    if getattr(original, "_specbench_counts", False):
+        return
+
+    def update(self: Any, request: Any, new_token_ids: list[int], is_stale: bool = False) -> tuple[list[int], bool]:
+        generated = len(new_token_ids)  # the check trims the list in place
+        kept, stopped = original(self, request, new_token_ids, is_stale)
+        if stopped and generated > len(kept):
+            # Internal ids are the external one plus "-<random>" (vLLM's input processor).
+            _CUT_TOKENS[request.request_id.rsplit("-", 1)[0]] = generated - len(kept)
+        return kept, stopped
+
+    update._specbench_counts = True  # type: ignore[attr-defined]
+    Scheduler._update_request_with_output = update  # type: ignore[method-assign]
+
+
 class VllmEngine:
     """A vLLM ``LLM`` with the :class:`specbench.cell.Generator` interface."""
 
@@ -335,15 +371,39 @@ class VllmEngine:
         from vllm import LLM
 
         _count_drafted_positions()
+        _count_cut_tokens()
         self.llm = LLM(**spec.llm_kwargs())
         # In-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): one worker, this process.
         self._static_memory: dict[str, int] = self.llm.collective_rpc(_weights_and_kv)[0]
+        # False once the kernel refused to reset VmHWM: from then on it may be an earlier cell's peak.
+        self._rss_peak_resets = True
 
-    def memory(self) -> EngineMemory:
-        """Weights and KV cache as allocated at start, and the peaks reached so far."""
+    def reset_peaks(self) -> None:
+        """Restart the peak figures from what the engine holds now, so that the next cell's peaks are its own.
+
+        Without it a batch-1 cell served after a batch-64 cell on the same
+        engine would report the batch-64 peak. On a GPU, torch's peak
+        statistics; on CPU, the resident high-water mark
+        (:func:`_reset_peak_rss`). Where the kernel refuses that, the CPU
+        peak is reported unknown (None) from then on, not as this cell's.
+        """
         import torch
 
-        peaks: dict[str, int | None] = {"peak_rss_bytes": _peak_rss_bytes()}
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        elif self._rss_peak_resets and not _reset_peak_rss():
+            self._rss_peak_resets = False
+            warnings.warn(
+                "cannot reset the resident high-water mark (writing 5 to /proc/self/clear_refs failed): "
+                "peak_rss_bytes is left empty rather than report an earlier cell's peak",
+                RuntimeWarning, stacklevel=2,
+            )
+
+    def memory(self) -> EngineMemory:
+        """Weights and KV cache as allocated at start, and the peaks since the last :meth:`reset_peaks`."""
+        import torch
+
+        peaks: dict[str, int | None] = {"peak_rss_bytes": _peak_rss_bytes() if self._rss_peak_resets else None}
         if torch.cuda.is_available():
             peaks |= {
                 "peak_gpu_allocated_bytes": int(torch.cuda.max_memory_allocated()),
@@ -363,6 +423,16 @@ class VllmEngine:
             [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
         )
         return [_request_result(o) for o in outputs]
+
+    def top_tokens(self, prompts: Sequence[Sequence[int]], max_tokens: int, tolerance: float) -> list[TopTokens]:
+        """Greedy generation of one batch with every position's near ties (untimed)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=NEAR_TIE_CANDIDATES)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
+        )
+        return [_top_tokens(o.outputs[0], tolerance) for o in outputs]
 
     def reference_pass(self, batches: Sequence[Sequence[Sequence[int]]], max_tokens: int) -> None:
         """Decode ``batches`` plainly, untimed, and hand the outputs to the controlled proposer."""
@@ -442,6 +512,21 @@ def _peak_rss_bytes() -> int | None:
     return None
 
 
+def _reset_peak_rss(clear_refs: str = "/proc/self/clear_refs") -> bool:
+    """Reset this process's resident high-water mark (VmHWM) to its resident size now; False if refused.
+
+    Linux 4.0 and later do it when "5" is written to clear_refs (it touches
+    nothing else: the page flags that 1 to 4 clear stay). Another system, an
+    older kernel or a sandbox without that file refuses.
+    """
+    try:
+        with open(clear_refs, "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
 def _nvml_used_bytes(device: int) -> int | None:
     """Device memory in use as the driver reports it (every process on the device)."""
     try:
@@ -466,13 +551,44 @@ def _request_result(output: Any) -> GeneratedRequest:
         e2e = ttft + decode
         if stats.num_generation_tokens > 1:
             tpot = decode / (stats.num_generation_tokens - 1)
-    drafts = accepted = None
+    drafts = accepted = last = None
     spec = getattr(completion, "spec_decode_metrics", None)
     if spec is not None:
-        # histogram[j]: this request's passes whose draft had j tokens accepted.
+        # histogram[j]: this request's passes whose draft had j tokens accepted;
+        # per_step_accepted (the "detailed" level) in order, so its last is the pass an end can cut.
         drafts = sum(spec.histogram)
         accepted = sum(j * n for j, n in enumerate(spec.histogram))
-    return GeneratedRequest(tuple(completion.token_ids), ttft, e2e, tpot, drafts, accepted)
+        steps = getattr(spec, "per_step_accepted", None)
+        last = int(steps[-1]) if steps else None
+    scheduled = finished = None
+    if stats is not None and stats.scheduled_ts > 0 and stats.last_token_ts > 0:
+        scheduled, finished = stats.scheduled_ts, stats.last_token_ts
+    cut = _CUT_TOKENS.pop(output.request_id, 0) if spec is not None else None
+    return GeneratedRequest(
+        tuple(completion.token_ids), ttft, e2e, tpot, drafts, accepted, scheduled, finished,
+        last_accepted=last, cut_tokens=cut,
+    )
+
+
+# Tokens per position whose log-probabilities are read for near ties: in a
+# 16-bit dtype several logits can round to one value, so a tie may be three-way.
+NEAR_TIE_CANDIDATES = 5
+
+
+def _top_tokens(completion: Any, tolerance: float) -> TopTokens:
+    """Margins and near ties from a completion decoded with ``logprobs=NEAR_TIE_CANDIDATES``.
+
+    vLLM returns, per position, the top-ranked tokens (rank 1 the best) and
+    the sampled one; greedy decoding sampled rank 1.
+    """
+    margins: list[float] = []
+    near_ties: list[tuple[int, ...]] = []
+    for position in completion.logprobs or []:
+        ranked = sorted(position.items(), key=lambda item: item[1].rank)
+        best = ranked[0][1].logprob
+        margins.append(float(best - ranked[1][1].logprob) if len(ranked) > 1 else math.inf)
+        near_ties.append(tuple(int(t) for t, lp in ranked if best - lp.logprob <= tolerance))
+    return TopTokens(tuple(completion.token_ids), tuple(margins), tuple(near_ties))
 
 
 def describe_hardware() -> str:
@@ -583,6 +699,7 @@ def _serve(
                 conn.send(("error", traceback.format_exc()))
             continue
         try:
+            engine.reset_peaks()  # before the warm-up: the cell's peaks, not an earlier cell's
             # tqdm stays silent when stderr is not a terminal (logs, CI).
             with tqdm(total=plan.timed_batches, desc="  batches", leave=False, disable=None) as bar:
                 conn.send(("ok", measure(engine, plan, on_batch=bar.update)))

@@ -27,10 +27,12 @@ import numpy as np
 
 __all__ = [
     "NO_INTERVAL",
+    "EngineRunSummary",
     "PassSpread",
     "SpeedupInterval",
     "Summary",
     "WithinNoise",
+    "engine_run_interval",
     "latency_percentiles",
     "median_interval",
     "percentile",
@@ -271,10 +273,10 @@ def student_t_quantile(p: float, df: int) -> float:
 class PassSpread:
     """Engine-to-engine spread of log speedups, pooled over a sweep's cells.
 
-    ``sd`` is the pooled standard deviation of one engine run's log ratio around
-    its cell's mean; ``df`` its degrees of freedom, counted per shared
-    baseline (see :func:`pooled_engine_run_spread`). ``df == 0`` means no cell had
-    two runs: the spread is unknown.
+    ``sd`` estimates the standard deviation of one engine run's log ratio (a
+    baseline engine against a speculative one) around its cell's mean; ``df``
+    its degrees of freedom (see :func:`pooled_engine_run_spread`). ``df == 0``
+    means no cell had two runs: the spread is unknown.
     """
 
     sd: float
@@ -284,39 +286,55 @@ class PassSpread:
 def pooled_engine_run_spread(
     ratios_by_cell: Sequence[Sequence[float]], groups: Sequence[Hashable] | None = None
 ) -> PassSpread:
-    """Pool the between-run variance of log ratios over every cell with two or more engine runs.
+    """Pool the engine-to-engine variance of log ratios over every cell with two or more engine runs.
 
-    A cell's engine runs differ because each uses fresh engines on a machine whose
-    state drifts; that variation is a property of the machine and engine,
-    not of the cell, so it is estimated from all cells together:
-    s^2 = sum_cells sum_passes (ln r - mean_cell ln r)^2 / sum_cells (n - 1).
+    A cell's engine runs differ because each uses fresh engines on a machine
+    whose state drifts; that variation is a property of the machine and the
+    engine, not of the cell, so it is estimated from all cells together.
 
-    Degrees of freedom: every speculative cell of one workload, batch size
-    and engine run is divided by the same baseline measurement, so a slow baseline
-    engine run moves all their ratios together and their residuals are correlated.
-    ``groups`` names each cell's baseline (cells with equal labels share it);
-    the t quantile then uses df = sum over baselines of (engine runs - 1), as if
-    each baseline's cells were one cell. That is the conservative end (the
-    residuals of cells sharing a baseline are correlated, not identical), so
-    the interval errs wide rather than narrow. Without ``groups`` every cell
-    counts on its own. With two engine runs per cell, one baseline alone gives one
-    degree of freedom and a uselessly wide t interval; a sweep of 20 gives 20.
+    The model: one engine run's log ratio is ln r_cr = m_c + u_r - v_cr, with
+    u_r the baseline engine's deviation in run r (shared by every cell that
+    divides by that baseline: ``groups`` names each cell's baseline) and v_cr
+    the speculative engine's own. Both are fresh engines of one machine, so
+    they are taken to vary alike: Var u = Var v = s^2, and one run's log ratio
+    varies by 2 s^2. Within a baseline's group of C cells measured in the same
+    R engine runs, the two-way residuals (cell x run interaction) see only the
+    v's: their sum of squares estimates (C-1)(R-1) s^2 free of the shared
+    baseline, and the run means' spread estimates (R-1)(C+1) s^2. Scaled to
+    the variance of one run's ratio, 2 SS_interaction + 2/(C+1) SS_runs has
+    expectation C(R-1) 2 s^2, so the pooled sd has C(R-1) degrees of freedom
+    per group: six cells of one baseline in two engine runs give 5 + 1 = 6
+    instead of the 1 a baseline counted as one cell gives (t = 2.45, not
+    12.7). A group alone (C = 1) is the plain sample variance of its runs.
+
+    A group whose cells were measured in different numbers of engine runs is
+    pooled conservatively: residuals around each cell's mean, and only the
+    largest cell's n - 1 degrees of freedom, as if its cells were one.
+    Without ``groups`` every cell is its own group.
     """
     labels: Sequence[Hashable] = groups if groups is not None else list(range(len(ratios_by_cell)))
     if len(labels) != len(ratios_by_cell):
         raise ValueError(f"{len(labels)} group labels for {len(ratios_by_cell)} cells")
-    squares, cell_df = 0.0, 0
-    df_by_group: dict[Hashable, int] = {}
+    by_group: dict[Hashable, list[np.ndarray]] = {}
     for ratios, label in zip(ratios_by_cell, labels):
-        if len(ratios) < 2:
-            continue
-        logs = _finite_array([math.log(r) for r in _positive(ratios)], "ratios")
-        squares += float(np.sum((logs - logs.mean()) ** 2))
-        cell_df += logs.size - 1
-        df_by_group[label] = max(df_by_group.get(label, 0), logs.size - 1)
-    # The variance divides by the residuals' own count (each cell's n - 1);
-    # only the t quantile's df is reduced for the shared baselines.
-    return PassSpread(sd=math.sqrt(squares / cell_df) if cell_df else 0.0, df=sum(df_by_group.values()))
+        if len(ratios) >= 2:
+            logs = _finite_array([math.log(r) for r in _positive(ratios)], "ratios")
+            by_group.setdefault(label, []).append(logs)
+    squares, df = 0.0, 0
+    for cells in by_group.values():
+        if len({c.size for c in cells}) == 1:
+            table = np.vstack(cells)  # cells x engine runs
+            count = table.shape[0]
+            run_means, cell_means = table.mean(axis=0), table.mean(axis=1, keepdims=True)
+            interaction = table - cell_means - run_means + table.mean()
+            runs = count * float(np.sum((run_means - table.mean()) ** 2))
+            squares += 2.0 * float(np.sum(interaction**2)) + 2.0 / (count + 1) * runs
+            df += count * (table.shape[1] - 1)
+        else:
+            squares += sum(float(np.sum((c - c.mean()) ** 2)) for c in cells) * max(c.size - 1 for c in cells) / sum(
+                c.size - 1 for c in cells)
+            df += max(c.size - 1 for c in cells)
+    return PassSpread(sd=math.sqrt(squares / df) if df else 0.0, df=df)
 
 
 @dataclass(frozen=True)
@@ -438,3 +456,77 @@ def repeated_ngram_share(token_ids: Sequence[int], n: int = 4) -> float:
         repeated += gram in seen
         seen.add(gram)
     return repeated / len(grams)
+
+
+@dataclass(frozen=True)
+class EngineRunSummary:
+    """A timing measured in one or more engine runs: point estimate and interval.
+
+    Attributes:
+        point: with several engine runs, the geometric mean of the runs'
+            medians; with one, the median of its repetitions.
+        ci_low: lower end of the interval; None when there is none.
+        ci_high: upper end of the interval; None when there is none.
+        coverage: the confidence the interval is built for (several engine
+            runs), or the order-statistic interval's exact coverage (one
+            engine run, :func:`median_interval`); None without an interval.
+        method: ``"clustered-t-log-<conf>"``, ``"order-statistic-<coverage %>"``
+            (one engine run), or a tag starting with ``"none"``.
+    """
+
+    point: float
+    ci_low: float | None
+    ci_high: float | None
+    coverage: float | None
+    method: str
+
+
+def engine_run_interval(values_by_run: Sequence[Sequence[float]], *, confidence: float = 0.95) -> EngineRunSummary:
+    """Centre and interval of a positive timing (wall time, tokens/s) from the repetitions of each engine run.
+
+    Repetitions of one engine run share its engine and the machine's state
+    while it ran, so they are one cluster, not independent draws: pooled as
+    if independent, two engine runs of three repetitions get the [min, max]
+    of six values, labelled 96.9%, which covers the true median far less
+    often once engines differ from start to start (about 62% when engines
+    spread by 10% and repetitions by 2%). So each engine run counts once, as
+    for the speedup (:func:`speedup_interval`): its median (robust to the odd
+    slow repetition) is one observation, and with n engine runs whose log
+    medians have mean m and standard deviation s the interval is
+    ``exp(m +- t_(n-1) s / sqrt(n))`` around the point exp(m), the geometric
+    mean of the medians. That makes the merged timings agree with the
+    merged speedup, the geometric mean of the per-run ratios: a baseline's
+    point over a cell's is the speedup when their engine runs pair up.
+
+    One engine run: only its repetitions are known; the interval is their
+    order-statistic interval (:func:`summarize`) with its exact coverage, and
+    it says nothing about engine-to-engine variation. Several engine runs
+    with identical medians: no interval (a zero-width one would claim a
+    precision nobody measured).
+
+    Raises:
+        ValueError: without a value, with an empty engine run, or on values
+            that are not finite and positive.
+    """
+    _check_confidence(confidence)
+    if not values_by_run or any(len(values) == 0 for values in values_by_run):
+        raise ValueError(f"every engine run needs a value, got {[len(v) for v in values_by_run]}")
+    if len(values_by_run) == 1:
+        single = summarize(values_by_run[0], confidence=confidence)
+        return EngineRunSummary(single.median, single.ci_low, single.ci_high, single.coverage, single.method)
+    medians = [float(np.median(_finite_array(values, "values"))) for values in values_by_run]
+    if any(m <= 0 for m in medians):
+        raise ValueError(f"timings must be positive, got medians {medians}")
+    logs = np.log(medians)
+    center = float(logs.mean())
+    spread = float(np.std(logs, ddof=1))
+    if spread == 0.0:
+        return EngineRunSummary(math.exp(center), None, None, None, "none: engine runs agree exactly")
+    half = student_t_quantile((1.0 + confidence) / 2.0, logs.size - 1) * spread / math.sqrt(logs.size)
+    return EngineRunSummary(
+        point=math.exp(center),
+        ci_low=math.exp(center - half),
+        ci_high=math.exp(center + half),
+        coverage=confidence,
+        method=f"clustered-t-log-{_confidence_tag(confidence)}",
+    )

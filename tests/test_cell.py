@@ -11,7 +11,15 @@ from typing import Sequence
 import pytest
 
 from specbench import engine, run
-from specbench.cell import WARMUP_MAX_TOKENS, CellPlan, GeneratedRequest, SpecCounters, measure
+from specbench.cell import (
+    WARMUP_MAX_TOKENS,
+    CellPlan,
+    GeneratedRequest,
+    SpecCounters,
+    TopTokens,
+    measure,
+    most_at_once,
+)
 from specbench.engine import EngineError, EnginePool, EngineSpec, EngineWorker
 
 
@@ -249,3 +257,66 @@ def test_a_requests_decode_passes(tokens, drafts, accepted, passes):
     request = GeneratedRequest(tuple(range(tokens)), ttft_s=None, e2e_s=None, tpot_s=None,
                                drafts=drafts, accepted_tokens=accepted)
     assert request.decode_passes == passes
+
+
+class TopTokensEngine(FakeEngine):
+    """A FakeEngine whose untimed near-tie pass parts from the timed tokens at position 2 of request 1."""
+
+    def top_tokens(self, prompts: Sequence[Sequence[int]], max_tokens: int, tolerance: float) -> list[TopTokens]:
+        self.calls.append(("top_tokens", len(prompts)))
+        results = []
+        for p in prompts:
+            ids = tuple(p[:1]) + (7,) * (max_tokens - 1)
+            if p == (3, 4):
+                ids = ids[:2] + (9,) + ids[3:]
+            results.append(TopTokens(ids, tuple(0.5 + i for i in range(max_tokens)),
+                                     tuple((i,) for i in range(max_tokens))))
+        return results
+
+
+def test_near_tie_pass_runs_last_untimed_and_stops_where_it_leaves_the_timed_tokens():
+    fake = TopTokensEngine()
+    m = measure(fake, plan(tie_tolerance=1.0))
+    assert fake.calls[-2:] == [("top_tokens", 2), ("top_tokens", 2)]  # after the counters were read
+    assert m.top2_margins[0] == [0.5, 1.5, 2.5, 3.5, 4.5]
+    # Request 1's pass chose another token at position 2: its lists end there, inclusive.
+    assert m.top2_margins[1] == [0.5, 1.5, 2.5] and m.near_tie_tokens[1] == [[0], [1], [2]]
+    assert measure(FakeEngine(), plan()).top2_margins == []
+
+
+def test_most_at_once_counts_overlapping_requests_and_not_back_to_back_waves():
+    def request(start: float, end: float) -> GeneratedRequest:
+        return GeneratedRequest((1,), None, None, None, scheduled_ts=start, finished_ts=end)
+
+    assert most_at_once([request(0, 2), request(0, 2), request(1, 3)]) == 3
+    # Two waves of two: the second starts when the first ends.
+    assert most_at_once([request(0, 1), request(0, 1), request(1, 2), request(1, 2)]) == 2
+    assert most_at_once([request(0, 1), GeneratedRequest((1,), None, None, None)]) is None
+
+
+def test_accepted_drafts_cut_at_the_end_of_an_output_are_not_counted():
+    # A looping request at max_tokens=32, K=4: 7 verify passes, each accepting all 4
+    # drafts as vLLM counts them (28), yet only 31 tokens follow the prefill's: the
+    # last pass's 4 accepted drafts and its bonus token were cut to one token.
+    looping = GeneratedRequest((1,) * 32, None, None, None, drafts=7, accepted_tokens=28, last_accepted=4)
+    assert looping.truncated_accepted == 4 and looping.emitted_accepted == 24
+    assert looping.acceptance_length == pytest.approx(1 + 24 / 7)  # 4.43, not vLLM's 5.0
+    assert looping.decode_passes == 7
+    assert looping.truncated_per_position() == (1, 1, 1, 1)
+    # An output that ended on a pass boundary loses nothing.
+    whole = GeneratedRequest((1,) * 36, None, None, None, drafts=7, accepted_tokens=28, last_accepted=4)
+    assert whole.truncated_accepted == 0 and whole.acceptance_length == pytest.approx(5.0)
+    # Passes accepting 4 then 3 (10 tokens with the prefill's) cut to 9: the last pass gave
+    # 3 tokens, its own and 2 accepted, so its highest accepted position no longer counts.
+    cut = GeneratedRequest((1,) * 9, None, None, None, drafts=2, accepted_tokens=7, last_accepted=3)
+    assert cut.truncated_accepted == 1 and cut.truncated_per_position() == (0, 0, 1)
+
+
+def test_the_cut_the_engine_observed_decides_over_the_bound():
+    # Prompt lookup: 3 passes without a draft hide the cut from the arithmetic bound
+    # (7 + 28 - 34 = 1), but the engine saw its stop check cut 4 tokens.
+    ngram = GeneratedRequest((1,) * 35, None, None, None, drafts=7, accepted_tokens=28, last_accepted=4, cut_tokens=4)
+    assert ngram.truncated_accepted == 4 and ngram.emitted_accepted == 24
+    assert ngram.truncated_per_position() == (1, 1, 1, 1)
+    bound = GeneratedRequest((1,) * 35, None, None, None, drafts=7, accepted_tokens=28, last_accepted=4)
+    assert bound.truncated_accepted == 1

@@ -77,6 +77,21 @@ def test_malformed_prompt_file_is_refused_before_any_cell(tmp_path: Path, bad_js
     assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
 
 
+@pytest.mark.parametrize("multirun", [False, True], ids=["single", "multirun"])
+def test_too_few_prompts_within_max_prompt_tokens_are_refused_before_any_cell(tmp_path: Path, multirun: bool) -> None:
+    from specbench import models
+
+    if not (Path(models.resolve("embedded:smollm2-135m-instruct", prepare=False)) / "tokenizer.json").is_file():
+        pytest.skip("the embedded model is not prepared: validation has no tokenizer to count with")
+    overrides = ["workload=summarize", "workload.num_prompts=32", "workload.max_prompt_tokens=512",
+                 "batch_size=1,8" if multirun else "batch_size=1"]
+    result = run(sweep(*overrides, multirun=multirun, out=tmp_path), tmp_path)
+    assert result.returncode == 2
+    assert_refused(result, "workload.num_prompts=32 but only 9 prompts of summarize (source=builtin) fit "
+                           "workload.max_prompt_tokens=512 (29 of 38 are longer")
+    assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
+
+
 @pytest.mark.parametrize("module", ["specbench.report", "specbench.analytic.prediction", "specbench.analytic.recommend"])
 def test_corrupt_results_file(tmp_path: Path, module: str) -> None:
     damaged = tmp_path / "results.parquet"

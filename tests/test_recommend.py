@@ -94,13 +94,31 @@ def test_cli_refuses_results_without_speedups(tmp_path, rows):
     assert recommend.main([str(tmp_path)]) == 2
 
 
-def test_inexact_or_flagged_cells_never_choose_k(tmp_path, capsys):
-    rows = [_row(4, 1, 3.0) | {"exact_match": False}, _row(8, 1, 2.5) | {"flagged": True}, _row(2, 1, 1.5)]
+def test_mismatched_or_flagged_cells_never_choose_k(tmp_path, capsys):
+    rows = [_row(4, 1, 3.0) | {"exact_match": False, "exactness": "mismatch"}, _row(8, 1, 2.5) | {"flagged": True},
+            _row(2, 1, 1.5)]
     (rec,) = recommend.recommend(rows)
     assert rec.best == {1: (2, 1.5)}
     write_results(rows, tmp_path / "results.parquet")
     assert recommend.main([str(tmp_path)]) == 0
     assert "2 cell(s) left out" in capsys.readouterr().err
+
+
+def test_numerical_ties_and_caveats_exclude_nothing():
+    # Outputs that differ from the baseline only at numerical ties (exact_match False, exactness "ties") and
+    # caveats such as looping outputs qualify a cell; they do not exclude it.
+    tied = _row(4, 1, 1.8) | {"exact_match": False, "exactness": "ties", "differing_requests": 2,
+                              "tie_requests": 2, "mismatched_requests": 0,
+                              "caveats": ["2 of 32 requests diverge at numerical ties"]}
+    looping = _row(2, 4, 1.4) | {"caveats": ["1 of 32 outputs loops, carrying 20% of the output tokens"]}
+    (rec,) = recommend.recommend([tied, _row(2, 1, 1.5), looping])
+    assert rec.best == {1: (4, 1.8), 4: (2, 1.4)}
+
+
+def test_an_older_row_without_exactness_reads_exact_match_as_before():
+    old = _row(4, 1, 3.0) | {"exact_match": False, "exactness": None}
+    (rec,) = recommend.recommend([old, _row(2, 1, 1.5)])
+    assert rec.best == {1: (2, 1.5)}
 
 
 def test_a_row_with_an_unreadable_config_is_read_as_every_other_reader_reads_it():

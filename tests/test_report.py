@@ -28,6 +28,11 @@ from specbench.report import write_report
 from specbench.results.files import CellFiles
 
 REPO = Path(__file__).resolve().parents[1]
+# The columns schema 7 added (ties told from mismatches, caveats, attempts, ...): absent from older files.
+SCHEMA_7 = ("exactness", "differing_requests", "tie_requests", "divergences", "exactness_reference", "tie_tolerance",
+            "caveats", "attempts", "other_cpu_share_per_attempt", "speedup_log_sd", "speedup_df",
+            "reached_concurrency", "raw_accepted_tokens", "raw_acceptance_length", "raw_acceptance_rate_per_pos",
+            "top2_margins")
 class Page(HTMLParser):
     """The rendered page as text: section texts and table rows, keyed by section id."""
 
@@ -129,18 +134,25 @@ def test_summary_counts_best_and_verdicts(grid_page: tuple[str, Page]) -> None:
     summary = page.text("summary")
     assert "Cells 30" in summary and "Failed 0" in summary
     assert "1.80× (CI [1.62, 1.98]) with ngram K=4 at batch 1 on summarize" in summary
-    assert "summarize: ngram K=4 pays up to batch 4 (1.80× at batch 1)" in summary
-    assert "creative: draft_model K=4 pays up to batch 1 (1.20× at batch 1)" in summary
+    # ngram K=4's 1.10x at batch 4 has CI [0.99, 1.21]: it does not pay there, but K=2 does (the schedule's K).
+    assert (
+        "summarize: ngram K=4 pays at batch 1 (1.80×, CI [1.62, 1.98]), not at batch 4 (1.10×, CI [0.99, 1.21]); "
+        "choosing the configuration per batch size, speculation pays up to batch 4"
+    ) in summary
+    assert "creative: draft_model K=4 pays at batch 1 (1.20×, CI [1.08, 1.32]), not at batch 4" in summary
     assert "No model columns (predicted_speedup)" in summary
+    assert summary.count("A cell pays when the lower end of its 95% speedup interval lies above 1×") == 1
 
 
 def test_best_configuration_per_workload_and_batch(grid_page: tuple[str, Page]) -> None:
     _, page = grid_page
     rows = page.tables["best"]
-    assert rows[0] == ["workload", "batch size", "configuration", "speedup", "CI", "decode speedup"]
-    assert ["summarize", "1", "ngram K=4", "1.80×", "[1.62, 1.98]", "1.80×"] in rows
-    assert ["summarize", "4", "ngram K=2", "1.20×", "[1.08, 1.32]", "1.20×"] in rows
-    assert ["creative", "16", "ngram K=2", "0.70×", "[0.63, 0.77]", "0.70×"] in rows
+    assert rows[0] == ["workload", "batch size", "configuration", "speedup", "CI",
+                       "simultaneous CI (all cells of the workload)", "decode speedup", "caveats"]
+    # No pooled spread in these rows: no simultaneous interval, and no confirmation column.
+    assert ["summarize", "1", "ngram K=4", "1.80×", "[1.62, 1.98]", "–", "1.80×", ""] in rows
+    assert ["summarize", "4", "ngram K=2", "1.20×", "[1.08, 1.32]", "–", "1.20×", ""] in rows
+    assert ["creative", "16", "ngram K=2", "0.70×", "[0.63, 0.77]", "–", "0.70×", ""] in rows
     assert len(rows) == 1 + 6
 
 
@@ -221,8 +233,8 @@ def test_verdict_warns_when_the_interval_includes_one(tmp_path: Path) -> None:
     rows = [make_row("baseline"), make_row("ngram", 2, speedup=1.05, speedup_ci_low=0.9, speedup_ci_high=1.2)]
     _, page = render(tmp_path, rows)
     assert (
-        "summarize: ngram K=2 pays at batch 1, the only batch size measured "
-        "(1.05×; its CI [0.90, 1.20] does not exclude 1×)"
+        "summarize: nothing is shown to pay at batch 1: the fastest, ngram K=2 (1.05×), has CI [0.90, 1.20], "
+        "which includes 1×"
     ) in page.text("summary")
 
 
@@ -270,7 +282,7 @@ PARTIAL_CASES: dict[str, tuple[list[dict[str, Any]], list[str]]] = {
     "one method, one batch size": (
         [make_row("baseline"), make_row("ngram", 2, speedup=1.3), make_row("ngram", 4, speedup=1.6)],
         ["Only batch size 1 was compared: break-even batch sizes cannot be interpolated.",
-         "summarize: ngram K=4 pays at batch 1, the only batch size measured (1.60×)"],
+         "summarize: ngram K=4 pays at batch 1, the only batch size measured (1.60×, CI [1.44, 1.76])"],
     ),
     "failed cells": (
         [make_row("baseline"), make_row("ngram", 2, speedup=1.3),
@@ -322,22 +334,31 @@ def test_partial_sweeps_render_and_say_what_is_missing(tmp_path: Path, case: str
         assert f'id="img-{section}"' in text or "No " in page.text(section)
 
 
-def test_exactness_lists_mismatches_and_unknowns(tmp_path: Path) -> None:
+def test_an_older_file_reads_exact_match_as_before(tmp_path: Path) -> None:
+    # Schema 6 and older: no exactness column, so exact_match False is a mismatch, counted in mismatched_requests;
+    # no attempts, caveats or raw counters either, and the page still renders whole.
     rows = [
         make_row("baseline"), make_row("baseline", batch=4),
         make_row("ngram", 2, speedup=1.3, exact_match=False, mismatched_requests=2),
         make_row("ngram", 4, speedup=1.5),
         make_row("ngram", 2, batch=4, speedup=1.1, exact_match=None, mismatched_requests=None),
     ]
-    _, page = render(tmp_path, rows)
+    _, page = render(tmp_path, rows, drop=SCHEMA_7)
     exactness = page.tables["exactness"]
-    assert ["summarize", "ngram K=2", "1", "2 of 4 requests differ", "ngram-k2-b1-summarize-r0"] in exactness
+    assert ["summarize", "ngram K=2", "1", "mismatch", "2 / 0 / 2", "positions not recorded",
+            "ngram-k2-b1-summarize-r0"] in exactness
     assert [
         "summarize", "ngram K=2", "4", "output tokens of the cell or its baseline were not found",
         "ngram-k2-b4-summarize-r0",
     ] in exactness
-    assert "All speculative outputs matched" not in page.text("exactness")
-    assert "1 speculative cell(s) produced output that differs" in page.text("exactness")
+    text = page.text("exactness")
+    assert "All speculative outputs matched" not in text
+    assert "1 speculative cell(s) produced output that differs from the baseline" in text
+    assert "2 cell(s) compared: 1 token for token, 0 differing only at numerical ties, 1 with mismatches" in text
+    assert "not batch-invariant" not in text  # no ties, no control: nothing to explain
+    summary = page.text("summary")
+    assert "1.50× (CI [1.35, 1.65]) with ngram K=4" in summary
+    assert "1 cell(s) left out: 1 with mismatched outputs" in summary
 
 
 def test_model_columns_and_flags_are_used_when_present(tmp_path: Path) -> None:
@@ -466,16 +487,19 @@ def test_a_broken_report_loses_neither_results_nor_the_failed_exit(
 def test_best_configuration_and_verdict_skip_inexact_and_flagged_cells(tmp_path: Path) -> None:
     rows = [
         make_row("baseline"),
-        make_row("ngram", 4, speedup=3.0, exact_match=False, mismatched_requests=2),
-        make_row("ngram", 8, speedup=2.5, flagged=True, flag_reasons=["3 of 4 outputs loop"]),
+        make_row("ngram", 4, speedup=3.0, exact_match=False, exactness="mismatch", differing_requests=2,
+                 mismatched_requests=2),
+        make_row("ngram", 8, speedup=2.5, flagged=True,
+                 flag_reasons=["other processes kept 39% of the cores busy after 3 attempts"]),
         make_row("ngram", 2, speedup=1.5),
     ]
     _, page = render(tmp_path, rows)
     summary = page.text("summary")
     assert "1.50× (CI [1.35, 1.65]) with ngram K=2 at batch 1 on summarize" in summary
     assert "3.00×" not in summary and "2.50×" not in summary
-    assert "summarize: ngram K=2 pays at batch 1" in summary and "2 inexact or flagged cell(s) left out" in summary
-    assert ["summarize", "1", "ngram K=2", "1.50×", "[1.35, 1.65]", "1.50×"] in page.tables["best"]
+    assert "summarize: ngram K=2 pays at batch 1" in summary
+    assert "(2 cell(s) left out: 1 with mismatched outputs, 1 flagged)" in summary
+    assert ["summarize", "1", "ngram K=2", "1.50×", "[1.35, 1.65]", "–", "1.50×", ""] in page.tables["best"]
 
 
 def test_page_and_cli_choose_k_by_the_same_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -490,7 +514,7 @@ def test_page_and_cli_choose_k_by_the_same_rule(tmp_path: Path, capsys: pytest.C
         make_row("ngram", 2, speedup=1.2, speedup_ci_low=1.1, speedup_ci_high=1.3),
     ]
     text, page = render(tmp_path, rows)
-    assert ["summarize", "1", "ngram K=2", "1.20×", "[1.10, 1.30]", "1.20×"] in page.tables["best"]
+    assert ["summarize", "1", "ngram K=2", "1.20×", "[1.10, 1.30]", "–", "1.20×", ""] in page.tables["best"]
     assert "Best K by batch size: 1 → 2" in page.text("schedule")
     assert recommend.main([str(tmp_path)]) == 0
     assert "batch    1: K=2 (1.20x)" in capsys.readouterr().out
@@ -521,3 +545,181 @@ def test_a_cell_without_an_interval_says_so(tmp_path: Path) -> None:
     summary = page.text("summary")
     assert "1.40× (no interval) with ngram K=2 at batch 1" in summary
     assert "no interval (one engine run of one repetition)" in summary
+
+
+# --- verdicts with ties, caveats, re-measured and flagged cells (schema 7) -------------------------------
+
+
+def _tied(k: int, speedup: float, low: float, high: float, **overrides: Any) -> dict[str, Any]:
+    """A bf16 ngram cell of 8 requests whose outputs leave the baseline's at two numerical ties."""
+    return make_row(
+        "ngram", k, speedup=speedup, speedup_ci_low=low, speedup_ci_high=high, num_requests=8, dtype="bfloat16",
+        exact_match=False, exactness="ties", differing_requests=2, tie_requests=2, mismatched_requests=0,
+        divergences=[{"request": 1, "position": 51, "kind": "tie", "margin": 0.004},
+                     {"request": 3, "position": 26, "kind": "tie", "margin": 0.011}],
+        tie_tolerance=0.0625, caveats=["2 of 8 requests diverge from the baseline at numerical ties"],
+        **overrides,
+    )
+
+
+def test_a_ties_only_cell_is_judged_and_named_best_with_its_caveat(tmp_path: Path) -> None:
+    rows = [
+        make_row("baseline", num_requests=8, dtype="bfloat16"),
+        # The control: plain decoding at batch 8 against plain decoding at batch 1.
+        make_row("baseline", batch=8, num_requests=8, dtype="bfloat16", exact_match=False, exactness="ties",
+                 differing_requests=2, tie_requests=2, mismatched_requests=0, tie_tolerance=0.0625,
+                 exactness_reference="baseline-k0-b1-summarize-r0",
+                 divergences=[{"request": 1, "position": 51, "kind": "tie", "margin": 0.004},
+                              {"request": 3, "position": 26, "kind": "tie", "margin": None}]),
+        _tied(4, 1.66, 1.60, 1.72),
+        make_row("ngram", 2, speedup=1.4, num_requests=8, dtype="bfloat16"),
+    ]
+    _, page = render(tmp_path, rows)
+    summary = page.text("summary")
+    assert ("summarize: ngram K=4 pays at batch 1, the only batch size measured (1.66×, CI [1.60, 1.72]); "
+            "caveat: 2 of 8 requests diverge from the baseline at numerical ties") in summary
+    assert "1.66× (CI [1.60, 1.72]) with ngram K=4 at batch 1 on summarize; caveat: 2 of 8" in summary
+    assert "left out" not in summary
+    best = page.tables["best"][1]
+    assert best[2] == "ngram K=4" and best[-1] == "2 of 8 requests diverge from the baseline at numerical ties"
+    assert "Best K by batch size: 1 → 4" in page.text("schedule")
+    exactness = page.text("exactness")
+    assert ["summarize", "ngram K=4", "1", "ties", "6 / 2 / 0",
+            "request 1 at token 51 (tie, margin 0.004 nats); request 3 at token 26 (tie, margin 0.011 nats)",
+            "ngram-k4-b1-summarize-r0"] in page.tables["exactness"]
+    assert "2 cell(s) compared: 1 token for token, 1 differing only at numerical ties, 0 with mismatches" in exactness
+    assert ("In bfloat16 plain decoding is not batch-invariant: at near-ties of the target's top two tokens, "
+            "kernels of another shape break the tie differently; vLLM promises exactness only up to "
+            "floating-point precision.") in exactness
+    assert "0.0625 nats (bfloat16)" in exactness
+    assert "this is a bug" not in exactness  # only mismatches raise the warning
+    assert ("summarize: plain decoding at batch 8 disagreed with batch 1 on 2 of 8 requests (ties: 2, mismatches: 0); "
+            "first divergences: request 1 at token 51 (tie, margin 0.004 nats); "
+            "request 3 at token 26 (tie, margin unknown)") in exactness
+
+
+def test_a_real_mismatch_is_left_out_and_warned_about(tmp_path: Path) -> None:
+    mismatch = make_row(
+        "ngram", 8, speedup=2.0, num_requests=8, exact_match=False, exactness="mismatch", differing_requests=2,
+        tie_requests=1, mismatched_requests=1, flagged=True,
+        flag_reasons=["outputs mismatch the baseline's in 1 of 8 requests beyond the tie tolerance"],
+        divergences=[{"request": 0, "position": 5, "kind": "tie", "margin": 0.01},
+                     {"request": 2, "position": 17, "kind": "mismatch", "margin": 2.3}],
+    )
+    rows = [make_row("baseline", num_requests=8), _tied(4, 1.66, 1.60, 1.72), mismatch]
+    _, page = render(tmp_path, rows)
+    summary = page.text("summary")
+    assert "2.00×" not in summary and "with ngram K=4" in summary
+    assert "(1 cell(s) left out: 1 with mismatched outputs)" in summary
+    exactness = page.text("exactness")
+    assert "1 speculative cell(s) produced output that differs from the baseline" in exactness
+    assert "this is a bug, not a trade-off" in exactness
+    assert ["summarize", "ngram K=8", "1", "mismatch", "6 / 1 / 1",
+            "request 0 at token 5 (tie, margin 0.01 nats); request 2 at token 17 (mismatch, margin 2.3 nats)",
+            "ngram-k8-b1-summarize-r0"] in page.tables["exactness"]
+
+
+def test_a_loop_caveat_qualifies_the_verdict_without_excluding_the_cell(tmp_path: Path) -> None:
+    loop = "1 of 8 outputs loops; the looping request carries 30% of the output tokens"
+    rows = [make_row("baseline"), make_row("ngram", 4, speedup=1.66, speedup_ci_low=1.6, speedup_ci_high=1.72,
+                                           repetitive_requests=1, caveats=[loop]),
+            make_row("ngram", 2, speedup=1.3)]
+    _, page = render(tmp_path, rows)
+    summary = page.text("summary")
+    assert ("summarize: ngram K=4 pays at batch 1, the only batch size measured (1.66×, CI [1.60, 1.72]); "
+            f"caveat: {loop}") in summary
+    assert "left out" not in summary and "No cell was flagged" in page.text("flagged")
+
+
+def test_flagged_cells_are_named_with_the_command_that_measures_them_again(tmp_path: Path) -> None:
+    saved = {"hydra": {"overrides": {"task": ["method=ngram", "num_speculative_tokens=2,4"]}}}
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump(saved))
+    rows = [
+        make_row("baseline", attempts=2, other_cpu_share_per_attempt=[0.31, 0.04]),
+        make_row("ngram", 2, speedup=1.5),
+        make_row("ngram", 4, speedup=2.2, flagged=True, attempts=3, other_cpu_share_per_attempt=[0.39, 0.41, 0.35],
+                 flag_reasons=["other processes kept 35% of the cores busy after 3 attempts"]),
+    ]
+    _, page = render(tmp_path, rows)
+    flagged = page.text("flagged")
+    assert [
+        "summarize", "ngram K=4", "1",
+        "other processes kept 35% of the cores busy after 3 attempts (speedup 2.20×, CI [1.98, 2.42]); "
+        "3 attempts (other processes kept 39%, 41%, 35% of the cores busy; the least disturbed kept)",
+        "ngram-k4-b1-summarize-r0",
+    ] in page.tables["flagged"]
+    assert ("python -m specbench -m method=ngram num_speculative_tokens=2,4 "
+            f"hydra.sweep.dir={tmp_path} remeasure=flagged") in flagged
+    assert flagged.count("remeasure=flagged") == 1
+    # Every cell measured more than once is listed, flagged or not.
+    assert ["summarize", "baseline", "1", "2 attempts (other processes kept 31%, 4% of the cores busy; the least "
+            "disturbed kept)", "baseline-k0-b1-summarize-r0"] in page.tables["flagged"]
+    assert any(r[2:4] == ["1", "3 attempts (other processes kept 39%, 41%, 35% of the cores busy; the least "
+                          "disturbed kept); still flagged"] for r in page.tables["flagged"])
+    assert "2.20×" not in page.text("summary")
+
+
+def test_the_remeasure_command_of_a_reconstructed_sweep_pins_its_directory(tmp_path: Path) -> None:
+    rows = [make_row("baseline"), make_row("ngram", 2, speedup=1.5, flagged=True, flag_reasons=["load"])]
+    _, page = render(tmp_path, rows)
+    assert f"sweep_name=demo hydra.sweep.dir={tmp_path} remeasure=flagged" in page.text("flagged")
+
+
+def test_the_best_configuration_carries_a_simultaneous_interval(tmp_path: Path) -> None:
+    from specbench.stats import student_t_quantile
+
+    sd, dof, runs = 0.05, 4, 2
+
+    def cell(k: int, speedup: float) -> dict[str, Any]:
+        half = student_t_quantile(0.975, dof) * sd / math.sqrt(runs)
+        return make_row("ngram", k, speedup=speedup, engine_runs=runs, speedup_log_sd=sd, speedup_df=dof,
+                        speedup_ci_low=speedup * math.exp(-half), speedup_ci_high=speedup * math.exp(half))
+
+    rows = [make_row("baseline"), cell(2, 1.5), cell(4, 1.8), cell(8, 1.6)]
+    _, page = render(tmp_path, rows, extra={"confirmation_speedup": [None, None, 1.71, None]})
+    header, best = page.tables["best"][:2]
+    assert header[5] == "simultaneous CI (all cells of the workload)" and header[6] == "confirmation speedup"
+    # Bonferroni over the 3 cells compared on the workload: t at 1 - 0.05 / 6.
+    half = student_t_quantile(1 - 0.05 / 6, dof) * sd / math.sqrt(runs)
+    low, high = 1.8 * math.exp(-half), 1.8 * math.exp(half)
+    assert best[2:7] == ["ngram K=4", "1.80×", f"[{rows[2]['speedup_ci_low']:.2f}, {rows[2]['speedup_ci_high']:.2f}]",
+                         f"[{low:.2f}, {high:.2f}] over 3 cells", "1.71×"]
+    assert low < rows[2]["speedup_ci_low"] and high > rows[2]["speedup_ci_high"]
+    assert "the winner's curse" in page.text("best")
+    assert f"simultaneous over 3 cells [{low:.2f}, {high:.2f}]) with ngram K=4" in page.text("summary")
+
+
+def test_pays_up_to_follows_the_schedules_rule(tmp_path: Path) -> None:
+    # Batch 4's 1.15x is above 1 on its point estimate, but its interval includes 1: neither the verdict
+    # nor the schedule counts it; batch 16's interval clears 1, yet the verdict's run of batch sizes ended at 4.
+    rows = [make_row("baseline", batch=b) for b in (1, 4, 16)]
+    for batch, (speedup, low, high) in zip((1, 4, 16), ((1.5, 1.3, 1.7), (1.15, 0.95, 1.35), (1.1, 1.02, 1.2))):
+        rows.append(make_row("ngram", 2, batch, speedup=speedup, speedup_ci_low=low, speedup_ci_high=high))
+    _, page = render(tmp_path, rows)
+    assert ("summarize: ngram K=2 pays at batch 1 (1.50×, CI [1.30, 1.70]), not at batch 4 (1.15×, CI [0.95, 1.35])"
+            in page.text("summary"))
+    assert "Best K by batch size: 1 → 2, 4 → 0, 16 → 2" in page.text("schedule")
+
+
+def test_acceptance_counted_by_vllm_is_noted_where_it_differs(tmp_path: Path) -> None:
+    rows = [make_row("baseline"), make_row("ngram", 4, speedup=1.5, acceptance_length=4.43, raw_acceptance_length=5.0),
+            make_row("ngram", 2, speedup=1.4, raw_acceptance_length=None)]
+    _, page = render(tmp_path, rows)
+    notes = page.text("acceptance")
+    assert ("summarize, ngram K=4, batch 1: acceptance length 4.43 on emitted tokens, "
+            "5.00 by vLLM's counters (+13%)") in notes
+    assert "ngram K=2, batch 1: acceptance length" not in notes
+
+
+def test_a_float32_control_that_agrees_explains_no_ties(tmp_path: Path) -> None:
+    rows = [
+        make_row("baseline", num_requests=8), make_row("ngram", 2, speedup=1.4, num_requests=8),
+        make_row("baseline", batch=8, num_requests=8, exactness="exact", differing_requests=0, tie_requests=0,
+                 mismatched_requests=0, exactness_reference="baseline-k0-b1-summarize-r0"),
+    ]
+    _, page = render(tmp_path, rows)
+    exactness = page.text("exactness")
+    assert "All speculative outputs matched the baseline token for token (1 cell(s) compared)" in exactness
+    assert ("summarize: plain decoding at batch 8 disagreed with batch 1 on 0 of 8 requests "
+            "(ties: 0, mismatches: 0)") in exactness
+    assert "not batch-invariant" not in exactness

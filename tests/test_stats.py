@@ -11,6 +11,7 @@ from specbench.stats import (
     NO_INTERVAL,
     PassSpread,
     WithinNoise,
+    engine_run_interval,
     median_interval,
     pooled_engine_run_spread,
     repeated_ngram_share,
@@ -176,16 +177,53 @@ class TestPooledPassSpread:
         assert spread.df == 3
         assert spread.sd == pytest.approx(math.sqrt(2 * math.log(1.1) ** 2 / 3))
 
-    def test_cells_sharing_a_baseline_count_its_degrees_of_freedom_once(self) -> None:
-        # Three K values over one baseline, two engine runs: their residuals share the
-        # baseline's pass-to-pass noise, so they give 1 df, not 3. The variance
-        # still averages the three cells' own residuals.
+    def test_cells_sharing_a_baseline_pool_their_interaction_with_the_runs(self) -> None:
+        # Three K values over one baseline, two engine runs. The cell x run
+        # interaction sees only the speculative engines; the run means also see
+        # the shared baseline. Variance of one run's ratio: 2 SS_int + 2/(C+1) SS_runs
+        # over C (R-1) = 3 degrees of freedom.
         ratios = [[1.0, 1.21], [2.0, 2.42], [1.5, 1.5]]
+        logs = np.log(np.array(ratios))
+        run_means = logs.mean(axis=0)
+        interaction = logs - logs.mean(axis=1, keepdims=True) - run_means + logs.mean()
+        runs = 3 * np.sum((run_means - logs.mean()) ** 2)
+        expected = math.sqrt((2 * np.sum(interaction**2) + 2 / 4 * runs) / 3)
         shared = pooled_engine_run_spread(ratios, groups=["b", "b", "b"])
+        assert shared.df == 3
+        assert shared.sd == pytest.approx(expected)
+        # Without groups every cell is its own baseline: residuals around each cell's mean.
         separate = pooled_engine_run_spread(ratios)
-        assert (shared.df, separate.df) == (1, 3)
-        assert shared.sd == pytest.approx(separate.sd)
-        assert pooled_engine_run_spread(ratios, groups=["b", "b", "c"]).df == 2
+        assert separate.df == 3
+        assert separate.sd == pytest.approx(math.sqrt(np.sum((logs - logs.mean(axis=1, keepdims=True)) ** 2) / 3))
+
+    def test_a_slow_baseline_run_moving_every_cell_alike_counts_once(self) -> None:
+        # Every cell's ratio falls by the same 10% in run 1: that is one baseline
+        # engine's deviation, shared, so it weighs 2/(C+1) of what C separate cells would.
+        ratios = [[1.0, 0.9], [2.0, 1.8], [1.5, 1.35], [1.2, 1.08]]
+        shared = pooled_engine_run_spread(ratios, groups=["b"] * 4)
+        separate = pooled_engine_run_spread(ratios)
+        assert shared.df == separate.df == 4
+        assert shared.sd == pytest.approx(separate.sd * math.sqrt(2 / 5))
+
+    def test_unbalanced_group_counts_its_largest_cell_only(self) -> None:
+        ratios = [[1.0, 1.21], [2.0, 2.0, 2.0]]
+        spread = pooled_engine_run_spread(ratios, groups=["b", "b"])
+        assert spread.df == 2
+        assert spread.sd == pytest.approx(math.sqrt(2 * math.log(1.1) ** 2 / 3))
+
+    def test_interval_covers_at_its_label_when_engines_vary_alike(self) -> None:
+        # The design's promise, simulated: six cells over one baseline, two engine runs,
+        # baseline and speculative engines with equal spread (the model's assumption).
+        rng = np.random.default_rng(7)
+        trials, hits = 2000, 0
+        for _ in range(trials):
+            logs = math.log(1.5) + rng.normal(0, 0.03, 2) - rng.normal(0, 0.03, (6, 2))
+            ratios = np.exp(logs).tolist()
+            spread = pooled_engine_run_spread(ratios, groups=["b"] * 6)
+            interval = speedup_interval(ratios[0], spread, None)
+            hits += interval.ci_low <= 1.5 <= interval.ci_high
+        assert spread.df == 6
+        assert 0.93 <= hits / trials <= 0.97
 
     def test_no_cell_with_two_passes_means_unknown_spread(self) -> None:
         assert pooled_engine_run_spread([[1.2], [0.9]]) == PassSpread(sd=0.0, df=0)
@@ -251,3 +289,45 @@ def test_repeated_ngram_share_tells_a_loop_from_ordinary_text():
     assert repeated_ngram_share([5, 5, 5], n=1) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="n must be"):
         repeated_ngram_share([1], n=0)
+
+
+class TestEngineRunInterval:
+    def test_each_engine_run_is_one_cluster(self) -> None:
+        # Three engine runs of three repetitions: medians 1.0, 1.1, 1.3.
+        runs = [[0.99, 1.0, 1.02], [1.1, 1.05, 1.2], [1.3, 1.31, 1.28]]
+        logs = [math.log(m) for m in (1.0, 1.1, 1.3)]
+        mean = sum(logs) / 3
+        sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+        half = 4.302652729749464 * sd / math.sqrt(3)
+        result = engine_run_interval(runs)
+        assert result.point == pytest.approx(math.exp(mean))  # geometric mean of the medians
+        assert result.ci_low == pytest.approx(math.exp(mean - half))
+        assert result.ci_high == pytest.approx(math.exp(mean + half))
+        assert result.coverage == 0.95 and result.method == "clustered-t-log-95"
+
+    def test_wider_than_pooling_repetitions_when_engine_runs_disagree(self) -> None:
+        runs = [[1.0, 1.01, 0.99], [1.2, 1.21, 1.19]]
+        naive = summarize([w for run in runs for w in run])
+        clustered = engine_run_interval(runs)
+        assert naive.coverage == pytest.approx(1 - 2 / 64)  # [min, max] of six, labelled 96.9%
+        assert clustered.ci_low < naive.ci_low and clustered.ci_high > naive.ci_high
+        # Engine runs that agree: the same construction, not wider than it needs be.
+        close = engine_run_interval([[1.0, 1.01, 0.99], [1.002, 1.012, 0.992]])
+        assert close.ci_high / close.ci_low < 1.05
+
+    def test_one_engine_run_falls_back_to_its_repetitions(self) -> None:
+        result = engine_run_interval([[1.0, 1.2, 1.1]])
+        assert (result.point, result.ci_low, result.ci_high) == (1.1, 1.0, 1.2)
+        assert result.coverage == pytest.approx(0.75) and result.method == "order-statistic-75"
+        single = engine_run_interval([[1.0]])
+        assert single.ci_low is None and single.method == "none"
+
+    def test_identical_engine_runs_give_no_zero_width_interval(self) -> None:
+        result = engine_run_interval([[1.0], [1.0]])
+        assert result.point == 1.0 and result.ci_low is None and result.ci_high is None
+        assert result.coverage is None and result.method.startswith("none")
+
+    @pytest.mark.parametrize("runs", [[], [[1.0], []], [[1.0], [-1.0]], [[1.0], [math.nan]]])
+    def test_bad_input_rejected(self, runs: list[list[float]]) -> None:
+        with pytest.raises(ValueError):
+            engine_run_interval(runs)

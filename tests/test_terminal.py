@@ -81,7 +81,13 @@ def test_cell_line_has_speedup_acceptance_and_exactness(compose_cell, tmp_path):
     CellFiles(tmp_path, base.cell_id).write(row(base, 1.5, 0), [[1, 2], [3, 5]], ["a", "b"])
     assert cell_summary(spec, row(spec, 1.0, 20), tmp_path) == (
         "ngram K=2 batch 4 summarize engine run 0: 1.50x, 64.0 tok/s, acceptance length 2.00, "
-        "NOT EXACT: 1 request(s) differ")
+        "NOT EXACT: 1 request(s) differ at a clear winner")
+    # In bfloat16 the same divergence to a token within the tolerance of the baseline's is a tie.
+    tie = row(base, 1.5, 0) | {"dtype": "bfloat16", "top2_margins": [[2.0, 2.0], [2.0, 0.1]],
+                               "near_tie_tokens": [[[1], [2]], [[3], [5, 4]]]}
+    CellFiles(tmp_path, base.cell_id).write(tie, [[1, 2], [3, 5]], ["a", "b"])
+    assert cell_summary(spec, row(spec, 1.0, 20), tmp_path).endswith("exact but for 1 numerical tie(s)")
+    CellFiles(tmp_path, base.cell_id).write(row(base, 1.5, 0), [[1, 2], [3, 5]], ["a", "b"])
     # The baseline measured after it names its speedup.
     CellFiles(tmp_path, spec.cell_id).write(row(spec, 1.0, 20) | {
         "baseline_cell_id": base.cell_id, "method": "ngram", "num_speculative_tokens": 2}, [[1, 2], [3, 5]], ["a", "b"])

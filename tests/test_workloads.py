@@ -18,13 +18,17 @@ from omegaconf import OmegaConf
 from specbench.workloads import (
     NAMES,
     Prompt,
+    PromptLengths,
     Workload,
     WorkloadError,
+    check_source,
     estimated_requests,
     load_prompts,
     load_workload,
+    prompt_lengths,
     validate_workload_config,
 )
+from specbench.workloads.tokens import CHAT_TEMPLATE_TOKENS, FileTokenizer
 
 TOKENIZER_DIR = Path.home() / ".cache" / "specbench" / "models" / "smollm2-135m-instruct"
 WORKLOAD_CONF = Path(__file__).resolve().parents[1] / "conf" / "workload"
@@ -178,6 +182,51 @@ class TestEstimatedRequests:
     def test_none_where_the_prompts_are_not_read_before_an_engine(self, tmp_path: Path) -> None:
         assert estimated_requests(make_cfg(source="hf")) is None
         assert estimated_requests(make_cfg(source="jsonl", path=str(tmp_path / "missing.jsonl"))) is None
+
+
+class TestPromptLengths:
+    """The token lengths validation prices and counts, before any engine or torch."""
+
+    @pytest.mark.parametrize("name", NAMES)
+    def test_the_tokenizers_files_give_the_runs_token_ids(self, name: str, tokenizer: Any) -> None:
+        files = FileTokenizer(TOKENIZER_DIR)
+        for prompt in load_prompts(make_cfg(name=name))[0]:
+            message = [{"role": "user", "content": prompt.text}]
+            assert files.apply_chat_template(message, add_generation_prompt=True, tokenize=True) == list(
+                tokenizer.apply_chat_template(message, add_generation_prompt=True, tokenize=True, return_dict=False))
+            assert files.encode(prompt.text) == tokenizer.encode(prompt.text, add_special_tokens=True)
+
+    def test_measured_lengths_are_the_selected_prompts_as_the_run_tokenizes_them(self, tokenizer: Any) -> None:
+        cfg = make_cfg(num_prompts=32, max_prompt_tokens=1536, chat_template=True)
+        lengths = prompt_lengths(cfg, str(TOKENIZER_DIR))
+        assert lengths == PromptLengths(tuple(len(ids) for ids in load_workload(cfg, tokenizer).token_ids), exact=True)
+        assert (min(lengths.tokens), max(lengths.tokens)) == (419, 965)
+
+    def test_without_a_tokenizer_each_prompt_is_bounded_by_its_bytes(self, tmp_path: Path) -> None:
+        texts = ["a" * 100, "é" * 100, "b" * 5000, "c" * 10]  # é: 2 bytes
+        path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": t} for t in texts])
+        cfg = make_cfg(source="jsonl", path=str(path), num_prompts=3, max_prompt_tokens=1000, chat_template=True)
+        lengths = prompt_lengths(cfg, str(tmp_path / "no-model"))
+        # The 3 longest bounds a draw could pick, a prompt over the cap counted at the cap (it is skipped).
+        assert lengths == PromptLengths((1000, 200 + CHAT_TEMPLATE_TOKENS, 100 + CHAT_TEMPLATE_TOKENS), exact=False)
+        assert prompt_lengths(make_cfg(source="hf"), str(TOKENIZER_DIR)) is None
+
+    def test_too_few_prompts_within_the_cap_are_refused_with_the_counts(self, tokenizer: Any) -> None:
+        cfg = make_cfg(num_prompts=32, max_prompt_tokens=512, chat_template=True)
+        assert check_source(cfg, str(TOKENIZER_DIR)) == [
+            "workload.num_prompts=32 but only 9 prompts of summarize (source=builtin) fit "
+            "workload.max_prompt_tokens=512 (29 of 38 are longer with this model's tokenizer); "
+            "lower workload.num_prompts or raise workload.max_prompt_tokens"
+        ]
+        assert check_source({**cfg, "num_prompts": 9}, str(TOKENIZER_DIR)) == []
+
+    def test_a_malformed_file_is_refused_with_or_without_a_tokenizer(self, tmp_path: Path) -> None:
+        path = tmp_path / "bad.jsonl"
+        path.write_text('{"prompt": "fine"}\n{"prompt": oops}\n', encoding="utf-8")
+        cfg = make_cfg(source="jsonl", path=str(path), num_prompts=1)
+        for model in (str(TOKENIZER_DIR), str(tmp_path / "no-model")):
+            [problem] = check_source(cfg, model)
+            assert f"{path}:2: malformed JSON line" in problem
 
 
 class TestSpecBench:
@@ -382,7 +431,8 @@ class TestSelection:
         long = [{"id": f"l{i}", "prompt": "A much longer prompt. " * 40} for i in range(3)]
         path = write_jsonl(tmp_path / "mixed.jsonl", short + long)
         cfg = make_cfg(source="jsonl", path=str(path), num_prompts=4, max_prompt_tokens=20)
-        expected = r"num_prompts=4 .* has only 2 prompts .* \(3 of 5 skipped as too long\)"
+        expected = (r"workload\.num_prompts=4 but only 2 prompts of summarize \(source=jsonl\) fit "
+                    r"workload\.max_prompt_tokens=20 \(3 of 5 are longer")
         with pytest.raises(WorkloadError, match=expected):
             load_workload(cfg, tokenizer)
 
@@ -421,7 +471,7 @@ class TestSelection:
     def test_all_with_no_prompt_that_fits_is_refused(self, tmp_path: Path, tokenizer: Any) -> None:
         path = write_jsonl(tmp_path / "long.jsonl", [{"prompt": "A much longer prompt. " * 40}])
         cfg = make_cfg(source="jsonl", path=str(path), num_prompts="all", max_prompt_tokens=20)
-        with pytest.raises(WorkloadError, match=r"num_prompts=all .* has only 0 prompts"):
+        with pytest.raises(WorkloadError, match=r"num_prompts=all but only 0 prompts"):
             load_workload(cfg, tokenizer)
 
     def test_chat_template_wraps_the_user_message(self, tmp_path: Path, tokenizer: Any) -> None:

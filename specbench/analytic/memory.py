@@ -14,11 +14,17 @@ The memory model itself is :mod:`specbench.analytic.theory` (``engine_memory``,
 - **models**: the target's and the draft's config.json (local, the Hugging
   Face cache, or the published facts in ``models.PUBLISHED_CONFIGS``); the
   drafter as :func:`specbench.analytic.prediction.drafter_profile` prices it.
-- **a request**: ``workload.max_prompt_tokens + workload.max_tokens`` (the
-  longest request the workload admits) plus K lookahead slots.
+- **a request**: its prompt + ``workload.max_tokens`` + K lookahead slots.
+  The caller passes the prompt lengths of the cell's heaviest batch
+  (:func:`heaviest_batch` of the prompts the cell sends, measured or bounded
+  by :mod:`specbench.workloads.tokens`); without them every prompt is priced
+  at ``workload.max_prompt_tokens``, the longest the workload admits.
 
-:func:`fit_problems` is what grid validation calls: one line per refused cell
-naming the bytes needed and available and what to change.
+:func:`fit_problems` is what grid validation calls: one line per cell that
+cannot run at all (too big for the device, or KV cache below one request),
+naming the bytes needed and available and what to change. A batch whose
+requests each fit but not all at once is not refused: vLLM runs it in waves,
+and :func:`batch_waves` says so.
 :func:`measured_columns` turns an engine's :class:`~specbench.engine.EngineMemory`
 into row columns; :func:`annotate` adds, at merge time, the model's prediction
 beside them and each speculative cell's KV cost against its baseline.
@@ -63,15 +69,8 @@ PREDICTED_COLUMNS = (
     "predicted_peak_bytes",
 )
 
-# What to change, per refusal class (theory.MemoryProblem.kind).
-_ADVICE = {
-    "device": "use a 4-bit AWQ model (e.g. model=qwen2.5-7b-instruct-awq), a smaller draft, "
-              "or a device with more memory",
-    "max_model_len": "lower engine.max_model_len, use a 4-bit AWQ model or a smaller draft "
-                     "(both free room for KV)",
-    "batch": "use a smaller batch_size, shorter requests (workload.max_tokens, "
-             "workload.max_prompt_tokens) or a 4-bit AWQ model",
-}
+_DEVICE_ADVICE = ("use a 4-bit AWQ model (e.g. model=qwen2.5-7b-instruct-awq), a smaller draft, "
+                  "or a device with more memory")
 
 
 class Unpriced(ValueError):
@@ -117,16 +116,35 @@ def step_tokens(hardware: Mapping[str, Any], engine: Mapping[str, Any]) -> int:
     )
 
 
+def heaviest_batch(prompt_tokens: Sequence[int], batch_size: int) -> tuple[int, ...]:
+    """The prompt lengths of the heaviest batch a cell can send, longest first.
+
+    ``prompt_tokens`` are the lengths of the prompts the cell submits (or
+    upper bounds of them). A cell cycles its prompts up to whole batches, so
+    when there are fewer prompts than ``batch_size`` a batch repeats each at
+    most ceil(batch_size / prompts) times; the ``batch_size`` longest of
+    that multiset bound every batch, whatever the order.
+    """
+    if not prompt_tokens or batch_size < 1:
+        raise ValueError(f"need prompts and batch_size >= 1, got {len(prompt_tokens)} prompts, {batch_size}")
+    repeats = -(-batch_size // len(prompt_tokens))
+    return tuple(sorted(list(prompt_tokens) * repeats, reverse=True)[:batch_size])
+
+
 def cell_estimate(
     cfg: Mapping[str, Any],
     hardware: Mapping[str, Any],
     *,
+    batch_prompt_tokens: Sequence[int] | None = None,
     block_size: int = theory.DEFAULT_KV_BLOCK_SIZE,
 ) -> theory.MemoryEstimate:
     """The memory model of one cell's engine; ``cfg`` is the resolved config as a plain dict.
 
-    Raises :class:`Unpriced` when the config lacks a setting the model needs,
-    a model's shape is unknown, or the hardware states no memory.
+    ``batch_prompt_tokens``: the prompt lengths of the cell's heaviest batch
+    (:func:`heaviest_batch`); None prices batch_size prompts of
+    ``workload.max_prompt_tokens``. Raises :class:`Unpriced` when the config
+    lacks a setting the model needs, a model's shape is unknown, or the
+    hardware states no memory.
     """
     try:
         engine, workload, model, method = cfg["engine"], cfg["workload"], cfg["model"], cfg["method"]
@@ -143,6 +161,7 @@ def cell_estimate(
             max_model_len=int(engine["max_model_len"]),
             step_tokens=step_tokens(hardware, engine),
             block_size=block_size,
+            batch_prompt_lens=batch_prompt_tokens,
         )
     except Unpriced:
         raise
@@ -150,17 +169,59 @@ def cell_estimate(
         raise Unpriced(f"cannot price this cell's memory: {exc!r}") from exc
 
 
-def fit_problems(cfg: Mapping[str, Any]) -> list[str]:
-    """Why this cell cannot fit on its hardware, as validation messages; empty if it fits or cannot be priced."""
+def _priced(
+    cfg: Mapping[str, Any], batch_prompt_tokens: Sequence[int] | None
+) -> tuple[Mapping[str, Any], theory.MemoryEstimate] | None:
+    """The cell's hardware profile and memory estimate; None when it cannot be priced."""
     hardware = resolve_hardware(cfg.get("hardware"))
     if hardware is None:
-        return []
+        return None
     try:
-        estimate = cell_estimate(cfg, hardware)
+        return hardware, cell_estimate(cfg, hardware, batch_prompt_tokens=batch_prompt_tokens)
     except Unpriced:
+        return None
+
+
+def fit_problems(cfg: Mapping[str, Any], batch_prompt_tokens: Sequence[int] | None = None) -> list[str]:
+    """Why this cell cannot run at all on its hardware, as validation messages; empty if it can or cannot be priced.
+
+    ``batch_prompt_tokens`` as for :func:`cell_estimate`. A batch larger than
+    the KV cache is not refused (see :func:`batch_waves`).
+    """
+    priced = _priced(cfg, batch_prompt_tokens)
+    if priced is None:
         return []
+    hardware, estimate = priced
     where = f"on hardware={hardware.get('name')}"
-    return [f"does not fit {where}: {p.message}; {_ADVICE[p.kind]}" for p in theory.memory_problems(estimate)]
+    return [f"does not fit {where}: {p.message}; {_advice(p.kind, estimate, cfg)}"
+            for p in theory.memory_problems(estimate)]
+
+
+def batch_waves(cfg: Mapping[str, Any], batch_prompt_tokens: Sequence[int] | None = None) -> str | None:
+    """One line when the cell's heaviest batch exceeds the KV cache (vLLM runs it in waves); else None.
+
+    Informational, not a refusal: each request fits, so the cell runs, with
+    fewer requests at a time than batch_size. None also when the cell cannot
+    be priced.
+    """
+    priced = _priced(cfg, batch_prompt_tokens)
+    return None if priced is None else theory.batch_waves(priced[1])
+
+
+def _advice(kind: str, estimate: theory.MemoryEstimate, cfg: Mapping[str, Any]) -> str:
+    """What to change for a refusal of this kind: the keys, and the most the KV cache allows."""
+    if kind == "device":
+        return _DEVICE_ADVICE
+    capacity = estimate.kv_capacity_tokens
+    more_kv = ("raise engine.cpu_kvcache_space_gib (the KV pool, in GiB)" if estimate.kv_pool_fixed else
+               "raise engine.gpu_memory_utilization (at most 1), use a 4-bit AWQ model or a smaller draft "
+               "(both free room for KV)")
+    if kind == "max_model_len":
+        return f"set engine.max_model_len to at most {capacity} (what the KV cache holds) or {more_kv}"
+    workload = cfg["workload"]
+    return (f"keep the longest prompt + workload.max_tokens + K within {capacity} tokens (lower "
+            f"workload.max_prompt_tokens={workload['max_prompt_tokens']} or "
+            f"workload.max_tokens={workload['max_tokens']}) or {more_kv}")
 
 
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
@@ -295,10 +356,12 @@ __all__ = [
     "PREDICTED_COLUMNS",
     "Unpriced",
     "annotate",
+    "batch_waves",
     "budget",
     "cell_estimate",
     "checkpoint_weight_bytes",
     "fit_problems",
+    "heaviest_batch",
     "measured_columns",
     "resolve_hardware",
     "step_tokens",

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from specbench import methods
 from specbench.analytic import memory, prediction, theory
-from specbench.config import validate
+from specbench.config import batch_prompt_tokens, validate
 from specbench.sweep import _key, _replace
 
 DEFAULT_ALPHA = 0.7
@@ -85,7 +85,9 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
     estimate = speedup = None
     if hardware is not None:
         try:
-            estimate = memory.cell_estimate(plain, hardware)
+            # The prompts the cell sends, as validation prices them; an invalid cell at the workload's cap.
+            prompts = None if problems else batch_prompt_tokens(plain)
+            estimate = memory.cell_estimate(plain, hardware, batch_prompt_tokens=prompts)
         except memory.Unpriced:
             estimate = None
         speedup = _predicted_decode_speedup(plain, hardware, method, k, alpha)
@@ -162,7 +164,8 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
             if e is not None else f"{'n/a':>8} {'':>8} {'':>8} {'':>8} {'':>8} {'':>7} {'':>7}"
         )
         speedup = f"{r.predicted_decode_speedup:>6.2f}x" if r.predicted_decode_speedup is not None else f"{'n/a':>7}"
-        verdict = "fits" if not r.problems else "REFUSED: " + _reason_class(r.problems[0])
+        verdict = ("REFUSED: " + _reason_class(r.problems[0]) if r.problems
+                   else f"fits, in waves of {e.batch_at_once}" if _in_waves(r) and e is not None else "fits")
         lines.append(f"{r.label:<34} {memory_cols} {speedup}  {verdict}")
     refused = [r for r in rows if r.problems]
     if refused:
@@ -170,20 +173,27 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
         lines.append(f"refused ({len(refused)}):")
         lines += [f"  {' '.join(r.overrides)}: {p}" for r in refused for p in r.problems]
     classes = Counter(_reason_class(r.problems[0]) for r in refused)
+    waves = sum(1 for r in rows if _in_waves(r))
     lines.append("")
     lines.append(
         f"{len(rows)} cells: {len(rows) - len(refused)} fit, {len(refused)} refused"
         + (" (" + ", ".join(f"{n} {c}" for c, n in classes.most_common()) + ")" if classes else "")
+        + (f"; {waves} run their batch in waves (the KV cache holds fewer requests at once)" if waves else "")
     )
     if rows and all(r.estimate is None for r in rows):
         lines.append("no memory figures: pass hardware=<name> (conf/hardware) or run python -m specbench.analytic.calibrate")
     return "\n".join(lines)
 
 
+def _in_waves(row: PlannedRow) -> bool:
+    """A cell that runs, but whose batch exceeds the KV cache: vLLM serves it in waves."""
+    return not row.problems and row.estimate is not None and row.estimate.batch_at_once < row.estimate.batch_size
+
+
 def _reason_class(problem: str) -> str:
     for needle, name in (("too big for the device", "too big for the device"),
                          ("below one request", "KV below one max_model_len request"),
-                         ("below the batch", "KV below the batch")):
+                         ("below the longest request", "KV below the longest request")):
         if needle in problem:
             return name
     return "invalid setting"

@@ -4,12 +4,13 @@ From a sweep's measured speedups, for each method and workload (and every
 other setting held fixed: :func:`specbench.results.curve_key`), the K with
 the highest speedup at each measured batch size among those that beat plain
 decoding, or 0 where none does (:func:`best_row`, the one rule the report's
-best configuration, verdicts and schedule use too). Only rows fit to be
-recommended count (:func:`specbench.results.recommendable`: outputs exact,
-not flagged). A K beats plain decoding when the lower end of its speedup
-interval exceeds 1 + margin; rows without an interval (one engine run of one
-repetition) are judged by their point estimate, which is then only as good
-as the run's noise (``--margin`` asks for a clear lead). Consecutive batch sizes
+best configuration, verdicts, schedule and memory table use too). Only rows
+fit to be judged count (:func:`specbench.results.recommendable`: outputs that
+do not mismatch the baseline's, numerical ties allowed; not flagged). A K
+pays (:func:`pays`) when the lower end of its 95% speedup interval exceeds
+1 + margin; rows without an interval (one engine run of one repetition) are
+judged by their point estimate, which is then only as good as the run's
+noise (``--margin`` asks for a clear lead). Consecutive batch sizes
 with the same K merge into vLLM's ``num_speculative_tokens_per_batch_size``
 schedule of inclusive (start, end, K) ranges
 (:func:`specbench.analytic.theory.num_speculative_tokens_per_batch_size`): grid point
@@ -101,24 +102,35 @@ def _overrides(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def has_interval(row: Mapping[str, Any]) -> bool:
+    """Whether a row's speedup has an interval (never a zero-width one: that is no interval)."""
+    low, high = row.get("speedup_ci_low"), row.get("speedup_ci_high")
+    return low is not None and high is not None and low < high
+
+
 def lower_bound(row: Mapping[str, Any]) -> float:
     """The lower end of a row's speedup interval; its point estimate when it has no interval."""
-    low, high = row.get("speedup_ci_low"), row.get("speedup_ci_high")
-    return low if low is not None and high is not None and low < high else row["speedup"]
+    return row["speedup_ci_low"] if has_interval(row) else row["speedup"]
 
 
 def pays(row: Mapping[str, Any], margin: float = 0.0) -> bool:
-    """Whether a row clearly beats plain decoding: its interval's lower end exceeds 1 + margin."""
+    """Whether a row pays: its 95% interval's lower end exceeds 1 + margin.
+
+    The one rule of every "pays" (verdicts, best configuration, K schedule,
+    memory table). A row without an interval is judged on its point estimate.
+    """
     return lower_bound(row) > 1.0 + margin
 
 
 def best_row(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> tuple[Mapping[str, Any], bool] | None:
-    """The configuration to name among rows of one batch size, and whether it clearly pays.
+    """The configuration to name among rows, and whether it pays: the one chooser of every decision.
 
-    The fastest row (ties: the smaller K) among those that clearly beat plain
-    decoding (:func:`pays`); when none does, the fastest row overall, with
-    False. Rows not fit to be recommended (:func:`specbench.results.recommendable`)
-    never count. None when no row is left.
+    The fastest row (equal speedups: the smaller K) among those that pay
+    (:func:`pays`); when none does, the fastest row overall, with False. Rows
+    not fit to be judged (:func:`specbench.results.recommendable`) never count.
+    None when no row is left. The schedule asks it per batch size; the report
+    also per workload (verdicts), over a drafter's cells (memory table) and
+    over the sweep (best speedup).
     """
     candidates = [r for r in rows if recommendable(r)]
     if not candidates:
@@ -225,11 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     left_out = [r for r in rows if r.get("method") != "baseline" and r.get("speedup") is not None
                 and not recommendable(r)]
     if left_out:
-        print(f"note: {len(left_out)} cell(s) left out because their outputs differ from the baseline's or "
+        print(f"note: {len(left_out)} cell(s) left out because their outputs mismatch the baseline's or "
               "they are flagged: " + ", ".join(str(r.get("cell_id")) for r in left_out), file=sys.stderr)
     if not recommendations:
         print(f"error: {', '.join(map(str, paths))}: no speculative cell with a measured speedup at a fixed K "
-              "(that is exact and not flagged)",
+              "(whose outputs match the baseline's, numerical ties allowed, and that is not flagged)",
               file=sys.stderr)
         return 2
     print("\n\n".join(format_recommendation(r) for r in recommendations))

@@ -34,6 +34,7 @@ __all__ = [
     "DraftSample",
     "StepSample",
     "activation_bytes",
+    "batch_waves",
     "best_k",
     "batch_decode_time",
     "batch_tail",
@@ -1114,7 +1115,9 @@ class MemoryEstimate:
     kv_bytes_per_token: int
     block_size: int
     kv_pool_bytes: int
-    request_tokens: int  # one request of the cell's length (request_kv_tokens)
+    request_tokens: int  # the cell's longest request (request_kv_tokens)
+    # Each request of the cell's heaviest batch, longest first (request_kv_tokens each).
+    batch_request_tokens: tuple[int, ...]
     max_model_len_tokens: int  # one request of max_model_len, in whole blocks
     batch_size: int
     usable_bytes: int
@@ -1128,13 +1131,33 @@ class MemoryEstimate:
 
     @property
     def requests_fit(self) -> int:
-        """Requests of the cell's length the KV cache holds at once."""
+        """Requests as long as the cell's longest the KV cache holds at once."""
         return self.kv_capacity_tokens // self.request_tokens
 
     @property
+    def batch_tokens(self) -> int:
+        """KV slots the cell's heaviest batch occupies with every request at its longest."""
+        return sum(self.batch_request_tokens)
+
+    @property
     def kv_bytes_needed(self) -> int:
-        """KV bytes the cell's whole batch occupies at its longest."""
-        return self.batch_size * self.request_tokens * self.kv_bytes_per_token
+        """KV bytes the cell's heaviest batch occupies at its longest."""
+        return self.batch_tokens * self.kv_bytes_per_token
+
+    @property
+    def batch_at_once(self) -> int:
+        """Requests of the heaviest batch the KV cache holds together, longest first.
+
+        The batch's size when all fit; fewer means vLLM admits the rest as
+        earlier ones finish (the batch runs in waves). Counting the longest
+        first makes it the least concurrency the pool guarantees.
+        """
+        held, used = 0, 0
+        for tokens in self.batch_request_tokens:
+            if used + tokens > self.kv_capacity_tokens:
+                break
+            held, used = held + 1, used + tokens
+        return held
 
     @property
     def fixed_bytes(self) -> int:
@@ -1165,6 +1188,7 @@ def engine_memory(
     max_model_len: int,
     step_tokens: int,
     block_size: int = DEFAULT_KV_BLOCK_SIZE,
+    batch_prompt_lens: Sequence[int] | None = None,
 ) -> MemoryEstimate:
     """The memory model of one engine running one cell.
 
@@ -1176,9 +1200,16 @@ def engine_memory(
     over target and drafter (kv_bytes_per_token). KV pool:
     budget.kv_pool_bytes when fixed, else budget.usable_bytes minus weights,
     activations and budget.runtime_bytes (0 if negative). A request of the
-    cell occupies request_kv_tokens(prompt_len, output_len, k, block_size).
+    cell occupies request_kv_tokens(prompt, output_len, k, block_size), prompt
+    one of batch_prompt_lens: the prompt lengths of the cell's heaviest batch,
+    one per request, as measured or bounded by the caller. None prices
+    batch_size prompts of prompt_len tokens (the longest the workload admits).
     """
     batch_size = _check_int("batch_size", batch_size, 1)
+    prompts = [prompt_len] * batch_size if batch_prompt_lens is None else list(batch_prompt_lens)
+    if not prompts:
+        raise ValueError("batch_prompt_lens must name at least one request")
+    requests = sorted((request_kv_tokens(p, output_len, k, block_size) for p in prompts), reverse=True)
     max_model_len = _check_int("max_model_len", max_model_len, 1)
     models = [target] + ([drafter] if drafter is not None else [])
     target_weights = int(round(target.weight_bytes))
@@ -1199,7 +1230,8 @@ def engine_memory(
         kv_bytes_per_token=kv_bytes_per_token(models),
         block_size=block_size,
         kv_pool_bytes=pool,
-        request_tokens=request_kv_tokens(prompt_len, output_len, k, block_size),
+        request_tokens=requests[0],
+        batch_request_tokens=tuple(requests),
         max_model_len_tokens=math.ceil(max_model_len / block_size) * block_size,
         batch_size=batch_size,
         usable_bytes=budget.usable_bytes,
@@ -1209,14 +1241,14 @@ def engine_memory(
 
 @dataclass(frozen=True)
 class MemoryProblem:
-    """One reason an engine cannot run its cell: kind is "device", "max_model_len" or "batch"."""
+    """One reason an engine cannot run its cell: kind is "device", "max_model_len" or "request"."""
 
     kind: str
     message: str
 
 
 def memory_problems(estimate: MemoryEstimate) -> list[MemoryProblem]:
-    """Why an engine cannot run its cell as specified; empty if it fits.
+    """Why an engine cannot run its cell at all; empty if it can.
 
     At most one problem, the first that applies:
 
@@ -1224,9 +1256,12 @@ def memory_problems(estimate: MemoryEstimate) -> list[MemoryProblem]:
       KV pool where it is fixed) exceed the usable memory;
     - "max_model_len": the KV cache holds less than one request of
       max_model_len, and vLLM refuses to start such an engine;
-    - "batch": batch_size requests of the cell's length do not fit in the KV
-      cache at once, so vLLM would run fewer at a time than the cell
-      claims to measure.
+    - "request": the cell's longest request alone needs more KV slots than
+      the cache holds, so vLLM can never schedule it.
+
+    A batch that exceeds the KV cache while each request fits is not a
+    problem: vLLM admits its requests as earlier ones finish (in waves; see
+    :func:`batch_waves`).
     """
     e = estimate
     gb = 1e9
@@ -1245,13 +1280,28 @@ def memory_problems(estimate: MemoryEstimate) -> list[MemoryProblem]:
             f"{e.kv_bytes_per_token} B/token, one max_model_len request needs {e.max_model_len_tokens} "
             f"({e.max_model_len_tokens * e.kv_bytes_per_token / gb:.2f} GB); vLLM refuses to start"
         ))]
-    if e.requests_fit < e.batch_size:
-        return [MemoryProblem("batch", (
-            f"KV cache below the batch: {e.batch_size} requests x {e.request_tokens} tokens need "
-            f"{e.kv_bytes_needed / gb:.1f} GB of KV at {e.kv_bytes_per_token} B/token, "
-            f"{e.kv_pool_bytes / gb:.1f} GB left for KV holds {e.requests_fit}"
+    if e.request_tokens > capacity:
+        return [MemoryProblem("request", (
+            f"KV cache below the longest request: it needs {e.request_tokens} tokens (prompt + output + K, "
+            f"in blocks of {e.block_size}), {e.kv_pool_bytes / gb:.2f} GB left for KV holds {capacity} "
+            f"at {e.kv_bytes_per_token} B/token; vLLM could never schedule it"
         ))]
     return []
+
+
+def batch_waves(estimate: MemoryEstimate) -> str | None:
+    """How the cell's heaviest batch overflows the KV cache, or None when it fits at once.
+
+    Not a problem (see :func:`memory_problems`): vLLM runs such a batch in
+    waves, so the cell measures fewer requests at a time than batch_size.
+    """
+    e = estimate
+    if e.batch_tokens <= e.kv_capacity_tokens:
+        return None
+    return (
+        f"batch_size={e.batch_size} needs up to {e.batch_tokens:,} KV tokens and the KV cache holds "
+        f"{e.kv_capacity_tokens:,}: {e.batch_at_once} of its requests at once"
+    )
 
 
 # --------------------------------------------------------------------------- calibration

@@ -4,8 +4,10 @@ Per drafter (baseline, ngram, each EAGLE kind, each draft model): the
 drafter's weight bytes, the KV cache the engine had left (tokens, and the
 share of the baseline's capacity the drafter took), how many requests of the
 cell's length fit, the peak memory, the memory model's prediction, and the
-best measured speedup. A figure draws the first two beside the third, so
-that "EAGLE is fast and cheap, a draft model is expensive" is a picture.
+best speedup, chosen as everywhere on the page (:func:`specbench.report.tables.best_of`
+among eligible cells: none flagged, none whose outputs mismatch the baseline's).
+A figure draws the first two beside the third, so that "EAGLE is fast and
+cheap, a draft model is expensive" is a picture.
 
 Reads the results frame only (:func:`specbench.report.tables.load_frame`).
 """
@@ -20,7 +22,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from specbench.report import plots
-from specbench.report.tables import fmt_speedup, measured
+from specbench.report.tables import best_of, eligible, fmt_speedup, measured
 
 _MB = 1e6
 
@@ -47,7 +49,7 @@ class MemoryRow:
     requests_fit: str
     peak_gb: str
     predicted: str  # the memory model's KV tokens and peak
-    best_speedup: str
+    best_speedup: str  # by the page's one rule and chooser; "" when no eligible cell
 
 
 def _frame(df: pd.DataFrame) -> pd.DataFrame:
@@ -70,8 +72,14 @@ def _peak(rows: pd.DataFrame) -> float | None:
 
 
 def memory_table(df: pd.DataFrame) -> list[MemoryRow]:
-    """One row per drafter, baseline first, cheapest drafter first after it."""
+    """One row per drafter, baseline first, cheapest drafter first after it.
+
+    The best speedup is :func:`specbench.report.tables.best_of`'s among the
+    drafter's eligible cells: the fastest that pays, else the fastest.
+    """
     frame = _frame(df)
+    judged = eligible(df)
+    judged = judged.assign(drafter=[drafter_label(m, c) for m, c in zip(judged["method"], judged["config_json"])])
     out = []
     order = frame.groupby("drafter")["drafter_weight_bytes"].median().sort_values(kind="stable")
     for drafter in sorted(order.index, key=lambda d: (d != "baseline", order[d], d)):
@@ -79,7 +87,7 @@ def memory_table(df: pd.DataFrame) -> list[MemoryRow]:
         share, peak = _median(rows["drafter_kv_share"]), _peak(rows)
         predicted_tokens, predicted_peak = (_median(rows["predicted_kv_cache_tokens"]),
                                             _median(rows["predicted_peak_bytes"]))
-        speedups = rows["speedup"].dropna() if drafter != "baseline" else pd.Series(dtype=float)
+        best = best_of(judged[judged["drafter"] == drafter])
         out.append(MemoryRow(
             drafter=drafter,
             drafter_mb=f"{_median(rows['drafter_weight_bytes']) / _MB:,.0f}",
@@ -89,7 +97,7 @@ def memory_table(df: pd.DataFrame) -> list[MemoryRow]:
             peak_gb="" if peak is None else f"{peak / 1e9:.2f}",
             predicted=(f"{predicted_tokens:,.0f} tokens, {predicted_peak / 1e9:.2f} GB"
                        if predicted_tokens is not None and predicted_peak is not None else "n/a"),
-            best_speedup=fmt_speedup(speedups.max()) if len(speedups) else "",
+            best_speedup="" if best is None else fmt_speedup(best["speedup"]),
         ))
     return out
 
@@ -101,8 +109,9 @@ def memory_cost(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
         title="What a draft costs in memory",
         caption=(
             "Left: the drafter's weights; right: the KV cache left for requests (tokens), labelled "
-            "with the best measured speedup. A cheap, fast method has a short left bar, a long "
-            "right bar and a high label; ngram costs nothing."
+            "with the best speedup of the table below (flagged cells and mismatched outputs left out). "
+            "A cheap, fast method has a short left bar, a long right bar and a high label; ngram costs "
+            "nothing."
         ),
     )
     frame = _frame(df)

@@ -37,6 +37,7 @@ from specbench.report.tables import (
     PANEL,
     PREDICTED,
     PREDICTED_DECODE,
+    acceptance_gaps,
     compared,
     has_predictions,
     measured,
@@ -261,8 +262,10 @@ def acceptance_vs_k(df: pd.DataFrame, enc: Encoding) -> Plot:
         title="Acceptance length against K",
         caption=(
             "Filled points are acceptance length, 1 + accepted / drafts: tokens per target pass over the "
-            "passes that carried a draft (vLLM's definition). Hollow points are output tokens per target "
-            "pass over every pass, each request's prefill pass (one token, no draft) and passes without a "
+            "passes that carried a draft (vLLM's definition), counting only accepted tokens that reached "
+            "the output: vLLM's own counters also count drafts accepted past max_tokens or a stop token "
+            "(cells where the two differ by more than 2% are listed below). Hollow points are output "
+            "tokens per target pass over every pass, each request's prefill pass (one token, no draft) and passes without a "
             "draft included: what the wall time pays for. Each line is E(α, K), the tokens per pass a full "
             "K-token draft on every pass gives at the method's median fitted α. Points below their line "
             "mean acceptance decays faster than a constant α, or (ngram) drafts shorter than K; a gap "
@@ -274,7 +277,7 @@ def acceptance_vs_k(df: pd.DataFrame, enc: Encoding) -> Plot:
     spec = spec[spec["acceptance_length"].notna()]
     if spec.empty:
         return _without(plot, "No acceptance lengths to plot: no speculative cell ran to the end.")
-    notes = []
+    notes = acceptance_gaps(df)
     with _style():
         fig, axes = _facets(_panels(spec))
         for ax, panel in zip(axes, _panels(spec)):

@@ -11,6 +11,7 @@ Reads Parquet only: no vLLM, no Hydra, so a report can be rebuilt on a laptop.
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specbench.analytic import prediction, recommend
-from specbench.results.schema import COLUMNS, recommendable, row_config
+from specbench.results.schema import COLUMNS, curve_key, exactness_kind, recommendable, row_config
+from specbench.stats import student_t_quantile
 
 PANEL = "panel"
 """Derived column: the workload, prefixed by the model when a file holds several models."""
@@ -113,15 +115,55 @@ def records(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def eligible(df: pd.DataFrame) -> pd.DataFrame:
-    """Compared cells fit to be named best (:func:`specbench.results.recommendable`: exact, not flagged)."""
+    """Compared cells fit to be judged, by the one eligibility rule of every decision on the page.
+
+    :func:`specbench.results.recommendable`: outputs that do not mismatch the
+    baseline's (numerical ties allowed), not flagged; caveats exclude nothing.
+    """
     comp = compared(df)
     return comp[pd.Series([recommendable(r) for r in records(comp)], index=comp.index, dtype=bool)]
 
 
-def _best(df: pd.DataFrame) -> pd.Series | None:
-    """The row :func:`specbench.analytic.recommend.best_row` names among ``df``'s rows, or None."""
-    chosen = recommend.best_row([r | {"_index": i} for i, r in zip(df.index, records(df))])
-    return None if chosen is None else df.loc[chosen[0]["_index"]]
+def best_of(df: pd.DataFrame) -> dict[str, Any] | None:
+    """The cell :func:`specbench.analytic.recommend.best_row` names among ``df``'s rows, as a record; None if none.
+
+    The one chooser of the page (verdicts, best configuration, memory table),
+    the one the K schedule uses: the fastest eligible cell that pays, else the
+    fastest eligible cell.
+    """
+    chosen = recommend.best_row(records(df))
+    return None if chosen is None else dict(chosen[0])
+
+
+def cell_caveats(row: Mapping[str, Any]) -> list[str]:
+    """What qualifies a cell's speedup without excluding it (the merge's ``caveats``: looping
+    outputs, numerical ties, a batch run in waves)."""
+    return [str(c) for c in _items(row.get("caveats"))]
+
+
+def simultaneous_ci(row: Mapping[str, Any], cells: int, confidence: float = 0.95) -> tuple[float, float] | None:
+    """A speedup interval that holds for all ``cells`` compared cells at once (Bonferroni); None without its inputs.
+
+    ``exp(log speedup ± t · speedup_log_sd / sqrt(engine_runs))`` with t the
+    Student quantile at ``1 - (1 - confidence) / (2 · cells)`` on
+    ``speedup_df`` degrees of freedom: the per-cell interval's construction
+    (:func:`specbench.stats.speedup_interval`) at the confidence that leaves
+    every one of the cells covered together with the stated probability.
+    """
+    speedup, sd, dof, runs = (row.get(c) for c in ("speedup", "speedup_log_sd", "speedup_df", "engine_runs"))
+    if speedup is None or sd is None or dof is None or runs is None or cells < 1:
+        return None
+    if speedup <= 0 or int(dof) < 1 or int(runs) < 1:
+        return None
+    half = student_t_quantile(1.0 - (1.0 - confidence) / (2 * cells), int(dof)) * sd / math.sqrt(int(runs))
+    return speedup * math.exp(-half), speedup * math.exp(half)
+
+
+def _items(value: Any) -> list[Any]:
+    """A list column's items; [] for a null (pyarrow gives lists as numpy arrays, nulls as None or NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return []
+    return list(value)
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
@@ -169,83 +211,146 @@ class Summary:
 def summary(df: pd.DataFrame, missing_columns: Sequence[str]) -> Summary:
     """Counts, the best speedup overall, a verdict per workload and the missing pieces.
 
-    The best speedup and the verdicts name only cells fit to be recommended
-    (exact outputs, not flagged), chosen by the rule the K schedule uses
-    (:func:`specbench.analytic.recommend.best_row`).
+    The best speedup and the verdicts judge only eligible cells
+    (:func:`eligible`), choose with :func:`best_of` (the K schedule's
+    chooser) and call a cell paying by :func:`specbench.analytic.recommend.pays`.
+    The best speedup is the largest of every compared cell's, so beside its
+    own interval stands the simultaneous one over all of them
+    (:func:`simultaneous_ci`).
     """
-    good = eligible(df)
-    top = _best(good)
+    comp = compared(df)
+    top = best_of(eligible(df))
     best = None
     if top is not None:
         best = (
-            f"{fmt_speedup(top['speedup'])} ({_ci_phrase(top)}) "
-            f"with {top[CONFIG]} at batch {_batch(top['batch_size'])} on {top[PANEL]}"
+            f"{_evidence(top, len(comp))} with {top[CONFIG]} at batch {_batch(top['batch_size'])} "
+            f"on {top[PANEL]}{_caveat_clause(top)}"
         )
     panels = sorted(p for p in df.loc[df["workload"].notna(), PANEL].unique())
     return Summary(
         cells=len(df),
         failed=int(failed_mask(df).sum()),
         best=best,
-        verdicts=[verdict(good[good[PANEL] == p], p, excluded=_excluded(df, p)) for p in panels],
+        verdicts=[verdict(comp[comp[PANEL] == p], p) for p in panels],
         missing=missing_pieces(df, missing_columns),
     )
 
 
-def _ci_phrase(row: pd.Series) -> str:
+def _ci_phrase(row: Mapping[str, Any]) -> str:
     """``"CI [1.50, 2.10]"``, or ``"no interval"`` for a cell without one (never a zero-width interval)."""
-    if pd.isna(row["speedup_ci_low"]) or pd.isna(row["speedup_ci_high"]):
+    if not recommend.has_interval(row):
         return "no interval"
     return f"CI {fmt_ci(row['speedup_ci_low'], row['speedup_ci_high'])}"
 
 
-def _excluded(df: pd.DataFrame, panel: str) -> int:
-    """Compared cells of a panel left out of best and verdict (inexact or flagged)."""
-    comp = compared(df)
-    comp = comp[comp[PANEL] == panel]
-    return len(comp) - len(eligible(comp))
+def _evidence(row: Mapping[str, Any], cells: int) -> str:
+    """``"1.80× (CI [1.62, 1.98]; simultaneous over 24 cells [1.41, 2.30])"``: a chosen cell and its intervals."""
+    simultaneous = simultaneous_ci(row, cells)
+    also = "" if simultaneous is None else f"; simultaneous over {cells} cells {fmt_ci(*simultaneous)}"
+    return f"{fmt_speedup(row['speedup'])} ({_ci_phrase(row)}{also})"
 
 
-def verdict(panel_rows: pd.DataFrame, panel: str, excluded: int = 0) -> str:
+def _caveat_clause(row: Mapping[str, Any]) -> str:
+    """``"; caveat: ..."`` with the cell's caveats (:func:`cell_caveats`), or nothing."""
+    caveats = cell_caveats(row)
+    if not caveats:
+        return ""
+    return f"; caveat{'s' if len(caveats) > 1 else ''}: " + "; ".join(caveats)
+
+
+def _left_out(comp: pd.DataFrame, judged: pd.DataFrame) -> str:
+    """``" (2 cell(s) left out: 1 with mismatched outputs, 1 flagged)"``, or nothing."""
+    out = records(comp.loc[comp.index.difference(judged.index)])
+    if not out:
+        return ""
+    mismatched = sum(exactness_kind(r) == "mismatch" for r in out)
+    why = [f"{mismatched} with mismatched outputs"] if mismatched else []
+    # A real mismatch is flagged too: counted once, as a mismatch.
+    if len(out) > mismatched:
+        why.append(f"{len(out) - mismatched} flagged")
+    return f" ({len(out)} cell(s) left out: {', '.join(why)})"
+
+
+def verdict(panel_rows: pd.DataFrame, panel: str) -> str:
     """One line on whether speculation pays on one workload, and up to which batch size.
 
-    ``panel_rows`` are the workload's cells fit to be recommended. Follows the
-    configuration :func:`specbench.analytic.recommend.best_row` names at the smallest
-    batch size measured, since that is where speculation has its best
-    chance, and reports the contiguous run of batch sizes from there on
-    which it beats 1×. ``excluded`` cells (inexact or flagged) are counted
-    in the line, never chosen.
+    ``panel_rows`` are the workload's compared cells; only eligible ones are
+    judged (:func:`eligible`), the others are counted by why they were left
+    out. The line follows the cell :func:`best_of` names at the smallest batch
+    size judged, where speculation has its best chance, and says up to which
+    batch size its configuration pays (:func:`specbench.analytic.recommend.pays`:
+    the rule of the K schedule), with its interval and its caveats. A cell
+    without an interval, or whose interval includes 1×, is said to be so.
     """
-    left_out = f" ({excluded} inexact or flagged cell(s) left out)" if excluded else ""
-    if panel_rows.empty:
-        if excluded:
-            return f"{panel}: no verdict: every compared cell is inexact or flagged{left_out}"
+    judged = eligible(panel_rows)
+    left_out = _left_out(panel_rows, judged)
+    if judged.empty:
+        if left_out:
+            return f"{panel}: no verdict: every compared cell is left out{left_out}"
         return f"{panel}: no speedup measured (no speculative cell was compared with a baseline)"
-    smallest = panel_rows["batch_size"].min()
-    top = _best(panel_rows[panel_rows["batch_size"] == smallest])
-    assert top is not None  # panel_rows holds recommendable rows only
-    label, speed = top[CONFIG], fmt_speedup(top["speedup"])
-    if top["speedup"] <= 1.0:
-        return f"{panel}: nothing beats plain decoding (best at batch {smallest}: {label}, {speed}){left_out}"
-    curve = panel_rows[panel_rows[CONFIG] == label].sort_values("batch_size")
-    paying = []
-    for batch, value in zip(curve["batch_size"], curve["speedup"]):
-        if value <= 1.0:
-            break
-        paying.append(int(batch))
-    caveat = ""
-    if pd.isna(top["speedup_ci_low"]) or pd.isna(top["speedup_ci_high"]):
-        caveat = "; no interval (one engine run of one repetition), so noise is not ruled out"
-    elif _ci_side(top["speedup_ci_low"], top["speedup_ci_high"]) != "above":
-        caveat = f"; its CI {fmt_ci(top['speedup_ci_low'], top['speedup_ci_high'])} does not exclude 1×"
-    if len(curve) == 1:
-        return (f"{panel}: {label} pays at batch {smallest}, the only batch size measured "
-                f"({speed}{caveat}){left_out}")
-    reach = (
-        f"pays at every measured batch size, up to {paying[-1]}"
-        if len(paying) == len(curve)
-        else f"pays up to batch {paying[-1]}"
+    smallest = int(judged["batch_size"].min())
+    top = best_of(judged[judged["batch_size"] == smallest])
+    assert top is not None  # judged holds eligible rows only
+    label, speed, ci = top[CONFIG], fmt_speedup(top["speedup"]), _ci_phrase(top)
+    no_interval = "" if recommend.has_interval(top) else (
+        "; no interval (one engine run of one repetition): judged on its point estimate, so noise is not ruled out"
     )
-    return f"{panel}: {label} {reach} ({speed} at batch {smallest}{caveat}){left_out}"
+    if not recommend.pays(top):
+        if recommend.has_interval(top) and top["speedup_ci_high"] > 1.0:
+            return (f"{panel}: nothing is shown to pay at batch {smallest}: the fastest, {label} ({speed}), "
+                    f"has {ci}, which includes 1×{left_out}")
+        return (f"{panel}: nothing beats plain decoding at batch {smallest} "
+                f"(fastest: {label}, {speed}, {ci}){left_out}")
+    return f"{panel}: {label} {_reach(panel_rows, judged, top)}{no_interval}{_caveat_clause(top)}{left_out}"
+
+
+def _reach(panel_rows: pd.DataFrame, judged: pd.DataFrame, top: Mapping[str, Any]) -> str:
+    """How far ``top``, a paying cell, pays: the batch sizes of its curve from ``top``'s on, until one does not.
+
+    Its curve holds the compared cells that differ from ``top`` in batch size
+    only (:func:`specbench.results.curve_key`); one left out of verdicts
+    ends the run too, named with why. When choosing the configuration per
+    batch size (as the best-configuration table does) pays further, the line
+    says so.
+    """
+    smallest = int(top["batch_size"])
+    key = curve_key(top)
+    curve = sorted((r for r in records(panel_rows) if curve_key(r) == key), key=lambda r: r["batch_size"])
+    reached, stop = [smallest], ""
+    for row in (r for r in curve if r["batch_size"] > smallest):
+        if not recommendable(row):
+            stop = f"; batch {int(row['batch_size'])} not judged ({_why_left_out(row)})"
+            break
+        if not recommend.pays(row):
+            stop = f", not at batch {int(row['batch_size'])} ({fmt_speedup(row['speedup'])}, {_ci_phrase(row)})"
+            break
+        reached.append(int(row["batch_size"]))
+    evidence = f"{fmt_speedup(top['speedup'])}, {_ci_phrase(top)}"
+    if len(curve) == 1:
+        text = f"pays at batch {smallest}, the only batch size measured ({evidence})"
+    elif len(reached) == 1:
+        text = f"pays at batch {smallest} ({evidence}){stop}"
+    elif len(reached) == len(curve):
+        text = f"pays at every measured batch size, up to {reached[-1]} ({evidence} at batch {smallest})"
+    else:
+        text = f"pays up to batch {reached[-1]} ({evidence} at batch {smallest}){stop}"
+    per_batch = 0
+    for batch in sorted(int(b) for b in judged["batch_size"].unique()):
+        chosen = recommend.best_row(records(judged[judged["batch_size"] == batch]))
+        if chosen is None or not chosen[1]:
+            break
+        per_batch = batch
+    if per_batch > reached[-1]:
+        text += f"; choosing the configuration per batch size, speculation pays up to batch {per_batch}"
+    return text
+
+
+def _why_left_out(row: Mapping[str, Any]) -> str:
+    """Why a compared cell is not judged: mismatched outputs, or its flag reasons."""
+    if exactness_kind(row) == "mismatch":
+        return "outputs mismatch the baseline's"
+    reasons = [str(r) for r in _items(row.get("flag_reasons"))]
+    return "flagged: " + "; ".join(reasons) if reasons else "flagged"
 
 
 def missing_pieces(df: pd.DataFrame, missing_columns: Sequence[str]) -> list[str]:
@@ -290,28 +395,45 @@ def missing_pieces(df: pd.DataFrame, missing_columns: Sequence[str]) -> list[str
 
 @dataclass(frozen=True)
 class BestConfig:
-    """The fastest speculative configuration for one workload at one batch size."""
+    """The configuration :func:`best_of` names for one workload at one batch size."""
 
     panel: str
     batch_size: int
     config: str
     speedup: str
     ci: str
+    simultaneous: str  # the interval over every compared cell of the workload at once (winner's curse)
+    confirmation: str  # the speedup re-measured on fresh engines, where the results carry it
     decode_speedup: str
     ci_side: str  # "above" or "below" when the whole CI lies on one side of 1×, else ""
+    caveats: str
+
+
+CONFIRMATION = "confirmation_speedup"
+"""The best configurations' speedup re-measured at the end of a sweep, where the results carry it."""
+
+
+def has_confirmation(df: pd.DataFrame) -> bool:
+    """Whether the results carry confirmation speedups (:data:`CONFIRMATION`) to show beside the selected ones."""
+    return CONFIRMATION in df.columns and bool(df[CONFIRMATION].notna().any())
 
 
 def best_configs(df: pd.DataFrame) -> list[BestConfig]:
-    """Per workload and batch size, the configuration :func:`specbench.analytic.recommend.best_row` names.
+    """Per workload and batch size, the configuration :func:`best_of` names among the eligible cells.
 
-    Among cells fit to be recommended (exact, not flagged): the fastest that
-    clearly beats plain decoding, which is the K the schedule picks there,
-    else the fastest.
+    The fastest that pays, which is the K the schedule picks there, else the
+    fastest. Each comes with its simultaneous interval over the m cells
+    compared on its workload (:func:`simultaneous_ci`): the best of m noisy
+    cells is biased upward, and its own interval does not allow for having
+    been picked.
     """
+    comp = compared(df)
     out = []
     for (panel, batch), group in eligible(df).groupby([PANEL, "batch_size"], sort=True):
-        top = _best(group)
+        top = best_of(group)
         assert top is not None  # eligible rows only
+        cells = int((comp[PANEL] == panel).sum())
+        simultaneous = simultaneous_ci(top, cells)
         out.append(
             BestConfig(
                 panel=str(panel),
@@ -319,8 +441,11 @@ def best_configs(df: pd.DataFrame) -> list[BestConfig]:
                 config=str(top[CONFIG]),
                 speedup=fmt_speedup(top["speedup"]),
                 ci=fmt_ci(top["speedup_ci_low"], top["speedup_ci_high"]),
+                simultaneous="–" if simultaneous is None else f"{fmt_ci(*simultaneous)} over {cells} cells",
+                confirmation=fmt_speedup(top.get(CONFIRMATION)),
                 decode_speedup=fmt_speedup(top["decode_speedup"]),
                 ci_side=_ci_side(top["speedup_ci_low"], top["speedup_ci_high"]),
+                caveats="; ".join(cell_caveats(top)),
             )
         )
     return out
@@ -442,29 +567,92 @@ def _cell_lines(rows: pd.DataFrame, detail: Sequence[str]) -> list[CellLine]:
 
 
 @dataclass(frozen=True)
-class Exactness:
-    """Greedy speculative outputs against their baselines, token for token."""
+class Divergent:
+    """A cell whose outputs differ from its reference: its requests by kind, and where each first diverged."""
 
-    compared: int  # cells whose exactness is known
-    mismatches: list[CellLine]
+    panel: str
+    config: str
+    batch_size: str
+    kind: str  # "ties" or "mismatch"
+    requests: str  # exact / tie / mismatch
+    first_divergences: str
+    cell_id: str
+
+
+@dataclass(frozen=True)
+class Exactness:
+    """Greedy speculative outputs against their baselines, with numerical ties told from mismatches."""
+
+    compared: int  # speculative cells whose exactness is known
+    exact: int  # ... token for token
+    ties: int  # ... that differ only at numerical ties
+    mismatches: int  # ... that differ where the reference had a clear winner
+    differing: list[Divergent]  # the ties and mismatch cells
     unknown: list[CellLine]
+    tolerances: str  # the tie tolerances the merge used, by dtype
+    control: list[str]  # plain decoding at batch B against batch 1, one sentence per baseline
+    explain_ties: bool  # some request, speculative or control, diverged at a numerical tie
+
+
+_DIVERGENCES_SHOWN = 6  # first divergences listed per cell; the rest are counted
+
+
+def request_counts(row: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """A compared row's requests (exact, tie, mismatch); None when its exactness is unknown.
+
+    Rows of schema 6 and older counted every differing request in
+    ``mismatched_requests`` and knew no ties: all of them are mismatches.
+    """
+    kind, requests = exactness_kind(row), row.get("num_requests")
+    if kind is None or requests is None:
+        return None
+    differing = row.get("differing_requests")
+    if differing is None:  # an older row
+        differing = row.get("mismatched_requests") or (0 if kind == "exact" else requests)
+        return int(requests) - int(differing), 0, int(differing)
+    return int(requests) - int(differing), int(row.get("tie_requests") or 0), int(row.get("mismatched_requests") or 0)
+
+
+def _fmt_counts(counts: tuple[int, int, int] | None) -> str:
+    return "–" if counts is None else " / ".join(str(c) for c in counts)
+
+
+def _fmt_divergences(row: Mapping[str, Any]) -> str:
+    """``"request 3 at token 51 (tie, margin 0.008 nats); ..."``: where each differing request first diverged."""
+    found = _items(row.get("divergences"))
+    shown = []
+    for d in found[:_DIVERGENCES_SHOWN]:
+        margin = d.get("margin")
+        margin_text = "margin unknown" if margin is None or math.isnan(margin) else f"margin {margin:.3g} nats"
+        shown.append(f"request {d.get('request')} at token {d.get('position')} ({d.get('kind')}, {margin_text})")
+    if len(found) > _DIVERGENCES_SHOWN:
+        shown.append(f"and {len(found) - _DIVERGENCES_SHOWN} more")
+    return "; ".join(shown) if shown else "positions not recorded"
 
 
 def exactness(df: pd.DataFrame) -> Exactness:
-    """Cells whose outputs differ from their baseline's, and cells where that is unknown."""
+    """Every speculative cell's requests exact / tie / mismatch, the control, and cells of unknown exactness."""
     spec = _sorted(speculative(df))
-    known = spec[spec["exact_match"].notna()]
-    bad = known[known["exact_match"] == False]  # noqa: E712 (nullable boolean column)
-    unknown = spec[spec["exact_match"].isna()]
+    spec_rows = records(spec)
+    kinds = [exactness_kind(r) for r in spec_rows]
+    differing = [(r, k) for r, k in zip(spec_rows, kinds) if k in ("ties", "mismatch")]
+    unknown = spec[pd.Series([k is None for k in kinds], index=spec.index, dtype=bool)]
+    ok = measured(df)
+    controls = records(_sorted(ok[(ok["method"] == "baseline") & ok["exactness"].notna()]))
+    tolerances = sorted({(str(d), float(t)) for d, t in zip(df["dtype"], df["tie_tolerance"]) if not pd.isna(t)})
     return Exactness(
-        compared=len(known),
-        mismatches=_cell_lines(
-            bad,
-            [
-                f"{fmt_number(m, 0)} of {fmt_number(n, 0)} requests differ"
-                for m, n in zip(bad["mismatched_requests"], bad["num_requests"])
-            ],
-        ),
+        compared=len(kinds) - len(unknown),
+        exact=kinds.count("exact"),
+        ties=kinds.count("ties"),
+        mismatches=kinds.count("mismatch"),
+        differing=[
+            Divergent(
+                panel=str(r[PANEL]), config=str(r[CONFIG]), batch_size=_batch(r["batch_size"]), kind=k,
+                requests=_fmt_counts(request_counts(r)), first_divergences=_fmt_divergences(r),
+                cell_id=str(r["cell_id"]),
+            )
+            for r, k in differing
+        ],
         unknown=_cell_lines(
             unknown,
             [
@@ -472,22 +660,70 @@ def exactness(df: pd.DataFrame) -> Exactness:
                 for e in unknown["error"]
             ],
         ),
+        tolerances=", ".join(f"{t:g} nats ({d})" for d, t in tolerances),
+        control=[_control(r) for r in controls],
+        explain_ties=any((r.get("tie_requests") or 0) > 0 for r in spec_rows + controls),
     )
 
 
-def flagged(df: pd.DataFrame, missing_columns: Sequence[str]) -> list[CellLine] | None:
-    """Flagged cells with their reasons; None when the results file has no ``flagged`` column."""
+def _control(row: Mapping[str, Any]) -> str:
+    """How often plain decoding at a baseline's batch size disagreed with plain decoding at batch 1."""
+    counts = request_counts(row)
+    head = f"{row[PANEL]}: plain decoding at batch {_batch(row['batch_size'])}"
+    if counts is None:
+        return f"{head}: not compared with batch 1"
+    exact, ties, mismatches = counts
+    line = (f"{head} disagreed with batch 1 on {ties + mismatches} of {exact + ties + mismatches} requests "
+            f"(ties: {ties}, mismatches: {mismatches})")
+    return line + (f"; first divergences: {_fmt_divergences(row)}" if ties + mismatches else "")
+
+
+@dataclass(frozen=True)
+class Flagged:
+    """Cells a flag leaves out of verdicts, the command that measures them again, and re-measured cells."""
+
+    cells: list[CellLine]
+    remeasure: str | None  # None when no cell is flagged
+    remeasured: list[CellLine]  # every cell measured more than once because other processes disturbed it
+
+
+def flagged(df: pd.DataFrame, missing_columns: Sequence[str], command: Command, run_dir: Path) -> Flagged | None:
+    """Flagged cells with their reasons, the re-measuring command, and cells that took several attempts.
+
+    None when the results file has no ``flagged`` column. The command is the
+    sweep's own (:func:`reproduce_command`) into its own directory
+    (``run_dir``), with ``remeasure=flagged``: it measures just the flagged
+    cells again.
+    """
     if FLAGGED in missing_columns:
         return None
     rows = _sorted(df[df[FLAGGED].fillna(False).astype(bool)])
     details = []
-    for _, r in rows.iterrows():
-        reasons = r["flag_reasons"]
-        has_reasons = reasons is not None and len(reasons) > 0
-        why = "; ".join(str(x) for x in reasons) if has_reasons else "no reason recorded"
+    for r in records(rows):
+        reasons = [str(x) for x in _items(r["flag_reasons"])]
+        why = "; ".join(reasons) if reasons else "no reason recorded"
         ci = fmt_ci(r["speedup_ci_low"], r["speedup_ci_high"])
-        details.append(f"{why} (speedup {fmt_speedup(r['speedup'])}, CI {ci})")
-    return _cell_lines(rows, details)
+        attempts = f"; {_attempts(r)}" if (r["attempts"] or 1) > 1 else ""
+        details.append(f"{why} (speedup {fmt_speedup(r['speedup'])}, CI {ci}){attempts}")
+    ok = measured(df)
+    several = _sorted(ok[ok["attempts"].fillna(1).astype(int) > 1])
+    remeasure = None
+    if len(rows):
+        remeasure = f"{command.text} {command.dir_key}={shlex.quote(str(run_dir.absolute()))} remeasure=flagged"
+    return Flagged(
+        cells=_cell_lines(rows, details),
+        remeasure=remeasure,
+        remeasured=_cell_lines(
+            several, [_attempts(r) + ("; still flagged" if r[FLAGGED] else "") for r in records(several)]
+        ),
+    )
+
+
+def _attempts(row: Mapping[str, Any]) -> str:
+    """``"3 attempts (other processes kept 39%, 41%, 35% of the cores busy; the least disturbed kept)"``."""
+    shares = ", ".join(f"{s:.0%}" for s in _items(row.get("other_cpu_share_per_attempt")))
+    busy = f"other processes kept {shares} of the cores busy; " if shares else ""
+    return f"{int(row['attempts'])} attempts ({busy}the least disturbed kept)"
 
 
 def failed(df: pd.DataFrame) -> list[CellLine]:
@@ -513,10 +749,13 @@ class CellSummary:
     predicted: str
     predicted_decode: str
     acceptance_length: str
+    raw_acceptance_length: str  # vLLM's own count, drafts accepted past the output's end included
     acceptance_length_p50: str
     tokens_per_pass: str
     draft_coverage: str
     repetitive: str
+    requests_exact: str  # requests exact / tie / mismatch against the reference
+    attempts: str
     tpot_ms: str
 
 
@@ -534,6 +773,7 @@ def all_cells(df: pd.DataFrame) -> list[CellSummary]:
             predicted=fmt_speedup(r[PREDICTED]),
             predicted_decode=fmt_speedup(r["predicted_decode_speedup"]),
             acceptance_length=fmt_number(r["acceptance_length"]),
+            raw_acceptance_length=fmt_number(r["raw_acceptance_length"]),
             acceptance_length_p50=fmt_number(r["acceptance_length_p50"]),
             tokens_per_pass=fmt_number(r["tokens_per_pass"]),
             draft_coverage=fmt_number(r["draft_coverage"]),
@@ -541,10 +781,39 @@ def all_cells(df: pd.DataFrame) -> list[CellSummary]:
                 "–" if pd.isna(r["repetitive_requests"]) or pd.isna(r["num_requests"])
                 else f"{int(r['repetitive_requests'])}/{int(r['num_requests'])}"
             ),
-            tpot_ms=fmt_number(None if pd.isna(r["tpot_s_p50"]) else 1000 * r["tpot_s_p50"], 1),
+            # A baseline is compared only by the control (exactness set); older files mark every baseline exact.
+            requests_exact=(
+                _fmt_counts(request_counts(r)) if r["method"] != "baseline" or r["exactness"] else "–"
+            ),
+            attempts="–" if r["attempts"] is None else str(int(r["attempts"])),
+            tpot_ms=fmt_number(None if r["tpot_s_p50"] is None else 1000 * r["tpot_s_p50"], 1),
         )
-        for _, r in _sorted(df).iterrows()
+        for r in records(_sorted(df))
     ]
+
+
+RAW_ACCEPTANCE_GAP = 0.02
+"""Relative gap between vLLM's acceptance length and the emitted one past which a cell is noted."""
+
+
+def acceptance_gaps(df: pd.DataFrame) -> list[str]:
+    """Cells whose acceptance length by vLLM's counters is off the emitted one by over :data:`RAW_ACCEPTANCE_GAP`.
+
+    vLLM counts drafts its scheduler accepted past ``max_tokens`` or a stop
+    token, which never reach the output: requests that end inside a draft
+    (looping ones most) inflate its count.
+    """
+    spec = speculative(df)
+    notes = []
+    for r in records(_sorted(spec)):
+        emitted, raw = r["acceptance_length"], r["raw_acceptance_length"]
+        if emitted is None or raw is None or emitted <= 0 or abs(raw / emitted - 1.0) <= RAW_ACCEPTANCE_GAP:
+            continue
+        notes.append(
+            f"{r[PANEL]}, {r[CONFIG]}, batch {_batch(r['batch_size'])}: acceptance length {emitted:.2f} on emitted "
+            f"tokens, {raw:.2f} by vLLM's counters ({raw / emitted - 1.0:+.0%})"
+        )
+    return notes
 
 
 # --- provenance -----------------------------------------------------------------------------------
@@ -597,6 +866,7 @@ class Command:
     text: str
     source: str
     grid: list[str]  # the preset grid (hydra.sweeper.params), one "key: values" per line
+    dir_key: str = "hydra.sweep.dir"  # the override that writes into a given directory (a resume)
 
 
 def reproduce_command(
@@ -623,6 +893,7 @@ def reproduce_command(
             text=" ".join(["python -m specbench", *(shlex.quote(str(o)) for o in run_overrides)]),
             source="Read from .hydra/overrides.yaml: a single run, one cell and its baseline.",
             grid=[],
+            dir_key="hydra.run.dir",
         )
     return Command(
         text=" ".join(["python -m specbench -m", *(shlex.quote(o) for o in _overrides_from_configs(df))]),

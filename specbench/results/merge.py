@@ -15,16 +15,18 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from specbench import stats
 from specbench.analytic import theory
+from specbench.results import exactness
 from specbench.results.files import CellFiles
-from specbench.results.metrics import median_known
+from specbench.results.metrics import REPETITIVE_SHARE, median_known
 from specbench.results.provenance import provenance_differences
-from specbench.results.schema import ResultsError, read_rows
+from specbench.results.schema import ResultsError, curve_key, read_rows
 
 # A speculative cell is flagged when at least this share of its outputs loop.
 LOOPING_FLAG_SHARE = 0.1
-# A measurement is flagged when other processes kept more than this share of
-# the machine's cores busy while it ran.
-OTHER_CPU_FLAG_SHARE = 0.1
+# A measurement is disturbed when other processes kept more than this share of
+# the machine's cores busy while it ran: the sweep measures it again, and a
+# cell still disturbed after its last attempt is flagged.
+DISTURBED_SHARE = 0.1
 
 
 def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
@@ -35,15 +37,20 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     requests (:func:`provenance_differences`); otherwise the comparison fails
     with the reason and no speedup. The speedup is the geometric mean of the
     per-run ratios. Its intervals use the engine-to-engine spread of log
-    ratios pooled over every cell of the sweep, its degrees of freedom counted
-    per shared baseline (``stats.pooled_engine_run_spread``); with a single pass
-    everywhere only the within-engine spread of the repetitions is known, and
-    the method tag says so; with one repetition as well there is no interval.
-    Cells are flagged when their engine runs disagree beyond that spread, when a
-    run ran under heavy load, when baseline and cell ran on different
-    hardware, when their outputs differ from the baseline's, or when their
-    outputs loop. Missing cells are skipped; unreadable ones become failed
-    rows naming the file.
+    ratios pooled over every cell of the sweep (``stats.pooled_engine_run_spread``,
+    which separates each baseline's shared deviation from the cells' own); with
+    one engine run everywhere only the within-engine spread of the repetitions is
+    known, and the method tag says so; with one repetition as well there is no interval.
+
+    Outputs that differ from the reference are classified at their first
+    divergence as numerical ties or mismatches (:mod:`specbench.results.exactness`);
+    a baseline at batch size B is compared with the baseline at the smallest
+    batch size, the control. Cells are flagged, and so left out of verdicts,
+    when their engine runs disagree beyond the spread, when a run stayed
+    disturbed by other processes, when baseline and cell ran on different
+    hardware, or when outputs mismatch; ties, looping outputs and batches run
+    in waves are caveats, which qualify a speedup without excluding it.
+    Missing cells are skipped; unreadable ones become failed rows naming the file.
     """
     by_cell: dict[str, list[dict[str, Any]]] = {}
     for cell_id in cell_ids:
@@ -56,17 +63,23 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
             row = {"cell_id": cell_id, "status": "failed", "error": str(exc)}
         by_cell.setdefault(row.get("config_hash") or cell_id, []).append(row)
 
+    references = _References(cells_dir, [r for group in by_cell.values() for r in group])
     rows = []
     for group in by_cell.values():
         group.sort(key=lambda r: r.get("engine_run") or 0)
-        rows.append(_combine_engine_runs(cells_dir, group))
+        rows.append(_combine_engine_runs(cells_dir, group, references))
     speculative = [r for r in rows if r.get("method") != "baseline" and r.get("speedup_per_engine_run")]
     spread = stats.pooled_engine_run_spread(
         [r["speedup_per_engine_run"] for r in speculative], groups=[r["_baseline"] for r in speculative]
     )
     for row in speculative:
-        interval = stats.speedup_interval(row["speedup_per_engine_run"], spread, row.pop("_within", None))
+        within = row.pop("_within", None)
+        interval = stats.speedup_interval(row["speedup_per_engine_run"], spread, within)
+        # The interval's ingredients, in the terms exp(m +- t_df sd / sqrt(engine runs)).
+        sd, df = (spread.sd, spread.df) if spread.df else (within.se, within.df) if within else (None, None)
         row |= {
+            "speedup_log_sd": sd if interval.ci_low is not None else None,
+            "speedup_df": df if interval.ci_low is not None else None,
             "speedup": interval.point,
             "speedup_ci_low": interval.ci_low,
             "speedup_ci_high": interval.ci_high,
@@ -85,7 +98,7 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def _combine_engine_runs(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _combine_engine_runs(cells_dir: Path, runs: list[dict[str, Any]], references: _References) -> dict[str, Any]:
     first = dict(runs[0])
     ok = [r for r in runs if r.get("status") == "ok"]
     if len(ok) < len(runs):
@@ -96,14 +109,14 @@ def _combine_engine_runs(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[st
         row |= _across_engine_runs(cells_dir, runs)
         for key in ("drafts", "draft_tokens", "accepted_tokens", "target_passes"):
             row[key] = sum(r[key] or 0 for r in runs)
-        row |= _pooled_acceptance(runs, row)
+        row |= _pooled_acceptance(runs, row) | _pooled_raw_acceptance(runs, row)
     if row["method"] == "baseline":
         # A baseline's speedup is 1 by definition: there is nothing to put an interval on.
         return row | {"speedup": 1.0, "speedup_ci_low": None, "speedup_ci_high": None,
                       "speedup_ci_method": "none: the baseline itself",
                       "speedup_per_engine_run": [1.0] * len(runs), "decode_speedup": 1.0,
-                      "exact_match": True, "mismatched_requests": 0}
-    return row | _compare(cells_dir, runs)
+                      "exact_match": True} | references.control(runs)
+    return row | _compare(cells_dir, runs, references)
 
 
 _LATENCY_COLUMNS = tuple(f"{m}_p{q}" for m in ("ttft_s", "tpot_s", "e2e_s") for q in (50, 90, 99))
@@ -111,26 +124,34 @@ _LATENCY_COLUMNS = tuple(f"{m}_p{q}" for m in ("ttft_s", "tpot_s", "e2e_s") for 
 # launcher puts engine runs on several hosts): every distinct value is kept.
 _JOINED_COLUMNS = ("host", "hardware", "gpu_state", "specbench_version", "git_commit", "vllm_version",
                    "torch_version", "transformers_version", "python_version")
+# Each engine run's peaks are its own cell's (reset as the cell starts): the
+# merged row keeps the largest, what a rerun of the cell should be ready for.
+_PEAK_COLUMNS = ("peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes", "gpu_used_bytes", "peak_rss_bytes")
 
 
 def _across_engine_runs(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The per-cell columns of a merged row, each describing every engine run (not the first run's copy).
 
-    Time summaries are over the repetitions of all engine runs; latency
-    percentiles, TPOT, warm-up and start-up are medians (TPOT a mean) of the
-    engine runs' own; loads and looping outputs the worst engine run; outputs are stable
-    only if every repetition of every engine run produced the same tokens.
+    Wall time and tokens/s treat each engine run as one cluster of
+    repetitions (``stats.engine_run_interval``): the geometric mean of the
+    engine runs' medians, with a t interval from their spread; the CV and
+    ``wall_time_s_reps`` keep every repetition. Latency percentiles, TPOT,
+    warm-up and start-up are medians (TPOT a mean) of the engine runs' own;
+    loads, looping outputs and memory peaks the worst engine run (the
+    weights and KV cache, fixed by the engine's settings, stay the first
+    run's); outputs are stable only if every repetition of every engine run
+    produced the same tokens.
     """
     reps = [w for r in runs for w in r["wall_time_s_reps"]]
-    wall = stats.summarize(reps)
-    tps = stats.summarize([r["output_tokens"] / w for r in runs for w in r["wall_time_s_reps"]])
+    wall = stats.engine_run_interval([r["wall_time_s_reps"] for r in runs])
+    tps = stats.engine_run_interval([[r["output_tokens"] / w for w in r["wall_time_s_reps"]] for r in runs])
     out: dict[str, Any] = {
-        "wall_time_s": wall.median,
+        "wall_time_s": wall.point,
         "wall_time_s_ci_low": wall.ci_low,
         "wall_time_s_ci_high": wall.ci_high,
-        "wall_time_s_cv": wall.cv,
+        "wall_time_s_cv": stats.summarize(reps).cv,
         "wall_time_s_reps": reps,
-        "tokens_per_s": tps.median,
+        "tokens_per_s": tps.point,
         "tokens_per_s_ci_low": tps.ci_low,
         "tokens_per_s_ci_high": tps.ci_high,
         "reps_ci_coverage": wall.coverage,
@@ -153,6 +174,8 @@ def _across_engine_runs(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[str
     }
     for column in (*_LATENCY_COLUMNS, "warmup_s", "engine_start_s"):
         out[column] = median_known(r.get(column) for r in runs)
+    for column in _PEAK_COLUMNS:
+        out[column] = _max_known(r.get(column) for r in runs)
     # Each engine run decodes the same requests, so their decode token counts agree
     # and the plain mean of the engine runs' token-weighted TPOTs stays token-weighted.
     tpots = [r["tpot_s_mean"] for r in runs if r.get("tpot_s_mean") is not None]
@@ -225,6 +248,29 @@ def _pooled_acceptance(runs: list[dict[str, Any]], row: dict[str, Any]) -> dict[
     }
 
 
+def _pooled_raw_acceptance(runs: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's own counters (accepted tokens past an output's end included) pooled over engine runs."""
+    if not row["drafts"] or any(r.get("raw_accepted_tokens") is None for r in runs):
+        return {}
+    raw = sum(r["raw_accepted_tokens"] for r in runs)
+    accepted: list[float] = []
+    drafted: list[float] = []
+    for r in runs:
+        rates = r.get("raw_acceptance_rate_per_pos") or []
+        reached = r.get("drafted_per_pos") or [r["drafts"]] * len(rates)
+        for i, (rate, d) in enumerate(zip(rates, reached)):
+            if i == len(accepted):
+                accepted.append(0.0)
+                drafted.append(0.0)
+            accepted[i] += rate * d
+            drafted[i] += d
+    return {
+        "raw_accepted_tokens": raw,
+        "raw_acceptance_length": 1.0 + raw / row["drafts"],
+        "raw_acceptance_rate_per_pos": [a / d for a, d in zip(accepted, drafted) if d],
+    }
+
+
 def _interference(who: str, side: dict[str, Any]) -> str | None:
     """Why a measurement shared its machine, or None.
 
@@ -234,7 +280,7 @@ def _interference(who: str, side: dict[str, Any]) -> str | None:
     """
     share, load, cores = side.get("other_cpu_share"), side.get("load_avg_1m"), side.get("cpu_cores")
     if share is not None:
-        if share > OTHER_CPU_FLAG_SHARE:
+        if share > DISTURBED_SHARE:
             return f"{who}: other processes kept {share:.0%} of the cores busy"
         return None
     if load is not None and cores and load > 2 * cores:
@@ -242,17 +288,18 @@ def _interference(who: str, side: dict[str, Any]) -> str | None:
     return None
 
 
-def _compare(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _References) -> dict[str, Any]:
     """Speedup and exactness of a speculative cell's engine runs against their baselines.
 
     An engine run whose baseline is missing, failed, or measured with another
     schema, software or set of requests fails the comparison: the row gets
-    no speedup and an error naming the difference.
+    no speedup and an error naming the difference. Outputs that differ from
+    the baseline's are classified (:mod:`specbench.results.exactness`): only
+    mismatches flag the cell; ties and looping outputs are caveats.
     """
     ratios, decode_ratios, within = [], [], []
     missing, incomparable, reasons = [], [], []
-    mismatched: set[int] = set()
-    compared, requests_compared = 0, 0
+    divergences: list[list[exactness.Divergence]] = []
     baseline_group = None
     for spec in runs:
         base_files = CellFiles(cells_dir, spec["baseline_cell_id"])
@@ -282,43 +329,186 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
         if base.get(column) and spec.get(column):
             decode_ratios.append(base[column] / spec[column])
         within.append(_within_noise(base, spec))
-        base_tokens = base_files.read_tokens()
-        spec_tokens = CellFiles(cells_dir, spec["cell_id"]).read_tokens()
-        if base_tokens is not None and spec_tokens is not None:
-            compared += 1
-            requests_compared = max(requests_compared, len(base_tokens), len(spec_tokens))
-            # By request index, so a request that differs in every engine run counts once.
-            mismatched |= {i for i, (a, b) in enumerate(zip(base_tokens, spec_tokens)) if a != b}
-            mismatched |= set(range(min(len(base_tokens), len(spec_tokens)), max(len(base_tokens), len(spec_tokens))))
+        found = references.classify(base, spec)
+        if found is not None:
+            divergences.append(found)
     if missing:
         return {"speedup": None, "exact_match": None, "mismatched_requests": None,
                 "error": f"no successful baseline measurement: {', '.join(missing)}"}
     if incomparable:
         return {"speedup": None, "exact_match": None, "mismatched_requests": None,
                 "error": "not compared: baseline measured differently: " + " | ".join(incomparable)}
-    exact = len(mismatched) == 0 if compared == len(runs) else None
-    if exact is False:
+    columns = _exactness_columns(divergences, len(runs), runs[0]["baseline_cell_id"], runs[0].get("dtype"))
+    if columns["mismatched_requests"]:
+        requests = len(references.tokens(runs[0]["cell_id"]) or []) or runs[0].get("num_requests")
         reasons.append(
-            f"outputs differ from the baseline's in {len(mismatched)} of {requests_compared} "
-            "requests: greedy speculative decoding should be exact, so this speedup is not of the same work"
+            f"outputs differ from the baseline's in {columns['mismatched_requests']} of {requests} "
+            "requests where the target had a clear winner: greedy speculative decoding should be exact, "
+            "so this speedup is not of the same work"
         )
-    looping = _max_known(r.get("repetitive_requests") for r in runs)
-    requests = runs[0].get("num_requests")
-    if looping and requests and looping / requests >= LOOPING_FLAG_SHARE:
-        reasons.append(
-            f"{looping} of {requests} outputs loop: drafts of a loop are accepted whole, so acceptance "
-            "and speedup overstate what this workload gives on text that does not repeat itself"
-        )
+    caveats = [c for c in (_tie_caveat(columns), _loop_caveat(references, runs), _wave_caveat(runs)) if c]
     known_within = [w for w in within if w is not None]
-    return {
+    return columns | {
         "speedup_per_engine_run": ratios,
         "_within": max(known_within, key=lambda w: w.se) if known_within else None,
         "_baseline": baseline_group,
         "flag_reasons": reasons,
+        "caveats": caveats,
         "decode_speedup": _geometric_mean(decode_ratios),
-        "exact_match": exact,
-        "mismatched_requests": len(mismatched) if exact is not None else None,
     }
+
+
+class _References:
+    """What outputs are compared against: token files (each read once) and each baseline's siblings.
+
+    A baseline's siblings are the baselines of the same engine run that
+    differ from it only in batch size: plain decoding against itself at
+    another shape, the control that shows where numerics alone part outputs.
+    """
+
+    def __init__(self, cells_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
+        self._cells_dir = cells_dir
+        self._tokens: dict[str, list[list[int]] | None] = {}
+        self._baselines: dict[tuple[str, Any], dict[int, dict[str, Any]]] = {}
+        for row in rows:
+            if row.get("method") == "baseline" and row.get("status") == "ok":
+                self._baselines.setdefault((curve_key(row), row.get("engine_run")), {})[row["batch_size"]] = row
+
+    def tokens(self, cell_id: str) -> list[list[int]] | None:
+        """A cell's output token ids per request (None: unreadable)."""
+        if cell_id not in self._tokens:
+            self._tokens[cell_id] = CellFiles(self._cells_dir, cell_id).read_tokens()
+        return self._tokens[cell_id]
+
+    def _siblings(self, base: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        return self._baselines.get((curve_key(base), base.get("engine_run")), {})
+
+    def _control_positions(self, base: dict[str, Any]) -> list[set[int]]:
+        """Per request, where plain decoding at another batch size first left this baseline's output."""
+        mine = self.tokens(base["cell_id"]) or []
+        positions: list[set[int]] = [set() for _ in mine]
+        for batch, other in self._siblings(base).items():
+            theirs = self.tokens(other["cell_id"]) if batch != base["batch_size"] else None
+            for i in range(min(len(mine), len(theirs or []))):
+                if (position := exactness.first_divergence(mine[i], theirs[i])) is not None:  # type: ignore[index]
+                    positions[i].add(position)
+        return positions
+
+    def classify(self, base: dict[str, Any], other: dict[str, Any], *, control: bool = False
+                 ) -> list[exactness.Divergence] | None:
+        """``other``'s outputs against the baseline ``base``'s (None: a token file is unreadable).
+
+        ``control``: ``other`` is plain decoding at another batch size, so only
+        the requests both decoded are compared and no further control applies.
+        """
+        reference, outputs = self.tokens(base["cell_id"]), self.tokens(other["cell_id"])
+        if reference is None or outputs is None:
+            return None
+        if control:
+            count = min(len(reference), len(outputs))
+            reference, outputs = reference[:count], outputs[:count]
+        return exactness.classify(
+            reference, outputs, tolerance=exactness.tie_tolerance(base.get("dtype")),
+            margins=base.get("top2_margins") or [], near_ties=base.get("near_tie_tokens") or [],
+            control_positions=[] if control else self._control_positions(base),
+        )
+
+    def control(self, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """A baseline's exactness columns: plain decoding at its batch size against the smallest measured.
+
+        Empty for the smallest batch size itself (and a sweep of one batch size).
+        """
+        found, reference = [], None
+        for run in runs:
+            siblings = self._siblings(run)
+            smallest = min(siblings, default=run["batch_size"])
+            if smallest == run["batch_size"]:
+                return {}
+            reference = siblings[smallest]
+            if (divergences := self.classify(reference, run, control=True)) is not None:
+                found.append(divergences)
+        assert reference is not None
+        return _exactness_columns(found, len(runs), reference["cell_id"], runs[0].get("dtype"))
+
+
+def _exactness_columns(
+    per_run: Sequence[Sequence[exactness.Divergence]], runs: int, reference: str, dtype: str | None
+) -> dict[str, Any]:
+    """Exactness over a cell's engine runs: a request is as bad as its worst engine run (mismatch over tie).
+
+    Unknown (nulls) unless every engine run's tokens could be compared.
+    """
+    tolerance = exactness.tie_tolerance(dtype)
+    if len(per_run) < runs:
+        return {"exact_match": None, "exactness": None, "differing_requests": None, "tie_requests": None,
+                "mismatched_requests": None, "divergences": None, "exactness_reference": reference,
+                "tie_tolerance": tolerance}
+    worst: dict[int, exactness.Divergence] = {}
+    for divergences in per_run:
+        for d in divergences:
+            if d.request not in worst or (worst[d.request].kind == exactness.TIE and d.kind == exactness.MISMATCH):
+                worst[d.request] = d
+    kept = [worst[i] for i in sorted(worst)]
+    return {
+        "exact_match": not kept,
+        "exactness": exactness.verdict(kept),
+        "differing_requests": len(kept),
+        "tie_requests": sum(d.kind == exactness.TIE for d in kept),
+        "mismatched_requests": sum(d.kind == exactness.MISMATCH for d in kept),
+        "divergences": [d.as_row() for d in kept],
+        "exactness_reference": reference,
+        "tie_tolerance": tolerance,
+    }
+
+
+def _tie_caveat(columns: Mapping[str, Any]) -> str | None:
+    ties = columns.get("tie_requests")
+    if not ties:
+        return None
+    positions = ", ".join(str(d["position"]) for d in columns["divergences"] if d["kind"] == exactness.TIE)
+    return (f"{ties} request(s) part from the baseline at numerical ties (token positions {positions}): "
+            f"the target's top two tokens there were within {columns['tie_tolerance']:.2g} nats, "
+            "which rounding in this dtype can swap; the same work, not a fault")
+
+
+def _loop_caveat(references: _References, runs: Sequence[Mapping[str, Any]]) -> str | None:
+    """How much of a cell's acceptance its looping outputs carry, or None when few loop.
+
+    Drafts of a loop are accepted whole, so a looping request lifts tokens
+    per pass; this says by how much, from engine run 0's per-request decode passes.
+    """
+    looping_count = _max_known(r.get("repetitive_requests") for r in runs)
+    requests = runs[0].get("num_requests")
+    if not looping_count or not requests or looping_count / requests < LOOPING_FLAG_SHARE:
+        return None
+    line = f"{looping_count} of {requests} outputs loop"
+    tokens = references.tokens(runs[0]["cell_id"]) or []
+    looping = [stats.repeated_ngram_share(ids) >= REPETITIVE_SHARE for ids in tokens]
+    outputs = runs[0].get("output_tokens_per_request") or []
+    passes = runs[0].get("decode_passes_per_request") or []
+    if any(looping) and len(outputs) == len(passes) == len(looping) and None not in passes:
+        def per_pass(keep: Sequence[bool]) -> tuple[float | None, int]:
+            decoded = sum(o - 1 for o, k in zip(outputs, keep) if k)
+            spent = sum(p for p, k in zip(passes, keep) if k)
+            return (decoded / spent if spent else None), decoded - spent
+
+        everyone, accepted = per_pass([True] * len(looping))
+        rest, rest_accepted = per_pass([not loop for loop in looping])
+        if everyone is not None and accepted > 0:
+            without = f"{rest:.2f}" if rest is not None else "none left"
+            line += (f" and carry {1 - rest_accepted / accepted:.0%} of the accepted tokens "
+                     f"(tokens per decode pass {everyone:.2f}, {without} without them)")
+    return line + ": drafts of a loop are accepted whole, so text that does not repeat itself gives less"
+
+
+def _wave_caveat(runs: Sequence[Mapping[str, Any]]) -> str | None:
+    """Where vLLM ran a batch in waves because its KV cache held fewer requests than the batch."""
+    reached = [r.get("reached_concurrency") for r in runs if r.get("reached_concurrency") is not None]
+    batch = runs[0].get("batch_size")
+    if not reached or not batch or min(reached) >= batch:
+        return None
+    return (f"ran in waves: at most {min(reached)} of its {batch} requests at once (the KV cache holds no "
+            "more), so this measures a smaller batch, queued")
 
 
 def _within_noise(base: Mapping[str, Any], spec: Mapping[str, Any]) -> stats.WithinNoise | None:

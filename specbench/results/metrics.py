@@ -61,7 +61,7 @@ def measured_fields(
     and the count of repetitive outputs (from ``token_ids``) show when.
     """
     wall = stats.summarize(rep_wall_s)
-    rates = _position_rates(accepted_per_pos, drafted_per_pos, drafts)
+    rates = position_rates(accepted_per_pos, drafted_per_pos, drafts)
     total_out = sum(rep_output_tokens)
     target_passes = max(total_out - accepted_tokens, num_requests * len(rep_output_tokens) + drafts)
     tps = [t / w for t, w in zip(rep_output_tokens, rep_wall_s)]
@@ -105,7 +105,7 @@ def measured_fields(
     return row
 
 
-def _position_rates(accepted: Sequence[int], drafted: Sequence[int], drafts: int) -> list[float]:
+def position_rates(accepted: Sequence[int], drafted: Sequence[int], drafts: int) -> list[float]:
     """Acceptance per draft position: accepted there over the drafts that reached it (else over all drafts)."""
     if not drafts:
         return []

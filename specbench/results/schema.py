@@ -30,8 +30,16 @@ import pyarrow.parquet as pq
 # 5: engine runs are named so (engine_run, engine_runs, speedup_per_engine_run; were pass_index, passes,
 #    speedup_per_pass): "pass" is kept for a target forward pass (target_passes, tokens_per_pass)
 # 6: output_tokens_per_request, decode_passes_per_request (the wall time's slowest-request tail)
-SCHEMA_VERSION = 6
+# 7: verdicts a user can reach: exactness classified per request (exactness, differing_requests,
+#    tie_requests, divergences, top-two margins from the baseline), caveats that qualify without
+#    excluding, attempts of a disturbed cell, the speedup's pooled spread and df, acceptance counted
+#    on emitted tokens (raw_* keep vLLM's counters), reached concurrency
+SCHEMA_VERSION = 7
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
+# Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
+# at batch 1) and why: "tie" when the reference's own top-two log-probabilities there are within the
+# dtype's tolerance (or plain decoding at another batch size leaves it there too), else "mismatch".
+DIVERGENCE = pa.struct([("request", _INT), ("position", _INT), ("kind", _STR), ("margin", _F)])
 SCHEMA = pa.schema(
     [
         ("schema_version", _INT),
@@ -53,15 +61,15 @@ SCHEMA = pa.schema(
         ("output_tokens", _INT),  # per repetition
         # --- time ------------------------------------------------------------
         # Merged rows: every column describes all engine runs (see _across_engine_runs).
-        ("wall_time_s", _F),  # median over repetitions (of every engine run)
-        ("wall_time_s_ci_low", _F),  # order-statistic interval of that median; null with one repetition
+        ("wall_time_s", _F),  # one engine run: median of its repetitions; merged: geometric mean of the runs' medians
+        ("wall_time_s_ci_low", _F),  # order-statistic (one run) or engine runs as clusters (t on log); see reps_ci_coverage
         ("wall_time_s_ci_high", _F),
         ("wall_time_s_cv", _F),
         ("wall_time_s_reps", pa.list_(_F)),
         ("tokens_per_s", _F),
         ("tokens_per_s_ci_low", _F),
         ("tokens_per_s_ci_high", _F),
-        ("reps_ci_coverage", _F),  # exact coverage of the two intervals above (0.75 for 3 repetitions)
+        ("reps_ci_coverage", _F),  # 1 engine run: exact order-statistic coverage (0.75 for 3 reps); more: 0.95, runs as clusters
         # Latency percentiles are over the requests of one engine run; merged rows hold their median over engine runs.
         ("ttft_s_p50", _F),
         ("ttft_s_p90", _F),
@@ -94,6 +102,16 @@ SCHEMA = pa.schema(
         ("output_tokens_per_request", pa.list_(_INT)),
         ("decode_passes_per_request", pa.list_(_INT)),  # target passes after the prefill's (= output - 1 without speculation)
         ("acceptance_length_p50", _F),  # median of the above over requests that drafted
+        # vLLM's own counters, before accepted tokens past max_tokens or a stop token are removed
+        # (the columns above count only accepted tokens that reached the output).
+        ("raw_accepted_tokens", _INT),
+        ("raw_acceptance_length", _F),
+        ("raw_acceptance_rate_per_pos", pa.list_(_F)),
+        # Baselines in a 16-bit dtype only: each request's top-1 minus top-2 log-probability at every
+        # output position (an untimed pass after the timed ones), and the other tokens within the tie
+        # tolerance of the top one there: what tells a numerical tie from a mismatch.
+        ("top2_margins", pa.list_(pa.list_(_F))),
+        ("near_tie_tokens", pa.list_(pa.list_(pa.list_(_INT)))),
         ("repetitive_requests", _INT),  # outputs caught in a loop (REPETITIVE_SHARE of 4-grams repeated); max over engine runs
         # --- comparison with the baseline (results.parquet only) ---------------
         ("speedup", _F),  # baseline wall time / this cell's: geometric mean over engine runs
@@ -103,12 +121,28 @@ SCHEMA = pa.schema(
         ("speedup_rerun_low", _F),  # where an identical rerun is expected to land (95%)
         ("speedup_rerun_high", _F),
         ("speedup_per_engine_run", pa.list_(_F)),
+        # The interval's ingredients, so that any other interval (simultaneous over m cells, another
+        # confidence) can be rebuilt: sd of one engine run's log speedup, and its degrees of freedom.
+        ("speedup_log_sd", _F),
+        ("speedup_df", _INT),
         ("decode_speedup", _F),  # baseline tpot_s_mean / this cell's: decode time ratio, prefill excluded
-        ("exact_match", _BOOL),
-        ("mismatched_requests", _INT),  # requests whose outputs differ from the baseline's in any pass
+        ("exact_match", _BOOL),  # token for token (the check as it is for float32)
+        # Speculative cells against their baseline; a baseline at batch B against plain decoding at
+        # batch 1 (the control: how often plain decoding disagrees with itself).
+        ("exactness", _STR),  # exact | ties | mismatch; null when unknown
+        ("differing_requests", _INT),  # requests whose tokens differ in any engine run
+        ("tie_requests", _INT),  # ... first diverging at a numerical tie
+        ("mismatched_requests", _INT),  # ... first diverging where the reference had a clear winner
+        ("divergences", pa.list_(DIVERGENCE)),  # each differing request's first divergence (engine run 0 first)
+        ("exactness_reference", _STR),  # the cell compared with for the above
+        ("tie_tolerance", _F),  # nats: the dtype's margin below which a divergence is a tie
         ("outputs_stable", _BOOL),  # every repetition of every engine run produced the same tokens
         ("flagged", _BOOL),  # see flag_reasons: treat this speedup with care
         ("flag_reasons", pa.list_(_STR)),
+        # What qualifies a speedup without excluding it from verdicts (looping outputs, ties).
+        ("caveats", pa.list_(_STR)),
+        ("attempts", _INT),  # measurements of this cell on its engine: > 1 when other processes disturbed it
+        ("other_cpu_share_per_attempt", pa.list_(_F)),  # the disturbance of each attempt; the least one is kept
         ("load_avg_1m", _F),  # machine load while the cell ran (max over runs)
         ("other_cpu_share", _F),  # share of the cores other processes kept busy while the cell ran
         ("cpu_cores", _INT),
@@ -130,6 +164,7 @@ SCHEMA = pa.schema(
         ("kv_cache_bytes", _INT),
         ("kv_request_tokens", _INT),  # slots one request of this cell takes (longest prompt + max_tokens + K)
         ("kv_requests_fit", _INT),  # such requests the KV cache holds at once
+        ("reached_concurrency", _INT),  # most requests vLLM ran at once (below batch_size: it ran in waves)
         ("drafter_kv_share", _F),  # 1 - kv_cache_tokens / the baseline's (results.parquet only)
         ("peak_gpu_allocated_bytes", _INT),  # torch.cuda.max_memory_allocated in the worker
         ("peak_gpu_reserved_bytes", _INT),  # torch.cuda.max_memory_reserved
@@ -247,21 +282,40 @@ def curve_key(row: Mapping[str, Any], *, across_k: bool = False) -> str:
 
 
 def recommendable(row: Mapping[str, Any]) -> bool:
-    """Whether a speculative row may be named best or chosen for a K schedule.
+    """Whether a speculative row may be judged: named best, chosen for a K schedule, given a verdict.
 
-    It must have run to the end and have a speedup, its outputs must not
-    differ from the baseline's (unknown exactness is allowed: old files, lost
-    token files), and it must not be flagged (interference, looping outputs,
-    engine runs that disagree, hardware that differs): a speedup that needs care
-    is shown, never recommended.
+    The one eligibility rule of every decision (verdicts, best configuration,
+    K schedule, the memory table's best speedup). The row must have run to
+    the end and have a speedup; its outputs must not *mismatch* the
+    baseline's: ``exactness`` "exact" or "ties" (divergences at numerical
+    ties of the baseline's top two tokens, which bfloat16 kernels of another
+    shape break differently) are judged, "mismatch" is not. Files of schema
+    6 and older have no ``exactness``: there ``exact_match`` False is a
+    mismatch, as it was then. Unknown exactness is allowed (lost token
+    files). A flagged row (disturbed after every attempt, engine runs that
+    disagree, different hardware, real mismatches) is shown, never judged;
+    ``caveats`` (looping outputs, ties) qualify a verdict and exclude nothing.
     """
     return (
         row.get("status") == "ok"
         and row.get("method") != "baseline"
         and _known(row.get("speedup"))
-        and row.get("exact_match") is not False
+        and exactness_kind(row) != "mismatch"
         and not row.get("flagged")
     )
+
+
+def exactness_kind(row: Mapping[str, Any]) -> str | None:
+    """``"exact"``, ``"ties"`` or ``"mismatch"``; None when unknown.
+
+    Files of schema 6 and older have no ``exactness``: there ``exact_match``
+    decides, False being a mismatch as it was then.
+    """
+    kind = row.get("exactness")
+    if kind is not None:
+        return str(kind)
+    match = row.get("exact_match")
+    return None if match is None else ("exact" if match else "mismatch")
 
 
 def _known(value: Any) -> bool:

@@ -2,7 +2,8 @@
 
 See :mod:`specbench.workloads.sources` for the sources (built-in files,
 Spec-Bench, any JSON-lines file, Hugging Face datasets) and how prompts are
-filtered by length and drawn.
+filtered by length and drawn, and :mod:`specbench.workloads.tokens` for
+their token lengths before any engine loads (what validation checks).
 """
 
 from specbench.workloads.sources import (
@@ -17,12 +18,12 @@ from specbench.workloads.sources import (
     Workload,
     WorkloadError,
     WorkloadSchema,
-    check_source,
     estimated_requests,
     load_prompts,
     load_workload,
     validate_workload_config,
 )
+from specbench.workloads.tokens import PromptLengths, check_source, prompt_lengths
 
 __all__ = [
     "NAMES",
@@ -32,6 +33,7 @@ __all__ = [
     "SPEC_BENCH_CATEGORIES",
     "SPEC_BENCH_WORKLOAD_CATEGORIES",
     "Prompt",
+    "PromptLengths",
     "Tokenizer",
     "Workload",
     "WorkloadError",
@@ -40,5 +42,6 @@ __all__ = [
     "estimated_requests",
     "load_prompts",
     "load_workload",
+    "prompt_lengths",
     "validate_workload_config",
 ]

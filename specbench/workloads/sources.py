@@ -49,7 +49,6 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "WorkloadSchema",
-    "check_source",
     "load_prompts",
     "load_workload",
     "validate_workload_config",
@@ -294,26 +293,6 @@ def validate_workload_config(cfg: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def check_source(cfg: Mapping[str, Any]) -> list[str]:
-    """Read a local source's prompts now and report what would stop them loading.
-
-    Lets a sweep refuse a malformed file before any engine loads, instead of
-    failing every cell. ``hf`` datasets are not read here (that may mean a
-    download); a config that :func:`validate_workload_config` refuses is
-    left to it.
-
-    Returns:
-        The :class:`WorkloadError` message, or nothing when the prompts load.
-    """
-    if not isinstance(cfg, Mapping) or cfg.get("source") == "hf" or validate_workload_config(cfg):
-        return []
-    try:
-        load_prompts(cfg)
-    except WorkloadError as exc:
-        return [str(exc)]
-    return []
-
-
 def load_prompts(cfg: Mapping[str, Any]) -> tuple[list[Prompt], str]:
     """Read every prompt the configured source offers for this workload.
 
@@ -422,10 +401,10 @@ def load_workload(cfg: Mapping[str, Any], tokenizer: Tokenizer) -> Workload:
     num_prompts: int = len(eligible) if cfg["num_prompts"] == ALL_PROMPTS else cfg["num_prompts"]
     if len(eligible) < num_prompts or not eligible:
         raise WorkloadError(
-            f"workload.num_prompts={cfg['num_prompts']} but workload {cfg['name']} "
-            f"(source={cfg['source']}) has only {len(eligible)} prompts within "
-            f"workload.max_prompt_tokens={max_prompt_tokens} ({skipped} of {len(prompts)} "
-            f"skipped as too long); lower num_prompts or raise max_prompt_tokens"
+            f"workload.num_prompts={cfg['num_prompts']} but only {len(eligible)} prompts of "
+            f"{cfg['name']} (source={cfg['source']}) fit workload.max_prompt_tokens={max_prompt_tokens} "
+            f"({skipped} of {len(prompts)} are longer with this model's tokenizer); "
+            f"lower workload.num_prompts or raise workload.max_prompt_tokens"
         )
     if cfg.get("selection", "random") == "first":
         chosen = eligible[:num_prompts]
