@@ -372,6 +372,25 @@ def test_report_shows_memory_per_method(tmp_path) -> None:
     assert ">538<" in section and ">23,296<" in section and ">50%<" in section and "1.30×" in section
 
 
+def test_memory_table_gives_peaks_per_batch_size(tmp_path) -> None:
+    # Each cell's peak is its own now: a batch-1 cell no longer shows the batch-16 peak, so the
+    # table keeps them apart instead of taking one median over the method's cells.
+    from rows import make_row
+    from test_report import render
+
+    memory = {"drafter_weight_bytes": 0, "kv_cache_tokens": 46_592, "kv_requests_fit": 182}
+    rows = [make_row("baseline", batch=b, peak_rss_bytes=peak, predicted_peak_bytes=peak - 200_000_000,
+                     predicted_kv_cache_tokens=46_592, **memory)
+            for b, peak in ((1, 3_820_000_000), (16, 4_070_000_000))]
+    rows += [make_row("ngram", 2, batch=b, speedup=1.2, peak_rss_bytes=peak, **memory)
+             for b, peak in ((1, 3_900_000_000), (16, 4_100_000_000))]
+    _, page = render(tmp_path, rows)
+    table = {r[0]: r for r in page.tables["memory-table"]}
+    assert table["baseline"][5] == "b1 3.82 · b16 4.07"
+    assert table["ngram"][5] == "b1 3.90 · b16 4.10"
+    assert table["baseline"][6] == "46,592 tokens; peak b1 3.62 · b16 3.87"
+
+
 def test_memory_tables_best_speedup_follows_the_pages_one_rule(tmp_path) -> None:
     # A flagged 2.5x and a mismatched 3.0x are left out, as they are of the verdicts; a tie-only 1.4x is judged.
     from rows import make_row

@@ -47,8 +47,8 @@ class MemoryRow:
     kv_tokens: str
     kv_share: str
     requests_fit: str
-    peak_gb: str
-    predicted: str  # the memory model's KV tokens and peak
+    peak_gb: str  # per batch size ("b1 3.82 · b4 4.07")
+    predicted: str  # the memory model's KV tokens and its peak per batch size
     best_speedup: str  # by the page's one rule and chooser; "" when no eligible cell
 
 
@@ -71,6 +71,20 @@ def _peak(rows: pd.DataFrame) -> float | None:
     return None
 
 
+def _by_batch(rows: pd.DataFrame, figure: Any) -> str:
+    """``"b1 3.82 · b4 4.07"``: ``figure`` (rows -> GB or None) per batch size; a peak grows with the batch.
+
+    Each cell's peaks are its own (the worker resets them as a cell starts),
+    so a batch-1 cell no longer reports the peak of a batch-64 cell before it.
+    """
+    parts = []
+    for batch, group in rows.groupby("batch_size", sort=True):
+        value = figure(group)
+        if value is not None:
+            parts.append(f"b{int(batch)} {value / 1e9:.2f}")
+    return " · ".join(parts)
+
+
 def memory_table(df: pd.DataFrame) -> list[MemoryRow]:
     """One row per drafter, baseline first, cheapest drafter first after it.
 
@@ -84,9 +98,9 @@ def memory_table(df: pd.DataFrame) -> list[MemoryRow]:
     order = frame.groupby("drafter")["drafter_weight_bytes"].median().sort_values(kind="stable")
     for drafter in sorted(order.index, key=lambda d: (d != "baseline", order[d], d)):
         rows = frame[frame["drafter"] == drafter]
-        share, peak = _median(rows["drafter_kv_share"]), _peak(rows)
-        predicted_tokens, predicted_peak = (_median(rows["predicted_kv_cache_tokens"]),
-                                            _median(rows["predicted_peak_bytes"]))
+        share = _median(rows["drafter_kv_share"])
+        predicted_tokens = _median(rows["predicted_kv_cache_tokens"])
+        predicted_peak = _by_batch(rows, lambda group: _median(group["predicted_peak_bytes"]))
         best = best_of(judged[judged["drafter"] == drafter])
         out.append(MemoryRow(
             drafter=drafter,
@@ -94,9 +108,9 @@ def memory_table(df: pd.DataFrame) -> list[MemoryRow]:
             kv_tokens=f"{_median(rows['kv_cache_tokens']):,.0f}",
             kv_share="" if share is None else f"{share:.0%}",
             requests_fit=f"{_median(rows['kv_requests_fit']):,.0f}",
-            peak_gb="" if peak is None else f"{peak / 1e9:.2f}",
-            predicted=(f"{predicted_tokens:,.0f} tokens, {predicted_peak / 1e9:.2f} GB"
-                       if predicted_tokens is not None and predicted_peak is not None else "n/a"),
+            peak_gb=_by_batch(rows, _peak),
+            predicted=(f"{predicted_tokens:,.0f} tokens; peak {predicted_peak}"
+                       if predicted_tokens is not None and predicted_peak else "n/a"),
             best_speedup="" if best is None else fmt_speedup(best["speedup"]),
         ))
     return out

@@ -219,20 +219,8 @@ def _pooled_acceptance(runs: list[dict[str, Any]], row: dict[str, Any]) -> dict[
     drafts = row["drafts"]
     if not drafts:
         return {}
-    # Back from each engine run's rates to its counts, then rates over the pooled counts.
-    accepted: list[float] = []
-    drafted: list[int] = []
     known = all(r.get("drafted_per_pos") or not r["drafts"] for r in runs)
-    for r in runs:
-        rates = r["acceptance_rate_per_pos"] or []
-        denominators = (r.get("drafted_per_pos") or []) if known else [r["drafts"]] * len(rates)
-        for i, (rate, d) in enumerate(zip(rates, denominators)):
-            if i == len(accepted):
-                accepted.append(0.0)
-                drafted.append(0)
-            accepted[i] += rate * d
-            drafted[i] += d
-    rates = [a / d for a, d in zip(accepted, drafted) if d] if known else [a / drafts for a in accepted]
+    rates, drafted = _pooled_rates(runs, "acceptance_rate_per_pos", known)
     out_total = sum(r["output_tokens"] * len(r["wall_time_s_reps"]) for r in runs)
     return {
         "acceptance_length": 1.0 + row["accepted_tokens"] / drafts,
@@ -253,22 +241,32 @@ def _pooled_raw_acceptance(runs: list[dict[str, Any]], row: dict[str, Any]) -> d
     if not row["drafts"] or any(r.get("raw_accepted_tokens") is None for r in runs):
         return {}
     raw = sum(r["raw_accepted_tokens"] for r in runs)
-    accepted: list[float] = []
-    drafted: list[float] = []
-    for r in runs:
-        rates = r.get("raw_acceptance_rate_per_pos") or []
-        reached = r.get("drafted_per_pos") or [r["drafts"]] * len(rates)
-        for i, (rate, d) in enumerate(zip(rates, reached)):
-            if i == len(accepted):
-                accepted.append(0.0)
-                drafted.append(0.0)
-            accepted[i] += rate * d
-            drafted[i] += d
+    known = all(r.get("drafted_per_pos") or not r["drafts"] for r in runs)
     return {
         "raw_accepted_tokens": raw,
         "raw_acceptance_length": 1.0 + raw / row["drafts"],
-        "raw_acceptance_rate_per_pos": [a / d for a, d in zip(accepted, drafted) if d],
+        "raw_acceptance_rate_per_pos": _pooled_rates(runs, "raw_acceptance_rate_per_pos", known)[0],
     }
+
+
+def _pooled_rates(runs: list[dict[str, Any]], column: str, known: bool) -> tuple[list[float], list[int]]:
+    """Per-position rates over the pooled counts of every engine run, and the drafts that reached each position.
+
+    Back from each run's rates to its counts (rate x the drafts that reached
+    the position, or x all drafts where that is unknown), then summed.
+    """
+    accepted: list[float] = []
+    drafted: list[int] = []
+    for r in runs:
+        rates = r.get(column) or []
+        denominators = (r.get("drafted_per_pos") or []) if known else [r["drafts"]] * len(rates)
+        for i, (rate, d) in enumerate(zip(rates, denominators)):
+            if i == len(accepted):
+                accepted.append(0.0)
+                drafted.append(0)
+            accepted[i] += rate * d
+            drafted[i] += d
+    return [a / d for a, d in zip(accepted, drafted) if d], drafted
 
 
 def _interference(who: str, side: dict[str, Any]) -> str | None:
