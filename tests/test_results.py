@@ -404,3 +404,21 @@ def test_a_batch_that_vllm_ran_in_waves_carries_a_caveat_not_a_flag(tmp_path):
         "ran in waves: at most 5 of its 8 requests at once (the KV cache holds no more), "
         "so this measures a smaller batch, queued"]
     assert rows["sf-p0"]["caveats"] == []
+
+
+def test_disturbed_cells_stay_out_of_the_pooled_spread(tmp_path):
+    # Ten steady cells (runs 2% apart) and one whose run-0 baseline another process
+    # disturbed (its ratios 4x apart): the disturbed cell is flagged and must not widen
+    # every other cell's interval through the pool.
+    ids = []
+    for i in range(10):
+        ids += write_pair(tmp_path, str(i), 2.0, 1.0, 0) + write_pair(tmp_path, str(i), 2.0, 1.02, 1)
+    steady = {r["cell_id"]: r for r in merge(tmp_path, ids) if r["method"] == "ngram"}["s0-p0"]
+    write_cell(tmp_path, cell_row("bx-p0", "baseline", 8.0, engine_run=0, config_hash="Bx") | {
+        "other_cpu_share": 0.35}, [[1]])
+    write_cell(tmp_path, cell_row("sx-p0", "ngram", 1.0, baseline_id="bx-p0", engine_run=0, config_hash="Sx"), [[1]])
+    ids += ["bx-p0", "sx-p0"] + write_pair(tmp_path, "x", 2.0, 1.0, 1)
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ids) if r["method"] == "ngram"}
+    assert rows["sx-p0"]["flagged"] and "other processes kept 35%" in rows["sx-p0"]["flag_reasons"][0]
+    assert (rows["s0-p0"]["speedup_ci_low"], rows["s0-p0"]["speedup_ci_high"]) == pytest.approx(
+        (steady["speedup_ci_low"], steady["speedup_ci_high"]))

@@ -69,8 +69,12 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
         group.sort(key=lambda r: r.get("engine_run") or 0)
         rows.append(_combine_engine_runs(cells_dir, group, references))
     speculative = [r for r in rows if r.get("method") != "baseline" and r.get("speedup_per_engine_run")]
+    # The machine's engine-to-engine spread, from the cells that measured it: one whose
+    # baseline or engine another process disturbed, or that ran on other hardware, measured
+    # something else, and would widen every other cell's interval (it is flagged itself).
+    pooled = [r for r in speculative if not r.get("_disturbed")]
     spread = stats.pooled_engine_run_spread(
-        [r["speedup_per_engine_run"] for r in speculative], groups=[r["_baseline"] for r in speculative]
+        [r["speedup_per_engine_run"] for r in pooled], groups=[r["_baseline"] for r in pooled]
     )
     for row in speculative:
         within = row.pop("_within", None)
@@ -92,7 +96,7 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
                 "engine runs disagree: " + ", ".join(f"{r:.2f}x" for r in row["speedup_per_engine_run"])
             ]
     for row in rows:
-        for private in ("_within", "_baseline"):
+        for private in ("_within", "_baseline", "_disturbed"):
             row.pop(private, None)
         row["flagged"] = bool(row.get("flag_reasons"))
     return rows
@@ -336,6 +340,7 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
     if incomparable:
         return {"speedup": None, "exact_match": None, "mismatched_requests": None,
                 "error": "not compared: baseline measured differently: " + " | ".join(incomparable)}
+    disturbed = bool(reasons)  # other processes or other hardware: a measurement of something else
     columns = _exactness_columns(divergences, len(runs), runs[0]["baseline_cell_id"], runs[0].get("dtype"))
     if columns["mismatched_requests"]:
         requests = len(references.tokens(runs[0]["cell_id"]) or []) or runs[0].get("num_requests")
@@ -350,6 +355,7 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
         "speedup_per_engine_run": ratios,
         "_within": max(known_within, key=lambda w: w.se) if known_within else None,
         "_baseline": baseline_group,
+        "_disturbed": disturbed,
         "flag_reasons": reasons,
         "caveats": caveats,
         "decode_speedup": _geometric_mean(decode_ratios),
