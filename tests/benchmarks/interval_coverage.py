@@ -75,7 +75,7 @@ def merged(directory: Path, pass_zero_only: bool = False) -> pd.DataFrame:
     """The sweep merged from its cell files with this checkout's code (optionally engine run 0 alone)."""
     ids = read_plan(directory)
     if pass_zero_only:
-        ids = [i for i in ids if i.endswith("-p0")]
+        ids = [i for i in ids if i.endswith("-r0")]
     return pd.DataFrame(merge(directory / "cells", ids))
 
 
