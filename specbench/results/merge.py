@@ -470,9 +470,12 @@ def _tie_caveat(columns: Mapping[str, Any]) -> str | None:
     if not ties:
         return None
     positions = ", ".join(str(d["position"]) for d in columns["divergences"] if d["kind"] == exactness.TIE)
+    # A tie found by the control alone has no tolerance to quote (None in float32 never gets here).
+    tolerance = columns.get("tie_tolerance")
+    near = f"within {tolerance:.2f} nats of the target's top token" if tolerance is not None else "tied"
     return (f"{ties} request(s) part from the baseline at numerical ties (token positions {positions}): "
-            f"the target's top two tokens there were within {columns['tie_tolerance']:.2g} nats, "
-            "which rounding in this dtype can swap; the same work, not a fault")
+            f"both tokens taken there were {near}, which rounding in this dtype can swap; "
+            "the same work, not a fault")
 
 
 def _loop_caveat(references: _References, runs: Sequence[Mapping[str, Any]]) -> str | None:
