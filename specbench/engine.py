@@ -416,23 +416,19 @@ class VllmEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[GeneratedRequest]:
         """Greedy generation of one batch, with per-request latencies."""
-        from vllm import SamplingParams
-
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
-        )
-        return [_request_result(o) for o in outputs]
+        return [_request_result(o) for o in self._greedy(prompts, max_tokens)]
 
     def top_tokens(self, prompts: Sequence[Sequence[int]], max_tokens: int, tolerance: float) -> list[TopTokens]:
         """Greedy generation of one batch with every position's near ties (untimed)."""
+        outputs = self._greedy(prompts, max_tokens, logprobs=NEAR_TIE_CANDIDATES)
+        return [_top_tokens(o.outputs[0], tolerance) for o in outputs]
+
+    def _greedy(self, prompts: Sequence[Sequence[int]], max_tokens: int, **sampling: Any) -> list[Any]:
+        """vLLM's outputs for one batch of token-id prompts, decoded greedily."""
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=NEAR_TIE_CANDIDATES)
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
-        )
-        return [_top_tokens(o.outputs[0], tolerance) for o in outputs]
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, **sampling)
+        return self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
 
     def reference_pass(self, batches: Sequence[Sequence[Sequence[int]]], max_tokens: int) -> None:
         """Decode ``batches`` plainly, untimed, and hand the outputs to the controlled proposer."""

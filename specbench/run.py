@@ -21,7 +21,7 @@ from typing import Any
 
 from specbench import models
 from specbench.analytic import memory
-from specbench.cell import CellPlan, Measurement
+from specbench.cell import CellPlan, Measurement, SpecCounters
 from specbench.config import Cell
 from specbench.engine import EngineError, EngineInfo, EnginePool, EngineSpec, describe_hardware
 from specbench.results.files import CellFiles
@@ -135,13 +135,20 @@ def _remeasure_reason(files: CellFiles, row: dict[str, Any]) -> str | None:
         return f"other processes kept {share:.0%} of the cores busy"
     merged = results_path(files.row.parent.parent)
     if merged.is_file():
-        try:
-            flagged = {r["config_hash"]: r.get("flag_reasons") for r in read_rows(merged) if r.get("flagged")}
-        except ResultsError:
-            return None
+        flagged = _flagged_by_merge(merged, merged.stat().st_mtime_ns)
         if row.get("config_hash") in flagged:
             return "; ".join(flagged[row["config_hash"]] or ["flagged by the last merge"])
     return None
+
+
+@lru_cache(maxsize=4)
+def _flagged_by_merge(results: Path, mtime_ns: int) -> dict[str, list[str]]:
+    """Flag reasons by config hash in a sweep's results file; read once per version of the file
+    (``mtime_ns`` is the key's part that changes with it): every stored cell of a resume asks."""
+    try:
+        return {r["config_hash"]: list(r.get("flag_reasons") or []) for r in read_rows(results) if r.get("flagged")}
+    except ResultsError:
+        return {}
 
 
 def current_provenance(cell: Cell) -> dict[str, Any]:
@@ -403,16 +410,17 @@ def _identity_columns(cell: Cell, engine_runs: int) -> dict[str, Any]:
 def _measured_columns(
     m: Measurement, info: EngineInfo, workload: Workload, plan: CellPlan
 ) -> dict[str, Any]:
-    c = m.counters
+    raw = m.counters
+    # What reached the output: vLLM counts drafts accepted past an output's end.
+    c = raw - SpecCounters(accepted_tokens=m.truncated_accepted, accepted_per_pos=m.truncated_per_pos)
     return measured_fields(
         rep_wall_s=m.rep_wall_s,
         rep_output_tokens=m.rep_output_tokens,
         num_requests=len(plan.prompts),
         drafts=c.drafts,
         draft_tokens=c.draft_tokens,
-        # What reached the output: vLLM counts drafts accepted past an output's end.
-        accepted_tokens=c.accepted_tokens - m.truncated_accepted,
-        accepted_per_pos=_subtract(c.accepted_per_pos, m.truncated_per_pos),
+        accepted_tokens=c.accepted_tokens,
+        accepted_per_pos=c.accepted_per_pos,
         drafted_per_pos=c.drafted_per_pos,
         ttft_s=m.ttft_s,
         tpot_s=m.tpot_s,
@@ -424,9 +432,9 @@ def _measured_columns(
         decode_tokens=m.decode_tokens,
     ) | {
         "reached_concurrency": m.reached_concurrency,
-        "raw_accepted_tokens": c.accepted_tokens,
-        "raw_acceptance_length": 1.0 + c.accepted_tokens / c.drafts if c.drafts else 1.0,
-        "raw_acceptance_rate_per_pos": position_rates(c.accepted_per_pos, c.drafted_per_pos, c.drafts),
+        "raw_accepted_tokens": raw.accepted_tokens,
+        "raw_acceptance_length": 1.0 + raw.accepted_tokens / raw.drafts if raw.drafts else 1.0,
+        "raw_acceptance_rate_per_pos": position_rates(raw.accepted_per_pos, raw.drafted_per_pos, raw.drafts),
         "top2_margins": m.top2_margins or None,
         "near_tie_tokens": m.near_tie_tokens or None,
         "status": "ok",
@@ -444,11 +452,6 @@ def _measured_columns(
         "prompt_ids": workload.prompt_ids,
         "skipped_too_long": workload.skipped_too_long,
     }
-
-
-def _subtract(counts: tuple[int, ...], removed: tuple[int, ...]) -> list[int]:
-    """Per-position counts less those removed (positions beyond ``counts`` are ignored)."""
-    return [n - (removed[i] if i < len(removed) else 0) for i, n in enumerate(counts)]
 
 
 def _hardware(info: EngineInfo | None) -> str:

@@ -151,6 +151,29 @@ def test_resume_measures_again_after_the_prompt_file_changed(resumable, caplog):
     assert "workload_fingerprint" in caplog.text and "requests_fingerprint" in caplog.text
 
 
+def test_remeasure_flagged_measures_again_disturbed_rows_and_cells_the_last_merge_flagged(resumable, caplog):
+    from dataclasses import replace
+
+    from specbench.results.files import write_results
+    from specbench.run import completed_row
+
+    cell, files, row, _ = resumable
+    again = replace(cell, config=dict(cell.config, remeasure="flagged"))
+    assert completed_row(files, again) is not None  # neither disturbed nor flagged
+    files.write(row | {"other_cpu_share": 0.35}, [], [])
+    with caplog.at_level("INFO"):
+        assert completed_row(files, again) is None
+    assert "other processes kept 35%" in caplog.text
+    assert completed_row(files, cell) is not None  # without the key, a resume only fills in
+    files.write(row | {"other_cpu_share": 0.02}, [], [])
+    merged = row | {"flagged": True, "flag_reasons": ["engine runs disagree: 2.00x, 1.40x"]}
+    write_results([merged], files.cells_dir.parent / "results.parquet")
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert completed_row(files, again) is None
+    assert "engine runs disagree" in caplog.text
+
+
 def test_requests_fingerprint_covers_prompt_tokens_and_max_tokens():
     from specbench.cell import CellPlan
 

@@ -373,6 +373,7 @@ class _References:
     def __init__(self, cells_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
         self._cells_dir = cells_dir
         self._tokens: dict[str, list[list[int]] | None] = {}
+        self._controls: dict[str, list[set[int]]] = {}
         self._baselines: dict[tuple[str, Any], dict[int, dict[str, Any]]] = {}
         for row in rows:
             if row.get("method") == "baseline" and row.get("status") == "ok":
@@ -388,7 +389,15 @@ class _References:
         return self._baselines.get((curve_key(base), base.get("engine_run")), {})
 
     def _control_positions(self, base: dict[str, Any]) -> list[set[int]]:
-        """Per request, where plain decoding at another batch size first left this baseline's output."""
+        """Per request, where plain decoding at another batch size first left this baseline's output.
+
+        Worked out once per baseline: every method and K compared with it asks.
+        """
+        if base["cell_id"] not in self._controls:
+            self._controls[base["cell_id"]] = self._first_divergences(base)
+        return self._controls[base["cell_id"]]
+
+    def _first_divergences(self, base: dict[str, Any]) -> list[set[int]]:
         mine = self.tokens(base["cell_id"]) or []
         positions: list[set[int]] = [set() for _ in mine]
         for batch, other in self._siblings(base).items():
