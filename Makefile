@@ -63,7 +63,7 @@ $(STAMP): pyproject.toml Makefile
 CALIBRATED := $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)/hardware/calibrated.yaml
 
 demo: setup
-	test -f $(CALIBRATED) || $(BIN)/python -m specbench.analytic.calibrate || echo "calibration failed: the report will show no model curves"
+	test -f $(CALIBRATED) || $(BIN)/python -m specbench.calibrate || echo "calibration failed: the report will show no model curves"
 	$(BIN)/python -m specbench sweep=cpu_demo
 
 # The report's browser test needs Debian's chromium; installed here when possible.

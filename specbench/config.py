@@ -20,7 +20,7 @@ from typing import Any, Mapping, NoReturn, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from specbench import controlled, heads, methods, models
+from specbench import controlled, methods, models
 from specbench.analytic import memory, prediction
 from specbench.engine import EngineSpec
 from specbench.workloads import (
@@ -402,7 +402,7 @@ def _check_checkpoint(what: str, reference: Any, missing_hint: str = "") -> list
         return [f"{what} is not set: {missing_hint or 'this model config names no checkpoint for it'}"]
     if not isinstance(reference, str):
         return [f"{what}={reference!r} must be a string"]
-    if models.is_embedded(reference) or heads.is_shipped(reference):
+    if models.is_embedded(reference) or models.is_shipped_head(reference):
         try:
             models.resolve(reference, prepare=False)
         except ValueError as exc:

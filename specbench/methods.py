@@ -24,7 +24,7 @@ class Method:
     Attributes:
         name: the ``name`` in its ``conf/method/<name>.yaml`` (and the ``method`` column).
         priced_as: the analytic model's drafter cost for it, one of
-            :data:`specbench.analytic.theory.METHODS` (``ngram``: drafting free next to a
+            :data:`specbench.analytic.checks.METHODS` (``ngram``: drafting free next to a
             forward pass); None where the model cannot price it.
         checkpoint: what ``speculative_config.model`` names, checked before any
             engine loads: ``head``, an EAGLE head trained for this target (the

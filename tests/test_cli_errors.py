@@ -108,9 +108,9 @@ def test_a_misspelt_key_in_a_users_own_workload_file_is_refused(tmp_path: Path) 
 
 
 def test_calibrate_refuses_an_unknown_model(tmp_path: Path) -> None:
-    assert_refused(run(["-m", "specbench.analytic.calibrate", "model=nope"], tmp_path), "model/nope")
+    assert_refused(run(["-m", "specbench.calibrate", "model=nope"], tmp_path), "model/nope")
 
 
 def test_calibrate_refuses_an_invalid_setting(tmp_path: Path) -> None:
-    result = run(["-m", "specbench.analytic.calibrate", "engine.max_model_len=0"], tmp_path)
+    result = run(["-m", "specbench.calibrate", "engine.max_model_len=0"], tmp_path)
     assert_refused(result, "exceeds engine.max_model_len=0")

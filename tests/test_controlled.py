@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specbench import controlled
-from specbench.analytic import theory
+from specbench.analytic import acceptance
 from specbench.controlled import ControlledProposer, ReferenceBook, corrupt_draft, prompt_stream
 
 VOCAB = 1000
@@ -117,7 +117,7 @@ def test_acceptance_length_and_per_position_rates_follow_alpha(proposer_env, alp
     for prompt, continuation in requests:
         d, a, p = _simulate(proposer, np.array(prompt + continuation), len(prompt), 500)
         drafts, accepted, per_pos = drafts + d, accepted + a, per_pos + p
-    assert 1 + accepted / drafts == pytest.approx(theory.expected_tokens_per_pass(alpha, k), rel=0.04)
+    assert 1 + accepted / drafts == pytest.approx(acceptance.expected_tokens_per_pass(alpha, k), rel=0.04)
     rates = per_pos / drafts
     for i, rate in enumerate(rates, start=1):
         assert rate == pytest.approx(alpha**i, abs=0.03)
@@ -195,6 +195,6 @@ def test_real_engine_accepts_at_the_controlled_rate():
         outputs[alpha] = m.token_ids
     assert lengths[0.5] < lengths[0.7] < lengths[0.9]
     for alpha, length in lengths.items():
-        assert length == pytest.approx(theory.expected_tokens_per_pass(alpha, 4), rel=0.2), lengths
+        assert length == pytest.approx(acceptance.expected_tokens_per_pass(alpha, 4), rel=0.2), lengths
     # Different corruption, same tokens: the target decides every one.
     assert outputs[0.5] == outputs[0.7] == outputs[0.9]

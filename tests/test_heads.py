@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specbench import heads
+from specbench import models
 from specbench.heads import corpus
 from specbench.heads.modules import EAGLE, EAGLE3, DraftHead, TargetShape, _rotary, _rotate, unroll
 from specbench.heads.train import checkpoint_tensors, draft_vocabulary, head_config, save
@@ -172,7 +172,7 @@ def test_draft_vocabulary_keeps_the_most_frequent_answer_tokens():
 
 @pytest.mark.parametrize("method", [EAGLE, EAGLE3])
 def test_shipped_heads_are_small_documented_and_fit_the_embedded_target(method):
-    folder = heads.shipped_path(f"heads:smollm2-135m-instruct-{method}")
+    folder = models.shipped_head_path(f"heads:smollm2-135m-instruct-{method}")
     config = json.loads((folder / "config.json").read_text())
     assert (config["hidden_size"], config["vocab_size"]) == (576, 49152)
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -183,13 +183,13 @@ def test_shipped_heads_are_small_documented_and_fit_the_embedded_target(method):
 
 
 def test_shipped_heads_together_stay_under_30_mb():
-    total = sum(p.stat().st_size for p in heads.shipped_dir().glob("*/model.safetensors"))
+    total = sum(p.stat().st_size for p in models.shipped_heads_dir().glob("*/model.safetensors"))
     assert 0 < total <= 30e6
 
 
 def test_an_unknown_shipped_head_is_refused_naming_the_shipped_ones():
     with pytest.raises(ValueError, match="heads:smollm2-135m-instruct-eagle"):
-        heads.shipped_path("heads:nope")
+        models.shipped_head_path("heads:nope")
 
 
 def test_default_model_names_its_heads(compose_cell):
@@ -217,7 +217,8 @@ def test_a_head_for_another_target_is_refused_naming_both_shapes(compose_cell, t
 
 
 def test_head_cost_reads_the_heads_own_shapes():
-    from specbench.analytic.theory import ModelProfile, eagle_head_matmul_params
+    from specbench.analytic.drafting import eagle_head_matmul_params
+    from specbench.analytic.profiles import ModelProfile
 
     layer = 576 * (2 * (9 + 3) * 64 + 3 * 1536)
     eagle = ModelProfile.from_config_json(dict(SMOLLM2, num_hidden_layers=1), dtype="float32")
@@ -230,7 +231,8 @@ def test_head_cost_reads_the_heads_own_shapes():
 
 def test_head_prefill_reads_the_heads_own_shapes():
     """The head's prompt pass: fc + layer over every prompt token, its own LM head at the last one."""
-    from specbench.analytic.theory import HardwareProfile, ModelProfile, draft_prefill_time
+    from specbench.analytic.drafting import draft_prefill_time
+    from specbench.analytic.profiles import HardwareProfile, ModelProfile
 
     target = ModelProfile.from_config_json(SMOLLM2, dtype="float32")
     eagle3 = ModelProfile.from_config_json(dict(SMOLLM2, num_hidden_layers=1, draft_vocab_size=4096), dtype="float32")

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from safetensors.torch import load_file, save_file
 
-from specbench import heads
+from specbench import models
 
 pytestmark = pytest.mark.engine
 
@@ -29,7 +29,7 @@ def test_every_tensor_vllm_loads_for_a_shipped_head_comes_from_its_file(method):
 
 def test_verify_catches_a_tensor_missing_from_the_file(tmp_path):
     """vLLM itself loads such a head silently (EAGLE's load_weights skips its check)."""
-    shipped = heads.shipped_path("heads:smollm2-135m-instruct-eagle")
+    shipped = models.shipped_head_path("heads:smollm2-135m-instruct-eagle")
     broken = tmp_path / "broken"
     broken.mkdir()
     shutil.copy(shipped / "config.json", broken / "config.json")

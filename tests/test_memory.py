@@ -12,19 +12,19 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, OmegaConf
 
 from specbench import models
-from specbench.analytic import memory, theory
+from specbench.analytic import acceptance, footprint, memory, profiles, speedup
 from specbench.config import ConfigError, batch_prompt_tokens, validate
 from specbench.engine import EngineMemory
 from specbench.analytic.plan import format_plan, make_plan
 from specbench.sweep import plan_cells, waves_line
 
-QWEN_7B = theory.ModelProfile.from_config_json(
+QWEN_7B = profiles.ModelProfile.from_config_json(
     models.PUBLISHED_CONFIGS["Qwen/Qwen2.5-7B-Instruct"], dtype="bfloat16", name="qwen2.5-7b"
 )
-QWEN_05B = theory.ModelProfile.from_config_json(
+QWEN_05B = profiles.ModelProfile.from_config_json(
     models.PUBLISHED_CONFIGS["Qwen/Qwen2.5-0.5B-Instruct"], dtype="bfloat16", name="qwen2.5-0.5b"
 )
-SMOLLM_FP32 = theory.ModelProfile(
+SMOLLM_FP32 = profiles.ModelProfile(
     name="smollm2-135m", num_params=134_515_008, num_layers=30, hidden_size=576,
     intermediate_size=1536, num_attention_heads=9, num_kv_heads=3, head_dim=64,
     vocab_size=49152, bytes_per_weight=4.0, kv_bytes_per_element=4.0,
@@ -36,7 +36,7 @@ EMBEDDED_DIR = Path(models.resolve("embedded:smollm2-135m-instruct", prepare=Fal
 def test_published_shapes_give_the_published_parameter_counts() -> None:
     assert QWEN_7B.num_params == 7_615_616_512
     assert QWEN_05B.num_params == 494_032_768
-    awq = theory.ModelProfile.from_config_json(
+    awq = profiles.ModelProfile.from_config_json(
         models.PUBLISHED_CONFIGS["Qwen/Qwen2.5-7B-Instruct-AWQ"], dtype="float16"
     )
     assert awq.num_params == QWEN_7B.num_params and 5.5e9 < awq.weight_bytes < 5.6e9
@@ -44,15 +44,15 @@ def test_published_shapes_give_the_published_parameter_counts() -> None:
 
 def test_kv_bytes_per_token_sums_target_and_drafter_layers() -> None:
     # 2 (K, V) x layers x KV heads x head dim x bytes, as domain.md states them.
-    assert theory.kv_bytes_per_token([QWEN_7B]) == 2 * 28 * 4 * 128 * 2 == 57_344
-    assert theory.kv_bytes_per_token([QWEN_05B]) == 12_288
-    assert theory.kv_bytes_per_token([QWEN_7B, QWEN_05B]) == 69_632
-    assert theory.kv_bytes_per_token([SMOLLM_FP32]) == 46_080
-    assert theory.kv_bytes_per_token([SMOLLM_FP32, SMOLLM_FP32]) == 92_160
+    assert footprint.kv_bytes_per_token([QWEN_7B]) == 2 * 28 * 4 * 128 * 2 == 57_344
+    assert footprint.kv_bytes_per_token([QWEN_05B]) == 12_288
+    assert footprint.kv_bytes_per_token([QWEN_7B, QWEN_05B]) == 69_632
+    assert footprint.kv_bytes_per_token([SMOLLM_FP32]) == 46_080
+    assert footprint.kv_bytes_per_token([SMOLLM_FP32, SMOLLM_FP32]) == 92_160
 
 
 def test_eagle_head_is_one_target_layer_plus_fc() -> None:
-    head = theory.eagle_head_profile(QWEN_7B, "eagle")
+    head = footprint.eagle_head_profile(QWEN_7B, "eagle")
     # One layer of the target, fc over [embedding; state], one norm; the LM head is the target's.
     assert head.num_params == 233_046_016 + 2 * 3584 * 3584 + 3584 == 258_739_712
     assert head.weight_bytes == 2 * 258_739_712
@@ -61,78 +61,78 @@ def test_eagle_head_is_one_target_layer_plus_fc() -> None:
     # (the full vocabulary when the head's config is unknown, draft_vocab_size when it is).
     qkv = 3584 * (28 + 2 * 4) * 128
     eagle3 = 233_046_016 + 3 * 3584 * 3584 + qkv + 4 * 3584
-    assert theory.eagle_head_profile(QWEN_7B, "eagle3").num_params == eagle3 + 152_064 * 3584
+    assert footprint.eagle_head_profile(QWEN_7B, "eagle3").num_params == eagle3 + 152_064 * 3584
     head_config = replace(QWEN_7B, num_layers=1, draft_vocab_size=32_000)
     # ... plus its d2t map: 32,000 int64 offsets, in 2-byte weight units.
-    assert theory.eagle_head_profile(QWEN_7B, "eagle3", head_config).num_params == eagle3 + 32_000 * 3584 + 128_000
+    assert footprint.eagle_head_profile(QWEN_7B, "eagle3", head_config).num_params == eagle3 + 32_000 * 3584 + 128_000
     with pytest.raises(ValueError, match="eagle"):
-        theory.eagle_head_profile(QWEN_7B, "ngram")
+        footprint.eagle_head_profile(QWEN_7B, "ngram")
 
 
 def test_request_tokens_include_lookahead_in_whole_blocks() -> None:
-    assert theory.request_kv_tokens(1536, 256, 4, 16) == 1808  # 1796 rounded up to 113 blocks
-    assert theory.request_kv_tokens(100, 28, 0, 16) == 128
-    assert theory.request_kv_tokens(100, 28, 0, 128) == 128
+    assert footprint.request_kv_tokens(1536, 256, 4, 16) == 1808  # 1796 rounded up to 113 blocks
+    assert footprint.request_kv_tokens(100, 28, 0, 16) == 128
+    assert footprint.request_kv_tokens(100, 28, 0, 128) == 128
     with pytest.raises(ValueError, match="output_len"):
-        theory.request_kv_tokens(10, 0, 0, 16)
+        footprint.request_kv_tokens(10, 0, 0, 16)
 
 
 def test_activation_margin_by_hand() -> None:
     per_token = 2 * 18944 + 4 * 3584 + (28 + 2 * 4) * 128
-    assert theory.activation_bytes(QWEN_7B, step_tokens=8192, num_seqs=64) == (
+    assert footprint.activation_bytes(QWEN_7B, step_tokens=8192, num_seqs=64) == (
         8192 * per_token * 2 + 64 * 152064 * 4
     ) == 970_063_872
 
 
 def test_gpu_budget_leaves_the_rest_to_kv() -> None:
-    budget = theory.MemoryBudget(total_bytes=RTX4090_BYTES, utilization=0.9, runtime_bytes=theory.GIB)
-    e = theory.engine_memory(
+    budget = footprint.MemoryBudget(total_bytes=RTX4090_BYTES, utilization=0.9, runtime_bytes=footprint.GIB)
+    e = footprint.engine_memory(
         QWEN_7B, QWEN_05B, budget, batch_size=8, prompt_len=1536, output_len=256, k=4,
         max_model_len=4096, step_tokens=8192,
     )
     assert budget.usable_bytes == 23_181_498_777
     assert e.target_weight_bytes == 15_231_233_024 and e.drafter_weight_bytes == 988_065_536
     expected_pool = (23_181_498_777 - 15_231_233_024 - 988_065_536
-                     - theory.activation_bytes(QWEN_7B, step_tokens=8192, num_seqs=8) - theory.GIB)
+                     - footprint.activation_bytes(QWEN_7B, step_tokens=8192, num_seqs=8) - footprint.GIB)
     assert e.kv_pool_bytes == expected_pool
     assert e.kv_capacity_tokens == expected_pool // (69_632 * 16) * 16
     assert e.requests_fit == e.kv_capacity_tokens // 1808
     assert e.peak_bytes == budget.usable_bytes - (budget.usable_bytes - e.fixed_bytes - e.kv_pool_bytes)
-    assert theory.memory_problems(e) == []
+    assert footprint.memory_problems(e) == []
 
 
 def test_cpu_pool_is_fixed() -> None:
-    budget = theory.MemoryBudget(total_bytes=24 * 10**9, runtime_bytes=10**9, kv_pool_bytes=2 * theory.GIB)
-    e = theory.engine_memory(
+    budget = footprint.MemoryBudget(total_bytes=24 * 10**9, runtime_bytes=10**9, kv_pool_bytes=2 * footprint.GIB)
+    e = footprint.engine_memory(
         SMOLLM_FP32, SMOLLM_FP32, budget, batch_size=8, prompt_len=100, output_len=32, k=4,
         max_model_len=2048, step_tokens=4096, block_size=128,
     )
-    assert e.kv_pool_bytes == 2 * theory.GIB
-    assert e.kv_capacity_tokens == 2 * theory.GIB // (92_160 * 128) * 128 == 23_296
-    assert e.device_bytes == e.fixed_bytes + 2 * theory.GIB == e.peak_bytes
+    assert e.kv_pool_bytes == 2 * footprint.GIB
+    assert e.kv_capacity_tokens == 2 * footprint.GIB // (92_160 * 128) * 128 == 23_296
+    assert e.device_bytes == e.fixed_bytes + 2 * footprint.GIB == e.peak_bytes
 
 
 # --- refusal classes, in the model ------------------------------------------------------
 
 
-def _gpu(**kwargs: int | list[int]) -> theory.MemoryEstimate:
+def _gpu(**kwargs: int | list[int]) -> footprint.MemoryEstimate:
     settings = dict(batch_size=1, prompt_len=1536, output_len=256, k=4, max_model_len=4096, step_tokens=8192)
     settings.update(kwargs)
-    budget = theory.MemoryBudget(total_bytes=RTX4090_BYTES, utilization=0.9, runtime_bytes=theory.GIB)
-    return theory.engine_memory(QWEN_7B, QWEN_05B, budget, **settings)
+    budget = footprint.MemoryBudget(total_bytes=RTX4090_BYTES, utilization=0.9, runtime_bytes=footprint.GIB)
+    return footprint.engine_memory(QWEN_7B, QWEN_05B, budget, **settings)
 
 
 def test_problem_too_big_for_the_device() -> None:
-    budget = theory.MemoryBudget(total_bytes=RTX4090_BYTES, utilization=0.9)
-    e = theory.engine_memory(QWEN_7B, QWEN_7B, budget, batch_size=1, prompt_len=10, output_len=10,
+    budget = footprint.MemoryBudget(total_bytes=RTX4090_BYTES, utilization=0.9)
+    e = footprint.engine_memory(QWEN_7B, QWEN_7B, budget, batch_size=1, prompt_len=10, output_len=10,
                              k=4, max_model_len=4096, step_tokens=8192)
-    [problem] = theory.memory_problems(e)
+    [problem] = footprint.memory_problems(e)
     assert problem.kind == "device" and "needs 31.4 GB" in problem.message and "23.2 GB usable" in problem.message
     assert e.kv_pool_bytes == 0
 
 
 def test_problem_kv_below_one_max_model_len_request() -> None:
-    [problem] = theory.memory_problems(_gpu(max_model_len=131072))
+    [problem] = footprint.memory_problems(_gpu(max_model_len=131072))
     assert problem.kind == "max_model_len" and "131072" in problem.message
 
 
@@ -141,17 +141,17 @@ def test_a_batch_is_priced_as_the_sum_of_its_own_requests() -> None:
     # Each request in whole blocks of 16: prompt + 256 output + K=4.
     assert e.batch_request_tokens == (1232, 880, 688) and e.request_tokens == 1232
     assert e.batch_tokens == 2800 and e.kv_bytes_needed == 2800 * 69_632
-    assert e.batch_at_once == 3 and theory.batch_waves(e) is None
+    assert e.batch_at_once == 3 and footprint.batch_waves(e) is None
     # Without the prompts, every request is priced at the workload's cap.
     assert _gpu(batch_size=3).batch_request_tokens == (1808, 1808, 1808)
 
 
 def test_a_batch_beyond_the_kv_cache_runs_in_waves_and_is_not_a_problem() -> None:
     e = _gpu(batch_size=64, prompt_len=3840, output_len=256)
-    assert theory.memory_problems(e) == []  # vLLM admits the rest as earlier requests finish
+    assert footprint.memory_problems(e) == []  # vLLM admits the rest as earlier requests finish
     assert e.batch_tokens == 64 * 4112 > e.kv_capacity_tokens
     assert e.batch_at_once == e.kv_capacity_tokens // 4112 < 64
-    assert theory.batch_waves(e) == (
+    assert footprint.batch_waves(e) == (
         f"batch_size=64 needs up to 263,168 KV tokens and the KV cache holds {e.kv_capacity_tokens:,}: "
         f"{e.batch_at_once} of its requests at once"
     )
@@ -159,7 +159,7 @@ def test_a_batch_beyond_the_kv_cache_runs_in_waves_and_is_not_a_problem() -> Non
 
 def test_problem_one_request_beyond_the_kv_cache() -> None:
     e = _gpu(batch_size=2, batch_prompt_lens=[300_000, 100])
-    [problem] = theory.memory_problems(e)
+    [problem] = footprint.memory_problems(e)
     assert problem.kind == "request" and "KV cache below the longest request" in problem.message
     assert f"it needs {e.request_tokens} tokens" in problem.message and e.request_tokens > e.kv_capacity_tokens
 
@@ -323,18 +323,18 @@ def test_plan_prices_an_eagle_head_from_its_own_shapes_as_the_prediction_does() 
     rows = make_plan(["model=smollm2-135m", "hardware=cpu-amd-epyc-2-cores", "method=eagle3",
                       "num_speculative_tokens=4", "batch_size=1", "workload=creative"])
     (row,) = [r for r in rows if r.label.startswith("eagle3")]
-    from specbench.analytic import prediction, theory
+    from specbench.analytic import acceptance, footprint, prediction, profiles, speedup
     from specbench.analytic.plan import DEFAULT_ALPHA
     target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
     head = prediction.drafter_profile(
         {"name": "eagle3", "speculative_config": {"model": "heads:smollm2-135m-instruct-eagle3"}}, target, "float32")
     assert head is not None and head.draft_vocab_size == 4096 and head.num_layers == 1
-    hw = theory.HardwareProfile.from_mapping(
+    hw = profiles.HardwareProfile.from_mapping(
         yaml.safe_load((Path(__file__).parents[1] / "conf/hardware/cpu-amd-epyc-2-cores.yaml").read_text()))
     common = {"method": "eagle3", "k": 4, "batch_size": 1, "target": target, "hw": hw,
-              "tokens_per_pass": theory.expected_tokens_per_pass(DEFAULT_ALPHA, 4), "context_len": row_context(rows)}
-    assert row.predicted_decode_speedup == pytest.approx(theory.predicted_decode_speedup(**common, draft=head))
-    assert row.predicted_decode_speedup > theory.predicted_decode_speedup(**common)  # the full-vocabulary upper bound
+              "tokens_per_pass": acceptance.expected_tokens_per_pass(DEFAULT_ALPHA, 4), "context_len": row_context(rows)}
+    assert row.predicted_decode_speedup == pytest.approx(speedup.predicted_decode_speedup(**common, draft=head))
+    assert row.predicted_decode_speedup > speedup.predicted_decode_speedup(**common)  # the full-vocabulary upper bound
 
 
 def row_context(rows) -> float:

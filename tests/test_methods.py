@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from specbench import config, methods
-from specbench.analytic import theory
+from specbench.analytic import checks
 
 TOY_YAML = """\
 # Prompt lookup over longer n-grams: a toy method added the way the README says.
@@ -30,7 +30,7 @@ def test_every_registered_method_has_a_config_and_a_price_the_theory_knows():
     conf = Path(config.__file__).parent / "conf" / "method"
     for name in methods.names():
         assert (conf / f"{name}.yaml").is_file(), name
-        assert methods.priced_as(name) in theory.METHODS, name
+        assert methods.priced_as(name) in checks.METHODS, name
     assert {p.stem for p in conf.glob("*.yaml")} == set(methods.names())
 
 

@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 
-from specbench.analytic import prediction, theory
+from specbench.analytic import drafting, prediction, profiles, speedup, steps
 from specbench.analytic.prediction import HardwareChoice
 
-HW = theory.HardwareProfile(
+HW = profiles.HardwareProfile(
     name="test-cpu", memory_bandwidth=20e9, peak_flops=0.1e12, fixed_overhead_s=0.015, source="calibrated"
 )
 CHOICE = HardwareChoice(HW, "test-cpu (calibrated)")
@@ -58,18 +58,18 @@ def _row(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft_tokens
 
 def _theory(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=None, drafted=None):
     """(decode, end-to-end) speedup of such a row, straight from the theory module."""
-    profile = theory.ModelProfile.from_config_json(target, dtype="float32")
-    draft_profile = theory.ModelProfile.from_config_json(draft, dtype="float32") if draft else None
+    profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
+    draft_profile = profiles.ModelProfile.from_config_json(draft, dtype="float32") if draft else None
     context = PROMPT_LEN + OUTPUT_LEN / 2
-    decode = theory.predicted_decode_speedup(method=method, k=k, batch_size=batch, tokens_per_pass=tokens_per_pass,
+    decode = speedup.predicted_decode_speedup(method=method, k=k, batch_size=batch, tokens_per_pass=tokens_per_pass,
                                       target=profile, hw=HW, context_len=context, draft=draft_profile,
                                       draft_tokens_per_pass=drafted)
-    prefill = theory.prefill_time(profile, HW, batch, PROMPT_LEN, max_step_tokens=prediction.DEFAULT_STEP_TOKENS)
-    draft_prefill = theory.draft_prefill_time(method, hw=HW, batch_size=batch, prompt_len=PROMPT_LEN,
+    prefill = steps.prefill_time(profile, HW, batch, PROMPT_LEN, max_step_tokens=prediction.DEFAULT_STEP_TOKENS)
+    draft_prefill = drafting.draft_prefill_time(method, hw=HW, batch_size=batch, prompt_len=PROMPT_LEN,
                                               max_step_tokens=prediction.DEFAULT_STEP_TOKENS,
                                               draft=draft_profile, target=profile)
-    plain = (OUTPUT_LEN - 1) * theory.plain_decode_step(profile, HW, batch, context)
-    return decode, theory.end_to_end_speedup(decode, prefill, plain, draft_prefill)
+    plain = (OUTPUT_LEN - 1) * steps.plain_decode_step(profile, HW, batch, context)
+    return decode, speedup.end_to_end_speedup(decode, prefill, plain, draft_prefill)
 
 
 def test_context_is_prompt_plus_half_the_output_per_request():
@@ -97,8 +97,8 @@ def test_each_row_is_priced_with_its_own_measured_acceptance(checkpoints):
         _theory(target, "draft_model", k=2, tokens_per_pass=1.8, draft=draft)[1])
     assert out[4]["predicted_speedup"] < _theory(target, k=2, tokens_per_pass=1.8)[1]  # the draft costs
     # ... in prefill too: the draft model prefills every prompt, which only the speculative side pays.
-    draft_profile = theory.ModelProfile.from_config_json(draft, dtype="float32")
-    assert theory.draft_prefill_time("draft_model", hw=HW, batch_size=1, prompt_len=PROMPT_LEN,
+    draft_profile = profiles.ModelProfile.from_config_json(draft, dtype="float32")
+    assert drafting.draft_prefill_time("draft_model", hw=HW, batch_size=1, prompt_len=PROMPT_LEN,
                                      max_step_tokens=prediction.DEFAULT_STEP_TOKENS, draft=draft_profile) > 0
     assert all(r["hardware_profile"] == "test-cpu (calibrated)" and r["prediction_note"] is None for r in out)
 
@@ -123,14 +123,14 @@ def test_the_wall_time_waits_for_each_batchs_slowest_request(checkpoints):
     assert even["predicted_speedup"] == pytest.approx(unrecorded["predicted_speedup"], rel=0.02)
     assert spread["predicted_decode_speedup"] == even["predicted_decode_speedup"]  # the mean pass count is the same
     # Each batch pays its slowest requests' 23 passes, two of them at half the batch.
-    profile = theory.ModelProfile.from_config_json(target, dtype="float32")
+    profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     context = PROMPT_LEN + OUTPUT_LEN / 2
-    step = lambda b: theory.verify_step(profile, HW, b, 4, context, 4.0)  # noqa: E731
-    tail = theory.batch_decode_time([8, 23, 8, 23], step) / (15.5 * step(4))
-    prefill = theory.prefill_time(profile, HW, 4, PROMPT_LEN, max_step_tokens=prediction.DEFAULT_STEP_TOKENS)
-    plain = (OUTPUT_LEN - 1) * theory.plain_decode_step(profile, HW, 4, context)
+    step = lambda b: steps.verify_step(profile, HW, b, 4, context, 4.0)  # noqa: E731
+    tail = speedup.batch_decode_time([8, 23, 8, 23], step) / (15.5 * step(4))
+    prefill = steps.prefill_time(profile, HW, 4, PROMPT_LEN, max_step_tokens=prediction.DEFAULT_STEP_TOKENS)
+    plain = (OUTPUT_LEN - 1) * steps.plain_decode_step(profile, HW, 4, context)
     assert tail > 1.05  # less than 23 / 15.5: the last passes run at half the batch, and cost less
-    assert spread["predicted_speedup"] == pytest.approx(theory.end_to_end_speedup(
+    assert spread["predicted_speedup"] == pytest.approx(speedup.end_to_end_speedup(
         spread["predicted_decode_speedup"], prefill, plain, speculative_tail=tail))
 
 
@@ -140,13 +140,13 @@ def test_prefill_steps_follow_the_engines_max_num_batched_tokens(checkpoints):
     cfg = json.loads(row["config_json"])
     cfg["engine"]["max_num_batched_tokens"] = 1000
     default, chunked = prediction.annotate([row, dict(row, config_json=json.dumps(cfg))], CHOICE)
-    profile = theory.ModelProfile.from_config_json(target, dtype="float32")
+    profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     context = PROMPT_LEN + OUTPUT_LEN / 2
-    plain = (OUTPUT_LEN - 1) * theory.plain_decode_step(profile, HW, 8, context)
+    plain = (OUTPUT_LEN - 1) * steps.plain_decode_step(profile, HW, 8, context)
     for priced, step_tokens in ((default, prediction.DEFAULT_STEP_TOKENS), (chunked, 1000)):
-        prefill = theory.prefill_time(profile, HW, 8, PROMPT_LEN, max_step_tokens=step_tokens)
+        prefill = steps.prefill_time(profile, HW, 8, PROMPT_LEN, max_step_tokens=step_tokens)
         assert priced["predicted_speedup"] == pytest.approx(
-            theory.end_to_end_speedup(priced["predicted_decode_speedup"], prefill, plain))
+            speedup.end_to_end_speedup(priced["predicted_decode_speedup"], prefill, plain))
     assert chunked["predicted_speedup"] < default["predicted_speedup"]  # 4 steps' overhead, not 1
 
 
@@ -238,7 +238,7 @@ def test_without_any_profile_predictions_are_null_and_the_sweep_says_how_to_cali
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "empty"))
     target, _ = checkpoints
     rows, hint = prediction.predict_sweep([_row(target), _row(target, "baseline")])
-    assert "python -m specbench.analytic.calibrate" in hint and "\n" not in hint
+    assert "python -m specbench.calibrate" in hint and "\n" not in hint
     assert all(r["predicted_speedup"] is None and r["hardware_profile"] is None for r in rows)
     cfg = json.loads(rows[0]["config_json"])
     cfg["hardware"] = {"name": "a100", "source": "vendor", "memory_bandwidth_gbps": 2039,
@@ -273,8 +273,8 @@ def test_accuracy_and_break_even_per_curve():
     assert acc["mdape_decode"] == pytest.approx((0.1 + 0.175) / 2)
     (curve,) = prediction.break_even(rows)
     assert curve["batch_sizes"] == [1, 2, 4, 8]
-    assert curve["measured"] == pytest.approx(theory.break_even_batch_size([1, 2, 4, 8], [2.0, 1.5, 1.2, 0.8]))
-    assert curve["predicted"] == pytest.approx(theory.break_even_batch_size([1, 2, 4, 8], [2.2, 1.5, 0.9, 0.7]))
+    assert curve["measured"] == pytest.approx(speedup.break_even_batch_size([1, 2, 4, 8], [2.0, 1.5, 1.2, 0.8]))
+    assert curve["predicted"] == pytest.approx(speedup.break_even_batch_size([1, 2, 4, 8], [2.2, 1.5, 0.9, 0.7]))
 
 
 def test_default_step_budget_follows_vllms_default_for_the_hardware_the_row_ran_on(checkpoints):
@@ -289,10 +289,10 @@ def test_default_step_budget_follows_vllms_default_for_the_hardware_the_row_ran_
     target, _ = checkpoints
     row = _row(target, batch=32, tokens_per_pass=3.0)
     cpu, gpu = prediction.annotate([row, dict(row, hardware="1x NVIDIA H200")], CHOICE)
-    profile = theory.ModelProfile.from_config_json(target, dtype="float32")
+    profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     context = PROMPT_LEN + OUTPUT_LEN / 2
-    plain = (OUTPUT_LEN - 1) * theory.plain_decode_step(profile, HW, 32, context)
-    prefill = theory.prefill_time(profile, HW, 32, PROMPT_LEN, max_step_tokens=16384)
+    plain = (OUTPUT_LEN - 1) * steps.plain_decode_step(profile, HW, 32, context)
+    prefill = steps.prefill_time(profile, HW, 32, PROMPT_LEN, max_step_tokens=16384)
     assert gpu["predicted_speedup"] == pytest.approx(
-        theory.end_to_end_speedup(gpu["predicted_decode_speedup"], prefill, plain))
+        speedup.end_to_end_speedup(gpu["predicted_decode_speedup"], prefill, plain))
     assert gpu["predicted_speedup"] != cpu["predicted_speedup"]

@@ -76,7 +76,7 @@ def test_atomic_write_leaves_only_the_final_file(tmp_path):
 
 def test_every_written_file_is_readable_by_others(tmp_path):
     """Cells, results, calibrated profiles and reports are shared (SLURM nodes, colleagues): 0644, not mkstemp's 0600."""
-    from specbench.analytic.calibrate import write_profile
+    from specbench.calibrate import write_profile
 
     write_table(rows_to_table([{"cell_id": "x", "status": "ok"}]), tmp_path / "cell.parquet")
     write_profile({"name": "x"}, tmp_path / "calibrated.yaml")

@@ -98,7 +98,7 @@ def test_cell_line_has_speedup_acceptance_and_exactness(compose_cell, tmp_path):
 def test_plan_estimates_the_time_of_the_cells_to_run_at_plain_decoding_speed(compose_cell, tmp_path):
     """The plan line's time: every cell to run priced by the analytic model as plain
     decoding (warm-up and repetitions over its batches), from prompt lengths in characters."""
-    from specbench.analytic import prediction, theory
+    from specbench.analytic import prediction, profiles, steps
     from specbench.cell import WARMUP_MAX_TOKENS
     from specbench.sweep import estimate_time
     from specbench.workloads import estimated_requests
@@ -110,9 +110,9 @@ def test_plan_estimates_the_time_of_the_cells_to_run_at_plain_decoding_speed(com
     planned = plan_cells([["method=ngram", "batch_size=2"] + workload], compose_cell)
     estimate = estimate_time(planned)
     assert estimated_requests(planned[0].cell.config["workload"]) == (3, 200.0)  # 900 characters: 200 tokens
-    hw = theory.HardwareProfile.from_mapping(planned[0].cell.config["hardware"])
+    hw = profiles.HardwareProfile.from_mapping(planned[0].cell.config["hardware"])
     target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
-    batch = lambda tokens: theory.plain_batch_time(target, hw, 2, 200.0, tokens, 16384)  # noqa: E731
+    batch = lambda tokens: steps.plain_batch_time(target, hw, 2, 200.0, tokens, 16384)  # noqa: E731
     # Per cell (baseline and ngram): a warm-up of 8 tokens, then 2 repetitions of 2 batches (3 prompts, batch 2).
     per_cell = batch(WARMUP_MAX_TOKENS) + 2 * 2 * batch(16)
     assert estimate.seconds == pytest.approx(2 * per_cell)

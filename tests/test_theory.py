@@ -11,33 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbench.analytic.theory import (
-    DraftSample,
-    HardwareProfile,
-    ModelProfile,
-    StepSample,
-    best_k,
-    break_even_batch_size,
-    draft_prefill_time,
-    draft_time,
-    eagle_head_profile,
-    end_to_end_speedup,
-    batch_decode_time,
-    batch_tail,
-    expected_tokens_from_rates,
-    expected_tokens_per_pass,
-    fit_alpha,
-    fit_draft_overhead,
-    fit_hardware_profile,
-    num_speculative_tokens_per_batch_size,
-    plain_batch_time,
-    plain_decode_step,
-    predicted_decode_speedup,
-    prefill_time,
-    ridge_point,
-    step_time,
-    verify_step,
-)
+from specbench.analytic.acceptance import expected_tokens_from_rates, expected_tokens_per_pass
+from specbench.analytic.drafting import draft_prefill_time, draft_time
+from specbench.analytic.profile_fit import DraftSample, StepSample, fit_draft_overhead, fit_hardware_profile
+from specbench.analytic.footprint import eagle_head_profile
+from specbench.analytic.profiles import HardwareProfile, ModelProfile, ridge_point
+from specbench.analytic.speedup import batch_decode_time, batch_tail, best_k, break_even_batch_size, end_to_end_speedup, num_speculative_tokens_per_batch_size, predicted_decode_speedup
+from specbench.stats import fit_alpha
+from specbench.analytic.steps import plain_batch_time, plain_decode_step, prefill_time, step_time, verify_step
 
 HARDWARE_DIR = Path(__file__).resolve().parents[1] / "conf" / "hardware"
 
@@ -521,8 +502,8 @@ def synthetic(
 
 def _truth_time(model: ModelProfile, hw: HardwareProfile, sample: StepSample) -> float:
     """What ``hw`` charges for the sample's pass: the work the fit charges, logits included."""
-    from specbench.analytic.theory import _roofline, _work
-    return _roofline(hw, _work(model, sample.num_tokens, sample.num_seqs, sample.context_len, logits=sample.logits))
+    from specbench.analytic.steps import pass_work, roofline_time
+    return roofline_time(hw, pass_work(model, sample.num_tokens, sample.num_seqs, sample.context_len, logits=sample.logits))
 
 
 # Decode steps (one token per sequence) at short and long contexts, small and
@@ -650,7 +631,7 @@ def test_invalid_step_and_method_inputs(qwen: ModelProfile, h200: HardwareProfil
 
 
 def test_drafters_prefill_the_prompts_too(smol: ModelProfile) -> None:
-    from specbench.analytic.theory import draft_prefill_time
+    from specbench.analytic.drafting import draft_prefill_time
 
     hw = HardwareProfile("toy", 1e12, 1e14, 1e-3, "vendor")
     common = dict(hw=hw, batch_size=4, prompt_len=500, max_step_tokens=4096)

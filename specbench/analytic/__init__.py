@@ -1,17 +1,24 @@
 """The analytic side: what the roofline-decay model predicts, apart from what is measured.
 
-- :mod:`~specbench.analytic.theory`: the model itself, pure Python: expected
-  tokens per target pass, step times on a hardware profile, engine memory;
-- :mod:`~specbench.analytic.calibrate`: fits a machine's hardware profile to
-  timed engine steps (``python -m specbench.analytic.calibrate``);
-- :mod:`~specbench.analytic.prediction`: prices a sweep's cells with the model
-  and compares (``python -m specbench.analytic.prediction <sweep>``);
+The model, pure standard-library Python, read in this order:
+
+- :mod:`~specbench.analytic.acceptance`: tokens per target pass, E(alpha, K);
+- :mod:`~specbench.analytic.profiles`: what a pass costs (hardware and model profiles);
+- :mod:`~specbench.analytic.steps`: the roofline price of decode, verification and prefill passes;
+- :mod:`~specbench.analytic.drafting`: what the drafter spends;
+- :mod:`~specbench.analytic.speedup`: predicted speedups and the decisions drawn from them;
+- :mod:`~specbench.analytic.footprint`: engine memory, and whether a batch fits;
+- :mod:`~specbench.analytic.profile_fit`: a hardware profile fitted to measured step times.
+
+Applied to configs and result rows:
+
+- :mod:`~specbench.analytic.prediction`: prices a sweep's cells and compares
+  (``python -m specbench.analytic.prediction <sweep>``);
 - :mod:`~specbench.analytic.memory`: what a cell's engine and drafter take in memory;
-- :mod:`~specbench.analytic.plan`: a grid's cells priced before any engine
-  starts (``python -m specbench.analytic.plan``);
 - :mod:`~specbench.analytic.recommend`: the best K per batch-size range from
   measured cells (``python -m specbench.analytic.recommend <sweep>``).
 
-Nothing here imports vLLM: calibration starts its engines through
-:mod:`specbench.engine`, like a sweep.
+Nothing here measures: no engine, no config composition, no sweep. The
+measuring side (:mod:`specbench.calibrate`, :mod:`specbench.plan`, the
+sweep) calls in; nothing here calls out.
 """

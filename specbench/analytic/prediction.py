@@ -5,7 +5,7 @@ For each measured row, :func:`annotate` prices the row's own cell with
 
 - hardware: the profile the sweep's config names (``hardware=<name>``, from
   ``conf/hardware``), else the calibrated profile of this machine that
-  ``python -m specbench.analytic.calibrate`` stored in the user cache;
+  ``python -m specbench.calibrate`` stored in the user cache;
 - model: the target's own config.json (``ModelProfile.from_config_json``),
   at the dtype the cell ran in; the drafter from :func:`drafter_profile`
   (a draft model's config.json; an EAGLE head's own shapes, as the plan and
@@ -19,14 +19,14 @@ For each measured row, :func:`annotate` prices the row's own cell with
 - context: mean prompt tokens per request plus half the mean output tokens
   per request (the average KV length a decode step attends to).
 
-``predicted_decode_speedup`` is :func:`theory.predicted_decode_speedup`, to be held
+``predicted_decode_speedup`` is :func:`speedup.predicted_decode_speedup`, to be held
 against the measured ``decode_speedup`` (TPOT ratio). ``predicted_speedup``
-adds the prefill of each batch (:func:`theory.prefill_time`), which the
+adds the prefill of each batch (:func:`steps.prefill_time`), which the
 target pays alike with and without speculation, and the drafter's own pass
-over the prompts (:func:`theory.draft_prefill_time`: draft_model and EAGLE),
+over the prompts (:func:`drafting.draft_prefill_time`: draft_model and EAGLE),
 which only the speculative side pays; it is held against the wall-time
 ``speedup``: on long prompts prefill dilutes the decode gain. It also pays
-each batch's tail (:func:`theory.batch_tail`): a batch decodes until its
+each batch's tail (:func:`speedup.batch_tail`): a batch decodes until its
 slowest request is done, and requests that accept little need many more
 passes than those that accept much; the row's per-request pass counts
 (``decode_passes_per_request``, ``output_tokens_per_request``) give it.
@@ -57,13 +57,13 @@ from typing import Any, Optional
 import yaml
 from omegaconf import MISSING
 
-from specbench import methods, models
-from specbench.analytic import theory
+from specbench import methods, models, paths
+from specbench.analytic import drafting, footprint, profiles, speedup, steps
 from specbench.results.schema import SCHEDULE_KEY, curve_key, results_path, row_config
 
 CALIBRATED_FILE = "calibrated.yaml"
 CALIBRATE_HINT = (
-    "no hardware profile for the analytic model: run `python -m specbench.analytic.calibrate` "
+    "no hardware profile for the analytic model: run `python -m specbench.calibrate` "
     "(measures this machine, a few minutes) or pass hardware=<name> (conf/hardware); "
     "predicted_speedup columns left empty"
 )
@@ -79,21 +79,16 @@ _LARGE_GPUS = ("h100", "h200", "h800", "h20", "gh200", "b200", "b300", "gb200", 
 PREDICTED_COLUMNS = ("predicted_speedup", "predicted_decode_speedup", "predicted_speedup_bs1_alpha")
 
 
-def hardware_dir() -> Path:
-    """Where calibrated hardware profiles live: ``$SPECBENCH_CACHE/hardware`` or ``~/.cache/specbench/hardware``."""
-    return models.cache_dir().parent / "hardware"
-
-
 def calibrated_path() -> Path:
     """The calibrated profile of this machine that later sweeps use."""
-    return hardware_dir() / CALIBRATED_FILE
+    return paths.hardware_dir() / CALIBRATED_FILE
 
 
 @dataclass
 class HardwareSchema:
     """The keys of a ``hardware`` config (conf/hardware/*.yaml) and their types, checked by Hydra.
 
-    The rates are :meth:`theory.HardwareProfile.from_mapping`'s (its units);
+    The rates are :meth:`profiles.HardwareProfile.from_mapping`'s (its units);
     memory and the step budget are what the memory model and the plan read
     (:mod:`specbench.analytic.memory`).
     """
@@ -128,14 +123,14 @@ class HardwareSchema:
 class HardwareChoice:
     """The hardware profile a sweep is priced with, and where it came from."""
 
-    profile: theory.HardwareProfile
+    profile: profiles.HardwareProfile
     label: str  # what the hardware_profile column records
 
 
 def choose_hardware(config_hardware: Mapping[str, Any] | None) -> HardwareChoice | None:
     """The config's hardware profile if set, else the calibrated one, else None."""
     if config_hardware:
-        profile = theory.HardwareProfile.from_mapping(config_hardware)
+        profile = profiles.HardwareProfile.from_mapping(config_hardware)
         return HardwareChoice(profile, f"{profile.name} ({profile.source}, hardware={profile.name})")
     path = calibrated_path()
     if not path.is_file():
@@ -146,7 +141,7 @@ def choose_hardware(config_hardware: Mapping[str, Any] | None) -> HardwareChoice
 def load_hardware_file(path: Path) -> HardwareChoice:
     """A hardware profile YAML (conf/hardware or calibrated) as a :class:`HardwareChoice`."""
     data = yaml.safe_load(path.read_text())
-    profile = theory.HardwareProfile.from_mapping(data)
+    profile = profiles.HardwareProfile.from_mapping(data)
     when = f", measured {data['measured_at']}" if data.get("measured_at") else ""
     return HardwareChoice(profile, f"{profile.name} ({profile.source}{when}, {path})")
 
@@ -197,11 +192,11 @@ def effective_k(speculative_config: Mapping[str, Any] | None, k: int, batch_size
 
 
 @lru_cache(maxsize=32)
-def _profile_from(folder: str, dtype: str, name: str) -> theory.ModelProfile:
-    return theory.ModelProfile.from_config_json(folder, dtype=dtype, name=name)
+def _profile_from(folder: str, dtype: str, name: str) -> profiles.ModelProfile:
+    return profiles.ModelProfile.from_config_json(folder, dtype=dtype, name=name)
 
 
-def model_profile(reference: str, dtype: str, name: str | None = None) -> theory.ModelProfile:
+def model_profile(reference: str, dtype: str, name: str | None = None) -> profiles.ModelProfile:
     """Profile of a checkpoint from its config.json; ValueError naming what is missing.
 
     ``reference`` is what a config names: ``embedded:<name>`` (resolved to its
@@ -212,7 +207,7 @@ def model_profile(reference: str, dtype: str, name: str | None = None) -> theory
     if not (folder / "config.json").is_file():
         cached = _hub_config(reference)
         if cached is None and reference in models.PUBLISHED_CONFIGS:
-            return theory.ModelProfile.from_config_json(
+            return profiles.ModelProfile.from_config_json(
                 models.PUBLISHED_CONFIGS[reference], dtype=dtype, name=name or reference
             )
         if cached is None:
@@ -233,12 +228,12 @@ def _hub_config(reference: str) -> Path | None:
 
 
 def drafter_profile(
-    method: Mapping[str, Any], target: theory.ModelProfile, dtype: str
-) -> theory.ModelProfile | None:
+    method: Mapping[str, Any], target: profiles.ModelProfile, dtype: str
+) -> profiles.ModelProfile | None:
     """The drafter's profile, for pricing and memory alike; None for drafters without weights.
 
     ``method`` is a cell's method config (name, speculative_config). A draft
-    model: its own config.json. An EAGLE head: ``theory.eagle_head_profile``
+    model: its own config.json. An EAGLE head: ``footprint.eagle_head_profile``
     from the head's config.json (its one layer, EAGLE-3's reduced
     vocabulary), or from the target's shapes where the head's config cannot
     be read (a hub id offline): an upper bound. Raises ValueError when a draft
@@ -251,11 +246,11 @@ def drafter_profile(
             raise ValueError("method.speculative_config.model is not set")
         return model_profile(spec["model"], dtype)
     if priced_as in ("eagle", "eagle3"):
-        return theory.eagle_head_profile(target, priced_as, _head_shapes(spec.get("model"), dtype))
+        return footprint.eagle_head_profile(target, priced_as, _head_shapes(spec.get("model"), dtype))
     return None
 
 
-def _head_shapes(reference: str | None, dtype: str) -> theory.ModelProfile | None:
+def _head_shapes(reference: str | None, dtype: str) -> profiles.ModelProfile | None:
     if not reference:
         return None
     try:
@@ -313,7 +308,7 @@ class Prediction:
 def _predict(
     row: Mapping[str, Any],
     cfg: Mapping[str, Any],
-    hw: theory.HardwareProfile,
+    hw: profiles.HardwareProfile,
     acceptance: DecodeAcceptance,
 ) -> Prediction:
     method = row["method"]
@@ -335,7 +330,7 @@ def _predict(
     batch = int(row["batch_size"])
     k = effective_k(speculative, int(row["num_speculative_tokens"]), batch)
     drafted = min(acceptance.draft_tokens_per_pass, float(k))
-    decode = theory.predicted_decode_speedup(
+    decode = speedup.predicted_decode_speedup(
         method=priced_as, k=k, batch_size=batch,
         tokens_per_pass=min(acceptance.tokens_per_pass, k + 1.0), target=target, hw=hw,
         context_len=context, draft=draft, draft_tokens_per_pass=drafted,
@@ -345,28 +340,28 @@ def _predict(
     requests = row["num_requests"]
     step_tokens = (cfg.get("engine") or {}).get("max_num_batched_tokens") or default_step_tokens(row.get("hardware"))
     prompt_len = max(row["prompt_tokens"] / requests, 1.0)
-    prefill = theory.prefill_time(target, hw, batch, prompt_len, max_step_tokens=step_tokens)
+    prefill = steps.prefill_time(target, hw, batch, prompt_len, max_step_tokens=step_tokens)
     # A draft model or EAGLE head processes the prompts too; only the speculative side pays it.
-    draft_prefill = theory.draft_prefill_time(
+    draft_prefill = drafting.draft_prefill_time(
         priced_as, hw=hw, batch_size=batch, prompt_len=prompt_len, max_step_tokens=step_tokens,
         draft=draft, target=target,
     )
     decode_steps = max(row["output_tokens"] / requests - 1.0, 0.0)
-    plain_decode = decode_steps * theory.plain_decode_step(target, hw, batch, context)
+    plain_decode = decode_steps * steps.plain_decode_step(target, hw, batch, context)
     tails = _tails(
         row, batch,
-        plain_step=lambda b: theory.plain_decode_step(target, hw, b, context),
-        speculative_step=lambda b: theory.speculative_step(
+        plain_step=lambda b: steps.plain_decode_step(target, hw, b, context),
+        speculative_step=lambda b: speedup.speculative_step(
             priced_as, target=target, hw=hw, batch_size=b, k=k, context_len=context, draft=draft,
             draft_tokens_per_pass=drafted),
     )
-    return Prediction(decode, theory.end_to_end_speedup(decode, prefill, plain_decode, draft_prefill, **tails))
+    return Prediction(decode, speedup.end_to_end_speedup(decode, prefill, plain_decode, draft_prefill, **tails))
 
 
 def _tails(
     row: Mapping[str, Any], batch: int, *, plain_step: Callable[[int], float], speculative_step: Callable[[int], float]
 ) -> dict[str, float]:
-    """Each side's :func:`theory.batch_tail` from the row's per-request counts; none if it has none.
+    """Each side's :func:`speedup.batch_tail` from the row's per-request counts; none if it has none.
 
     Requests are submitted in batches of ``batch``, in the order the lists
     keep; without speculation, request i decodes in output_i - 1 passes.
@@ -378,8 +373,8 @@ def _tails(
     chunks = range(0, len(outputs), batch)
     plain = [[max(n - 1, 0) for n in outputs[i : i + batch]] for i in chunks]
     speculative = [list(passes[i : i + batch]) for i in chunks]
-    return {"plain_tail": theory.batch_tail(plain, plain_step),
-            "speculative_tail": theory.batch_tail(speculative, speculative_step)}
+    return {"plain_tail": speedup.batch_tail(plain, plain_step),
+            "speculative_tail": speedup.batch_tail(speculative, speculative_step)}
 
 
 def annotate(
@@ -463,7 +458,7 @@ def generation_estimate(
     mean prompt tokens, :func:`specbench.workloads.estimated_requests`). Each
     cell is priced as plain decoding: its warm-up (the first batch, up to
     ``warmup_tokens`` tokens; none with ``warmup: false``) and ``repetitions`` passes over its batches,
-    each :func:`theory.plain_batch_time`. Speculative cells differ from
+    each :func:`steps.plain_batch_time`. Speculative cells differ from
     that by their speedup, which is what the sweep measures; engine starts
     are not priced.
     """
@@ -474,7 +469,7 @@ def generation_estimate(
             return TimeEstimate(None, f"workload {config['workload']['name']} is read only by the engines")
         choice = choose_hardware(config.get("hardware"))
         if choice is None:
-            return TimeEstimate(None, "no hardware profile (python -m specbench.analytic.calibrate)")
+            return TimeEstimate(None, "no hardware profile (python -m specbench.calibrate)")
         model = config["model"]
         try:
             target = model_profile(model["path"], config["engine"]["dtype"] or model["dtype"], model.get("name"))
@@ -485,7 +480,7 @@ def generation_estimate(
         step_tokens = config["engine"].get("max_num_batched_tokens") or default_step_tokens(choice.profile.name)
 
         def batch_s(tokens: int) -> float:
-            return theory.plain_batch_time(target, choice.profile, batch, max(prompt_len, 1.0), tokens, step_tokens)
+            return steps.plain_batch_time(target, choice.profile, batch, max(prompt_len, 1.0), tokens, step_tokens)
 
         batches = math.ceil(count / batch)
         warmup = batch_s(min(max_tokens, warmup_tokens)) if config.get("warmup", True) else 0.0
@@ -547,7 +542,7 @@ def break_even(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     specbench.analytic.prediction`` both print these. A curve is the rows of one
     :func:`specbench.results.curve_key` (method, K, alpha, workload, engine,
     ...); each series (speedup, decode speedup, the predictions) takes the
-    median of its rows at each batch size, and ``theory.break_even_batch_size``
+    median of its rows at each batch size, and ``speedup.break_even_batch_size``
     interpolates where it first falls below 1 (None: it never does within
     the grid; "n/a": a batch size has no value). ``series`` keeps the values
     per batch size, ``rows`` the curve's rows.
@@ -574,7 +569,7 @@ def break_even(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             ]
             entry["series"][column] = values
             entry[name] = (
-                theory.break_even_batch_size(sizes, values) if all(v is not None for v in values) else "n/a"
+                speedup.break_even_batch_size(sizes, values) if all(v is not None for v in values) else "n/a"
             )
         out.append(entry)
     return sorted(out, key=lambda e: (e["method"], e["k"] or 0, e["alpha"] or 0.0, e["workload"] or ""))
@@ -659,7 +654,6 @@ __all__ = [
     "default_step_tokens",
     "effective_k",
     "format_check",
-    "hardware_dir",
     "load_hardware_file",
     "model_profile",
     "predict_sweep",

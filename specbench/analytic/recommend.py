@@ -13,7 +13,7 @@ judged by their point estimate, which is then only as good as the run's
 noise (``--margin`` asks for a clear lead). Consecutive batch sizes
 with the same K merge into vLLM's ``num_speculative_tokens_per_batch_size``
 schedule of inclusive (start, end, K) ranges
-(:func:`specbench.analytic.theory.num_speculative_tokens_per_batch_size`): grid point
+(:func:`specbench.analytic.speedup.num_speculative_tokens_per_batch_size`): grid point
 b's K holds up to the next grid point, the smallest point's K reaches down to
 batch size 1.
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbench.analytic import theory
+from specbench.analytic import speedup
 from specbench.results.schema import SCHEDULE_KEY, curve_key, recommendable, results_path, row_config
 
 
@@ -181,7 +181,7 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Re
             measured={b: dict(sorted((r["num_speculative_tokens"], r["speedup"]) for r in v))
                       for b, v in sorted(by_batch.items())},
             lower={b: {r["num_speculative_tokens"]: lower_bound(r) for r in v} for b, v in by_batch.items()},
-            schedule=theory.num_speculative_tokens_per_batch_size({b: k for b, (k, _) in best.items()}),
+            schedule=speedup.num_speculative_tokens_per_batch_size({b: k for b, (k, _) in best.items()}),
             overrides=_overrides(row, cfg),
             checked=dict(sorted(checked.items())),
             checked_schedule=checked_schedule,

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from specbench.analytic import theory
+from specbench.analytic import acceptance
 from specbench.report.tables import (
     CONFIG,
     PANEL,
@@ -298,7 +298,7 @@ def acceptance_vs_k(df: pd.DataFrame, enc: Encoding) -> Plot:
                     continue
                 alpha = float(alphas.median())
                 ks = np.arange(1, max_k + 1)
-                expected = [theory.expected_tokens_per_pass(alpha, int(k)) for k in ks]
+                expected = [acceptance.expected_tokens_per_pass(alpha, int(k)) for k in ks]
                 ax.plot(ks, expected, color=colour, lw=1.4)
                 # Right of the last K's points, so the label never sits on one.
                 ax.text(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from specbench import stats
-from specbench.analytic import theory
+from specbench import stats
 from specbench.results import exactness
 from specbench.results.files import CellFiles
 from specbench.results.metrics import REPETITIVE_SHARE, median_known
@@ -231,7 +231,7 @@ def _pooled_acceptance(runs: list[dict[str, Any]], row: dict[str, Any]) -> dict[
         "acceptance_rate_per_pos": rates,
         "drafted_per_pos": drafted if known else [],
         "draft_acceptance_rate": row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None,
-        "alpha": theory.fit_alpha(rates) if rates else None,
+        "alpha": stats.fit_alpha(rates) if rates else None,
         "tokens_per_pass": out_total / row["target_passes"] if row["target_passes"] else None,
         "draft_coverage": drafts / row["target_passes"] if row["target_passes"] else None,
         "acceptance_length_p50": median_known(

@@ -6,7 +6,7 @@ import statistics
 from typing import Any, Iterable, Sequence
 
 from specbench import stats
-from specbench.analytic import theory
+from specbench import stats
 
 # An output counts as repetitive when at least this share of its 4-grams
 # already occurred earlier in it (stats.repeated_ngram_share).
@@ -84,7 +84,7 @@ def measured_fields(
         "acceptance_rate_per_pos": rates,
         "drafted_per_pos": list(drafted_per_pos),
         "draft_acceptance_rate": accepted_tokens / draft_tokens if draft_tokens else None,
-        "alpha": theory.fit_alpha(rates) if rates else None,
+        "alpha": stats.fit_alpha(rates) if rates else None,
         "target_passes": target_passes,
         "tokens_per_pass": total_out / target_passes if target_passes > 0 else None,
         "draft_coverage": drafts / target_passes if target_passes > 0 else None,

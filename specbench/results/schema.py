@@ -92,13 +92,13 @@ SCHEMA = pa.schema(
         ("acceptance_rate_per_pos", pa.list_(_F)),  # accepted at i / drafts that reached position i
         ("drafted_per_pos", pa.list_(_INT)),  # drafts that reached each position (empty: not reported)
         ("draft_acceptance_rate", _F),  # accepted / draft tokens
-        ("alpha", _F),  # fitted per-token acceptance (theory.fit_alpha)
+        ("alpha", _F),  # fitted per-token acceptance (stats.fit_alpha)
         ("target_passes", _INT),  # max(output - accepted, requests + drafts), see measured_fields
         ("tokens_per_pass", _F),  # output tokens / target passes, prefill and undrafted passes included
         ("draft_coverage", _F),  # drafts / target passes
         ("acceptance_length_per_request", pa.list_(_F)),  # each request's own (null: never drafted); median over engine runs
         # Per request, in submission order (first timed repetition; median over engine runs): what a
-        # batch's slowest request makes the wall time pay (specbench.analytic.theory.batch_decode_time).
+        # batch's slowest request makes the wall time pay (specbench.analytic.speedup.batch_decode_time).
         ("output_tokens_per_request", pa.list_(_INT)),
         ("decode_passes_per_request", pa.list_(_INT)),  # target passes after the prefill's (= output - 1 without speculation)
         ("acceptance_length_p50", _F),  # median of the above over requests that drafted
@@ -170,7 +170,7 @@ SCHEMA = pa.schema(
         ("peak_gpu_reserved_bytes", _INT),  # torch.cuda.max_memory_reserved
         ("gpu_used_bytes", _INT),  # NVML's used device memory after the cell
         ("peak_rss_bytes", _INT),  # CPU: the worker's peak resident memory (VmHWM)
-        ("predicted_weight_bytes", _INT),  # the memory model (theory.engine_memory): target + drafter
+        ("predicted_weight_bytes", _INT),  # the memory model (footprint.engine_memory): target + drafter
         ("predicted_kv_bytes_per_token", _INT),
         ("predicted_kv_cache_tokens", _INT),
         ("predicted_peak_bytes", _INT),

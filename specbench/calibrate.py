@@ -1,9 +1,9 @@
-"""``python -m specbench.analytic.calibrate``: measure this machine and fit its hardware profile.
+"""``python -m specbench.calibrate``: measure this machine and fit its hardware profile.
 
 One engine (the plain-decoding engine a sweep's baseline would use, from the
 same Hydra config and overrides) decodes batches of synthetic prompts over a
 grid of batch sizes (tokens per step) and prompt lengths (KV-cache traffic).
-Each grid point gives one :class:`specbench.analytic.theory.StepSample`: the decode
+Each grid point gives one :class:`specbench.analytic.profile_fit.StepSample`: the decode
 step time is the median TPOT vLLM reports for the batch's requests
 (first-to-last-token time over the tokens after the first, so prefill is
 excluded), at the mean context length the steps attend to (prompt + half the
@@ -15,7 +15,7 @@ nor KV reads from attention FLOPs (both grow with batch x context); the
 prefill steps, many tokens per sequence, can. The grid is measured in
 ``--rounds`` passes and each point keeps its fastest round: on a machine
 shared with other work, interference only ever adds time.
-:func:`specbench.analytic.theory.fit_hardware_profile` then fits the profile's rates
+:func:`specbench.analytic.profile_fit.fit_hardware_profile` then fits the profile's rates
 (weight and KV bandwidth, linear and attention FLOP/s, overhead per step and
 per sequence) to those samples.
 
@@ -23,7 +23,7 @@ A draft pass (an EAGLE head's forward inside the engine step) skips the
 scheduler and sampler that make up most of a step's fixed cost here, so it
 gets its own: where the model config names an EAGLE head (EAGLE-3 first, the
 cheaper to run), a second engine decodes :data:`DRAFT_POINTS` with it at
-K = :data:`DRAFT_K`, and :func:`specbench.analytic.theory.fit_draft_overhead` takes
+K = :data:`DRAFT_K`, and :func:`specbench.analytic.profile_fit.fit_draft_overhead` takes
 the per-draft-pass overhead that the fitted step time and the head's own
 roofline work leave unexplained. Without a head, draft passes are charged
 the step's overhead (an upper bound) and the profile says so.
@@ -40,8 +40,8 @@ The profile, the samples and their residuals are printed and written to
 ``~/.cache/specbench/hardware/``), where :mod:`specbench.analytic.prediction` finds it
 for every later sweep that names no ``hardware``.
 
-    python -m specbench.analytic.calibrate                      # 4-6 min on 2 CPU cores (two engines)
-    python -m specbench.analytic.calibrate model=qwen2.5-7b-instruct --max-step-tokens 8192
+    python -m specbench.calibrate                      # 4-6 min on 2 CPU cores (two engines)
+    python -m specbench.calibrate model=qwen2.5-7b-instruct --max-step-tokens 8192
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from typing import Any
 import yaml
 
 from specbench import models
-from specbench.analytic import prediction, theory
+from specbench.analytic import prediction, profile_fit, profiles
 from specbench.results.files import write_atomic
 
 # Every fourfold step in batch size: the 8 grid points they leave (of 14 with
@@ -144,7 +144,7 @@ def step_sample(
     max_tokens: int,
     rounds: Sequence[Sequence[float | None]],
     output_tokens: Sequence[int],
-) -> tuple[theory.StepSample, dict[str, Any]]:
+) -> tuple[profile_fit.StepSample, dict[str, Any]]:
     """The decode step sample of one grid point, and its record for the YAML.
 
     ``rounds`` holds, for each round over the grid, every request's time per
@@ -163,7 +163,7 @@ def step_sample(
         )
     seconds = min(medians)
     context = point.prompt_len + max_tokens / 2
-    sample = theory.StepSample(
+    sample = profile_fit.StepSample(
         num_tokens=point.batch_size, num_seqs=point.batch_size, context_len=context, seconds=seconds
     )
     record = {
@@ -182,7 +182,7 @@ def step_sample(
 
 def prefill_sample(
     point: GridPoint, rounds: Sequence[Sequence[float | None]]
-) -> tuple[theory.StepSample, dict[str, Any]]:
+) -> tuple[profile_fit.StepSample, dict[str, Any]]:
     """The prefill step sample of one grid point, and its record for the YAML.
 
     ``rounds`` holds, per round, every request's TTFT. The batch prefills in
@@ -196,7 +196,7 @@ def prefill_sample(
     if not medians:
         raise ValueError(f"batch {point.batch_size} x {point.prompt_len} tokens: no request reported a TTFT")
     seconds = min(medians)
-    sample = theory.StepSample(
+    sample = profile_fit.StepSample(
         num_tokens=point.batch_size * point.prompt_len, num_seqs=point.batch_size,
         context_len=point.prompt_len / 2, seconds=seconds, logits=point.batch_size,
     )
@@ -207,7 +207,7 @@ def prefill_sample(
 
 def draft_sample(
     point: GridPoint, k: int, max_tokens: int, rounds: Sequence[tuple[float, int]]
-) -> tuple[theory.DraftSample, dict[str, Any]]:
+) -> tuple[profile_fit.DraftSample, dict[str, Any]]:
     """The speculative pass sample of one draft point, and its record for the YAML.
 
     ``rounds`` holds, per round, the decode seconds summed over requests and
@@ -221,20 +221,20 @@ def draft_sample(
         raise ValueError(f"draft batch {point.batch_size} x {point.prompt_len} tokens: nothing was drafted")
     seconds = min(per_pass)
     context = point.prompt_len + max_tokens / 2
-    sample = theory.DraftSample(batch_size=point.batch_size, k=k, context_len=context, seconds=seconds)
+    sample = profile_fit.DraftSample(batch_size=point.batch_size, k=k, context_len=context, seconds=seconds)
     record = {"batch_size": point.batch_size, "prompt_tokens": point.prompt_len, "k": k,
               "context_len": context, "seconds_per_pass": seconds, "round_seconds_per_pass": per_pass}
     return sample, record
 
 
 def fit(
-    samples: Sequence[theory.StepSample],
+    samples: Sequence[profile_fit.StepSample],
     records: Sequence[dict[str, Any]],
-    model: theory.ModelProfile,
+    model: profiles.ModelProfile,
     name: str,
-) -> tuple[theory.HardwareProfile, list[dict[str, Any]]]:
+) -> tuple[profiles.HardwareProfile, list[dict[str, Any]]]:
     """Fit the profile; each record gains predicted_seconds and residual (predicted / measured - 1)."""
-    profile, residuals = theory.fit_hardware_profile(samples, model, name=name)
+    profile, residuals = profile_fit.fit_hardware_profile(samples, model, name=name)
     out = []
     for sample, record, residual in zip(samples, records, residuals):
         out.append(dict(record, predicted_seconds=sample.seconds * (1.0 + residual), residual=residual))
@@ -242,7 +242,7 @@ def fit(
 
 
 def profile_document(
-    profile: theory.HardwareProfile,
+    profile: profiles.HardwareProfile,
     records: Sequence[dict[str, Any]],
     *,
     model: dict[str, Any],
@@ -272,7 +272,7 @@ def profile_document(
         doc["memory_gb"] = memory
     doc |= {
         "notes": (
-            f"Fitted by python -m specbench.analytic.calibrate to {len(records)} plain-decode and prefill step times "
+            f"Fitted by python -m specbench.calibrate to {len(records)} plain-decode and prefill step times "
             f"(median TPOT and TTFT, fastest of {settings.get('rounds')} rounds) of {model['name']} ({model['dtype']}) on vLLM {vllm_version}; effective "
             "figures for this engine and model, not datasheet values."
         ),
@@ -314,7 +314,7 @@ def format_draft_fit(
     return "\n".join(lines)
 
 
-def format_fit(profile: theory.HardwareProfile, records: Sequence[dict[str, Any]]) -> str:
+def format_fit(profile: profiles.HardwareProfile, records: Sequence[dict[str, Any]]) -> str:
     """The fit and its per-sample residuals as a text table."""
     lines = [
         f"hardware profile {profile.name!r} (calibrated): "
@@ -387,7 +387,7 @@ def _compose(overrides: Sequence[str], method: Sequence[str] = ("method=baseline
 def main(argv: list[str] | None = None) -> int:
     """Measure, fit, print and store; returns the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m specbench.analytic.calibrate",
+        prog="python -m specbench.calibrate",
         description="Fit this machine's hardware profile for the analytic model from real plain-decode steps.",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the engine/model, e.g. model=...")
@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                                            None if args.verbose else engine_log)
             pairs = [draft_sample(p, DRAFT_K, args.max_tokens, rounds[p]) for p in DRAFT_POINTS]
             head = prediction.drafter_profile(draft_cell.identity["method"], model, dtype)
-            overhead, residuals = theory.fit_draft_overhead(
+            overhead, residuals = profile_fit.fit_draft_overhead(
                 [s for s, _ in pairs], method=draft_method, target=model, head=head, hw=profile)
         except (EngineError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
