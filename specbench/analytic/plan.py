@@ -23,14 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra import compose, initialize_config_module
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from specbench import methods
+from specbench import grid, methods
 from specbench.analytic import acceptance, footprint, memory, prediction, profiles, speedup
 from specbench.config import batch_prompt_tokens, validate
-from specbench.sweep import _key, _replace
 
 DEFAULT_ALPHA = 0.7
 
@@ -55,18 +53,14 @@ def grid_jobs(overrides: Sequence[str]) -> list[tuple[str, ...]]:
         cfg = compose("config", overrides=single, return_hydra_config=True)
     # No preset: the sweeper's params are empty (None or an empty node), and the grid is the overrides alone.
     params = cfg.hydra.sweeper.params
-    preset = [f"{k}={v}" for k, v in OmegaConf.to_container(params, resolve=False).items()] if params else []
-    parsed = parser.parse_overrides(preset + list(overrides))
-    return [tuple(job) for job in BasicSweeper.split_arguments(parsed, None)[0]]
+    return grid.grid_points(parser, OmegaConf.to_container(params, resolve=False) if params else {}, overrides)
 
 
 def with_baselines(jobs: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
     """The jobs plus the baseline each speculative job is compared with, once each (as the sweeper adds them)."""
     out: dict[tuple[str, ...], None] = {}
     for job in jobs:
-        kept = [o for o in job if _key(o) not in ("method", "num_speculative_tokens")
-                and not _key(o).startswith("method.")]
-        out.setdefault(_replace(kept, method="baseline"), None)
+        out.setdefault(grid.baseline_overrides(job), None)
     for job in jobs:
         out.setdefault(job, None)
     return list(out)
