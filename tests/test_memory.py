@@ -15,7 +15,7 @@ from specbench import models
 from specbench.analytic import acceptance, footprint, memory, profiles, speedup
 from specbench.config import ConfigError, batch_prompt_tokens, validate
 from specbench.engine import EngineMemory
-from specbench.analytic.plan import format_plan, make_plan
+from specbench.plan import format_plan, make_plan
 from specbench.sweep import plan_cells, waves_line
 
 QWEN_7B = profiles.ModelProfile.from_config_json(
@@ -324,7 +324,7 @@ def test_plan_prices_an_eagle_head_from_its_own_shapes_as_the_prediction_does() 
                       "num_speculative_tokens=4", "batch_size=1", "workload=creative"])
     (row,) = [r for r in rows if r.label.startswith("eagle3")]
     from specbench.analytic import acceptance, footprint, prediction, profiles, speedup
-    from specbench.analytic.plan import DEFAULT_ALPHA
+    from specbench.plan import DEFAULT_ALPHA
     target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
     head = prediction.drafter_profile(
         {"name": "eagle3", "speculative_config": {"model": "heads:smollm2-135m-instruct-eagle3"}}, target, "float32")

@@ -1,4 +1,4 @@
-"""``python -m specbench.analytic.plan``: every cell of a grid with its predicted memory and speedup, no engine.
+"""``python -m specbench.plan``: every cell of a grid with its predicted memory and speedup, no engine.
 
 Takes the same overrides as ``python -m specbench`` (a preset, ``hardware=``,
 grid points such as ``batch_size=1,8``), composes each cell with Hydra's
@@ -8,7 +8,7 @@ per-token acceptance alpha (:func:`speedup.predicted_decode_speedup` with
 ``E(alpha, K)``), and whether grid validation would refuse it and why. It
 imports neither vLLM nor torch, so it answers in seconds on any machine:
 
-    python -m specbench.analytic.plan sweep=full_grid model=qwen2.5-7b-instruct-awq hardware=rtx4090
+    python -m specbench.plan sweep=full_grid model=qwen2.5-7b-instruct-awq hardware=rtx4090
 
 Exits 1 when some cell would be refused, 2 on a config error.
 """
@@ -196,7 +196,7 @@ def _reason_class(problem: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print the plan of the grid the given Hydra overrides describe."""
     parser = argparse.ArgumentParser(
-        prog="python -m specbench.analytic.plan",
+        prog="python -m specbench.plan",
         description="Every cell of a sweep with its predicted memory and speedup; starts no engine.",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m specbench")
