@@ -16,11 +16,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from specbench import grid, run
+from specbench import grid, job
 from specbench.config import ConfigError, cell_from_config, refuse
 from specbench.logs import LOG_FILE
 from specbench.results.files import CellFiles
-from specbench.run import completed_row, run_cell
+from specbench.job import completed_row, run_cell
 from specbench.sweep import describe_plan, write_plan
 from specbench.workloads import WorkloadError, check_source
 
@@ -50,13 +50,13 @@ def main(cfg: DictConfig) -> None:
     write_plan(run_dir, planned)
     todo = [p for p in planned if completed_row(CellFiles(run_dir / "cells", p.cell.cell_id), p.cell) is None]
     print(describe_plan(run_dir, planned, todo, 1, cfg.verbose), flush=True)
-    run.PROGRESS = run.SweepProgress(len(planned))
+    job.PROGRESS = job.SweepProgress(len(planned))
     try:
         for p in planned:
             run_cell(p.cell, run_dir / "cells", engine_runs=cfg.engine_runs, timeout_s=timeout, engine_log=engine_log)
     finally:
-        run.PROGRESS.close()
-        run.PROGRESS = None
+        job.PROGRESS.close()
+        job.PROGRESS = None
 
 
 if __name__ == "__main__":

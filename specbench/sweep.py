@@ -40,17 +40,17 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from specbench import grid, run
+from specbench import grid, job
 from specbench.analytic import memory
 from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, refuse, validate
 from specbench.logs import LOG_FILE
 from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep
 from specbench.cell import WARMUP_MAX_TOKENS
 from specbench.grid import PlannedCell
-from specbench.results.files import write_results
+from specbench.results.files import CellFiles, write_results
 from specbench.results.merge import merge
 from specbench.results.schema import results_path
-from specbench.run import CellFiles, completed_row
+from specbench.job import completed_row
 from specbench.workloads import check_source, estimated_requests
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ class CellSweeper(BasicSweeper):
         jobs = grid.grid_points(parser, self.params, arguments)
         loader = self.hydra_context.config_loader
         try:
-            planned = plan_cells(jobs, lambda job: loader.load_sweep_config(self.config, list(job)))
+            planned = plan_cells(jobs, lambda point: loader.load_sweep_config(self.config, list(point)))
         except ConfigError as exc:
             refuse(exc)
 
@@ -218,20 +218,20 @@ class CellSweeper(BasicSweeper):
         # class imported here need not be the one the launcher was made from.
         in_process = type(self.launcher).__name__ == "BasicLauncher"
         if in_process:
-            run.PROGRESS = run.SweepProgress(len(todo))
+            job.PROGRESS = job.SweepProgress(len(todo))
         returns = []
         batch_size = self.max_batch_size or len(todo) or 1
         for start in range(0, len(todo), batch_size):
             batch = [list(p.overrides) for p in todo[start : start + batch_size]]
             results = self.launcher.launch(batch, initial_job_idx=start)
-            for job, result in zip(batch, results):
+            for point, result in zip(batch, results):
                 if result.status == JobStatus.FAILED:
                     # The job itself records cell failures; this is a failure around it.
-                    log.error("job %s failed outside the cell: %s", " ".join(job), result._return_value)
+                    log.error("job %s failed outside the cell: %s", " ".join(point), result._return_value)
             returns.append(results)
-        if in_process and run.PROGRESS is not None:
-            run.PROGRESS.close()
-            run.PROGRESS = None
+        if in_process and job.PROGRESS is not None:
+            job.PROGRESS.close()
+            job.PROGRESS = None
         return returns
 
 
