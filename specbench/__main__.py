@@ -16,12 +16,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from specbench import run
+from specbench import grid, job
 from specbench.config import ConfigError, cell_from_config, refuse
 from specbench.logs import LOG_FILE
 from specbench.results.files import CellFiles
-from specbench.run import completed_row, run_cell
-from specbench.sweep import PlannedCell, describe_plan, write_plan
+from specbench.job import completed_row, run_cell
+from specbench.sweep import describe_plan, write_plan
 from specbench.workloads import WorkloadError, check_source
 
 
@@ -46,22 +46,17 @@ def main(cfg: DictConfig) -> None:
     if multirun:
         run_cell(cell, run_dir / "cells", engine_runs=cfg.engine_runs, timeout_s=timeout, engine_log=engine_log)
         return
-    cells = []
-    for engine_run in range(cfg.engine_runs):
-        measured = cell.in_engine_run(engine_run)
-        pair = [measured] if measured.is_baseline else [measured.baseline(), measured]
-        cells += pair if engine_run % 2 == 0 else pair[::-1]  # drift hits both sides alike
-    planned = [PlannedCell((), c) for c in cells]
+    planned = grid.single_run_cells(cell, cfg.engine_runs)
     write_plan(run_dir, planned)
     todo = [p for p in planned if completed_row(CellFiles(run_dir / "cells", p.cell.cell_id), p.cell) is None]
     print(describe_plan(run_dir, planned, todo, 1, cfg.verbose), flush=True)
-    run.PROGRESS = run.SweepProgress(len(cells))
+    job.PROGRESS = job.SweepProgress(len(planned))
     try:
-        for c in cells:
-            run_cell(c, run_dir / "cells", engine_runs=cfg.engine_runs, timeout_s=timeout, engine_log=engine_log)
+        for p in planned:
+            run_cell(p.cell, run_dir / "cells", engine_runs=cfg.engine_runs, timeout_s=timeout, engine_log=engine_log)
     finally:
-        run.PROGRESS.close()
-        run.PROGRESS = None
+        job.PROGRESS.close()
+        job.PROGRESS = None
 
 
 if __name__ == "__main__":

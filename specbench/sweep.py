@@ -14,6 +14,9 @@ launchers) with what a benchmark sweep needs before the first engine loads:
 - cells already complete in the sweep directory are skipped (resume);
 - cells that share an engine run consecutively, so the engine is reused.
 
+The grid's rules (points, baselines, engine-run order) are :mod:`specbench.grid`'s,
+shared with single runs and the plan command.
+
 Speedups are not computed by the jobs: :class:`FinishSweep`, a Hydra
 callback, merges the cell files into ``results.parquet`` once all jobs are
 done (on whichever launcher), writes the report, and exits non-zero naming
@@ -27,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -38,16 +40,17 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from specbench import run
+from specbench import grid, job
 from specbench.analytic import memory
-from specbench.config import Cell, ConfigError, batch_prompt_tokens, cell_from_config, refuse, validate
+from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, refuse, validate
 from specbench.logs import LOG_FILE
 from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep
 from specbench.cell import WARMUP_MAX_TOKENS
-from specbench.results.files import write_results
+from specbench.grid import PlannedCell
+from specbench.results.files import CellFiles, write_results
 from specbench.results.merge import merge
 from specbench.results.schema import results_path
-from specbench.run import CellFiles, completed_row
+from specbench.job import completed_row
 from specbench.workloads import check_source, estimated_requests
 
 log = logging.getLogger(__name__)
@@ -55,28 +58,10 @@ log = logging.getLogger(__name__)
 PLAN_FILE = "plan.json"
 
 
-@dataclass(frozen=True)
-class PlannedCell:
-    """A cell and the Hydra overrides that compose it."""
-
-    overrides: tuple[str, ...]
-    cell: Cell
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def _replace(overrides: Sequence[str], **values: Any) -> tuple[str, ...]:
-    """Overrides with the given keys set (replacing any existing value)."""
-    kept = [o for o in overrides if _key(o) not in values]
-    return tuple(kept + [f"{k}={v}" for k, v in values.items()])
-
-
 def plan_cells(
     jobs: Sequence[Sequence[str]], compose: Callable[[Sequence[str]], DictConfig]
 ) -> list[PlannedCell]:
-    """Every cell a grid needs, validated, deduplicated and in run order.
+    """Every cell a grid needs, validated, deduplicated and in run order (:func:`specbench.grid.order_cells`).
 
     ``jobs`` are the grid points as override lists; ``compose`` turns one into
     a config. Raises :class:`ConfigError` listing every invalid grid point.
@@ -108,43 +93,7 @@ def plan_cells(
         raise ConfigError(f"{len(unique)} invalid setting(s) in the sweep:\n  " + "\n  ".join(unique))
 
     cells = [(job, cell_from_config(cfg), int(cfg.engine_runs)) for job, cfg in composed]
-    baselines_by_overrides: dict[tuple[str, ...], Cell] = {}
-
-    def baseline_of(job: tuple[str, ...]) -> tuple[tuple[str, ...], Cell]:
-        # Overrides inside the method (method.alpha, method.draft, ...) and K do
-        # not exist in, or do not matter to, the baseline; many jobs share it.
-        kept = [o for o in job if _key(o) not in ("method", "num_speculative_tokens")
-                and not _key(o).startswith("method.")]
-        overrides = _replace(kept, method="baseline")
-        if overrides not in baselines_by_overrides:
-            baselines_by_overrides[overrides] = cell_from_config(compose(overrides))
-        return overrides, baselines_by_overrides[overrides]
-
-    planned: list[PlannedCell] = []
-    seen: set[str] = set()
-    for engine_run in range(max(runs for _, _, runs in cells)):
-        baselines, speculative = [], []
-        for job, cell, runs in cells:
-            if engine_run >= runs:
-                continue
-            item = PlannedCell(_replace(job, engine_run=engine_run), cell.in_engine_run(engine_run))
-            if cell.is_baseline:
-                baselines.append(item)
-                continue
-            speculative.append(item)
-            base_overrides, base = baseline_of(job)
-            baselines.append(PlannedCell(_replace(base_overrides, engine_run=engine_run), base.in_engine_run(engine_run)))
-        # Cells sharing an engine run back to back; the pool keeps it alive.
-        engine_rank: dict[Any, int] = {}
-        for item in speculative:
-            engine_rank.setdefault(item.cell.engine_spec(prepare=False), len(engine_rank))
-        speculative.sort(key=lambda p: engine_rank[p.cell.engine_spec(prepare=False)])
-        ordered = baselines + speculative if engine_run % 2 == 0 else speculative + baselines
-        for item in ordered:
-            if item.cell.cell_id not in seen:
-                seen.add(item.cell.cell_id)
-                planned.append(item)
-    return planned
+    return grid.order_cells(cells, lambda overrides: cell_from_config(compose(overrides)))
 
 
 def waves_line(planned: Sequence[PlannedCell]) -> str | None:
@@ -248,11 +197,10 @@ class CellSweeper(BasicSweeper):
         """Plan, validate, skip completed cells, and launch the rest."""
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        overrides = parser.parse_overrides(self._parse_config() + list(arguments))
-        jobs = self.split_arguments(overrides, None)[0]
+        jobs = grid.grid_points(parser, self.params, arguments)
         loader = self.hydra_context.config_loader
         try:
-            planned = plan_cells(jobs, lambda job: loader.load_sweep_config(self.config, list(job)))
+            planned = plan_cells(jobs, lambda point: loader.load_sweep_config(self.config, list(point)))
         except ConfigError as exc:
             refuse(exc)
 
@@ -270,20 +218,20 @@ class CellSweeper(BasicSweeper):
         # class imported here need not be the one the launcher was made from.
         in_process = type(self.launcher).__name__ == "BasicLauncher"
         if in_process:
-            run.PROGRESS = run.SweepProgress(len(todo))
+            job.PROGRESS = job.SweepProgress(len(todo))
         returns = []
         batch_size = self.max_batch_size or len(todo) or 1
         for start in range(0, len(todo), batch_size):
             batch = [list(p.overrides) for p in todo[start : start + batch_size]]
             results = self.launcher.launch(batch, initial_job_idx=start)
-            for job, result in zip(batch, results):
+            for point, result in zip(batch, results):
                 if result.status == JobStatus.FAILED:
                     # The job itself records cell failures; this is a failure around it.
-                    log.error("job %s failed outside the cell: %s", " ".join(job), result._return_value)
+                    log.error("job %s failed outside the cell: %s", " ".join(point), result._return_value)
             returns.append(results)
-        if in_process and run.PROGRESS is not None:
-            run.PROGRESS.close()
-            run.PROGRESS = None
+        if in_process and job.PROGRESS is not None:
+            job.PROGRESS.close()
+            job.PROGRESS = None
         return returns
 
 

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import pytest
 
-from specbench import engine, run
+from specbench import engine, job
 from specbench.cell import (
     WARMUP_MAX_TOKENS,
     CellPlan,
@@ -122,7 +122,7 @@ def test_spec_counters_difference_pads_per_position_lists():
     assert SpecCounters() - SpecCounters() == SpecCounters()
 
 
-# --- run._plan ---------------------------------------------------------------------------------------
+# --- job._plan ---------------------------------------------------------------------------------------
 
 
 class _Workload:
@@ -135,7 +135,7 @@ def test_plan_cycles_the_prompts_up_to_whole_batches(compose_cell):
 
     cell = cell_from_config(compose_cell(["batch_size=4", "workload.max_tokens=9", "repetitions=2",
                                           "method=controlled", "method.alpha=0.5"]))
-    made = run._plan(cell, _Workload(((1,), (2,), (3,), (4,), (5,))))
+    made = job._plan(cell, _Workload(((1,), (2,), (3,), (4,), (5,))))
     assert made.prompts == ((1,), (2,), (3,), (4,), (5,), (1,), (2,), (3,))
     assert (made.batch_size, made.max_tokens, made.repetitions, made.reference_pass) == (4, 9, 2, True)
 
@@ -217,9 +217,9 @@ def test_run_cell_records_a_timed_out_cell_as_failed_and_discards_the_engine(tmp
             Pool.discarded += 1
 
     cell = cell_from_config(compose_cell(["method=baseline"]))
-    monkeypatch.setattr(run, "_requests", lambda c: (_Workload(((1,),)), plan()))
-    monkeypatch.setattr(run, "_local_hardware", lambda: "CPU test")
-    outcome = run.run_cell(cell, tmp_path, engine_runs=1, timeout_s=5, pool=Pool())  # type: ignore[arg-type]
+    monkeypatch.setattr(job, "_requests", lambda c: (_Workload(((1,),)), plan()))
+    monkeypatch.setattr(job, "_local_hardware", lambda: "CPU test")
+    outcome = job.run_cell(cell, tmp_path, engine_runs=1, timeout_s=5, pool=Pool())  # type: ignore[arg-type]
     assert outcome.status == "failed" and "timed out after 5 s" in outcome.error
     assert Pool.discarded == 1
     row = read_rows(tmp_path / f"{cell.cell_id}.parquet")[0]

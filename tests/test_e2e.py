@@ -105,7 +105,7 @@ def test_terminal_shows_the_plan_and_cells_and_the_log_file_the_rest(sweep):
     assert not any(line.startswith(("INFO", "(EngineCore", "[20")) for line in terminal), terminal
     assert len(terminal) < 40, terminal
     text = log.read_text()
-    assert "vllm" in text.lower() and "specbench.run" in text
+    assert "vllm" in text.lower() and "specbench.job" in text
 
 
 def test_rerun_into_the_same_directory_resumes(sweep):

@@ -15,7 +15,8 @@ from specbench import models
 from specbench.analytic import acceptance, footprint, memory, profiles, speedup
 from specbench.config import ConfigError, batch_prompt_tokens, validate
 from specbench.engine import EngineMemory
-from specbench.analytic.plan import format_plan, make_plan
+from specbench.plan import format_plan, make_plan
+from specbench.results.rows import memory_columns
 from specbench.sweep import plan_cells, waves_line
 
 QWEN_7B = profiles.ModelProfile.from_config_json(
@@ -284,8 +285,8 @@ def _engine_memory(blocks: int, bytes_per_token: int = 46_080) -> EngineMemory:
     )
 
 
-def test_measured_columns() -> None:
-    row = memory.measured_columns(_engine_memory(364), longest_prompt=90, max_tokens=32, k=4)
+def test_memory_columns() -> None:
+    row = memory_columns(_engine_memory(364), request_tokens=footprint.request_kv_tokens(90, 32, 4, 128))
     assert row["kv_cache_tokens"] == 364 * 128
     assert row["kv_request_tokens"] == 128 and row["kv_requests_fit"] == 364
     assert row["peak_gpu_allocated_bytes"] is None and row["peak_rss_bytes"] == 4 * 10**9
@@ -324,7 +325,7 @@ def test_plan_prices_an_eagle_head_from_its_own_shapes_as_the_prediction_does() 
                       "num_speculative_tokens=4", "batch_size=1", "workload=creative"])
     (row,) = [r for r in rows if r.label.startswith("eagle3")]
     from specbench.analytic import acceptance, footprint, prediction, profiles, speedup
-    from specbench.analytic.plan import DEFAULT_ALPHA
+    from specbench.plan import DEFAULT_ALPHA
     target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
     head = prediction.drafter_profile(
         {"name": "eagle3", "speculative_config": {"model": "heads:smollm2-135m-instruct-eagle3"}}, target, "float32")

@@ -15,7 +15,7 @@ from specbench.config import cell_from_config
 from specbench.logs import LOG_FILE, TerminalFilter, redirect_output, sweep_log_file
 from specbench.results.files import CellFiles
 from specbench.results.metrics import measured_fields
-from specbench.run import cell_summary
+from specbench.job import cell_summary
 from specbench.sweep import describe_plan, engine_starts, plan_cells
 
 
@@ -58,7 +58,7 @@ def test_worker_output_is_appended_to_the_log_at_the_descriptor_level(tmp_path):
 
 
 def row(cell, wall: float, accepted: int) -> dict:
-    from specbench.run import current_provenance
+    from specbench.job import current_provenance
 
     # A stored row counts as complete only with this run's provenance (resume checks it).
     return {"cell_id": cell.cell_id, "status": "ok", "config_hash": cell.config_hash} | current_provenance(

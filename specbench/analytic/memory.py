@@ -25,9 +25,9 @@ cannot run at all (too big for the device, or KV cache below one request),
 naming the bytes needed and available and what to change. A batch whose
 requests each fit but not all at once is not refused: vLLM runs it in waves,
 and :func:`batch_waves` says so.
-:func:`measured_columns` turns an engine's :class:`~specbench.engine.EngineMemory`
-into row columns; :func:`annotate` adds, at merge time, the model's prediction
-beside them and each speculative cell's KV cost against its baseline.
+:func:`annotate` adds, at merge time, the model's prediction beside the
+measured memory columns (:func:`specbench.results.rows.memory_columns`) and
+each speculative cell's KV cost against its baseline.
 Pure Python: no vLLM.
 """
 
@@ -42,7 +42,6 @@ from typing import Any
 import yaml
 
 from specbench.analytic import footprint, prediction
-from specbench.engine import EngineMemory
 
 # Device memory a GPU engine holds outside the weights, activations and KV
 # cache (CUDA context, cuBLAS workspaces, NCCL, the sampler's buffers): of the
@@ -260,39 +259,6 @@ def checkpoint_weight_bytes(folder: str | Path, dtype: str) -> int | None:
     return total
 
 
-def measured_columns(
-    memory: EngineMemory,
-    *,
-    longest_prompt: int,
-    max_tokens: int,
-    k: int,
-    checkpoint_bytes: tuple[int | None, int | None] = (None, None),
-) -> dict[str, Any]:
-    """Row columns from an engine's memory; a request of the cell is its longest prompt plus max_tokens.
-
-    ``checkpoint_bytes`` (target, drafter) from :func:`checkpoint_weight_bytes`
-    replace the engine's parameter counts where known.
-    """
-    request = footprint.request_kv_tokens(longest_prompt, max_tokens, k, memory.kv_block_size)
-    target_bytes, drafter_bytes = checkpoint_bytes
-    return {
-        "target_weight_bytes": target_bytes if target_bytes is not None else memory.target_weight_bytes,
-        "drafter_weight_bytes": (drafter_bytes if drafter_bytes is not None and memory.drafter_weight_bytes
-                                 else memory.drafter_weight_bytes),
-        "kv_cache_blocks": memory.kv_cache_blocks,
-        "kv_block_size": memory.kv_block_size,
-        "kv_cache_tokens": memory.kv_cache_tokens,
-        "kv_bytes_per_token": memory.kv_bytes_per_token,
-        "kv_cache_bytes": memory.kv_cache_bytes,
-        "kv_request_tokens": request,
-        "kv_requests_fit": memory.kv_cache_tokens // request,
-        "peak_gpu_allocated_bytes": memory.peak_gpu_allocated_bytes,
-        "peak_gpu_reserved_bytes": memory.peak_gpu_reserved_bytes,
-        "gpu_used_bytes": memory.gpu_used_bytes,
-        "peak_rss_bytes": memory.peak_rss_bytes,
-    }
-
-
 def _config(row: Mapping[str, Any]) -> dict[str, Any]:
     try:
         return json.loads(row.get("config_json") or "{}")
@@ -362,7 +328,6 @@ __all__ = [
     "checkpoint_weight_bytes",
     "fit_problems",
     "heaviest_batch",
-    "measured_columns",
     "resolve_hardware",
     "step_tokens",
 ]

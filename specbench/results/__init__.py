@@ -7,6 +7,8 @@
   state around a measurement (other processes' CPU time, GPU clocks);
 - :mod:`~specbench.results.metrics`: one cell's measured columns from its
   repetitions and vLLM's counters;
+- :mod:`~specbench.results.rows`: the one row builder (a cell's identity,
+  provenance, measurement, engine and memory) and the one speedup computation;
 - :mod:`~specbench.results.merge`: a sweep's cell files into one row per
   cell, each speculative cell compared with its baseline and flagged where
   its numbers need care;

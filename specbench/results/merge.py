@@ -19,6 +19,7 @@ from specbench.results import exactness
 from specbench.results.files import CellFiles
 from specbench.results.metrics import REPETITIVE_SHARE, median_known
 from specbench.results.provenance import provenance_differences
+from specbench.results.rows import decode_speedup, speedup
 from specbench.results.schema import ResultsError, curve_key, read_rows
 
 # A speculative cell is flagged when at least this share of its outputs loop.
@@ -317,19 +318,15 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
             incomparable.append(f"{spec['cell_id']} against {base['cell_id']}: {'; '.join(differences)}")
             continue
         baseline_group = baseline_group or base.get("config_hash") or base["cell_id"]
-        ratios.append(base["wall_time_s"] / spec["wall_time_s"])
+        ratios.append(speedup(base, spec))
         if base.get("hardware") != spec.get("hardware"):
             reasons.append(f"baseline ran on {base.get('hardware')}, this cell on {spec.get('hardware')}")
         reasons += [
             reason for name, side in (("baseline", base), ("cell", spec))
             if (reason := _interference(f"engine run {side.get('engine_run')} {name}", side))
         ]
-        # Token-weighted mean TPOT: the ratio of total decode time. (A median
-        # request's TPOT is a latency; it moves with which request is median.)
-        # Rows written before tpot_s_mean existed fall back on the p50.
-        column = "tpot_s_mean" if base.get("tpot_s_mean") and spec.get("tpot_s_mean") else "tpot_s_p50"
-        if base.get(column) and spec.get(column):
-            decode_ratios.append(base[column] / spec[column])
+        if (decode := decode_speedup(base, spec)) is not None:
+            decode_ratios.append(decode)
         within.append(_within_noise(base, spec))
         found = references.classify(base, spec)
         if found is not None:

@@ -54,7 +54,7 @@ def provenance_differences(row: Mapping[str, Any], reference: Mapping[str, Any])
 
     Used both ways a stale measurement could slip in: a resumed sweep
     re-measures a stored cell that differs from the current run
-    (:func:`specbench.run.completed_row`), and the merge refuses to divide a
+    (:func:`specbench.job.completed_row`), and the merge refuses to divide a
     baseline by a speculative cell that differs from it. A value missing on
     one side counts as a difference ("not recorded").
     """

@@ -55,7 +55,7 @@ def run_naive(directory: Path, naive_dir: Path, extra: list[str]) -> tuple[float
 
     from specbench.config import cell_from_config
     from specbench.engine import EnginePool
-    from specbench.run import run_cell
+    from specbench.job import run_cell
 
     plan = json.loads((directory / "plan.json").read_text())
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""``python -m specbench.analytic.plan``: every cell of a grid with its predicted memory and speedup, no engine.
+"""``python -m specbench.plan``: every cell of a grid with its predicted memory and speedup, no engine.
 
 Takes the same overrides as ``python -m specbench`` (a preset, ``hardware=``,
 grid points such as ``batch_size=1,8``), composes each cell with Hydra's
@@ -8,7 +8,7 @@ per-token acceptance alpha (:func:`speedup.predicted_decode_speedup` with
 ``E(alpha, K)``), and whether grid validation would refuse it and why. It
 imports neither vLLM nor torch, so it answers in seconds on any machine:
 
-    python -m specbench.analytic.plan sweep=full_grid model=qwen2.5-7b-instruct-awq hardware=rtx4090
+    python -m specbench.plan sweep=full_grid model=qwen2.5-7b-instruct-awq hardware=rtx4090
 
 Exits 1 when some cell would be refused, 2 on a config error.
 """
@@ -23,14 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra import compose, initialize_config_module
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from specbench import methods
+from specbench import grid, methods
 from specbench.analytic import acceptance, footprint, memory, prediction, profiles, speedup
 from specbench.config import batch_prompt_tokens, validate
-from specbench.sweep import _key, _replace
 
 DEFAULT_ALPHA = 0.7
 
@@ -55,18 +53,14 @@ def grid_jobs(overrides: Sequence[str]) -> list[tuple[str, ...]]:
         cfg = compose("config", overrides=single, return_hydra_config=True)
     # No preset: the sweeper's params are empty (None or an empty node), and the grid is the overrides alone.
     params = cfg.hydra.sweeper.params
-    preset = [f"{k}={v}" for k, v in OmegaConf.to_container(params, resolve=False).items()] if params else []
-    parsed = parser.parse_overrides(preset + list(overrides))
-    return [tuple(job) for job in BasicSweeper.split_arguments(parsed, None)[0]]
+    return grid.grid_points(parser, OmegaConf.to_container(params, resolve=False) if params else {}, overrides)
 
 
 def with_baselines(jobs: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
     """The jobs plus the baseline each speculative job is compared with, once each (as the sweeper adds them)."""
     out: dict[tuple[str, ...], None] = {}
     for job in jobs:
-        kept = [o for o in job if _key(o) not in ("method", "num_speculative_tokens")
-                and not _key(o).startswith("method.")]
-        out.setdefault(_replace(kept, method="baseline"), None)
+        out.setdefault(grid.baseline_overrides(job), None)
     for job in jobs:
         out.setdefault(job, None)
     return list(out)
@@ -202,7 +196,7 @@ def _reason_class(problem: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print the plan of the grid the given Hydra overrides describe."""
     parser = argparse.ArgumentParser(
-        prog="python -m specbench.analytic.plan",
+        prog="python -m specbench.plan",
         description="Every cell of a sweep with its predicted memory and speedup; starts no engine.",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m specbench")

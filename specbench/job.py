@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from specbench import models
-from specbench.analytic import memory
-from specbench.cell import CellPlan, Measurement, SpecCounters
+from specbench.analytic import footprint, memory
+from specbench.cell import CellPlan, Measurement
 from specbench.config import Cell
-from specbench.engine import EngineError, EngineInfo, EnginePool, EngineSpec, describe_hardware
+from specbench.engine import EngineError, EnginePool, EngineSpec, describe_hardware
 from specbench.results.files import CellFiles
-from specbench.results.metrics import measured_fields, position_rates
+from specbench.results import rows
 from specbench.results.provenance import (
     CpuTimes,
     machine_state,
@@ -203,29 +203,30 @@ def _run_cell(
 
     started_at = now_iso()
     load_before = os.getloadavg()[0]
-    base = _identity_columns(cell, engine_runs) | static_provenance() | {"started_at": started_at}
+    provenance = static_provenance() | {"started_at": started_at}
     try:
         workload, plan = _requests(cell)
         worker = pool.get(cell.engine_spec(), engine_log)
         (measurement, engine_memory), shares = _least_disturbed(
             worker, plan, timeout_s, cell.config.get("attempts") or 1, cell_label(cell))
-        other_share = min((s for s in shares if s is not None), default=None)
-        memory_columns = memory.measured_columns(
-            engine_memory, longest_prompt=max(len(p) for p in plan.prompts),
-            max_tokens=plan.max_tokens, k=cell.k, checkpoint_bytes=_checkpoint_bytes(worker.spec),
-        )
+        # A request of the cell at its longest: its longest prompt plus max_tokens.
+        request_tokens = footprint.request_kv_tokens(
+            max(len(p) for p in plan.prompts), plan.max_tokens, cell.k, engine_memory.kv_block_size)
+        memory_columns = rows.memory_columns(
+            engine_memory, request_tokens=request_tokens, checkpoint_bytes=_checkpoint_bytes(worker.spec))
     except Exception as exc:  # noqa: BLE001 - a failed cell is data, not a crash
         if isinstance(exc, EngineError):
             pool.discard()
         error = f"{type(exc).__name__}: {exc}"
         log.error("%s failed: %s", cell.cell_id, error)
-        row = base | {"status": "failed", "error": error, "hardware": _hardware(None)}
+        row = rows.failed_row(cell, engine_runs, provenance, error=error, hardware=_local_hardware())
         files.write(row, [], [])
         return CellOutcome(cell.cell_id, "failed", error, f"{cell_label(cell)}: FAILED {error.splitlines()[0]}")
 
-    row = (base | _measured_columns(measurement, worker.info, workload, plan)
-           | machine_state(load_before) | memory_columns
-           | {"other_cpu_share": other_share, "attempts": len(shares), "other_cpu_share_per_attempt": shares})
+    row = rows.measured_row(
+        cell, engine_runs, provenance, measurement=measurement, info=worker.info, workload=workload, plan=plan,
+        machine=machine_state(load_before), memory=memory_columns, other_cpu_share_per_attempt=shares,
+    )
     files.write(row, measurement.token_ids, workload.prompt_ids)
     log.info(
         "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",
@@ -326,7 +327,7 @@ def _versus(
     (:mod:`specbench.results.exactness`); the merge adds the control of other
     batch sizes, so a mismatch here may still turn out a tie there.
     """
-    speedup = f"{base['wall_time_s'] / spec['wall_time_s']:.2f}x"
+    speedup = f"{rows.speedup(base, spec):.2f}x"
     mine, theirs = spec_files.read_tokens(), base_files.read_tokens()
     if mine is None or theirs is None:
         return speedup, None
@@ -343,15 +344,15 @@ def _versus(
 
 def _rows_against(cells_dir: Path, baseline: Cell) -> list[dict[str, Any]]:
     """Measured speculative rows of the baseline's engine run that compare against it."""
-    rows = []
+    against = []
     for path in sorted(cells_dir.glob(f"*-r{baseline.engine_run}.parquet")):
         try:
             row = read_rows(path)[0]
         except (ResultsError, IndexError):
             continue
         if row.get("baseline_cell_id") == baseline.cell_id and row.get("status") == "ok":
-            rows.append(row)
-    return rows
+            against.append(row)
+    return against
 
 
 def _checkpoint_bytes(spec: EngineSpec) -> tuple[int | None, int | None]:
@@ -380,82 +381,6 @@ def _plan(cell: Cell, workload: Workload) -> CellPlan:
         # in a dtype whose near-ties can flip it records its top-two margins.
         tie_tolerance=tie_tolerance(cell.identity["engine"]["dtype"]) if cell.is_baseline else None,
     )
-
-
-def _identity_columns(cell: Cell, engine_runs: int) -> dict[str, Any]:
-    engine = cell.identity["engine"]
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "cell_id": cell.cell_id,
-        "baseline_cell_id": None if cell.is_baseline else cell.baseline().cell_id,
-        "model": cell.identity["model"]["name"],
-        "method": cell.method,
-        "num_speculative_tokens": cell.k,
-        "batch_size": cell.batch_size,
-        "workload": cell.workload["name"],
-        "engine_run": cell.engine_run,
-        "engine_runs": engine_runs,
-        "repetitions": cell.identity["repetitions"],
-        "dtype": engine["dtype"],
-        "enable_prefix_caching": engine["enable_prefix_caching"],
-        "enforce_eager": engine["enforce_eager"],
-        "max_model_len": engine["max_model_len"],
-        "seed": cell.identity["seed"],
-        "workload_source": cell.workload["source"],
-        "config_hash": cell.config_hash,
-        "config_json": json.dumps(cell.config, sort_keys=True),
-    }
-
-
-def _measured_columns(
-    m: Measurement, info: EngineInfo, workload: Workload, plan: CellPlan
-) -> dict[str, Any]:
-    raw = m.counters
-    # What reached the output: vLLM counts drafts accepted past an output's end.
-    c = raw - SpecCounters(accepted_tokens=m.truncated_accepted, accepted_per_pos=m.truncated_per_pos)
-    return measured_fields(
-        rep_wall_s=m.rep_wall_s,
-        rep_output_tokens=m.rep_output_tokens,
-        num_requests=len(plan.prompts),
-        drafts=c.drafts,
-        draft_tokens=c.draft_tokens,
-        accepted_tokens=c.accepted_tokens,
-        accepted_per_pos=c.accepted_per_pos,
-        drafted_per_pos=c.drafted_per_pos,
-        ttft_s=m.ttft_s,
-        tpot_s=m.tpot_s,
-        e2e_s=m.e2e_s,
-        request_acceptance=m.request_acceptance,
-        request_decode_passes=m.request_decode_passes,
-        token_ids=m.token_ids,
-        decode_s=m.decode_s,
-        decode_tokens=m.decode_tokens,
-    ) | {
-        "reached_concurrency": m.reached_concurrency,
-        "raw_accepted_tokens": raw.accepted_tokens,
-        "raw_acceptance_length": 1.0 + raw.accepted_tokens / raw.drafts if raw.drafts else 1.0,
-        "raw_acceptance_rate_per_pos": position_rates(raw.accepted_per_pos, raw.drafted_per_pos, raw.drafts),
-        "top2_margins": m.top2_margins or None,
-        "near_tie_tokens": m.near_tie_tokens or None,
-        "status": "ok",
-        "num_requests": len(plan.prompts),
-        "prompt_tokens": m.prompt_tokens,
-        "outputs_stable": m.outputs_stable,
-        "warmup_s": m.warmup_s,
-        "engine_start_s": info.start_s,
-        "vllm_version": info.vllm_version,
-        "torch_version": info.torch_version,
-        "transformers_version": info.transformers_version,
-        "hardware": _hardware(info),
-        "workload_fingerprint": workload.source_fingerprint,
-        "requests_fingerprint": plan.fingerprint,
-        "prompt_ids": workload.prompt_ids,
-        "skipped_too_long": workload.skipped_too_long,
-    }
-
-
-def _hardware(info: EngineInfo | None) -> str:
-    return info.hardware if info is not None else _local_hardware()
 
 
 @lru_cache(maxsize=1)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from specbench import run
+from specbench import job
 from specbench.results.provenance import CpuTimes
 
 
@@ -55,30 +55,30 @@ class _SleepingWorker:
 
 
 def test_a_cell_disturbed_by_a_real_busy_process_is_measured_again_and_the_least_disturbed_kept(monkeypatch):
-    monkeypatch.setattr(run, "DISTURBED_WAIT_S", 0.0)
+    monkeypatch.setattr(job, "DISTURBED_WAIT_S", 0.0)
     # A real competing process spinning on a core during the first attempt: the
     # disturbance is caused, not mocked. Later attempts see whatever else this
     # machine runs, so the test asserts the rule, not a quiet machine.
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     time.sleep(0.2)
     worker = _SleepingWorker(busy)
-    kept, shares = run._least_disturbed(worker, None, None, 3, "ngram K=4 batch 1 summarize engine run 0")
-    assert shares[0] > run.DISTURBED_SHARE
+    kept, shares = job._least_disturbed(worker, None, None, 3, "ngram K=4 batch 1 summarize engine run 0")
+    assert shares[0] > job.DISTURBED_SHARE
     assert worker.calls == len(shares) >= 2
-    assert all(s > run.DISTURBED_SHARE for s in shares[:-1])  # it stops at the first quiet attempt
+    assert all(s > job.DISTURBED_SHARE for s in shares[:-1])  # it stops at the first quiet attempt
     kept_attempt = shares.index(min(shares)) + 1
     assert kept == (f"measurement {kept_attempt}", f"memory after {kept_attempt}")
     once = _SleepingWorker(None)
-    assert run._least_disturbed(once, None, None, 1, "one attempt allowed")[0][0] == "measurement 1"
+    assert job._least_disturbed(once, None, None, 1, "one attempt allowed")[0][0] == "measurement 1"
     assert once.calls == 1
 
 
 def test_the_terminal_line_says_how_often_a_cell_was_measured():
     row = {"other_cpu_share_per_attempt": [0.39, 0.35, 0.04], "other_cpu_share": 0.04}
-    assert run._attempts_note(row) == "measured 3 times: others took 39%, 35%, 4% of the cores; kept 4%"
+    assert job._attempts_note(row) == "measured 3 times: others took 39%, 35%, 4% of the cores; kept 4%"
     still = {"other_cpu_share_per_attempt": [0.4, 0.3], "other_cpu_share": 0.3}
-    assert run._attempts_note(still).endswith("kept 30% (still disturbed)")
-    assert run._attempts_note({"other_cpu_share_per_attempt": [0.0]}) is None
+    assert job._attempts_note(still).endswith("kept 30% (still disturbed)")
+    assert job._attempts_note({"other_cpu_share_per_attempt": [0.0]}) is None
 
 
 # --- resume: a stored row must have been measured the way this run would measure it --------------
@@ -97,28 +97,31 @@ class _CharTokenizer:
 @pytest.fixture
 def resumable(tmp_path, compose_cell, monkeypatch):
     """A cell over a jsonl prompt file, and a stored ok row that matches this run exactly."""
-    from specbench import run
+    from specbench import job
     from specbench.config import cell_from_config
+    from specbench.workloads import tokens
     from specbench.results.files import CellFiles
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "a", "prompt": "one"}\n{"id": "b", "prompt": "two"}\n')
-    monkeypatch.setattr(run, "_tokenizer", lambda path: _CharTokenizer())
-    monkeypatch.setattr(run.models, "resolve", lambda ref, prepare=True: "unused")
-    # A cache of its own, dropped after the test: workloads tokenized by the fake never leak out.
-    monkeypatch.setattr(run, "_workload", functools.lru_cache(maxsize=16)(run._workload.__wrapped__))
+    monkeypatch.setattr(job, "_tokenizer", lambda path: _CharTokenizer())
+    monkeypatch.setattr(job.models, "resolve", lambda ref, prepare=True: "unused")
+    # Caches of their own, dropped after the test: workloads tokenized by the fake, and the
+    # "no tokenizer on disk" that the faked resolve gives, never leak into later tests.
+    monkeypatch.setattr(job, "_workload", functools.lru_cache(maxsize=16)(job._workload.__wrapped__))
+    monkeypatch.setattr(tokens, "local_tokenizer", functools.lru_cache(maxsize=8)(tokens.local_tokenizer.__wrapped__))
     cell = cell_from_config(compose_cell([
         "workload.source=jsonl", f"workload.path={prompts}", "workload.num_prompts=2",
         "workload.chat_template=false", "method=baseline",
     ]))
     files = CellFiles(tmp_path / "cells", cell.cell_id)
-    row = {"cell_id": cell.cell_id, "status": "ok", "config_hash": cell.config_hash} | run.current_provenance(cell)
+    row = {"cell_id": cell.cell_id, "status": "ok", "config_hash": cell.config_hash} | job.current_provenance(cell)
     files.write(row, [], [])
     return cell, files, row, prompts
 
 
 def test_resume_reuses_a_row_measured_by_this_exact_setup(resumable):
-    from specbench.run import completed_row
+    from specbench.job import completed_row
 
     cell, files, _, _ = resumable
     assert completed_row(files, cell) is not None
@@ -130,7 +133,7 @@ def test_resume_reuses_a_row_measured_by_this_exact_setup(resumable):
 )
 def test_resume_measures_again_a_row_from_another_schema_or_software(resumable, caplog, column, stored):
     from specbench.results.files import CellFiles
-    from specbench.run import completed_row
+    from specbench.job import completed_row
 
     cell, files, row, _ = resumable
     CellFiles(files.cells_dir, cell.cell_id).write(row | {column: stored}, [], [])
@@ -140,12 +143,12 @@ def test_resume_measures_again_a_row_from_another_schema_or_software(resumable, 
 
 
 def test_resume_measures_again_after_the_prompt_file_changed(resumable, caplog):
-    from specbench import run
-    from specbench.run import completed_row
+    from specbench import job
+    from specbench.job import completed_row
 
     cell, files, _, prompts = resumable
     prompts.write_text('{"id": "a", "prompt": "one!"}\n{"id": "b", "prompt": "two"}\n')
-    run._workload.cache_clear()  # a new process, as a resumed sweep is
+    job._workload.cache_clear()  # a new process, as a resumed sweep is
     with caplog.at_level("WARNING"):
         assert completed_row(files, cell) is None
     assert "workload_fingerprint" in caplog.text and "requests_fingerprint" in caplog.text
@@ -155,7 +158,7 @@ def test_remeasure_flagged_measures_again_disturbed_rows_and_cells_the_last_merg
     from dataclasses import replace
 
     from specbench.results.files import write_results
-    from specbench.run import completed_row
+    from specbench.job import completed_row
 
     cell, files, row, _ = resumable
     again = replace(cell, config=dict(cell.config, remeasure="flagged"))
