@@ -526,12 +526,12 @@ def _measure_grid(
     worker: Any, points: Sequence[GridPoint], stream: Sequence[int], max_tokens: int, rounds: int,
     describe: Callable[[Any], str],
 ) -> dict[GridPoint, list[Any]]:
-    """Every point's :class:`~specbench.cell.Measurement` in each of ``rounds`` passes over the grid.
+    """Every point's :class:`~specbench.measure.Measurement` in each of ``rounds`` passes over the grid.
 
     The first batch of the first round is warmed up; each measurement prints
     one line, ``describe`` saying what it measured.
     """
-    from specbench.cell import CellPlan
+    from specbench.measure import CellPlan
 
     measured: dict[GridPoint, list[Any]] = {p: [] for p in points}
     for round_index in range(rounds):

@@ -8,7 +8,7 @@ never the sweep; all memory an engine held comes back when its process exits
 cannot happen. Cells that share an :class:`EngineSpec` reuse one worker
 through :class:`EnginePool`.
 
-The worker runs :func:`specbench.cell.measure` itself, so the timed region
+The worker runs :func:`specbench.measure.measure` itself, so the timed region
 contains only vLLM calls, never inter-process traffic. Workers are forked from
 a fork server that has imported vLLM once (:func:`worker_context`), so an
 engine start costs building the engine, not importing vLLM again.
@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Sequence
 
-from specbench.cell import CellPlan, GeneratedRequest, Measurement, SpecCounters, TopTokens
+from specbench.measure import CellPlan, GeneratedRequest, Measurement, SpecCounters, TopTokens
 from specbench.environ import patched_environ
 
 # Sent to a worker instead of a CellPlan: asks for its EngineMemory.
@@ -365,7 +365,7 @@ def _count_cut_tokens() -> None:
 
 
 class VllmEngine:
-    """A vLLM ``LLM`` with the :class:`specbench.cell.Generator` interface."""
+    """A vLLM ``LLM`` with the :class:`specbench.measure.Generator` interface."""
 
     def __init__(self, spec: EngineSpec) -> None:
         from vllm import LLM
@@ -664,7 +664,7 @@ def _serve(
         redirect_output(log_path)  # before vLLM is imported: its log handler writes to stdout
     from tqdm import tqdm
 
-    from specbench.cell import measure
+    from specbench.measure import measure
 
     try:
         start = time.perf_counter()

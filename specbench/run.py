@@ -21,7 +21,7 @@ from typing import Any
 
 from specbench import models
 from specbench.analytic import memory
-from specbench.cell import CellPlan, Measurement, SpecCounters
+from specbench.measure import CellPlan, Measurement, SpecCounters
 from specbench.config import Cell
 from specbench.engine import EngineError, EngineInfo, EnginePool, EngineSpec, describe_hardware
 from specbench.results.files import CellFiles

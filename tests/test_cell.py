@@ -1,4 +1,4 @@
-"""The measurement core without vLLM: the protocol of cell.measure, counter arithmetic, the
+"""The measurement core without vLLM: the protocol of measure.measure, counter arithmetic, the
 request plan, engine reuse and the timeout path, against fakes that follow the real interfaces."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Sequence
 import pytest
 
 from specbench import engine, run
-from specbench.cell import (
+from specbench.measure import (
     WARMUP_MAX_TOKENS,
     CellPlan,
     GeneratedRequest,
