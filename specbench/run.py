@@ -23,7 +23,7 @@ from specbench import models
 from specbench.analytic import memory
 from specbench.measure import CellPlan, Measurement, SpecCounters
 from specbench.config import Cell
-from specbench.engine import EngineError, EngineInfo, EnginePool, EngineSpec, describe_hardware
+from specbench.engine import EngineError, EngineInfo, EnginePool, EngineSpec, describe_machine
 from specbench.results.files import CellFiles
 from specbench.results.metrics import measured_fields, position_rates
 from specbench.results.provenance import (
@@ -219,7 +219,7 @@ def _run_cell(
             pool.discard()
         error = f"{type(exc).__name__}: {exc}"
         log.error("%s failed: %s", cell.cell_id, error)
-        row = base | {"status": "failed", "error": error, "hardware": _hardware(None)}
+        row = base | {"status": "failed", "error": error, "machine": _machine(None)}
         files.write(row, [], [])
         return CellOutcome(cell.cell_id, "failed", error, f"{cell_label(cell)}: FAILED {error.splitlines()[0]}")
 
@@ -446,7 +446,7 @@ def _measured_columns(
         "vllm_version": info.vllm_version,
         "torch_version": info.torch_version,
         "transformers_version": info.transformers_version,
-        "hardware": _hardware(info),
+        "machine": _machine(info),
         "workload_fingerprint": workload.source_fingerprint,
         "requests_fingerprint": plan.fingerprint,
         "prompt_ids": workload.prompt_ids,
@@ -454,13 +454,13 @@ def _measured_columns(
     }
 
 
-def _hardware(info: EngineInfo | None) -> str:
-    return info.hardware if info is not None else _local_hardware()
+def _machine(info: EngineInfo | None) -> str:
+    return info.machine if info is not None else _local_machine()
 
 
 @lru_cache(maxsize=1)
-def _local_hardware() -> str:
-    return describe_hardware()
+def _local_machine() -> str:
+    return describe_machine()
 
 
 @lru_cache(maxsize=4)

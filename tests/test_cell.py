@@ -218,7 +218,7 @@ def test_run_cell_records_a_timed_out_cell_as_failed_and_discards_the_engine(tmp
 
     cell = cell_from_config(compose_cell(["method=baseline"]))
     monkeypatch.setattr(run, "_requests", lambda c: (_Workload(((1,),)), plan()))
-    monkeypatch.setattr(run, "_local_hardware", lambda: "CPU test")
+    monkeypatch.setattr(run, "_local_machine", lambda: "CPU test")
     outcome = run.run_cell(cell, tmp_path, engine_runs=1, timeout_s=5, pool=Pool())  # type: ignore[arg-type]
     assert outcome.status == "failed" and "timed out after 5 s" in outcome.error
     assert Pool.discarded == 1

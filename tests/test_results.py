@@ -190,7 +190,7 @@ def test_interference_is_other_processes_cpu_not_the_engines_own_load(tmp_path):
 
 
 def test_baseline_on_other_hardware_is_flagged(tmp_path):
-    ids = write_pair(tmp_path, "a", 2.0, 1.0, 0, hardware="1x H200")
+    ids = write_pair(tmp_path, "a", 2.0, 1.0, 0, machine="1x H200")
     row = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
     assert row["flagged"] and "this cell on 1x H200" in row["flag_reasons"][0]
 

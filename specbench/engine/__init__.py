@@ -130,7 +130,7 @@ class EngineError(RuntimeError):
 class EngineInfo:
     """What a started engine reports about itself (provenance and cost)."""
 
-    hardware: str
+    machine: str
     vllm_version: str
     torch_version: str
     transformers_version: str
@@ -300,7 +300,7 @@ class EnginePool:
             worker.close()
 
 
-def describe_hardware() -> str:
+def describe_machine() -> str:
     """GPU name and count, or CPU model and core count.
 
     Each worker reports it in its :class:`EngineInfo`; the sweep process reads
@@ -330,5 +330,5 @@ __all__ = [
     "EnginePool",
     "EngineSpec",
     "EngineWorker",
-    "describe_hardware",
+    "describe_machine",
 ]

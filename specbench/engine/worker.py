@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Sequence
 
-from specbench.engine import MEMORY_REQUEST, EngineInfo, EngineMemory, EngineSpec, describe_hardware
+from specbench.engine import MEMORY_REQUEST, EngineInfo, EngineMemory, EngineSpec, describe_machine
 from specbench.measure import GeneratedRequest, SpecCounters, TopTokens
 
 # Drafts that reached each position, counted in this worker. vLLM counts them
@@ -377,7 +377,7 @@ def serve(
         import vllm
 
         info = EngineInfo(
-            hardware=describe_hardware(),
+            machine=describe_machine(),
             vllm_version=vllm.__version__,
             torch_version=torch.__version__,
             transformers_version=transformers.__version__,
