@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                              [t for m in measured[p] for t in m.rep_output_tokens]) for p in points]
         pairs += [prefill_sample(p, [m.ttft_s for m in measured[p]]) for p in points]
         profile, records = fit([s for s, _ in pairs], [r for _, r in pairs], model,
-                               args.name or _slug(worker.info.hardware))
+                               args.name or _slug(worker.info.machine))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = profile_document(
         profile, records,
         model={"name": model_cfg["name"], "path": model_cfg["path"], "dtype": dtype},
-        device=worker.info.hardware, measured_at=measured_at,
+        device=worker.info.machine, measured_at=measured_at,
         vllm_version=worker.info.vllm_version,
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": overrides},
@@ -526,12 +526,12 @@ def _measure_grid(
     worker: Any, points: Sequence[GridPoint], stream: Sequence[int], max_tokens: int, rounds: int,
     describe: Callable[[Any], str],
 ) -> dict[GridPoint, list[Any]]:
-    """Every point's :class:`~specbench.cell.Measurement` in each of ``rounds`` passes over the grid.
+    """Every point's :class:`~specbench.measure.Measurement` in each of ``rounds`` passes over the grid.
 
     The first batch of the first round is warmed up; each measurement prints
     one line, ``describe`` saying what it measured.
     """
-    from specbench.cell import CellPlan
+    from specbench.measure import CellPlan
 
     measured: dict[GridPoint, list[Any]] = {p: [] for p in points}
     for round_index in range(rounds):

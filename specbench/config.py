@@ -78,8 +78,8 @@ class EngineSchema:
 
 
 @dataclass
-class CellSchema:
-    """Types of a cell's top-level keys, checked by Hydra when it composes.
+class ConfigSchema:
+    """Types of the whole config's top-level keys (one cell's), checked by Hydra when it composes.
 
     Registered as ``specbench_schema`` and first in conf/config.yaml's
     defaults, so ``batch_size=four``, a misspelt key or a missing one is
@@ -107,7 +107,7 @@ class CellSchema:
     engine: EngineSchema = field(default_factory=EngineSchema)
 
 
-ConfigStore.instance().store(name="specbench_schema", node=CellSchema)
+ConfigStore.instance().store(name="specbench_schema", node=ConfigSchema)
 
 
 # remeasure=: which stored cells a resume measures again (null: none, it only fills in).

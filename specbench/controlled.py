@@ -19,7 +19,7 @@ unconditional acceptance rate of draft position i (1-based) is alpha^i and
 the acceptance length is E(alpha, K). The target still decides every token:
 output stays identical to plain decoding.
 
-The protocol inside one cell (see ``specbench.cell.measure``):
+The protocol inside one cell (see ``specbench.measure.measure``):
 
 1. ``reference_pass``: every batch is decoded plainly with drafting paused,
    K tokens beyond ``max_tokens`` so that drafts near the end still have

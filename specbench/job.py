@@ -21,9 +21,9 @@ from typing import Any
 
 from specbench import models
 from specbench.analytic import footprint, memory
-from specbench.cell import CellPlan, Measurement
+from specbench.measure import CellPlan, Measurement
 from specbench.config import Cell
-from specbench.engine import EngineError, EnginePool, EngineSpec, describe_hardware
+from specbench.engine import EngineError, EnginePool, EngineSpec, describe_machine
 from specbench.results.files import CellFiles
 from specbench.results import rows
 from specbench.results.provenance import (
@@ -219,7 +219,7 @@ def _run_cell(
             pool.discard()
         error = f"{type(exc).__name__}: {exc}"
         log.error("%s failed: %s", cell.cell_id, error)
-        row = rows.failed_row(cell, engine_runs, provenance, error=error, hardware=_local_hardware())
+        row = rows.failed_row(cell, engine_runs, provenance, error=error, machine=_local_machine())
         files.write(row, [], [])
         return CellOutcome(cell.cell_id, "failed", error, f"{cell_label(cell)}: FAILED {error.splitlines()[0]}")
 
@@ -384,8 +384,8 @@ def _plan(cell: Cell, workload: Workload) -> CellPlan:
 
 
 @lru_cache(maxsize=1)
-def _local_hardware() -> str:
-    return describe_hardware()
+def _local_machine() -> str:
+    return describe_machine()
 
 
 @lru_cache(maxsize=4)

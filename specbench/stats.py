@@ -28,8 +28,8 @@ import numpy as np
 
 __all__ = [
     "NO_INTERVAL",
+    "EngineRunSpread",
     "EngineRunSummary",
-    "PassSpread",
     "SpeedupInterval",
     "Summary",
     "WithinNoise",
@@ -272,7 +272,7 @@ def student_t_quantile(p: float, df: int) -> float:
 
 
 @dataclass(frozen=True)
-class PassSpread:
+class EngineRunSpread:
     """Engine-to-engine spread of log speedups, pooled over a sweep's cells.
 
     ``sd`` estimates the standard deviation of one engine run's log ratio (a
@@ -287,7 +287,7 @@ class PassSpread:
 
 def pooled_engine_run_spread(
     ratios_by_cell: Sequence[Sequence[float]], groups: Sequence[Hashable] | None = None
-) -> PassSpread:
+) -> EngineRunSpread:
     """Pool the engine-to-engine variance of log ratios over every cell with two or more engine runs.
 
     A cell's engine runs differ because each uses fresh engines on a machine
@@ -336,7 +336,7 @@ def pooled_engine_run_spread(
             squares += sum(float(np.sum((c - c.mean()) ** 2)) for c in cells) * max(c.size - 1 for c in cells) / sum(
                 c.size - 1 for c in cells)
             df += max(c.size - 1 for c in cells)
-    return PassSpread(sd=math.sqrt(squares / df) if df else 0.0, df=df)
+    return EngineRunSpread(sd=math.sqrt(squares / df) if df else 0.0, df=df)
 
 
 @dataclass(frozen=True)
@@ -374,7 +374,7 @@ NO_INTERVAL = "none: one engine run of one repetition"
 
 def speedup_interval(
     ratios: Sequence[float],
-    spread: PassSpread,
+    spread: EngineRunSpread,
     within: WithinNoise | None,
     *,
     confidence: float = 0.95,

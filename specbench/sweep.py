@@ -45,7 +45,7 @@ from specbench.analytic import memory
 from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, refuse, validate
 from specbench.logs import LOG_FILE
 from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep
-from specbench.cell import WARMUP_MAX_TOKENS
+from specbench.measure import WARMUP_MAX_TOKENS
 from specbench.grid import PlannedCell
 from specbench.results.files import CellFiles, write_results
 from specbench.results.merge import merge

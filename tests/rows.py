@@ -121,7 +121,7 @@ def make_row(
         "torch_version": "2.13.0+cpu",
         "transformers_version": "5.19.0",
         "python_version": "3.11.7",
-        "hardware": "CPU AMD EPYC (2 cores)",
+        "machine": "CPU AMD EPYC (2 cores)",
         "host": "vm",
         "started_at": f"2026-11-29T11:{10 + batch:02d}:00+00:00",
         "prompt_ids": ["summarize-001", "summarize-002"],

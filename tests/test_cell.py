@@ -1,4 +1,4 @@
-"""The measurement core without vLLM: the protocol of cell.measure, counter arithmetic, the
+"""The measurement core without vLLM: the protocol of measure.measure, counter arithmetic, the
 request plan, engine reuse and the timeout path, against fakes that follow the real interfaces."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Sequence
 import pytest
 
 from specbench import engine, job
-from specbench.cell import (
+from specbench.measure import (
     WARMUP_MAX_TOKENS,
     CellPlan,
     GeneratedRequest,
@@ -218,7 +218,7 @@ def test_run_cell_records_a_timed_out_cell_as_failed_and_discards_the_engine(tmp
 
     cell = cell_from_config(compose_cell(["method=baseline"]))
     monkeypatch.setattr(job, "_requests", lambda c: (_Workload(((1,),)), plan()))
-    monkeypatch.setattr(job, "_local_hardware", lambda: "CPU test")
+    monkeypatch.setattr(job, "_local_machine", lambda: "CPU test")
     outcome = job.run_cell(cell, tmp_path, engine_runs=1, timeout_s=5, pool=Pool())  # type: ignore[arg-type]
     assert outcome.status == "failed" and "timed out after 5 s" in outcome.error
     assert Pool.discarded == 1

@@ -163,7 +163,7 @@ def test_real_engine_accepts_at_the_controlled_rate():
     """vLLM loads the proposer, output stays the same, and AL orders 0.5 < 0.7 < 0.9 near E(alpha, 4)."""
     from transformers import AutoTokenizer
 
-    from specbench.cell import CellPlan
+    from specbench.measure import CellPlan
     from specbench.engine import EngineSpec, EngineWorker
     from specbench.models import resolve
 

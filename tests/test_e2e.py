@@ -44,7 +44,7 @@ def results(sweep):
 CONTRACT = [
     "method", "num_speculative_tokens", "batch_size", "workload", "model", "status", "error", "output_tokens",
     "wall_time_s", "tokens_per_s", "acceptance_length", "acceptance_rate_per_pos", "speedup", "exact_match",
-    "schema_version", "specbench_version", "vllm_version", "torch_version", "python_version", "hardware",
+    "schema_version", "specbench_version", "vllm_version", "torch_version", "python_version", "machine",
     "config_json",
 ]
 
@@ -54,7 +54,7 @@ def test_results_have_the_contract_columns_and_one_file_per_cell(sweep, results)
     assert (results["status"] == "ok").all()
     cell_files = [p for p in (sweep[0] / "cells").glob("*.parquet") if not p.name.endswith(".tokens.parquet")]
     assert len(cell_files) == len(results) == 6
-    assert results["vllm_version"].str.len().gt(0).all() and results["hardware"].str.len().gt(0).all()
+    assert results["vllm_version"].str.len().gt(0).all() and results["machine"].str.len().gt(0).all()
 
 
 def test_baseline_is_measured_once_per_batch_size(results):

@@ -178,7 +178,7 @@ def test_remeasure_flagged_measures_again_disturbed_rows_and_cells_the_last_merg
 
 
 def test_requests_fingerprint_covers_prompt_tokens_and_max_tokens():
-    from specbench.cell import CellPlan
+    from specbench.measure import CellPlan
 
     plan = CellPlan(prompts=((1, 2), (3,)), batch_size=1, max_tokens=8, repetitions=1)
     same = CellPlan(prompts=((1, 2), (3,)), batch_size=2 - 1, max_tokens=8, repetitions=3, warmup=False)

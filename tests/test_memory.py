@@ -425,7 +425,7 @@ def test_checkpoint_weight_bytes_counts_floats_at_the_run_dtype(tmp_path) -> Non
 
 
 def test_peak_reset_reports_whether_the_kernel_took_it(tmp_path) -> None:
-    from specbench.engine import _reset_peak_rss
+    from specbench.engine.worker import _reset_peak_rss
 
     target = tmp_path / "clear_refs"
     assert _reset_peak_rss(str(target)) is True and target.read_text() == "5"
@@ -439,7 +439,7 @@ def _high_water_mark() -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="no /proc/self/clear_refs (not Linux)")
 def test_clear_refs_resets_this_process_high_water_mark() -> None:
-    from specbench.engine import _reset_peak_rss
+    from specbench.engine.worker import _reset_peak_rss
 
     block = bytearray(256 * 2**20)
     block[:: 4096] = b"\1" * len(block[:: 4096])  # touch every page: resident
@@ -466,7 +466,7 @@ def _engine_without_vllm(monkeypatch, cuda: _FakeCuda):
     import sys
     import types
 
-    from specbench import engine as engine_module
+    from specbench.engine import worker as engine_module
 
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     engine = object.__new__(engine_module.VllmEngine)

@@ -288,7 +288,7 @@ def test_default_step_budget_follows_vllms_default_for_the_hardware_the_row_ran_
     # A GPU row left at vLLM's default is priced with 16384-token prefill steps, not the CPU's 4096.
     target, _ = checkpoints
     row = _row(target, batch=32, tokens_per_pass=3.0)
-    cpu, gpu = prediction.annotate([row, dict(row, hardware="1x NVIDIA H200")], CHOICE)
+    cpu, gpu = prediction.annotate([row, dict(row, machine="1x NVIDIA H200")], CHOICE)
     profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     context = PROMPT_LEN + OUTPUT_LEN / 2
     plain = (OUTPUT_LEN - 1) * steps.plain_decode_step(profile, HW, 32, context)

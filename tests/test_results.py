@@ -190,7 +190,7 @@ def test_interference_is_other_processes_cpu_not_the_engines_own_load(tmp_path):
 
 
 def test_baseline_on_other_hardware_is_flagged(tmp_path):
-    ids = write_pair(tmp_path, "a", 2.0, 1.0, 0, hardware="1x H200")
+    ids = write_pair(tmp_path, "a", 2.0, 1.0, 0, machine="1x H200")
     row = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
     assert row["flagged"] and "this cell on 1x H200" in row["flag_reasons"][0]
 
@@ -249,7 +249,7 @@ def test_merged_columns_describe_every_pass_not_pass_0(tmp_path):
     for p, extra in enumerate([fast, slow, fast]):
         ids += write_pair(tmp_path, "a", 2.0, 1.0 + p / 10, p, **extra)
     spec = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
-    # Pass 0 alone would say: stable, ttft 0.1, no loops, ...
+    # Engine run 0 alone would say: stable, ttft 0.1, no loops, ...
     assert spec["outputs_stable"] is False
     assert spec["ttft_s_p50"] == 0.1 and spec["tpot_s_p90"] == 0.01  # median over the 3 engine runs
     assert spec["tpot_s_mean"] == pytest.approx((0.01 + 0.03 + 0.01) / 3)

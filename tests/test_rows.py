@@ -36,8 +36,8 @@ def test_the_merge_reports_the_speedup_the_terminal_line_shows(tmp_path: Path):
 
 def test_a_failed_row_is_the_cells_identity_provenance_and_error(compose_cell):
     cell = cell_from_config(compose_cell(["method=ngram"]))
-    row = rows.failed_row(cell, 2, {"git_commit": "abc", "started_at": "then"}, error="E: x", hardware="CPU")
+    row = rows.failed_row(cell, 2, {"git_commit": "abc", "started_at": "then"}, error="E: x", machine="CPU")
     assert row["cell_id"] == cell.cell_id and row["baseline_cell_id"] == cell.baseline().cell_id
     assert row["engine_runs"] == 2 and row["config_hash"] == cell.config_hash
-    assert list(row)[-5:] == ["git_commit", "started_at", "status", "error", "hardware"]
-    assert (row["status"], row["error"], row["hardware"]) == ("failed", "E: x", "CPU")
+    assert list(row)[-5:] == ["git_commit", "started_at", "status", "error", "machine"]
+    assert (row["status"], row["error"], row["machine"]) == ("failed", "E: x", "CPU")

@@ -9,7 +9,7 @@ import pytest
 
 from specbench.stats import (
     NO_INTERVAL,
-    PassSpread,
+    EngineRunSpread,
     WithinNoise,
     engine_run_interval,
     median_interval,
@@ -170,7 +170,7 @@ class TestStudentTQuantile:
             student_t_quantile(p, df)
 
 
-class TestPooledPassSpread:
+class TestPooledEngineRunSpread:
     def test_pools_squared_log_deviations_over_cells(self) -> None:
         spread = pooled_engine_run_spread([[1.0, 1.21], [2.0, 2.0, 2.0], [1.5]])
         # Cell 1: logs 0 and ln 1.21, deviations +-ln(1.1): 2 ln(1.1)^2 over df 1; cell 2 adds 0 over df 2.
@@ -226,7 +226,7 @@ class TestPooledPassSpread:
         assert 0.93 <= hits / trials <= 0.97
 
     def test_no_cell_with_two_passes_means_unknown_spread(self) -> None:
-        assert pooled_engine_run_spread([[1.2], [0.9]]) == PassSpread(sd=0.0, df=0)
+        assert pooled_engine_run_spread([[1.2], [0.9]]) == EngineRunSpread(sd=0.0, df=0)
 
     def test_rejects_non_positive_ratio(self) -> None:
         with pytest.raises(ValueError, match="positive"):
@@ -235,7 +235,7 @@ class TestPooledPassSpread:
 
 class TestSpeedupInterval:
     def test_pooled_t_interval_and_rerun_interval_by_hand(self) -> None:
-        spread = PassSpread(sd=0.05, df=4)
+        spread = EngineRunSpread(sd=0.05, df=4)
         interval = speedup_interval([1.0, 1.21], spread, None)
         t = 2.7764451051977987  # t(0.975, 4)
         center = math.log(1.1)
@@ -250,7 +250,7 @@ class TestSpeedupInterval:
     def test_point_and_interval_share_one_centre(self) -> None:
         # Ratios [1, 1, 3]: their median (1) lies outside a t interval around
         # their geometric mean; the point is that geometric mean instead.
-        interval = speedup_interval([1.0, 1.0, 3.0], PassSpread(sd=0.01, df=30), None)
+        interval = speedup_interval([1.0, 1.0, 3.0], EngineRunSpread(sd=0.01, df=30), None)
         assert interval.point == pytest.approx(3 ** (1 / 3))
         assert interval.ci_low < interval.point < interval.ci_high
         assert math.log(interval.point) == pytest.approx(
@@ -258,10 +258,10 @@ class TestSpeedupInterval:
         )
 
     def test_passes_that_differ_beyond_the_spread_disagree(self) -> None:
-        assert speedup_interval([1.0, 1.3], PassSpread(sd=0.05, df=4), None).engine_runs_disagree
+        assert speedup_interval([1.0, 1.3], EngineRunSpread(sd=0.05, df=4), None).engine_runs_disagree
 
     def test_without_spread_uses_within_engine_noise_with_its_t_quantile(self) -> None:
-        interval = speedup_interval([1.3], PassSpread(sd=0.0, df=0), WithinNoise(se=0.01, df=4))
+        interval = speedup_interval([1.3], EngineRunSpread(sd=0.0, df=0), WithinNoise(se=0.01, df=4))
         half = 2.7764451051977987 * 0.01
         assert interval.method == "within-only-t-95"
         assert interval.ci_low == pytest.approx(1.3 * math.exp(-half))
@@ -269,14 +269,14 @@ class TestSpeedupInterval:
         assert interval.rerun_high == pytest.approx(1.3 * math.exp(half * math.sqrt(2)))
 
     def test_one_pass_of_one_repetition_has_no_interval(self) -> None:
-        interval = speedup_interval([1.3], PassSpread(sd=0.0, df=0), None)
+        interval = speedup_interval([1.3], EngineRunSpread(sd=0.0, df=0), None)
         assert interval.point == pytest.approx(1.3)
         assert (interval.ci_low, interval.ci_high, interval.rerun_low, interval.rerun_high) == (None,) * 4
         assert interval.method == NO_INTERVAL
 
     def test_empty_ratios_rejected(self) -> None:
         with pytest.raises(ValueError, match="empty"):
-            speedup_interval([], PassSpread(sd=0.1, df=3), None)
+            speedup_interval([], EngineRunSpread(sd=0.1, df=3), None)
 
 
 def test_repeated_ngram_share_tells_a_loop_from_ordinary_text():

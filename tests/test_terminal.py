@@ -99,7 +99,7 @@ def test_plan_estimates_the_time_of_the_cells_to_run_at_plain_decoding_speed(com
     """The plan line's time: every cell to run priced by the analytic model as plain
     decoding (warm-up and repetitions over its batches), from prompt lengths in characters."""
     from specbench.analytic import prediction, profiles, steps
-    from specbench.cell import WARMUP_MAX_TOKENS
+    from specbench.measure import WARMUP_MAX_TOKENS
     from specbench.sweep import estimate_time
     from specbench.workloads import estimated_requests
 

@@ -366,7 +366,9 @@ class TestValidate:
     @pytest.mark.parametrize(
         ("overrides", "expected"),
         [
-            ({"name": "poems"}, "workload.name='poems' is not one of summarize, rag, creative"),
+            ({"name": "poems"}, "workload.name='poems' is not one of summarize, rag, creative (the built-in"),
+            ({**HF_CFG, "name": "news/daily"}, "workload.name='news/daily' must be letters, digits, _ and -"),
+            ({**HF_CFG, "name": None}, "workload.name=None must be letters, digits, _ and -"),
             ({"source": "foo"}, "workload.source='foo' is not one of builtin, spec_bench, jsonl, hf"),
             ({"source": "jsonl"}, "workload.path is required for workload.source=jsonl"),
             ({"source": "spec_bench", "path": "/no/such/question.jsonl"}, "does not exist"),
@@ -392,6 +394,18 @@ class TestValidate:
         messages = validate_workload_config(make_cfg(**overrides))
         assert len(messages) == 1, messages
         assert expected in messages[0]
+
+    def test_a_users_own_workload_has_its_own_name(self, tmp_path: Path, tokenizer: Any) -> None:
+        """Only where the name picks the prompts (built-in file, Spec-Bench's default categories) is it one of NAMES."""
+        path = write_jsonl(tmp_path / "tickets.jsonl", [{"id": "t1", "prompt": "Reset my password."}])
+        cfg = make_cfg(name="support-tickets", source="jsonl", path=str(path), num_prompts=1)
+        assert validate_workload_config(cfg) == []
+        assert load_workload(cfg, tokenizer).name == "support-tickets"
+        question = write_jsonl(tmp_path / "question.jsonl", [spec_bench_record(1, "math", "2 + 2?")])
+        spec_bench = make_cfg(name="arithmetic", source="spec_bench", path=str(question))
+        [message] = validate_workload_config(spec_bench)
+        assert "set workload.categories for a workload of your own" in message
+        assert validate_workload_config({**spec_bench, "categories": ["math"]}) == []
 
     def test_missing_keys_are_reported(self) -> None:
         messages = validate_workload_config({"name": "rag", "source": "builtin"})

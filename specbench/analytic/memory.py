@@ -272,7 +272,7 @@ def _row_hardware(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> Mapping[str
     A row measured on CPU is priced as the CPU build whatever hardware= the
     sweep named for speed predictions.
     """
-    if str(row.get("hardware") or "").startswith("CPU"):
+    if str(row.get("machine") or "").startswith("CPU"):
         # The host's size does not enter the prediction: the KV pool is fixed.
         return {"name": "this CPU", "memory_gb": HOST_MEMORY_GB}
     hardware = resolve_hardware(cfg.get("hardware"))

@@ -338,7 +338,7 @@ def _predict(
     # One batch as the cell runs it: prefill every prompt, then decode the
     # tokens after each request's first (which the prefill pass emits).
     requests = row["num_requests"]
-    step_tokens = (cfg.get("engine") or {}).get("max_num_batched_tokens") or default_step_tokens(row.get("hardware"))
+    step_tokens = (cfg.get("engine") or {}).get("max_num_batched_tokens") or default_step_tokens(row.get("machine"))
     prompt_len = max(row["prompt_tokens"] / requests, 1.0)
     prefill = steps.prefill_time(target, hw, batch, prompt_len, max_step_tokens=step_tokens)
     # A draft model or EAGLE head processes the prompts too; only the speculative side pays it.

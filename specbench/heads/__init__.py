@@ -12,7 +12,7 @@ Modules: :mod:`~specbench.heads.corpus` (training prompts),
 :mod:`~specbench.heads.modules` (the heads in PyTorch, as vLLM computes
 them), :mod:`~specbench.heads.train` (objective, offline acceptance,
 checkpoint format). The target's answers are decoded by vLLM, through
-:mod:`specbench.engine` (the one module that imports it); the heads train in
+:mod:`specbench.engine.worker` (the engine layer imports it, nothing else); the heads train in
 plain torch.
 """
 

@@ -24,7 +24,8 @@ from specbench.heads import HEADS_CACHE_HINT, default_output_dir, head_name
 from specbench.heads.train import TrainSettings
 
 if TYPE_CHECKING:
-    from specbench.engine import EngineSpec, VllmEngine
+    from specbench.engine import EngineSpec
+    from specbench.engine.worker import VllmEngine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +68,8 @@ def _verify(args: argparse.Namespace) -> int:
     import os
 
     from specbench import models
-    from specbench.engine import loaded_drafter_parameters, worker_environment
+    from specbench.engine import worker_environment
+    from specbench.engine.worker import loaded_drafter_parameters
     from specbench.heads.train import compare_with_file
 
     folder = models.resolve(args.head)
@@ -97,7 +99,8 @@ def _target_engine(folder: str, max_model_len: int) -> VllmEngine:
     """The target in vLLM, in this process, for decoding the training answers."""
     import os
 
-    from specbench.engine import VllmEngine, worker_environment
+    from specbench.engine import worker_environment
+    from specbench.engine.worker import VllmEngine
 
     spec = _cpu_target_spec(folder, max_model_len=max_model_len, max_num_seqs=128, cpu_kvcache_space_gib=4)
     os.environ.update(worker_environment(spec))

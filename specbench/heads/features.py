@@ -2,7 +2,7 @@
 
 The answers come from the target in vLLM (greedy, float32: the decoding a
 head's drafts are verified against; the caller passes that generator in, since
-only :mod:`specbench.engine` imports vLLM). The states come from one
+only the engine layer imports vLLM). The states come from one
 teacher-forced pass of the target in Hugging Face transformers over prompt and
 answer: ``hidden_states[-1]`` is the post-final-norm state vLLM hands an
 EAGLE-1 head, and ``hidden_states[l]`` the residual stream after ``l`` layers

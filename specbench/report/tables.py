@@ -825,7 +825,7 @@ _VERSIONS = (
     ("torch", "torch_version"),
     ("transformers", "transformers_version"),
     ("Python", "python_version"),
-    ("hardware", "hardware"),
+    ("machine", "machine"),
     ("host", "host"),
 )
 _SETTINGS = (
@@ -841,7 +841,7 @@ _SETTINGS = (
 
 
 def provenance(df: pd.DataFrame) -> list[tuple[str, str]]:
-    """(label, value) pairs: versions, hardware, host, dates, commit, schema; differing values all listed."""
+    """(label, value) pairs: versions, machine, host, dates, commit, schema; differing values all listed."""
 
     def values(column: str) -> str:
         found = sorted({str(v) for v in df[column] if not pd.isna(v)})

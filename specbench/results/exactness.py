@@ -91,7 +91,7 @@ def classify(
     """Every request whose ``other`` output differs from ``reference``, classified at its first divergence.
 
     ``margins`` and ``near_ties`` are the reference's per request and position
-    (:class:`specbench.cell.TopTokens`); ``control_positions`` per request the
+    (:class:`specbench.measure.TopTokens`); ``control_positions`` per request the
     positions where plain decoding at another batch size first left the
     reference. With ``tolerance`` None (float32) every divergence is a mismatch.
     A request present on one side only is a mismatch.

@@ -127,7 +127,7 @@ def _combine_engine_runs(cells_dir: Path, runs: list[dict[str, Any]], references
 _LATENCY_COLUMNS = tuple(f"{m}_p{q}" for m in ("ttft_s", "tpot_s", "e2e_s") for q in (50, 90, 99))
 # Provenance that should not differ between engine runs, but can (a cluster
 # launcher puts engine runs on several hosts): every distinct value is kept.
-_JOINED_COLUMNS = ("host", "hardware", "gpu_state", "specbench_version", "git_commit", "vllm_version",
+_JOINED_COLUMNS = ("host", "machine", "gpu_state", "specbench_version", "git_commit", "vllm_version",
                    "torch_version", "transformers_version", "python_version")
 # Each engine run's peaks are its own cell's (reset as the cell starts): the
 # merged row keeps the largest, what a rerun of the cell should be ready for.
@@ -319,8 +319,8 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
             continue
         baseline_group = baseline_group or base.get("config_hash") or base["cell_id"]
         ratios.append(speedup(base, spec))
-        if base.get("hardware") != spec.get("hardware"):
-            reasons.append(f"baseline ran on {base.get('hardware')}, this cell on {spec.get('hardware')}")
+        if base.get("machine") != spec.get("machine"):
+            reasons.append(f"baseline ran on {base.get('machine')}, this cell on {spec.get('machine')}")
         reasons += [
             reason for name, side in (("baseline", base), ("cell", spec))
             if (reason := _interference(f"engine run {side.get('engine_run')} {name}", side))

@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from specbench.cell import CellPlan, Measurement, SpecCounters
+from specbench.measure import CellPlan, Measurement, SpecCounters
 from specbench.engine import EngineInfo, EngineMemory
 from specbench.results.metrics import measured_fields, position_rates
 from specbench.results.schema import SCHEMA_VERSION
@@ -60,10 +60,10 @@ class Workload(Protocol):
     def skipped_too_long(self) -> int: ...
 
 
-def failed_row(cell: Cell, engine_runs: int, provenance: Mapping[str, Any], *, error: str, hardware: str) -> dict[str, Any]:
+def failed_row(cell: Cell, engine_runs: int, provenance: Mapping[str, Any], *, error: str, machine: str) -> dict[str, Any]:
     """The row of a cell that failed: its identity, the run's provenance, the error and where it ran."""
     return _identity_columns(cell, engine_runs) | dict(provenance) | {
-        "status": "failed", "error": error, "hardware": hardware,
+        "status": "failed", "error": error, "machine": machine,
     }
 
 
@@ -213,7 +213,7 @@ def _measured_columns(m: Measurement, info: EngineInfo, workload: Workload, plan
         "vllm_version": info.vllm_version,
         "torch_version": info.torch_version,
         "transformers_version": info.transformers_version,
-        "hardware": info.hardware,
+        "machine": info.machine,
         "workload_fingerprint": workload.source_fingerprint,
         "requests_fingerprint": plan.fingerprint,
         "prompt_ids": workload.prompt_ids,

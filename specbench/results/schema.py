@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 #    tie_requests, divergences, top-two margins from the baseline), caveats that qualify without
 #    excluding, attempts of a disturbed cell, the speedup's pooled spread and df, acceptance counted
 #    on emitted tokens (raw_* keep vLLM's counters), reached concurrency
-SCHEMA_VERSION = 7
+# 8: machine (was hardware): the machine a cell ran on, where hardware= names an analytic profile
+SCHEMA_VERSION = 8
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
 # at batch 1) and why: "tie" when the reference's own top-two log-probabilities there are within the
@@ -181,7 +182,7 @@ SCHEMA = pa.schema(
         ("torch_version", _STR),
         ("transformers_version", _STR),
         ("python_version", _STR),
-        ("hardware", _STR),
+        ("machine", _STR),  # GPU name and count, or CPU model and cores (hardware_profile: the priced profile)
         ("host", _STR),
         ("started_at", _STR),  # ISO 8601, UTC
         ("dtype", _STR),

@@ -1,7 +1,7 @@
 """Turn a workload config into the exact token ids a cell submits.
 
-A workload names a kind of text (``summarize``, ``rag``, ``creative``) and a
-source of prompts for it:
+A workload names a kind of text (the built-in ``summarize``, ``rag`` and
+``creative``, or a user's own name) and a source of prompts for it:
 
 - ``builtin``: the JSON-lines files shipped in ``specbench/workloads/data``;
 - ``spec_bench``: a Spec-Bench ``question.jsonl``, filtered to the categories
@@ -27,6 +27,7 @@ import importlib.resources
 import json
 import os
 import random
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,7 +55,10 @@ __all__ = [
     "validate_workload_config",
 ]
 
+# The built-in workloads: each has its file in data/ and its Spec-Bench categories.
 NAMES = ("summarize", "rag", "creative")
+# A workload's name is part of every cell's file name (Cell.cell_id).
+_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 SOURCES = ("builtin", "spec_bench", "jsonl", "hf")
 # How num_prompts prompts are chosen: a seeded random draw, or the source's own order.
 SELECTIONS = ("random", "first")
@@ -163,7 +167,7 @@ class Workload:
     """The prompts a cell submits, already tokenized.
 
     Attributes:
-        name: workload name (``summarize``, ``rag`` or ``creative``).
+        name: workload name (``summarize``, ``rag``, ``creative`` or a user's own).
         source: where the prompts came from (``builtin``, ``spec_bench``,
             ``jsonl`` or ``hf``).
         prompts: the selected prompts, in submission order.
@@ -203,7 +207,9 @@ class Tokenizer(Protocol):
 def validate_workload_config(cfg: Mapping[str, Any]) -> list[str]:
     """Check a workload config without a tokenizer, engine or network.
 
-    Checks the name and source, that file sources have a ``path`` that
+    Checks the name (one of :data:`NAMES` where it selects the prompts: the
+    built-in source, or Spec-Bench without ``categories``; any file-name-safe
+    name otherwise) and source, that file sources have a ``path`` that
     exists (and that other sources have none), the numeric limits, and the
     types of the optional keys. Source contents are not read.
 
@@ -220,9 +226,18 @@ def validate_workload_config(cfg: Mapping[str, Any]) -> list[str]:
     problems: list[str] = []
 
     name = cfg.get("name")
-    if name not in NAMES:
-        problems.append(f"workload.name={name!r} is not one of {', '.join(NAMES)}")
     source = cfg.get("source")
+    if source == "builtin" and name not in NAMES:
+        problems.append(f"workload.name={name!r} is not one of {', '.join(NAMES)} (the built-in sets)")
+    elif source == "spec_bench" and cfg.get("categories") is None and name not in NAMES:
+        problems.append(
+            f"workload.name={name!r} is not one of {', '.join(NAMES)}, whose Spec-Bench categories "
+            f"are known: set workload.categories for a workload of your own"
+        )
+    elif not isinstance(name, str) or not _NAME_PATTERN.fullmatch(name):
+        problems.append(
+            f"workload.name={name!r} must be letters, digits, _ and - (it names every cell's files)"
+        )
     if source not in SOURCES:
         problems.append(f"workload.source={source!r} is not one of {', '.join(SOURCES)}")
 

