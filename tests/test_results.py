@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from rows import cell_row, write_cell
@@ -97,6 +98,13 @@ def test_decode_speedup_is_the_ratio_of_total_decode_time(tmp_path):
                           draft_tokens=0, accepted_tokens=0, accepted_per_pos=[], ttft_s=[0.1, 0.1],
                           tpot_s=[0.01, 0.03], e2e_s=[1.0, 3.0], decode_s=4.0, decode_tokens=100)
     assert row["tpot_s_mean"] == pytest.approx(0.04)
+
+
+def test_a_renamed_column_of_an_older_file_reads_under_its_new_name(tmp_path):
+    old = tmp_path / "old.parquet"
+    pq.write_table(pa.table({"cell_id": ["x"], "status": ["ok"], "hardware": ["CPU x86_64, 2 cores"]}), old)
+    (row,) = read_rows(old)
+    assert row["machine"] == "CPU x86_64, 2 cores" and "hardware" not in row
 
 
 def test_corrupt_file_is_named(tmp_path):

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from specbench import stats
-from specbench import stats
 from specbench.results import exactness
 from specbench.results.files import CellFiles
 from specbench.results.metrics import REPETITIVE_SHARE, median_known

@@ -6,7 +6,6 @@ import statistics
 from typing import Any, Iterable, Sequence
 
 from specbench import stats
-from specbench import stats
 
 # An output counts as repetitive when at least this share of its 4-grams
 # already occurred earlier in it (stats.repeated_ngram_share).

@@ -209,6 +209,10 @@ SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
 
 
 
+RENAMED_COLUMNS = {"hardware": "machine"}  # schema 8: the column holds the machine, not the analytic profile
+"""Old column name -> new, for files an older specbench wrote."""
+
+
 class ResultsError(RuntimeError):
     """A results file that cannot be read or does not follow the schema."""
 
@@ -234,9 +238,15 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     missing = {"cell_id", "status"} - set(table.column_names)
     if missing:
         raise ResultsError(f"{path}: not a specbench results file (no {', '.join(sorted(missing))} column)")
-    # Columns added since the file was written read as null: a newer specbench
-    # still merges (and resumes from) cells measured by an older one.
-    return [{c: row.get(c) for c in COLUMNS} | row for row in table.to_pylist()]
+    # Columns added since the file was written read as null, and renamed ones under
+    # their new name: a newer specbench still merges (and resumes from) cells
+    # measured by an older one.
+    rows = table.to_pylist()
+    for row in rows:
+        for old, new in RENAMED_COLUMNS.items():
+            if old in row and new not in row:
+                row[new] = row.pop(old)
+    return [{c: row.get(c) for c in COLUMNS} | row for row in rows]
 
 
 # --- reading rows: one rule each, for the report, the CLIs and the sweep ----------------------------
