@@ -61,7 +61,12 @@ import yaml
 
 from specbench import models
 from specbench.analytic import prediction, profile_fit, profiles
+from specbench.config import ConfigError, cell_from_config
+from specbench.engine import EngineError, EngineWorker
+from specbench.measure import CellPlan
 from specbench.results.files import write_atomic
+from specbench.results.provenance import now_iso
+from specbench.workloads import load_prompts
 
 # Every fourfold step in batch size: the 8 grid points they leave (of 14 with
 # 1, 2, 4, ..., 64) cost 62 s a round here instead of 111. Refitted on those 8
@@ -360,8 +365,6 @@ def _slug(text: str) -> str:
 
 def _token_stream(tokenizer: Any) -> list[int]:
     """Natural text to cut prompts from: the built-in summarize articles, tokenized plainly."""
-    from specbench.workloads import load_prompts
-
     prompts, _ = load_prompts({
         "name": "summarize", "source": "builtin", "path": None, "num_prompts": 1, "seed": 0,
         "max_tokens": 1, "max_prompt_tokens": 1, "chat_template": False,
@@ -374,8 +377,6 @@ def _compose(overrides: Sequence[str], method: Sequence[str] = ("method=baseline
     """The config of a cell of ``method`` (default: the baseline); an override Hydra refuses becomes a ConfigError."""
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
-
-    from specbench.config import ConfigError
 
     with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
         try:
@@ -406,11 +407,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"where to write the profile (default: {prediction.calibrated_path()})")
     args = parser.parse_args(argv)
 
-    from transformers import AutoTokenizer
-
-    from specbench.config import cell_from_config
-    from specbench.engine import EngineError, EngineWorker
-    from specbench.results.provenance import now_iso
+    from transformers import AutoTokenizer  # heavy: imported once the arguments are good
 
     overrides = engine_overrides(args.overrides, args.max_step_tokens)
     try:
@@ -494,8 +491,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _draft_cell(overrides: Sequence[str]) -> tuple[Any, str]:
     """The cell whose head the draft passes are timed with, or None and why not."""
-    from specbench.config import cell_from_config
-
     reasons = []
     for method in DRAFT_METHODS:
         try:
@@ -511,7 +506,6 @@ def _measure_draft_passes(
 ) -> dict[GridPoint, list[tuple[float, int]]]:
     """Decode :data:`DRAFT_POINTS` on an engine with the cell's head, ``rounds`` times each:
     per point and round, the decode seconds and the drafts verified in them."""
-    from specbench.engine import EngineWorker
 
     print(f"timing draft passes of the {cell.method} head at K={DRAFT_K}")
     worker = EngineWorker(cell.engine_spec(), log_path=log_path)
@@ -531,7 +525,6 @@ def _measure_grid(
     The first batch of the first round is warmed up; each measurement prints
     one line, ``describe`` saying what it measured.
     """
-    from specbench.measure import CellPlan
 
     measured: dict[GridPoint, list[Any]] = {p: [] for p in points}
     for round_index in range(rounds):
