@@ -1,4 +1,4 @@
-"""Shared fixtures: Hydra composition of the packaged configs.
+"""Shared fixtures: Hydra composition of the packaged configs, and the session's reference sweep.
 
 Result rows for tests are built in one place, ``tests/rows.py`` (merged rows,
 cell rows, a whole sweep of them and their files).
@@ -6,12 +6,27 @@ cell rows, a whole sweep of them and their files).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
+
+# One small multirun on the real engine serves every test that needs measured cells of the shipped
+# methods: ngram, a draft model (the target itself, the oracle: every draft accepted), EAGLE and EAGLE-3,
+# at two batch sizes, with their baselines. Creative prompts are short: a long prompt's prefill costs
+# seconds a request on 2 cores. 2 prompts x 16 tokens; 10 cells on 5 engines.
+REFERENCE_GRID = [
+    "method=ngram,draft_model,eagle,eagle3", "model.drafts.small=embedded:smollm2-135m-instruct",  # self-draft
+    "num_speculative_tokens=2", "batch_size=1,2",
+    "workload=creative", "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1", "engine_runs=1",
+]
 
 
 @pytest.fixture
@@ -21,3 +36,27 @@ def compose_cell() -> Callable[[Sequence[str]], DictConfig]:
     with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
         yield lambda overrides=(): compose(config_name="config", overrides=list(overrides))
     GlobalHydra.instance().clear()
+
+
+def specbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m specbench <args>`` as a user runs it, both streams captured."""
+    return subprocess.run([sys.executable, "-m", "specbench", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=1200)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A finished multirun: its directory, the command's outcome, and its merged results."""
+
+    directory: Path
+    done: subprocess.CompletedProcess[str]
+    results: pd.DataFrame
+
+
+@pytest.fixture(scope="session")
+def reference_sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    """:data:`REFERENCE_GRID`, run once per session through the real command line."""
+    root = tmp_path_factory.mktemp("reference")
+    done = specbench("-m", *REFERENCE_GRID, f"hydra.sweep.dir={root / 'sweep'}", cwd=root)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return Sweep(root / "sweep", done, pd.read_parquet(root / "sweep" / "results.parquet"))

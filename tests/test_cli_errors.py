@@ -1,32 +1,81 @@
 """Refusals end the command cleanly: their lines, a non-zero exit, no Python traceback.
 
-Each case runs a real entry point in a subprocess, as a user would, on one
-class of refusal (validation, workload loading, a Hydra override, a damaged
-results file). None of them gets as far as starting an engine.
+Each case runs an entry point's ``main`` in this process on its own command line,
+as a user would type it, on one class of refusal (validation, workload loading,
+a Hydra override, a damaged results file). None of them gets as far as starting
+an engine. A fresh process per case would prove nothing more and cost seconds of
+imports each; the last tests run the real commands in subprocesses, once per
+kind of entry point, for the exit status a shell sees.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
+from hydra.core.global_hydra import GlobalHydra
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``python <args>`` with this checkout's specbench first on the path."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    env.pop("HYDRA_FULL_ERROR", None)  # that switch asks for the traceback on purpose
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120)
+@dataclass(frozen=True)
+class Outcome:
+    """What a command left: its exit status and everything it printed."""
+
+    returncode: int
+    output: str
 
 
-def assert_refused(result: subprocess.CompletedProcess[str], *expected: str) -> None:
-    output = result.stdout + result.stderr
+@pytest.fixture()
+def command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+            ) -> Iterator[Callable[..., Outcome]]:
+    """``command(["-m", module, *args])``: that command's ``main`` run here, from ``tmp_path``.
+
+    Hydra's state and the logging it configures (handlers on the root logger)
+    are put back afterwards, so the next test starts as a fresh process would.
+    """
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # that switch asks for the traceback on purpose
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+
+    def call(args: list[str]) -> Outcome:
+        flag, module, *rest = args
+        assert flag == "-m"
+        target = importlib.import_module(module)
+        if hasattr(target, "__path__"):  # a package: `python -m` runs its __main__
+            target = importlib.import_module(f"{module}.__main__")
+        GlobalHydra.instance().clear()
+        capsys.readouterr()
+        try:
+            if module == "specbench":  # Hydra's entry point reads sys.argv
+                monkeypatch.setattr(sys, "argv", [module, *rest])
+                code = target.main()
+            else:
+                code = target.main(rest)
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            GlobalHydra.instance().clear()
+        out = capsys.readouterr()
+        return Outcome(0 if code is None else code, out.out + out.err)
+
+    yield call
+    for handler in root.handlers:
+        if handler not in handlers:
+            handler.close()
+    root.handlers[:], root.level = handlers, level
+
+
+def assert_refused(result: Outcome | subprocess.CompletedProcess[str], *expected: str) -> None:
+    output = result.output if isinstance(result, Outcome) else result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "Traceback" not in output, output
     for text in expected:
@@ -64,28 +113,30 @@ def sweep(*overrides: str, multirun: bool, out: Path) -> list[str]:
     ids=["unknown-method", "k-below-1", "missing-draft", "eagle-without-head", "unknown-key", "renamed-key",
          "wrong-type"],
 )
-def test_config_refusals(tmp_path: Path, overrides: list[str], expected: list[str], multirun: bool) -> None:
-    assert_refused(run(sweep(*overrides, multirun=multirun, out=tmp_path), tmp_path), *expected)
+def test_config_refusals(command, tmp_path: Path, overrides: list[str], expected: list[str], multirun: bool) -> None:
+    assert_refused(command(sweep(*overrides, multirun=multirun, out=tmp_path)), *expected)
     assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
 
 
 @pytest.mark.parametrize("multirun", [False, True], ids=["single", "multirun"])
-def test_malformed_prompt_file_is_refused_before_any_cell(tmp_path: Path, bad_jsonl: Path, multirun: bool) -> None:
+def test_malformed_prompt_file_is_refused_before_any_cell(command, tmp_path: Path, bad_jsonl: Path,
+                                                          multirun: bool) -> None:
     overrides = ["workload.source=jsonl", f"workload.path={bad_jsonl}", "batch_size=1,2" if multirun else "batch_size=1"]
-    result = run(sweep(*overrides, multirun=multirun, out=tmp_path), tmp_path)
+    result = command(sweep(*overrides, multirun=multirun, out=tmp_path))
     assert_refused(result, f"{bad_jsonl}:2: malformed JSON line")
     assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
 
 
 @pytest.mark.parametrize("multirun", [False, True], ids=["single", "multirun"])
-def test_too_few_prompts_within_max_prompt_tokens_are_refused_before_any_cell(tmp_path: Path, multirun: bool) -> None:
+def test_too_few_prompts_within_max_prompt_tokens_are_refused_before_any_cell(command, tmp_path: Path,
+                                                                               multirun: bool) -> None:
     from specbench import models
 
     if not (Path(models.resolve("embedded:smollm2-135m-instruct", prepare=False)) / "tokenizer.json").is_file():
         pytest.skip("the embedded model is not prepared: validation has no tokenizer to count with")
     overrides = ["workload=summarize", "workload.num_prompts=32", "workload.max_prompt_tokens=512",
                  "batch_size=1,8" if multirun else "batch_size=1"]
-    result = run(sweep(*overrides, multirun=multirun, out=tmp_path), tmp_path)
+    result = command(sweep(*overrides, multirun=multirun, out=tmp_path))
     assert result.returncode == 2
     assert_refused(result, "workload.num_prompts=32 but only 9 prompts of summarize (source=builtin) fit "
                            "workload.max_prompt_tokens=512 (29 of 38 are longer")
@@ -93,24 +144,46 @@ def test_too_few_prompts_within_max_prompt_tokens_are_refused_before_any_cell(tm
 
 
 @pytest.mark.parametrize("module", ["specbench.report", "specbench.analytic.prediction", "specbench.analytic.recommend"])
-def test_corrupt_results_file(tmp_path: Path, module: str) -> None:
+def test_corrupt_results_file(command, tmp_path: Path, module: str) -> None:
     damaged = tmp_path / "results.parquet"
     damaged.write_bytes(b"PAR1 this is not a parquet file")
-    assert_refused(run(["-m", module, str(damaged)], tmp_path), str(damaged), "not a readable Parquet file")
+    assert_refused(command(["-m", module, str(damaged)]), str(damaged), "not a readable Parquet file")
 
 
-def test_a_misspelt_key_in_a_users_own_workload_file_is_refused(tmp_path: Path) -> None:
+def test_a_misspelt_key_in_a_users_own_workload_file_is_refused(command, tmp_path: Path) -> None:
     (tmp_path / "conf" / "workload").mkdir(parents=True)
     text = (REPO / "conf" / "workload" / "creative.yaml").read_text().replace("max_tokens:", "max_token:")
     (tmp_path / "conf" / "workload" / "mine.yaml").write_text(text)
-    result = run(sweep(f"--config-dir={tmp_path / 'conf'}", "workload=mine", multirun=False, out=tmp_path), tmp_path)
+    result = command(sweep(f"--config-dir={tmp_path / 'conf'}", "workload=mine", multirun=False, out=tmp_path))
     assert_refused(result, "Key 'max_token' not in 'WorkloadSchema'", "full_key: workload.max_token")
 
 
-def test_calibrate_refuses_an_unknown_model(tmp_path: Path) -> None:
-    assert_refused(run(["-m", "specbench.calibrate", "model=nope"], tmp_path), "model/nope")
+def test_calibrate_refuses_an_unknown_model(command) -> None:
+    assert_refused(command(["-m", "specbench.calibrate", "model=nope"]), "model/nope")
 
 
-def test_calibrate_refuses_an_invalid_setting(tmp_path: Path) -> None:
-    result = run(["-m", "specbench.calibrate", "engine.max_model_len=0"], tmp_path)
+def test_calibrate_refuses_an_invalid_setting(command) -> None:
+    result = command(["-m", "specbench.calibrate", "engine.max_model_len=0"])
     assert_refused(result, "exceeds engine.max_model_len=0")
+
+
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python <args>`` in a subprocess, with this checkout's specbench first on the path."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_hydra_command_exits_with_the_refusal_status(tmp_path: Path) -> None:
+    result = run(sweep("num_speculative_tokens=0", multirun=False, out=tmp_path), tmp_path)
+    assert result.returncode == 2
+    assert_refused(result, "num_speculative_tokens=0 must be an integer in 1..64")
+
+
+def test_a_module_command_exits_with_its_mains_status(tmp_path: Path) -> None:
+    damaged = tmp_path / "results.parquet"
+    damaged.write_bytes(b"PAR1 this is not a parquet file")
+    result = run(["-m", "specbench.report", str(damaged)], tmp_path)
+    assert result.returncode == 2
+    assert_refused(result, str(damaged), "not a readable Parquet file")

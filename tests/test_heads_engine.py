@@ -1,30 +1,59 @@
-"""The shipped EAGLE heads in the real vLLM engine: loaded whole, exact, and accepting drafts."""
+"""The shipped EAGLE heads in the real vLLM engine: loaded whole, exact, and accepting drafts.
+
+``specbench.heads verify`` runs in processes forked from the engine fork server
+(:func:`specbench.engine.worker_context`), as engine workers are: vLLM is
+imported once, not once per head.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
-import subprocess
-import sys
-from pathlib import Path
+import traceback
+from multiprocessing.connection import Connection
 
-import pandas as pd
 import pytest
 from safetensors.torch import load_file, save_file
 
-from specbench import models
+from conftest import Sweep
+from specbench import engine, models
+from specbench.heads.__main__ import main
 
 pytestmark = pytest.mark.engine
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=1200)
+def _verify_in_worker(argv: list[str], conn: Connection) -> None:
+    """The verify command in this (forked) process; sends back its exit code and what it printed."""
+    out, code = io.StringIO(), -1
+    try:
+        with contextlib.redirect_stdout(out):
+            code = main(["verify", *argv])
+    except BaseException:  # noqa: BLE001 - sent to the test, which fails on it
+        out.write(traceback.format_exc())
+    conn.send((code, out.getvalue()))
+
+
+def verify(*argv: str) -> tuple[int, str]:
+    """``python -m specbench.heads verify <argv>``: its exit code and what it printed."""
+    ctx = engine.worker_context(None)
+    receive, send = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_verify_in_worker, args=(list(argv), send))
+    process.start()
+    send.close()
+    try:
+        return receive.recv()
+    except EOFError:
+        return -1, "the verify process died without a word"
+    finally:
+        process.join()
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_every_tensor_vllm_loads_for_a_shipped_head_comes_from_its_file(method):
-    done = run("specbench.heads", "verify", f"heads:smollm2-135m-instruct-{method}", "--method", method)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "tensors of the" in done.stdout and "equal its file" in done.stdout
+    code, out = verify(f"heads:smollm2-135m-instruct-{method}", "--method", method)
+    assert code == 0, out[-4000:]
+    assert "tensors of the" in out and "equal its file" in out
 
 
 def test_verify_catches_a_tensor_missing_from_the_file(tmp_path):
@@ -36,20 +65,14 @@ def test_verify_catches_a_tensor_missing_from_the_file(tmp_path):
     tensors = load_file(str(shipped / "model.safetensors"))
     del tensors["layers.0.mlp.down_proj.weight"]
     save_file(tensors, str(broken / "model.safetensors"))
-    done = run("specbench.heads", "verify", str(broken), "--method", "eagle")
-    assert done.returncode == 1
-    assert "model.layers.0.mlp.down_proj.weight: not in the file" in done.stdout
+    code, out = verify(str(broken), "--method", "eagle")
+    assert code == 1, out[-4000:]
+    assert "model.layers.0.mlp.down_proj.weight: not in the file" in out
 
 
-def test_eagle_and_eagle3_run_exact_with_accepted_drafts(tmp_path):
-    done = run(
-        "specbench", "-m", "method=eagle,eagle3", "num_speculative_tokens=2", "workload=creative",
-        "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1", "engine_runs=1",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = pd.read_parquet(tmp_path / "sweep" / "results.parquet")
+def test_eagle_and_eagle3_run_exact_with_accepted_drafts(reference_sweep: Sweep):
+    results = reference_sweep.results
     spec = results[results["method"].isin(["eagle", "eagle3"])]
-    assert sorted(spec["method"]) == ["eagle", "eagle3"]
+    assert sorted(spec["method"]) == ["eagle", "eagle", "eagle3", "eagle3"]  # batch sizes 1 and 2
     assert (spec["status"] == "ok").all() and spec["exact_match"].all()
     assert (spec["acceptance_length"] > 1.0).all()
