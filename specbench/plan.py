@@ -92,7 +92,7 @@ def _predicted_decode_speedup(
     plain: Mapping[str, Any], hardware: Mapping[str, Any], method: str, k: int, alpha: float
 ) -> float | None:
     """Decode speedup at acceptance alpha over a mid-length request (half of prompt cap + output)."""
-    priced_as = methods.priced_as(method)
+    priced_as = methods.cost(method)
     if priced_as is None:
         return None
     try:
