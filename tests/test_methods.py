@@ -13,6 +13,7 @@ import yaml
 from rows import make_row
 from specbench import config, methods
 from specbench.analytic import drafting, prediction, profiles, steps
+from specbench.results.schema import method_label, method_variant
 
 TOY_YAML = """\
 # Prompt lookup over longer n-grams: a toy method added the way the README says.
@@ -47,6 +48,23 @@ def test_each_method_specific_key_is_typed_and_read_by_a_registered_method():
     for key, reader in methods.own_keys().items():
         assert methods.get(reader) is not None, reader
         assert f"\n{key}:" in "\n" + (conf / f"{reader}.yaml").read_text(), (key, reader)
+
+
+@pytest.mark.parametrize(("method", "k", "label", "variant"), [
+    ({"name": "baseline"}, 0, "baseline", "baseline"),
+    ({"name": "ngram"}, 4, "ngram K=4", "ngram"),
+    ({"name": "controlled", "alpha": 0.6}, 4, "controlled alpha=0.6 K=4", "controlled alpha=0.6"),
+    ({"name": "draft_model", "draft": "l24"}, 2, "draft_model/l24 K=2", "draft_model/l24"),
+    ({"name": "eagle3"}, 8, "eagle3 K=8", "eagle3"),
+    ({"name": "medusa"}, 3, "medusa K=3", "medusa"),  # not registered: its name
+])
+def test_a_label_names_the_method_its_own_keys_and_k(method, k, label, variant):
+    assert methods.label(method, k) == label
+    # Rows written before the column (schema 7) get the same label from their config on read.
+    row = {"method": method["name"], "num_speculative_tokens": k,
+           "config_json": json.dumps({"method": method, "num_speculative_tokens": k})}
+    assert method_label(row) == label and method_variant(row) == variant
+    assert method_label(row | {"method_label": "as written"}) == "as written"
 
 
 def test_a_methods_own_hooks_reach_its_cell_and_engine(compose_cell):
@@ -140,7 +158,7 @@ def test_a_method_with_its_own_cost_model_touches_three_files(registry, compose_
 
     hardware = yaml.safe_load((Path(config.__file__).parent / "conf/hardware/cpu-amd-epyc-2-cores.yaml").read_text())
     choice = prediction.HardwareChoice(profiles.HardwareProfile.from_mapping(hardware), "cpu")
-    row = make_row("lookahead", k=3, config_json=json.dumps(cell.config))
+    row = make_row("lookahead", k=3, method_label="lookahead K=3", config_json=json.dumps(cell.config))
     [priced] = prediction.annotate([row], choice)
     assert priced["prediction_note"] is None, priced["prediction_note"]
     # The same cell priced as a free draft (ngram's cost model) gains more: the toy's drafter was paid for.
@@ -165,3 +183,33 @@ def test_a_method_with_a_head_checkpoint_is_checked_before_any_engine(registry, 
     errors = config.validate(compose_cell(["method=eagle", f"model.eagle={tmp_path}/none"]))
     assert len(errors) == 1 and "method=eagle (model.eagle)" in errors[0], errors
 
+
+def test_variants_of_one_method_are_separate_series_rows_and_schedules(tmp_path):
+    from rows import write_results
+
+    from specbench.analytic import recommend
+    from specbench.report import memory, plots, tables
+
+    def controlled(alpha: float, k: int, batch: int, speedup: float) -> dict:
+        cfg = {"method": {"name": "controlled", "alpha": alpha}, "num_speculative_tokens": k,
+               "batch_size": batch, "workload": {"name": "summarize"}, "model": {"name": "smollm2-135m"}}
+        return make_row("controlled", k, batch, speedup=speedup, config_json=json.dumps(cfg),
+                        cell_id=f"controlled-a{alpha}-k{k}-b{batch}", **kv)
+
+    kv = {"kv_cache_tokens": 1000, "drafter_weight_bytes": 0, "kv_requests_fit": 4}
+    rows = [make_row("baseline", batch=b, **kv) for b in (1, 4)]
+    rows += [controlled(a, k, b, s) for a, s in ((0.5, 1.1), (0.9, 1.8)) for k in (2, 4) for b in (1, 4)]
+    # Written before the column: the labels come from each row's config on read.
+    df, missing = tables.load_frame(write_results(tmp_path, rows, drop=["method_label"]))
+    assert "method_label" in missing
+    series = [(label, variant, k) for label, variant, k, _ in plots._series(tables.compared(df))]
+    assert series == [("controlled alpha=0.5 K=2", "controlled alpha=0.5", 2),
+                      ("controlled alpha=0.5 K=4", "controlled alpha=0.5", 4),
+                      ("controlled alpha=0.9 K=2", "controlled alpha=0.9", 2),
+                      ("controlled alpha=0.9 K=4", "controlled alpha=0.9", 4)]
+    enc = plots.Encoding.for_frame(df)
+    assert enc.colour("controlled alpha=0.5") != enc.colour("controlled alpha=0.9")
+    assert [r.drafter for r in memory.memory_table(df)] == ["baseline", "controlled alpha=0.5", "controlled alpha=0.9"]
+    assert [s.method for s in tables.schedules(df)] == ["controlled alpha=0.5", "controlled alpha=0.9"]
+    assert [r.label for r in recommend.recommend(tables.records(tables.compared(df)))] == [
+        "controlled alpha=0.5 on summarize (smollm2-135m)", "controlled alpha=0.9 on summarize (smollm2-135m)"]

@@ -59,7 +59,7 @@ from omegaconf import MISSING
 
 from specbench import methods, models, paths
 from specbench.analytic import drafting, profiles, speedup, steps
-from specbench.results.schema import SCHEDULE_KEY, curve_key, results_path, row_config
+from specbench.results.schema import SCHEDULE_KEY, curve_key, method_label, results_path, row_config
 
 CALIBRATED_FILE = "calibrated.yaml"
 CALIBRATE_HINT = (
@@ -560,7 +560,7 @@ def break_even(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         sizes = sorted({r["batch_size"] for r in group})
         first = group[0]
         entry: dict[str, Any] = {
-            "method": first["method"], "k": first.get("num_speculative_tokens"),
+            "method": first["method"], "label": method_label(first), "k": first.get("num_speculative_tokens"),
             "alpha": first.get("controlled_alpha"), "workload": first.get("workload"),
             "batch_sizes": sizes, "rows": group, "series": {},
         }
@@ -598,9 +598,8 @@ def format_check(rows: Sequence[Mapping[str, Any]]) -> str:
     for c in break_even(rows):
         if len(c["batch_sizes"]) < 2:
             continue  # one batch size: nothing to interpolate
-        alpha = f" alpha={c['alpha']}" if c["alpha"] is not None else ""
         lines.append(
-            f"  {c['method']} K={c['k']}{alpha} {c['workload']} (batch {c['batch_sizes'][0]}-"
+            f"  {c['label']} {c['workload']} (batch {c['batch_sizes'][0]}-"
             f"{c['batch_sizes'][-1]}): measured {size(c['measured'])}, predicted "
             f"{size(c['predicted'])} (from bs1 alpha {size(c['predicted_bs1_alpha'])}); "
             f"decode only: measured {size(c['measured_decode'])}, "
