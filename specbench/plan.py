@@ -72,7 +72,7 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
     plain.pop("hydra", None)
     method = plain["method"]["name"]
     k = 0 if method == "baseline" else int(plain["num_speculative_tokens"])
-    label = (f"{method}{'/' + plain['method']['draft'] if method == 'draft_model' else ''} K={k} "
+    label = (f"{methods.variant(plain['method'])} K={k} "
              f"b={plain['batch_size']} {plain['workload']['name']}")
     problems = tuple(validate(cfg))
     hardware = memory.resolve_hardware(plain.get("hardware"))
