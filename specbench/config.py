@@ -20,7 +20,7 @@ from typing import Any, Mapping, NoReturn, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from specbench import controlled, methods, models
+from specbench import methods, models
 from specbench.analytic import memory, prediction
 from specbench.engine import EngineSpec
 from specbench.workloads import (
@@ -226,10 +226,10 @@ class Cell:
 
 
     def _worker_env(self) -> tuple[tuple[str, str], ...]:
-        # vLLM's speculative_config forbids unknown keys, so the controlled
-        # proposer's alpha travels to the worker by environment.
-        alpha = self.identity["method"].get("alpha")
-        return () if alpha is None else ((controlled.ALPHA_ENV, repr(float(alpha))),)
+        method = methods.get(self.method)
+        if method is None or method.worker_env is None:
+            return ()
+        return tuple(method.worker_env(self.identity["method"]).items())
 
 
 _BASELINE_METHOD = {"name": "baseline", "speculative_config": None}
@@ -249,12 +249,9 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
     engine = {k: v for k, v in plain["engine"].items() if k != "cell_timeout_s"}
     identity = {
         "model": {k: plain["model"][k] for k in ("name", "path", "dtype")},
-        "method": _BASELINE_METHOD if baseline else {
-            "name": method["name"],
-            "speculative_config": method["speculative_config"],
-            # Controlled acceptance: alpha decides the measurement, outside speculative_config.
-            **({"alpha": float(method["alpha"])} if method["name"] == "controlled" else {}),
-        },
+        # A method's own keys that decide the measurement outside speculative_config
+        # (controlled acceptance's alpha) join it: see methods.Key.identity.
+        "method": _BASELINE_METHOD if baseline else methods.entry(method["name"]).identity(method),
         "num_speculative_tokens": 0 if baseline else plain["num_speculative_tokens"],
         "batch_size": plain["batch_size"],
         # A source-specific key left unset measures nothing different: leaving
@@ -306,9 +303,9 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         errors.append(f"remeasure={plain.get('remeasure')!r} must be one of: "
                       + ", ".join("null" if r is None else r for r in REMEASURE))
 
-    if name == "controlled":
-        errors += _check_controlled(method)
-    for key, reader in methods.OWN_KEYS.items():
+    if registered is not None and registered.check is not None:
+        errors += registered.check(method)
+    for key, reader in methods.own_keys().items():
         if name != reader and method.get(key) is not None:
             errors.append(f"method.{key}={method[key]!r} is only read for method={reader}, not {name}")
     if registered is not None and registered.checkpoint is not None:
@@ -361,21 +358,6 @@ def batch_prompt_tokens(plain: Mapping[str, Any]) -> tuple[int, ...] | None:
     except WorkloadError:
         return None
     return None if lengths is None else memory.heaviest_batch(lengths.tokens, plain["batch_size"])
-
-
-def _check_controlled(method: Mapping[str, Any]) -> list[str]:
-    errors = []
-    try:
-        controlled.check_alpha(method.get("alpha"))
-    except ValueError:
-        errors.append(f"method.alpha={method.get('alpha')!r} must be a number in [0, 1]")
-    spec = method.get("speculative_config") or {}
-    if spec.get("method") != "custom_class" or spec.get("model") != controlled.PROPOSER_CLASS:
-        errors.append(
-            "method=controlled needs speculative_config.method=custom_class and "
-            f"speculative_config.model={controlled.PROPOSER_CLASS}"
-        )
-    return errors
 
 
 def _checkpoint_key(method: methods.Method, config: Mapping[str, Any]) -> str:

@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from specbench import models
+from specbench import methods, models
 from specbench.analytic import footprint, memory
 from specbench.measure import CellPlan, Measurement
 from specbench.config import Cell
@@ -376,7 +376,7 @@ def _plan(cell: Cell, workload: Workload) -> CellPlan:
         max_tokens=cell.workload["max_tokens"],
         repetitions=cell.identity["repetitions"],
         warmup=cell.identity["warmup"],
-        reference_pass=cell.method == "controlled",
+        reference_pass=methods.entry(cell.method).reference_pass,
         # A baseline is the reference every divergence is classified against:
         # in a dtype whose near-ties can flip it records its top-two margins.
         tie_tolerance=tie_tolerance(cell.identity["engine"]["dtype"]) if cell.is_baseline else None,

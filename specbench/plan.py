@@ -72,7 +72,7 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
     plain.pop("hydra", None)
     method = plain["method"]["name"]
     k = 0 if method == "baseline" else int(plain["num_speculative_tokens"])
-    label = (f"{method}{'/' + plain['method']['draft'] if method == 'draft_model' else ''} K={k} "
+    label = (f"{methods.variant(plain['method'])} K={k} "
              f"b={plain['batch_size']} {plain['workload']['name']}")
     problems = tuple(validate(cfg))
     hardware = memory.resolve_hardware(plain.get("hardware"))
@@ -92,7 +92,7 @@ def _predicted_decode_speedup(
     plain: Mapping[str, Any], hardware: Mapping[str, Any], method: str, k: int, alpha: float
 ) -> float | None:
     """Decode speedup at acceptance alpha over a mid-length request (half of prompt cap + output)."""
-    priced_as = methods.priced_as(method)
+    priced_as = methods.cost(method)
     if priced_as is None:
         return None
     try:

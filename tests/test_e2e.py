@@ -104,5 +104,6 @@ def test_single_run_measures_the_cell_with_its_baseline(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     results = pd.read_parquet(run_dir / "results.parquet")
     assert sorted(results["method"]) == ["baseline", "ngram"]
+    assert sorted(results["method_label"]) == ["baseline", "ngram K=2"]
     assert results["exact_match"].all() and (results["status"] == "ok").all()
     assert (run_dir / "report.html").is_file()

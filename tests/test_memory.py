@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, OmegaConf
 
 from specbench import models
-from specbench.analytic import acceptance, footprint, memory, profiles, speedup
+from specbench.analytic import acceptance, drafting, footprint, memory, profiles, speedup
 from specbench.config import ConfigError, batch_prompt_tokens, validate
 from specbench.engine import EngineMemory
 from specbench.plan import format_plan, make_plan
@@ -53,7 +53,7 @@ def test_kv_bytes_per_token_sums_target_and_drafter_layers() -> None:
 
 
 def test_eagle_head_is_one_target_layer_plus_fc() -> None:
-    head = footprint.eagle_head_profile(QWEN_7B, "eagle")
+    head = drafting.eagle_head_profile(QWEN_7B, "eagle")
     # One layer of the target, fc over [embedding; state], one norm; the LM head is the target's.
     assert head.num_params == 233_046_016 + 2 * 3584 * 3584 + 3584 == 258_739_712
     assert head.weight_bytes == 2 * 258_739_712
@@ -62,12 +62,12 @@ def test_eagle_head_is_one_target_layer_plus_fc() -> None:
     # (the full vocabulary when the head's config is unknown, draft_vocab_size when it is).
     qkv = 3584 * (28 + 2 * 4) * 128
     eagle3 = 233_046_016 + 3 * 3584 * 3584 + qkv + 4 * 3584
-    assert footprint.eagle_head_profile(QWEN_7B, "eagle3").num_params == eagle3 + 152_064 * 3584
+    assert drafting.eagle_head_profile(QWEN_7B, "eagle3").num_params == eagle3 + 152_064 * 3584
     head_config = replace(QWEN_7B, num_layers=1, draft_vocab_size=32_000)
     # ... plus its d2t map: 32,000 int64 offsets, in 2-byte weight units.
-    assert footprint.eagle_head_profile(QWEN_7B, "eagle3", head_config).num_params == eagle3 + 32_000 * 3584 + 128_000
+    assert drafting.eagle_head_profile(QWEN_7B, "eagle3", head_config).num_params == eagle3 + 32_000 * 3584 + 128_000
     with pytest.raises(ValueError, match="eagle"):
-        footprint.eagle_head_profile(QWEN_7B, "ngram")
+        drafting.eagle_head_profile(QWEN_7B, "ngram")
 
 
 def test_request_tokens_include_lookahead_in_whole_blocks() -> None:

@@ -12,9 +12,8 @@ import pytest
 import yaml
 
 from specbench.analytic.acceptance import expected_tokens_from_rates, expected_tokens_per_pass
-from specbench.analytic.drafting import draft_prefill_time, draft_time
+from specbench.analytic.drafting import draft_prefill_time, draft_time, eagle_head_profile
 from specbench.analytic.profile_fit import DraftSample, StepSample, fit_draft_overhead, fit_hardware_profile
-from specbench.analytic.footprint import eagle_head_profile
 from specbench.analytic.profiles import HardwareProfile, ModelProfile, ridge_point
 from specbench.analytic.speedup import batch_decode_time, batch_tail, best_k, break_even_batch_size, end_to_end_speedup, num_speculative_tokens_per_batch_size, predicted_decode_speedup
 from specbench.stats import fit_alpha

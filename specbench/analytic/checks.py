@@ -8,10 +8,6 @@ import math
 import numbers
 
 
-METHODS = ("baseline", "ngram", "draft_model", "eagle", "eagle3")
-"""Speculation methods the model can price (vLLM's speculative_config names)."""
-
-
 def check_int(name: str, value: int, minimum: int) -> int:
     # bool is an Integral, but True as a batch size is always a caller bug.
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
@@ -33,9 +29,3 @@ def check_real(
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}{']' if high < math.inf else ')'}"
         raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
     return float(value)
-
-
-def check_method(method: str) -> str:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
-    return method

@@ -1,19 +1,185 @@
 """Draft cost: what the drafter (a draft model or an EAGLE head) spends per draft step and on
 the prompts; prompt lookup (ngram) drafts for free.
 
+Each way of drafting is a named cost model (:class:`DraftCost`) in one table,
+:data:`COST_MODELS`: a method's registry entry (:mod:`specbench.methods`)
+names the one it is priced with, and a method with a drafter of its own
+registers its cost model here (:func:`register_cost`). Everything that prices
+a drafter (:func:`draft_time`, :func:`draft_prefill_time`, the speedup, the
+memory model's drafter profile) looks it up by that name.
+
 Units throughout: seconds, bytes, FLOPs, tokens. Standard library only: the model runs and is
 tested without vLLM, torch or a GPU.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import Protocol
 
-from specbench.analytic.checks import check_int, check_method, check_real
+from specbench.analytic.checks import check_int, check_real
 from specbench.analytic.profiles import HardwareProfile, ModelProfile
 from specbench.analytic.steps import PassWork, pass_work, prefill_steps, roofline_time
 
 
 EAGLE_FC_INPUTS = {"eagle": 2, "eagle3": 3}
+# Norm vectors in a head's checkpoint: EAGLE-1's layer keeps only its post-attention
+# norm (vLLM drops the input norm of its first layer); EAGLE-3 adds the input,
+# hidden-state and final norms.
+_EAGLE_NORMS = {"eagle": 1, "eagle3": 4}
+
+
+class DraftCost(Protocol):
+    """How one way of drafting is priced: its drafter's profile, its draft steps, its prompt pass.
+
+    ``draft`` is the drafter's profile (:meth:`drafter`), ``target`` the
+    target's; either may be None where the caller has none, and a cost model
+    that needs it raises ValueError naming it. Seconds, as everywhere here.
+    """
+
+    def drafter(self, target: ModelProfile, checkpoint: ModelProfile | None) -> ModelProfile | None:
+        """The drafter's own profile, from its checkpoint's config.json (``checkpoint``, None when
+        unread); None for a drafter without weights."""
+        ...
+
+    def step_time(
+        self, *, hw: HardwareProfile, batch_size: int, k: int, context_len: float,
+        draft: ModelProfile | None, target: ModelProfile | None,
+    ) -> float:
+        """Seconds to propose k >= 1 tokens for each of batch_size sequences."""
+        ...
+
+    def prefill_time(
+        self, *, hw: HardwareProfile, batch_size: int, prompt_len: float, max_step_tokens: int,
+        draft: ModelProfile | None, target: ModelProfile | None,
+    ) -> float:
+        """Seconds the drafter spends on the prompts, beside the target's own prefill."""
+        ...
+
+
+@dataclass(frozen=True)
+class FreeDraft:
+    """A draft that costs nothing next to a forward pass: none at all (plain decoding), or a
+    lookup on the host (prompt lookup, controlled acceptance's stored continuation)."""
+
+    def drafter(self, target: ModelProfile, checkpoint: ModelProfile | None) -> ModelProfile | None:
+        """No weights."""
+        return None
+
+    def step_time(
+        self, *, hw: HardwareProfile, batch_size: int, k: int, context_len: float,
+        draft: ModelProfile | None, target: ModelProfile | None,
+    ) -> float:
+        """0: the CPU-side lookup is assumed negligible next to a GPU forward pass."""
+        return 0.0
+
+    def prefill_time(
+        self, *, hw: HardwareProfile, batch_size: int, prompt_len: float, max_step_tokens: int,
+        draft: ModelProfile | None, target: ModelProfile | None,
+    ) -> float:
+        """0: nothing reads the prompts but the target."""
+        return 0.0
+
+
+@dataclass(frozen=True)
+class DraftModelCost:
+    """A separate, smaller model: k sequential passes of its own, and its own prefill."""
+
+    def drafter(self, target: ModelProfile, checkpoint: ModelProfile | None) -> ModelProfile | None:
+        """The draft model's own config.json; ValueError without it."""
+        if checkpoint is None:
+            raise ValueError("method.speculative_config.model is not set")
+        return checkpoint
+
+    def step_time(
+        self, *, hw: HardwareProfile, batch_size: int, k: int, context_len: float,
+        draft: ModelProfile | None, target: ModelProfile | None,
+    ) -> float:
+        """k passes of ``draft``, each the work of step_time(draft, num_tokens=num_seqs=batch_size)."""
+        if draft is None:
+            raise ValueError("draft must be given for method 'draft_model'")
+        return k * roofline_time(hw, pass_work(draft, batch_size, batch_size, context_len), draft=True)
+
+    def prefill_time(
+        self, *, hw: HardwareProfile, batch_size: int, prompt_len: float, max_step_tokens: int,
+        draft: ModelProfile | None, target: ModelProfile | None,
+    ) -> float:
+        """The draft prefills every prompt as the target does (the work of ``prefill_time(draft)``)."""
+        if draft is None:
+            raise ValueError("draft must be given for method 'draft_model'")
+        steps, num_tokens = prefill_steps(batch_size, prompt_len, max_step_tokens)
+        work = pass_work(draft, num_tokens, batch_size, prompt_len / 2.0, logits=batch_size / steps)
+        return steps * roofline_time(hw, work, draft=True)
+
+
+@dataclass(frozen=True)
+class EagleHeadCost:
+    """An EAGLE head (``kind``: eagle or eagle3) on the target's hidden states.
+
+    A draft step is one pass of the head (:func:`eagle_head_matmul_params`:
+    one decoder layer with its own one-layer KV cache, the fc layer, and the
+    LM head the head reads: the target's full vocabulary for EAGLE-1, the
+    head's own reduced one for EAGLE-3). Without the head's profile the head
+    is assumed to have the target's shapes and full vocabulary.
+    """
+
+    kind: str
+
+    def drafter(self, target: ModelProfile, checkpoint: ModelProfile | None) -> ModelProfile | None:
+        """:func:`eagle_head_profile` from the head's shapes; the target's where they are unread (an upper bound)."""
+        return eagle_head_profile(target, self.kind, checkpoint)
+
+    def step_time(
+        self, *, hw: HardwareProfile, batch_size: int, k: int, context_len: float,
+        draft: ModelProfile | None, target: ModelProfile | None,
+    ) -> float:
+        """k passes of the head over one token per sequence."""
+        if target is None:
+            raise ValueError(f"target must be given for method {self.kind!r}")
+        work = eagle_head_work(
+            self.kind, draft or target, target, num_tokens=batch_size, num_seqs=batch_size,
+            context_len=context_len, logits=batch_size,
+        )
+        return k * roofline_time(hw, work, draft=True)
+
+    def prefill_time(
+        self, *, hw: HardwareProfile, batch_size: int, prompt_len: float, max_step_tokens: int,
+        draft: ModelProfile | None, target: ModelProfile | None,
+    ) -> float:
+        """The head's layer and fc over every prompt token (it needs their hidden states before it
+        can propose), its LM head at each prompt's last position."""
+        if target is None:
+            raise ValueError(f"target must be given for method {self.kind!r}")
+        steps, num_tokens = prefill_steps(batch_size, prompt_len, max_step_tokens)
+        work = eagle_head_work(
+            self.kind, draft or target, target, num_tokens=num_tokens, num_seqs=batch_size,
+            context_len=prompt_len / 2.0, logits=batch_size / steps,
+        )
+        return steps * roofline_time(hw, work, draft=True)
+
+
+COST_MODELS: dict[str, DraftCost] = {
+    "baseline": FreeDraft(),
+    "ngram": FreeDraft(),
+    "draft_model": DraftModelCost(),
+    "eagle": EagleHeadCost("eagle"),
+    "eagle3": EagleHeadCost("eagle3"),
+}
+"""The named cost models, in the order error messages list them; :func:`register_cost` adds one."""
+
+
+def register_cost(name: str, cost: DraftCost) -> DraftCost:
+    """Add ``cost`` to :data:`COST_MODELS` as ``name`` (replacing one of that name) and return it."""
+    COST_MODELS[name] = cost
+    return cost
+
+
+def cost_model(method: str) -> DraftCost:
+    """The cost model named ``method``; ValueError listing the known ones otherwise."""
+    cost = COST_MODELS.get(method) if isinstance(method, str) else None
+    if cost is None:
+        raise ValueError(f"method must be one of {', '.join(COST_MODELS)}; got {method!r}")
+    return cost
 
 
 def draft_prefill_time(
@@ -26,36 +192,22 @@ def draft_prefill_time(
     draft: ModelProfile | None = None,
     target: ModelProfile | None = None,
 ) -> float:
-    """Seconds the drafter spends on the prompts, beside the target's own prefill.
+    """Seconds the drafter of cost model ``method`` spends on the prompts, beside the target's own prefill.
 
-    A draft model prefills every prompt as the target does (the work of
-    :func:`prefill_time` of ``draft``); an EAGLE head runs its layer and fc
-    over every prompt token (it needs their hidden states before it can
-    propose) and its LM head read at each prompt's last position, priced
-    from the head's own shapes (``draft``, its profile; the target's shapes
-    when absent) as :func:`draft_time` prices a draft step. Either runs in
-    the same engine steps as the target, so each of its passes pays
+    :meth:`DraftCost.prefill_time`. A draft model prefills every prompt as
+    the target does (the work of :func:`prefill_time` of ``draft``); an EAGLE
+    head runs its layer and fc over every prompt token and its LM head read
+    at each prompt's last position, priced from the head's own shapes
+    (``draft``, its profile; the target's shapes when absent) as
+    :func:`draft_time` prices a draft step. Either runs in the same engine
+    steps as the target, so each of its passes pays
     ``hw.draft_pass_overhead_s``, not a step's fixed overhead. ngram and
     plain decoding: 0.
     """
-    check_method(method)
-    if method in ("baseline", "ngram"):
-        return 0.0
-    steps, num_tokens = prefill_steps(batch_size, prompt_len, max_step_tokens)
-    if method == "draft_model":
-        if draft is None:
-            raise ValueError("draft must be given for method 'draft_model'")
-        work = pass_work(draft, num_tokens, batch_size, prompt_len / 2.0, logits=batch_size / steps)
-    elif target is None:
-        raise ValueError(f"target must be given for method {method!r}")
-    else:
-        work = eagle_head_work(
-            method, draft or target, target, num_tokens=num_tokens, num_seqs=batch_size,
-            context_len=prompt_len / 2.0, logits=batch_size / steps,
-        )
-    return steps * roofline_time(hw, work, draft=True)
-
-
+    return cost_model(method).prefill_time(
+        hw=hw, batch_size=batch_size, prompt_len=prompt_len, max_step_tokens=max_step_tokens,
+        draft=draft, target=target,
+    )
 
 
 def draft_time(
@@ -68,40 +220,59 @@ def draft_time(
     draft: ModelProfile | None = None,
     target: ModelProfile | None = None,
 ) -> float:
-    """Seconds the draft spends proposing k tokens for each of batch_size sequences.
+    """Seconds the drafter of cost model ``method`` spends proposing k tokens for each of batch_size sequences.
 
-    baseline: 0. ngram: 0, assuming the CPU-side prompt lookup is negligible
-    next to a GPU forward pass. draft_model: k sequential passes of `draft`,
-    each the work of step_time(draft, num_tokens=num_seqs=batch_size). eagle / eagle3: k
-    passes of the head (see :func:`eagle_head_matmul_params`: one decoder
-    layer with its own one-layer KV cache, the fc layer, and the LM head the
-    head reads: the target's full vocabulary for EAGLE-1, the head's own
-    reduced one for EAGLE-3). `draft` is the head's profile (its config.json:
-    the target's shapes with one layer, plus draft_vocab_size); without it
-    the head is assumed to have the target's shapes and full vocabulary.
-    Head weights cost the dtype width kv_bytes_per_element, not the target's
-    bytes_per_weight, because heads ship unquantized. Every draft pass pays
-    ``hw.draft_pass_overhead_s`` (a pass inside the engine step, which has
-    already paid the scheduler and sampler once).
+    :meth:`DraftCost.step_time`; 0 for k = 0. baseline: 0. ngram: 0,
+    assuming the CPU-side prompt lookup is negligible next to a GPU forward
+    pass. draft_model: k sequential passes of `draft`, each the work of
+    step_time(draft, num_tokens=num_seqs=batch_size). eagle / eagle3: k
+    passes of the head (:class:`EagleHeadCost`). `draft` is the head's
+    profile (its config.json: the target's shapes with one layer, plus
+    draft_vocab_size); without it the head is assumed to have the target's
+    shapes and full vocabulary. Head weights cost the dtype width
+    kv_bytes_per_element, not the target's bytes_per_weight, because heads
+    ship unquantized. Every draft pass pays ``hw.draft_pass_overhead_s`` (a
+    pass inside the engine step, which has already paid the scheduler and
+    sampler once).
     """
-    check_method(method)
+    cost = cost_model(method)
     batch_size = check_int("batch_size", batch_size, 1)
     k = check_int("k", k, 0)
     context_len = check_real("context_len", context_len, 0.0)
-    if method in ("baseline", "ngram") or k == 0:
+    if k == 0:
         return 0.0
-    if method == "draft_model":
-        if draft is None:
-            raise ValueError("draft must be given for method 'draft_model'")
-        work = pass_work(draft, batch_size, batch_size, context_len)
-    elif target is None:
-        raise ValueError(f"target must be given for method {method!r}")
-    else:
-        work = eagle_head_work(
-            method, draft or target, target, num_tokens=batch_size, num_seqs=batch_size,
-            context_len=context_len, logits=batch_size,
-        )
-    return k * roofline_time(hw, work, draft=True)
+    return cost.step_time(hw=hw, batch_size=batch_size, k=k, context_len=context_len, draft=draft, target=target)
+
+
+def eagle_head_profile(target: ModelProfile, method: str, head: ModelProfile | None = None) -> ModelProfile:
+    """The EAGLE head as a one-layer profile of its own, for pricing and the memory model.
+
+    Its weights are those of :func:`eagle_head_matmul_params` read from the
+    head's own shapes (``head``: its config.json; the target's shapes when
+    absent) plus its norm vectors, less the LM head EAGLE-1 shares with the
+    target (EAGLE-3 brings its own, over draft_vocab_size tokens, and its
+    int64 ``d2t`` map; without the head's config, the full vocabulary: an
+    upper bound). The embeddings are the target's (vLLM shares them).
+    Weights and its one layer of KV cache are at the dtype width
+    kv_bytes_per_element: heads ship unquantized.
+    """
+    if method not in EAGLE_FC_INPUTS:
+        raise ValueError(f"method must be one of {', '.join(EAGLE_FC_INPUTS)}; got {method!r}")
+    shapes = head or target
+    params = eagle_head_matmul_params(method, shapes) + _EAGLE_NORMS[method] * shapes.hidden_size
+    if method == "eagle":
+        params -= eagle_head_lm_params(method, shapes)
+    elif shapes.draft_vocab_size:
+        # d2t: one int64 offset per draft token, counted in units of the weight width.
+        params += round(shapes.draft_vocab_size * 8 / target.kv_bytes_per_element)
+    return replace(
+        shapes,
+        name=f"{method} head for {target.name}",
+        num_params=params,
+        num_layers=1,
+        bytes_per_weight=target.kv_bytes_per_element,
+        kv_bytes_per_element=target.kv_bytes_per_element,
+    )
 
 
 def eagle_head_lm_params(method: str, head: ModelProfile) -> int:

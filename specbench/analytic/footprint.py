@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from specbench.analytic.checks import check_int, check_real
-from specbench.analytic.drafting import EAGLE_FC_INPUTS, eagle_head_lm_params, eagle_head_matmul_params
 from specbench.analytic.profiles import ModelProfile
 
 
@@ -24,43 +23,6 @@ GIB = 1 << 30
 DEFAULT_KV_BLOCK_SIZE = 16
 # Logits are materialised in float32 for every sequence of a step before sampling.
 _LOGIT_BYTES = 4
-
-
-# Norm vectors in a head's checkpoint: EAGLE-1's layer keeps only its post-attention
-# norm (vLLM drops the input norm of its first layer); EAGLE-3 adds the input,
-# hidden-state and final norms.
-_EAGLE_NORMS = {"eagle": 1, "eagle3": 4}
-
-
-def eagle_head_profile(target: ModelProfile, method: str, head: ModelProfile | None = None) -> ModelProfile:
-    """The EAGLE head as a one-layer profile of its own, for the memory model.
-
-    Its weights are those of :func:`eagle_head_matmul_params` read from the
-    head's own shapes (``head``: its config.json; the target's shapes when
-    absent) plus its norm vectors, less the LM head EAGLE-1 shares with the
-    target (EAGLE-3 brings its own, over draft_vocab_size tokens, and its
-    int64 ``d2t`` map; without the head's config, the full vocabulary: an
-    upper bound). The embeddings are the target's (vLLM shares them).
-    Weights and its one layer of KV cache are at the dtype width
-    kv_bytes_per_element: heads ship unquantized.
-    """
-    if method not in EAGLE_FC_INPUTS:
-        raise ValueError(f"method must be one of {', '.join(EAGLE_FC_INPUTS)}; got {method!r}")
-    shapes = head or target
-    params = eagle_head_matmul_params(method, shapes) + _EAGLE_NORMS[method] * shapes.hidden_size
-    if method == "eagle":
-        params -= eagle_head_lm_params(method, shapes)
-    elif shapes.draft_vocab_size:
-        # d2t: one int64 offset per draft token, counted in units of the weight width.
-        params += round(shapes.draft_vocab_size * 8 / target.kv_bytes_per_element)
-    return replace(
-        shapes,
-        name=f"{method} head for {target.name}",
-        num_params=params,
-        num_layers=1,
-        bytes_per_weight=target.kv_bytes_per_element,
-        kv_bytes_per_element=target.kv_bytes_per_element,
-    )
 
 
 def kv_bytes_per_token(models: Sequence[ModelProfile]) -> int:

@@ -58,8 +58,8 @@ import yaml
 from omegaconf import MISSING
 
 from specbench import methods, models, paths
-from specbench.analytic import drafting, footprint, profiles, speedup, steps
-from specbench.results.schema import SCHEDULE_KEY, curve_key, results_path, row_config
+from specbench.analytic import drafting, profiles, speedup, steps
+from specbench.results.schema import SCHEDULE_KEY, curve_key, method_label, results_path, row_config
 
 CALIBRATED_FILE = "calibrated.yaml"
 CALIBRATE_HINT = (
@@ -232,22 +232,25 @@ def drafter_profile(
 ) -> profiles.ModelProfile | None:
     """The drafter's profile, for pricing and memory alike; None for drafters without weights.
 
-    ``method`` is a cell's method config (name, speculative_config). A draft
-    model: its own config.json. An EAGLE head: ``footprint.eagle_head_profile``
-    from the head's config.json (its one layer, EAGLE-3's reduced
-    vocabulary), or from the target's shapes where the head's config cannot
-    be read (a hub id offline): an upper bound. Raises ValueError when a draft
-    model's config is missing.
+    ``method`` is a cell's method config (name, speculative_config). The
+    method's cost model (:meth:`drafting.DraftCost.drafter`) makes it from
+    the config.json of the checkpoint ``speculative_config.model`` names
+    (:attr:`methods.Method.checkpoint`). A draft model: its own config.json,
+    a ValueError when it is missing. An EAGLE head:
+    ``drafting.eagle_head_profile`` from the head's config.json (its one
+    layer, EAGLE-3's reduced vocabulary), or from the target's shapes where
+    the head's config cannot be read (a hub id offline): an upper bound.
     """
-    priced_as = methods.priced_as(method.get("name"))
+    registered = methods.get(method.get("name"))
+    if registered is None or registered.cost is None:
+        return None
     spec = method.get("speculative_config") or {}
-    if priced_as == "draft_model":
-        if not spec.get("model"):
-            raise ValueError("method.speculative_config.model is not set")
-        return model_profile(spec["model"], dtype)
-    if priced_as in ("eagle", "eagle3"):
-        return footprint.eagle_head_profile(target, priced_as, _head_shapes(spec.get("model"), dtype))
-    return None
+    checkpoint = None
+    if registered.checkpoint == "model" and spec.get("model"):
+        checkpoint = model_profile(spec["model"], dtype)
+    elif registered.checkpoint == "head":
+        checkpoint = _head_shapes(spec.get("model"), dtype)
+    return drafting.cost_model(registered.cost).drafter(target, checkpoint)
 
 
 def _head_shapes(reference: str | None, dtype: str) -> profiles.ModelProfile | None:
@@ -312,7 +315,7 @@ def _predict(
     acceptance: DecodeAcceptance,
 ) -> Prediction:
     method = row["method"]
-    priced_as = methods.priced_as(method)
+    priced_as = methods.cost(method)
     if priced_as is None:
         raise _Unpriced(f"method {method} has no cost model")
     context = context_length(row)
@@ -557,7 +560,7 @@ def break_even(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         sizes = sorted({r["batch_size"] for r in group})
         first = group[0]
         entry: dict[str, Any] = {
-            "method": first["method"], "k": first.get("num_speculative_tokens"),
+            "method": first["method"], "label": method_label(first), "k": first.get("num_speculative_tokens"),
             "alpha": first.get("controlled_alpha"), "workload": first.get("workload"),
             "batch_sizes": sizes, "rows": group, "series": {},
         }
@@ -595,9 +598,8 @@ def format_check(rows: Sequence[Mapping[str, Any]]) -> str:
     for c in break_even(rows):
         if len(c["batch_sizes"]) < 2:
             continue  # one batch size: nothing to interpolate
-        alpha = f" alpha={c['alpha']}" if c["alpha"] is not None else ""
         lines.append(
-            f"  {c['method']} K={c['k']}{alpha} {c['workload']} (batch {c['batch_sizes'][0]}-"
+            f"  {c['label']} {c['workload']} (batch {c['batch_sizes'][0]}-"
             f"{c['batch_sizes'][-1]}): measured {size(c['measured'])}, predicted "
             f"{size(c['predicted'])} (from bs1 alpha {size(c['predicted_bs1_alpha'])}); "
             f"decode only: measured {size(c['measured_decode'])}, "

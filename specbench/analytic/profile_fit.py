@@ -12,8 +12,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from specbench.analytic.checks import check_int, check_method, check_real
-from specbench.analytic.drafting import EAGLE_FC_INPUTS, draft_time
+from specbench.analytic.checks import check_int, check_real
+from specbench.analytic.drafting import EAGLE_FC_INPUTS, cost_model, draft_time
 from specbench.analytic.profiles import HardwareProfile, ModelProfile
 from specbench.analytic.steps import check_step, pass_work, roofline_time, verify_step
 
@@ -212,7 +212,7 @@ def fit_draft_overhead(
     below). Returns d in seconds and each sample's relative residual
     predicted / measured - 1 under it.
     """
-    check_method(method)
+    cost_model(method)  # an unknown method is refused before the EAGLE-only check below
     if method not in EAGLE_FC_INPUTS:
         raise ValueError(f"method must be an EAGLE head ({', '.join(EAGLE_FC_INPUTS)}); got {method!r}")
     if not samples:

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specbench import methods
 from specbench.analytic import speedup
-from specbench.results.schema import SCHEDULE_KEY, curve_key, recommendable, results_path, row_config
+from specbench.results.schema import SCHEDULE_KEY, curve_key, method_variant, recommendable, results_path, row_config
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Recommendation:
 
     label: str
     method: str
+    variant: str  # the method and its own keys (specbench.methods.variant): "controlled alpha=0.6"
     workload: str
     model: str
     best: dict[int, tuple[int, float | None]]  # batch size -> (K, its speedup; None for K=0)
@@ -87,13 +89,11 @@ class Recommendation:
 
 
 def _overrides(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
-    method = cfg.get("method") or {}
+    method = {**(cfg.get("method") or {}), "name": row["method"]}
     workload = cfg.get("workload") or {}
-    out = [f"model={row['model']}", f"method={row['method']}"]
-    if row["method"] == "controlled":
-        out.append(f"method.alpha={method.get('alpha')}")
-    if row["method"] == "draft_model" and method.get("draft"):
-        out.append(f"method.draft={method['draft']}")
+    registered = methods.get(row["method"])
+    out = [f"model={row['model']}"]
+    out += registered.overrides(method) if registered else [f"method={row['method']}"]
     out.append(f"workload={row['workload']}")
     out += [f"workload.{key}={workload[key]}" for key in ("num_prompts", "max_tokens") if key in workload]
     out.append(f"repetitions={cfg.get('repetitions', row.get('repetitions'))}")
@@ -168,13 +168,11 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Re
             top, paying = chosen
             best[batch] = (top["num_speculative_tokens"], top["speedup"]) if paying else (0, None)
         row, cfg = members[0]
-        label = f"{row['method']}"
-        if row["method"] == "controlled":
-            label += f" alpha={(cfg.get('method') or {}).get('alpha')}"
-        label += f" on {row['workload']} ({row['model']})"
+        variant = str(method_variant(row))
         out.append(Recommendation(
-            label=label,
+            label=f"{variant} on {row['workload']} ({row['model']})",
             method=str(row["method"]),
+            variant=variant,
             workload=str(row["workload"]),
             model=str(row["model"]),
             best=dict(sorted(best.items())),

@@ -12,8 +12,8 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 
 from specbench.analytic.acceptance import expected_tokens_per_pass
-from specbench.analytic.checks import check_int, check_method, check_real
-from specbench.analytic.drafting import draft_time
+from specbench.analytic.checks import check_int, check_real
+from specbench.analytic.drafting import cost_model, draft_time
 from specbench.analytic.profiles import HardwareProfile, ModelProfile
 from specbench.analytic.steps import plain_decode_step, verify_step
 
@@ -38,7 +38,7 @@ def predicted_decode_speedup(
     verify_step (default K: every pass carries a full draft). 1 for method
     "baseline" or k = 0.
     """
-    check_method(method)
+    cost_model(method)  # an unknown method is refused, even at K = 0
     k = check_int("k", k, 0)
     if method == "baseline" or k == 0:
         return 1.0

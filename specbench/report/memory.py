@@ -1,6 +1,7 @@
 """The report's memory section: what each method's drafter costs beside the speedup it buys.
 
-Per drafter (baseline, ngram, each EAGLE kind, each draft model): the
+Per drafter (baseline, ngram, each EAGLE kind, each draft model; a method
+variant, :data:`specbench.report.tables.VARIANT`, so each of its own keys apart): the
 drafter's weight bytes, the KV cache the engine had left (tokens, and the
 share of the baseline's capacity the drafter took), how many requests of the
 cell's length fit, the peak memory, the memory model's prediction, and the
@@ -14,7 +15,6 @@ Reads the results frame only (:func:`specbench.report.tables.load_frame`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,20 +22,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from specbench.report import plots
-from specbench.report.tables import best_of, eligible, fmt_speedup, measured
+from specbench.report.tables import VARIANT, best_of, eligible, fmt_speedup, measured
 
 _MB = 1e6
-
-
-def drafter_label(method: Any, config_json: Any) -> str:
-    """The method, with the draft it used for draft_model (``draft_model/small``)."""
-    if method == "draft_model":
-        try:
-            draft = (json.loads(config_json or "{}").get("method") or {}).get("draft")
-        except json.JSONDecodeError:
-            draft = None
-        return f"draft_model/{draft}" if draft else "draft_model"
-    return str(method)
 
 
 @dataclass(frozen=True)
@@ -55,7 +44,7 @@ class MemoryRow:
 def _frame(df: pd.DataFrame) -> pd.DataFrame:
     rows = measured(df)
     rows = rows[rows["kv_cache_tokens"].notna()] if "kv_cache_tokens" in rows.columns else rows.iloc[0:0]
-    return rows.assign(drafter=[drafter_label(m, c) for m, c in zip(rows["method"], rows["config_json"])])
+    return rows.assign(drafter=rows[VARIANT])
 
 
 def _median(series: pd.Series) -> float | None:
@@ -93,7 +82,7 @@ def memory_table(df: pd.DataFrame) -> list[MemoryRow]:
     """
     frame = _frame(df)
     judged = eligible(df)
-    judged = judged.assign(drafter=[drafter_label(m, c) for m, c in zip(judged["method"], judged["config_json"])])
+    judged = judged.assign(drafter=judged[VARIANT])
     out = []
     order = frame.groupby("drafter")["drafter_weight_bytes"].median().sort_values(kind="stable")
     for drafter in sorted(order.index, key=lambda d: (d != "baseline", order[d], d)):
@@ -135,9 +124,8 @@ def memory_cost(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
     labels = [r.drafter for r in table]
     medians = frame.groupby("drafter").agg(
         drafter=("drafter_weight_bytes", "median"), kv=("kv_cache_tokens", "median"),
-        method=("method", "first"),
     ).loc[labels]
-    colours = [enc.colour(m) if m != "baseline" else plots._BASELINE_COLOUR for m in medians["method"]]
+    colours = [enc.colour(d) if d != "baseline" else plots._BASELINE_COLOUR for d in labels]
     with plots._style():
         fig = Figure(figsize=(9.0, 0.5 * len(labels) + 1.6), layout="constrained")
         left, right = fig.subplots(1, 2, sharey=True)
@@ -155,4 +143,4 @@ def memory_cost(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
         return replace(plot, image=plots._png(fig))
 
 
-__all__ = ["MemoryRow", "drafter_label", "memory_cost", "memory_table"]
+__all__ = ["MemoryRow", "memory_cost", "memory_table"]

@@ -7,9 +7,11 @@ canvas, not through ``pyplot``, and styles are applied in a context, so
 building a report changes no global state of the process that called it (the
 sweep's launcher, for one).
 
-Colours follow seaborn's colour-blind-safe palette, one colour per method,
-and markers tell K apart; both mappings are fixed per report so that a method
-has the same colour in every figure.
+Colours follow seaborn's colour-blind-safe palette, one colour per method
+variant (the method and its own keys: ``controlled alpha=0.6``, :data:`VARIANT`),
+and markers tell K apart; both mappings are fixed per report so that a variant
+has the same colour in every figure. A series is one ``method_label``
+(:data:`CONFIG`): cells that differ in a method's own keys are never drawn as one.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from specbench.report.tables import (
     PANEL,
     PREDICTED,
     PREDICTED_DECODE,
+    VARIANT,
     acceptance_gaps,
     compared,
     has_predictions,
@@ -66,32 +69,32 @@ class Plot:
 
 @dataclass(frozen=True)
 class Encoding:
-    """Colour per method and marker per K, shared by every figure of one report."""
+    """Colour per method variant and marker per K, shared by every figure of one report."""
 
     colours: dict[str, tuple[float, float, float] | str]
     markers: dict[int, str]
 
     @classmethod
     def for_frame(cls, df: pd.DataFrame) -> Encoding:
-        """Assign colours to the methods and markers to the Ks found in ``df``."""
-        methods = sorted(m for m in df["method"].dropna().unique() if m != "baseline")
-        palette = sns.color_palette("colorblind", max(len(methods), 1))
-        colours: dict[str, tuple[float, float, float] | str] = dict(zip(methods, palette))
+        """Assign colours to the method variants and markers to the Ks found in ``df``."""
+        variants = sorted(v for v in df[VARIANT].dropna().unique() if v != "baseline")
+        palette = sns.color_palette("colorblind", max(len(variants), 1))
+        colours: dict[str, tuple[float, float, float] | str] = dict(zip(variants, palette))
         colours["baseline"] = _BASELINE_COLOUR
         ks = sorted(int(k) for k in df["num_speculative_tokens"].dropna().unique() if k > 0)
         return cls(colours, {k: _MARKERS[i % len(_MARKERS)] for i, k in enumerate(ks)})
 
-    def colour(self, method: str) -> tuple[float, float, float] | str:
-        """The method's colour."""
-        return self.colours.get(method, _BASELINE_COLOUR)
+    def colour(self, variant: str) -> tuple[float, float, float] | str:
+        """The method variant's colour."""
+        return self.colours.get(variant, _BASELINE_COLOUR)
 
     def marker(self, k: int) -> str:
         """The marker for K."""
         return self.markers.get(k, "o")
 
-    def legend(self, methods: Sequence[str], ks: Sequence[int]) -> list[Line2D]:
-        """Legend handles: a coloured line per method, a grey marker per K."""
-        handles = [Line2D([], [], color=self.colour(m), lw=2, label=m) for m in methods]
+    def legend(self, variants: Sequence[str], ks: Sequence[int]) -> list[Line2D]:
+        """Legend handles: a coloured line per method variant, a grey marker per K."""
+        handles = [Line2D([], [], color=self.colour(v), lw=2, label=v) for v in variants]
         handles += [
             Line2D([], [], color="0.35", marker=self.marker(k), ls="none", label=f"K={k}")
             for k in ks
@@ -165,10 +168,11 @@ def _without(plot: Plot, reason: str) -> Plot:
     return replace(plot, missing=reason)
 
 
-def _series(df: pd.DataFrame) -> Iterator[tuple[str, int, pd.DataFrame]]:
-    """(method, K, rows sorted by batch size) for each configuration in ``df``."""
-    for (method, k), rows in df.groupby(["method", "num_speculative_tokens"], sort=True):
-        yield str(method), int(k), rows.sort_values("batch_size")
+def _series(df: pd.DataFrame) -> Iterator[tuple[str, str, int, pd.DataFrame]]:
+    """(method_label, method variant, K, rows sorted by batch size) for each configuration in ``df``."""
+    # The label names the series; method, variant and K before it keep K in numeric order.
+    for (_, variant, k, label), rows in df.groupby(["method", VARIANT, "num_speculative_tokens", CONFIG], sort=True):
+        yield str(label), str(variant), int(k), rows.sort_values("batch_size")
 
 
 def _panels(df: pd.DataFrame) -> list[str]:
@@ -210,7 +214,7 @@ def speedup_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
         for ax, panel in zip(axes, _panels(comp)):
             rows = comp[comp[PANEL] == panel]
             series = list(_series(rows))
-            for i, (method, k, s) in enumerate(series):
+            for i, (_, variant, k, s) in enumerate(series):
                 batches = s["batch_size"].astype(float).to_numpy()
                 # Nudge series apart along x so that overlapping CI bars stay readable.
                 nudge = 2 ** ((i - (len(series) - 1) / 2) * 0.07)
@@ -219,28 +223,28 @@ def speedup_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
                 low = (y - s["speedup_ci_low"].to_numpy(dtype=float, na_value=np.nan)).clip(min=0)
                 high = (s["speedup_ci_high"].to_numpy(dtype=float, na_value=np.nan) - y).clip(min=0)
                 ax.errorbar(
-                    x, y, yerr=np.nan_to_num([low, high]), color=enc.colour(method), marker=enc.marker(k),
+                    x, y, yerr=np.nan_to_num([low, high]), color=enc.colour(variant), marker=enc.marker(k),
                     ms=6, lw=1.6, capsize=3, elinewidth=1,
                 )
                 if "decode_speedup" in s:
                     ax.plot(x, s["decode_speedup"].to_numpy(dtype=float, na_value=np.nan),
-                            color=enc.colour(method), marker=enc.marker(k), mfc="none", ms=6, ls="none")
+                            color=enc.colour(variant), marker=enc.marker(k), mfc="none", ms=6, ls="none")
                 if has_model:
                     model = s.dropna(subset=[PREDICTED])
                     ax.plot(
                         model["batch_size"].astype(float) * nudge, model[PREDICTED].astype(float),
-                        color=enc.colour(method), ls="--", lw=1.3, alpha=0.9, marker="_", ms=14, mew=1.6,
+                        color=enc.colour(variant), ls="--", lw=1.3, alpha=0.9, marker="_", ms=14, mew=1.6,
                     )
                 if PREDICTED_DECODE in s:
                     model = s.dropna(subset=[PREDICTED_DECODE])
                     ax.plot(
                         model["batch_size"].astype(float) * nudge, model[PREDICTED_DECODE].astype(float),
-                        color=enc.colour(method), ls="-.", lw=1.0, alpha=0.8, marker="_", ms=10, mew=1.0,
+                        color=enc.colour(variant), ls="-.", lw=1.0, alpha=0.8, marker="_", ms=10, mew=1.0,
                     )
             ax.axhline(1.0, color="0.2", ls=":", lw=1.3)
             _log2_batches(ax, rows["batch_size"].astype(int))
         axes[0].set_ylabel("speedup (× plain decoding)")
-        handles = enc.legend(sorted(comp["method"].unique()), _ks(comp))
+        handles = enc.legend(sorted(comp[VARIANT].unique()), _ks(comp))
         handles.append(Line2D([], [], color="0.2", ls=":", label="1× (break-even)"))
         if "decode_speedup" in comp:
             handles.append(Line2D([], [], color="0.35", marker="o", mfc="none", ls="none", label="decode only"))
@@ -282,19 +286,19 @@ def acceptance_vs_k(df: pd.DataFrame, enc: Encoding) -> Plot:
         fig, axes = _facets(_panels(spec))
         for ax, panel in zip(axes, _panels(spec)):
             rows = spec[spec[PANEL] == panel]
-            methods = sorted(rows["method"].unique())
+            variants = sorted(rows[VARIANT].unique())
             max_k = int(rows["num_speculative_tokens"].max())
-            for j, method in enumerate(methods):
-                own = rows[rows["method"] == method]
-                colour = enc.colour(method)
-                # Methods side by side at each K so their points do not cover each other.
-                x = own["num_speculative_tokens"].astype(float) + (j - (len(methods) - 1) / 2) * 0.12
+            for j, variant in enumerate(variants):
+                own = rows[rows[VARIANT] == variant]
+                colour = enc.colour(variant)
+                # Variants side by side at each K so their points do not cover each other.
+                x = own["num_speculative_tokens"].astype(float) + (j - (len(variants) - 1) / 2) * 0.12
                 ax.scatter(x, own["acceptance_length"].astype(float), color=colour, s=36, zorder=3)
                 per_pass = own["tokens_per_pass"].astype(float)
                 ax.scatter(x, per_pass, facecolors="none", edgecolors=colour, s=36, lw=1.3, zorder=3)
                 alphas = own["alpha"].dropna().astype(float)
                 if alphas.empty:
-                    notes.append(f"{panel}, {method}: no fitted α, so no E(α, K) line.")
+                    notes.append(f"{panel}, {variant}: no fitted α, so no E(α, K) line.")
                     continue
                 alpha = float(alphas.median())
                 ks = np.arange(1, max_k + 1)
@@ -308,7 +312,7 @@ def acceptance_vs_k(df: pd.DataFrame, enc: Encoding) -> Plot:
             ax.set_xlim(0.5, max_k + 1.1)
             ax.set_xlabel("K (num_speculative_tokens)")
         axes[0].set_ylabel("tokens per target pass")
-        handles = enc.legend(sorted(spec["method"].unique()), [])
+        handles = enc.legend(sorted(spec[VARIANT].unique()), [])
         handles += [
             Line2D([], [], color="0.35", marker="o", ls="none", label="acceptance length (drafted steps)"),
             Line2D(
@@ -349,10 +353,10 @@ def acceptance_per_position(df: pd.DataFrame, enc: Encoding) -> Plot:
         fig, axes = _facets(_panels(spec))
         for ax, panel in zip(axes, _panels(spec)):
             rows = spec[spec[PANEL] == panel]
-            for method, k, s in _series(rows):
+            for label, variant, k, s in _series(rows):
                 batch = int(s["batch_size"].min())
                 if batch != 1:
-                    notes.append(f"{panel}, {method} K={k}: batch 1 not measured; batch {batch} shown.")
+                    notes.append(f"{panel}, {label}: batch 1 not measured; batch {batch} shown.")
                 at_batch = s.loc[s["batch_size"] == batch, "acceptance_rate_per_pos"]
                 rates = [np.asarray(r, dtype=float) for r in at_batch]
                 width = max(len(r) for r in rates)
@@ -361,7 +365,7 @@ def acceptance_per_position(df: pd.DataFrame, enc: Encoding) -> Plot:
                 padded = [np.pad(r, (0, width - len(r)), constant_values=np.nan) for r in rates]
                 ax.plot(
                     np.arange(1, width + 1), np.nanmean(padded, axis=0),
-                    color=enc.colour(method), marker=enc.marker(k), lw=1.5, ms=6,
+                    color=enc.colour(variant), marker=enc.marker(k), lw=1.5, ms=6,
                 )
             width = max(len(r) for r in rows["acceptance_rate_per_pos"])
             ax.set_xticks(range(1, width + 1))
@@ -369,7 +373,7 @@ def acceptance_per_position(df: pd.DataFrame, enc: Encoding) -> Plot:
             ax.set_ylim(0, 1.02)
             ax.set_xlabel("draft position")
         axes[0].set_ylabel("acceptance rate")
-        _legend(fig, enc.legend(sorted(spec["method"].unique()), _ks(spec)))
+        _legend(fig, enc.legend(sorted(spec[VARIANT].unique()), _ks(spec)))
         return replace(plot, image=_png(fig), notes=notes)
 
 
@@ -394,7 +398,7 @@ def speedup_heatmap(df: pd.DataFrame, enc: Encoding) -> Plot:
         f"Batch 1 was not measured; batch {batch}, the smallest compared, is shown."
     ]
     at = comp[comp["batch_size"] == batch]
-    order = at.sort_values(["method", "num_speculative_tokens"])[CONFIG].drop_duplicates().tolist()
+    order = at.sort_values(["method", VARIANT, "num_speculative_tokens"])[CONFIG].drop_duplicates().tolist()
     grid = at.pivot_table(index=CONFIG, columns=PANEL, values="speedup", aggfunc="median").reindex(order)
     if grid.isna().any().any():
         notes.append("Blank squares: configuration not measured, or not compared, on that workload.")
@@ -449,8 +453,8 @@ def tpot_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
         fig, axes = _facets(_panels(ok))
         for ax, panel in zip(axes, _panels(ok)):
             rows = ok[ok[PANEL] == panel]
-            for method, k, s in _series(rows):
-                colour = enc.colour(method)
+            for _, variant, k, s in _series(rows):
+                colour = enc.colour(variant)
                 x = s["batch_size"].astype(float).to_numpy()
                 p50 = 1000 * s["tpot_s_p50"].astype(float).to_numpy()
                 p90 = 1000 * s["tpot_s_p90"].to_numpy(dtype=float, na_value=np.nan)
@@ -463,8 +467,8 @@ def tpot_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
         # Once all panels are drawn: set_ylim freezes the shared upper limit at the data seen so far.
         axes[0].set_ylim(bottom=0)
         axes[0].set_ylabel("time per output token (ms)")
-        methods = sorted(ok["method"].unique(), key=lambda m: (m != "baseline", m))
-        _legend(fig, enc.legend(methods, _ks(ok)))
+        variants = sorted(ok[VARIANT].unique(), key=lambda v: (v != "baseline", v))
+        _legend(fig, enc.legend(variants, _ks(ok)))
         return replace(plot, image=_png(fig), notes=notes)
 
 

@@ -23,13 +23,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specbench.analytic import prediction, recommend
-from specbench.results.schema import COLUMNS, curve_key, exactness_kind, recommendable, row_config
+from specbench.results.schema import (
+    COLUMNS,
+    curve_key,
+    exactness_kind,
+    method_label,
+    method_variant,
+    recommendable,
+    row_config,
+)
 from specbench.stats import student_t_quantile
 
 PANEL = "panel"
 """Derived column: the workload, prefixed by the model when a file holds several models."""
-CONFIG = "config_label"
-"""Derived column: ``"<method> K=<K>"``."""
+CONFIG = "method_label"
+"""The cell's method, its own keys and K (``"controlled alpha=0.6 K=4"``): every series, row and
+chooser of the page groups on it, so variants of one method stay apart."""
+VARIANT = "method_variant"
+"""Derived column: :data:`CONFIG` without K (``"controlled alpha=0.6"``): a colour, a memory row,
+a family of curves over K."""
 PREDICTED = "predicted_speedup"
 """The analytic model's wall-time speedup column: null on every row of a sweep without a hardware profile."""
 PREDICTED_DECODE = "predicted_decode_speedup"
@@ -51,7 +63,9 @@ def load_frame(path: Path) -> tuple[pd.DataFrame, list[str]]:
 
     Integer and boolean columns keep their nulls (pandas ``Int64`` and
     ``boolean``), because a failed cell can lack even its method and batch size.
-    Missing schema columns are added as nulls so an older file still renders.
+    Missing schema columns are added as nulls so an older file still renders;
+    its ``method_label`` is made from each row's config
+    (:func:`specbench.results.schema.method_label`).
     """
     table = pq.read_table(path)
     nullable = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
@@ -63,22 +77,15 @@ def load_frame(path: Path) -> tuple[pd.DataFrame, list[str]]:
     df[PANEL] = [
         _panel(model, workload, several_models) for model, workload in zip(df["model"], df["workload"])
     ]
-    df[CONFIG] = [config_label(m, k) for m, k in zip(df["method"], df["num_speculative_tokens"])]
+    rows = records(df)
+    df[CONFIG] = [method_label(r) or "?" for r in rows]
+    df[VARIANT] = [method_variant(r) or "?" for r in rows]
     return df, missing
 
 
 def _panel(model: Any, workload: Any, several_models: bool) -> str:
     workload = "?" if pd.isna(workload) else str(workload)
     return f"{model} · {workload}" if several_models and not pd.isna(model) else workload
-
-
-def config_label(method: Any, k: Any) -> str:
-    """``"ngram K=4"``; ``"baseline"`` for plain decoding; ``"?"`` when the method is unknown."""
-    if pd.isna(method):
-        return "?"
-    if method == "baseline":
-        return str(method)
-    return f"{method} K={'?' if pd.isna(k) else int(k)}"
 
 
 # --- row selections -------------------------------------------------------------------------------
@@ -167,7 +174,7 @@ def _items(value: Any) -> list[Any]:
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
-    return df.sort_values([PANEL, "method", "num_speculative_tokens", "batch_size"], na_position="last")
+    return df.sort_values([PANEL, "method", VARIANT, "num_speculative_tokens", "batch_size"], na_position="last")
 
 
 # --- formatting -----------------------------------------------------------------------------------
@@ -530,7 +537,7 @@ def schedules(df: pd.DataFrame) -> list[Schedule]:
     out = [
         Schedule(
             panel=_panel(rec.model, rec.workload, several_models),
-            method=rec.method,
+            method=rec.variant,
             best_k={batch: k for batch, (k, _) in rec.best.items()},
             json=rec.speculative_config_json() if rec.max_k else None,
         )

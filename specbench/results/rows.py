@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from specbench import methods
 from specbench.measure import CellPlan, Measurement, SpecCounters
 from specbench.engine import EngineInfo, EngineMemory
 from specbench.results.metrics import measured_fields, position_rates
@@ -159,6 +160,7 @@ def _identity_columns(cell: Cell, engine_runs: int) -> dict[str, Any]:
         "baseline_cell_id": None if cell.is_baseline else cell.baseline().cell_id,
         "model": cell.identity["model"]["name"],
         "method": cell.method,
+        "method_label": methods.label(cell.config["method"], cell.k),
         "num_speculative_tokens": cell.k,
         "batch_size": cell.batch_size,
         "workload": cell.workload["name"],

@@ -21,6 +21,8 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from specbench import methods
+
 # 2: predicted_decode_speedup; target_passes >= requests + drafts; per-request acceptance
 # 3: requests_fingerprint and provenance checks (resume, merge); merged columns describe every engine run;
 #    speedup is the geometric mean of the per-run ratios; no zero-width intervals (null instead);
@@ -35,7 +37,8 @@ import pyarrow.parquet as pq
 #    excluding, attempts of a disturbed cell, the speedup's pooled spread and df, acceptance counted
 #    on emitted tokens (raw_* keep vLLM's counters), reached concurrency
 # 8: machine (was hardware): the machine a cell ran on, where hardware= names an analytic profile
-SCHEMA_VERSION = 8
+# 9: method_label (the method's variant and K, from the method registry: what plots and tables group on)
+SCHEMA_VERSION = 9
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
 # at batch 1) and why: "tie" when the reference's own top-two log-probabilities there are within the
@@ -51,6 +54,7 @@ SCHEMA = pa.schema(
         # --- the cell --------------------------------------------------------
         ("model", _STR),
         ("method", _STR),
+        ("method_label", _STR),  # "ngram K=4", "controlled alpha=0.6 K=4", "draft_model/small K=2" (specbench.methods.label)
         ("num_speculative_tokens", _INT),
         ("batch_size", _INT),
         ("workload", _STR),
@@ -240,13 +244,14 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         raise ResultsError(f"{path}: not a specbench results file (no {', '.join(sorted(missing))} column)")
     # Columns added since the file was written read as null, and renamed ones under
     # their new name: a newer specbench still merges (and resumes from) cells
-    # measured by an older one.
+    # measured by an older one. Their method_label is made from their config,
+    # as it would have been written.
     rows = table.to_pylist()
     for row in rows:
         for old, new in RENAMED_COLUMNS.items():
             if old in row and new not in row:
                 row[new] = row.pop(old)
-    return [{c: row.get(c) for c in COLUMNS} | row for row in rows]
+    return [{c: row.get(c) for c in COLUMNS} | row | {"method_label": method_label(row)} for row in rows]
 
 
 # --- reading rows: one rule each, for the report, the CLIs and the sweep ----------------------------
@@ -265,6 +270,25 @@ def row_config(row: Mapping[str, Any]) -> dict[str, Any]:
     except (TypeError, json.JSONDecodeError):
         return {}
     return config if isinstance(config, dict) else {}
+
+
+def method_label(row: Mapping[str, Any]) -> str | None:
+    """A row's ``method_label``; for a row written before the column (schema 7 and older), the one
+    :func:`specbench.methods.label` makes from its config. None without a method (a failed config)."""
+    if row.get("method_label") is not None:
+        return str(row["method_label"])
+    if row.get("method") is None:
+        return None
+    config = {**(row_config(row).get("method") or {}), "name": row["method"]}
+    return methods.label(config, int(row.get("num_speculative_tokens") or 0))
+
+
+def method_variant(row: Mapping[str, Any]) -> str | None:
+    """A row's method and its own keys without K (``controlled alpha=0.6``): what a family of
+    curves over K shares (:func:`specbench.methods.variant`). None without a method."""
+    if row.get("method") is None:
+        return None
+    return methods.variant({**(row_config(row).get("method") or {}), "name": row["method"]})
 
 
 def curve_key(row: Mapping[str, Any], *, across_k: bool = False) -> str:
