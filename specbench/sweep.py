@@ -252,7 +252,7 @@ class FinishSweep(Callback):
 def finish(sweep_dir: Path) -> list[dict[str, Any]]:
     """Merge, price with the analytic model (specbench.analytic.prediction), report, summarise; exit non-zero naming failed cells."""
     rows, calibrate_hint = predict_sweep(merge(sweep_dir / "cells", read_plan(sweep_dir)))
-    rows = memory.annotate(rows)
+    rows = memory.with_predicted_memory(rows)
     if calibrate_hint:
         print(calibrate_hint)
     results = results_path(sweep_dir)

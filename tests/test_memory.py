@@ -296,7 +296,7 @@ def test_annotate_prices_the_drafters_kv_share() -> None:
     base = {"cell_id": "b", "method": "baseline", "status": "ok", "kv_cache_tokens": 46_592}
     spec = {"cell_id": "s", "method": "draft_model", "status": "ok", "baseline_cell_id": "b",
             "kv_cache_tokens": 23_296}
-    rows = memory.annotate([base, spec])
+    rows = memory.with_predicted_memory([base, spec])
     assert rows[0]["drafter_kv_share"] == 0.0 and rows[1]["drafter_kv_share"] == 0.5
 
 

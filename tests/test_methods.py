@@ -159,11 +159,11 @@ def test_a_method_with_its_own_cost_model_touches_three_files(registry, compose_
     hardware = yaml.safe_load((Path(config.__file__).parent / "conf/hardware/cpu-amd-epyc-2-cores.yaml").read_text())
     choice = prediction.HardwareChoice(profiles.HardwareProfile.from_mapping(hardware), "cpu")
     row = make_row("lookahead", k=3, method_label="lookahead K=3", config_json=json.dumps(cell.config))
-    [priced] = prediction.annotate([row], choice)
+    [priced] = prediction.with_predicted_speedups([row], choice)
     assert priced["prediction_note"] is None, priced["prediction_note"]
     # The same cell priced as a free draft (ngram's cost model) gains more: the toy's drafter was paid for.
     methods.register(methods.Method("lookahead", cost="ngram"))
-    [free] = prediction.annotate([row], choice)
+    [free] = prediction.with_predicted_speedups([row], choice)
     assert 1.0 < priced["predicted_decode_speedup"] < free["predicted_decode_speedup"]
     # Exactly its cost: the speculative step is the verify step plus 3 tenths of a plain step.
     acceptance = prediction.decode_acceptance(row)

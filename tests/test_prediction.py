@@ -84,9 +84,9 @@ def test_each_row_is_priced_with_its_own_measured_acceptance(checkpoints):
         _row(target, batch=1, tokens_per_pass=2.5), _row(target, batch=8, tokens_per_pass=2.0),
         _row(target, "draft_model", k=2, batch=1, tokens_per_pass=1.8, draft=draft),
     ]
-    out = prediction.annotate(rows, CHOICE)
+    out = prediction.with_predicted_speedups(rows, CHOICE)
     for baseline in out[:2]:
-        assert [baseline[c] for c in prediction.PREDICTED_COLUMNS] == [1.0, 1.0, 1.0]
+        assert [baseline[c] for c in prediction.PREDICTED_SPEEDUP_COLUMNS] == [1.0, 1.0, 1.0]
     decode, wall = _theory(target, tokens_per_pass=2.5)
     assert (out[2]["predicted_decode_speedup"], out[2]["predicted_speedup"]) == pytest.approx((decode, wall))
     assert out[3]["predicted_speedup"] == pytest.approx(_theory(target, batch=8, tokens_per_pass=2.0)[1])
@@ -105,7 +105,7 @@ def test_each_row_is_priced_with_its_own_measured_acceptance(checkpoints):
 
 def test_prefill_dilutes_the_wall_time_prediction_more_at_larger_batches(checkpoints):
     target, _ = checkpoints
-    out = prediction.annotate([_row(target, batch=b, tokens_per_pass=3.0) for b in (1, 8)], CHOICE)
+    out = prediction.with_predicted_speedups([_row(target, batch=b, tokens_per_pass=3.0) for b in (1, 8)], CHOICE)
     for row in out:
         assert 1.0 < row["predicted_speedup"] < row["predicted_decode_speedup"]
     share = [(r["predicted_speedup"] - 1) / (r["predicted_decode_speedup"] - 1) for r in out]
@@ -119,7 +119,7 @@ def test_the_wall_time_waits_for_each_batchs_slowest_request(checkpoints):
     outputs = [OUTPUT_LEN] * REQUESTS
     even = _row(target, batch=4, output_tokens_per_request=outputs, decode_passes_per_request=[16, 15] * 4)
     spread = _row(target, batch=4, output_tokens_per_request=outputs, decode_passes_per_request=[8, 23] * 4)
-    unrecorded, even, spread = prediction.annotate([_row(target, batch=4), even, spread], CHOICE)
+    unrecorded, even, spread = prediction.with_predicted_speedups([_row(target, batch=4), even, spread], CHOICE)
     assert even["predicted_speedup"] == pytest.approx(unrecorded["predicted_speedup"], rel=0.02)
     assert spread["predicted_decode_speedup"] == even["predicted_decode_speedup"]  # the mean pass count is the same
     # Each batch pays its slowest requests' 23 passes, two of them at half the batch.
@@ -139,7 +139,7 @@ def test_prefill_steps_follow_the_engines_max_num_batched_tokens(checkpoints):
     row = _row(target, batch=8, tokens_per_pass=3.0)
     cfg = json.loads(row["config_json"])
     cfg["engine"]["max_num_batched_tokens"] = 1000
-    default, chunked = prediction.annotate([row, dict(row, config_json=json.dumps(cfg))], CHOICE)
+    default, chunked = prediction.with_predicted_speedups([row, dict(row, config_json=json.dumps(cfg))], CHOICE)
     profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     context = PROMPT_LEN + OUTPUT_LEN / 2
     plain = (OUTPUT_LEN - 1) * steps.plain_decode_step(profile, HW, 8, context)
@@ -154,7 +154,7 @@ def test_verification_is_priced_for_the_tokens_actually_drafted(checkpoints):
     # ngram drafts only where its lookup matches: half-empty drafts verify
     # fewer tokens, which matters once the batch is past the ridge.
     target, _ = checkpoints
-    full, half = prediction.annotate(
+    full, half = prediction.with_predicted_speedups(
         [_row(target, batch=32, tokens_per_pass=2.0), _row(target, batch=32, tokens_per_pass=2.0,
                                                            draft_tokens_per_pass=2.0)], CHOICE)
     assert half["predicted_decode_speedup"] == pytest.approx(
@@ -164,10 +164,10 @@ def test_verification_is_priced_for_the_tokens_actually_drafted(checkpoints):
 
 def test_controlled_rows_are_marked_and_priced_as_a_free_draft(checkpoints):
     target, _ = checkpoints
-    (row,) = prediction.annotate([_row(target, "controlled", alpha=0.7, tokens_per_pass=2.7)], CHOICE)
+    (row,) = prediction.with_predicted_speedups([_row(target, "controlled", alpha=0.7, tokens_per_pass=2.7)], CHOICE)
     assert row["controlled_alpha"] == 0.7
     assert row["predicted_speedup"] == pytest.approx(_theory(target, tokens_per_pass=2.7)[1])
-    (plain,) = prediction.annotate([_row(target)], CHOICE)
+    (plain,) = prediction.with_predicted_speedups([_row(target)], CHOICE)
     assert plain["controlled_alpha"] is None
 
 
@@ -180,7 +180,7 @@ def test_rows_the_model_cannot_price_get_nulls_and_a_reason(checkpoints, tmp_pat
         _row(target, batch=1, k=2, target_passes=None),
         _row(target, batch=1, k=3, status="failed"),
     ]
-    out = prediction.annotate(rows, CHOICE)
+    out = prediction.with_predicted_speedups(rows, CHOICE)
     assert out[0]["predicted_speedup"] is not None and out[0]["predicted_speedup_bs1_alpha"] is None
     assert "batch-size-1" in out[0]["prediction_note"]
     assert out[1]["predicted_speedup"] is None and "config.json" in out[1]["prediction_note"]
@@ -196,7 +196,7 @@ def test_decode_acceptance_excludes_prefill_passes_and_bounds_old_pass_counts(ch
     # 60 drafts, and output - accepted = 40 passes, fewer than 8 + 60.
     old = row | {"target_passes": 40, "drafts": 60, "draft_tokens": 240}
     assert prediction.decode_acceptance(old) == prediction.DecodeAcceptance(248 / 60, 4.0)
-    (priced,) = prediction.annotate([old], CHOICE)
+    (priced,) = prediction.with_predicted_speedups([old], CHOICE)
     assert priced["predicted_decode_speedup"] == pytest.approx(_theory(target, tokens_per_pass=248 / 60)[0])
     # Never more than K + 1 tokens per pass, whatever the counters say.
     assert prediction.decode_acceptance(row | {"target_passes": 10}).tokens_per_pass == 5.0
@@ -212,7 +212,7 @@ def test_a_schedule_prices_the_k_vllm_uses_at_that_batch_size(checkpoints):
     row = _row(target, batch=16, tokens_per_pass=1.0, draft_tokens_per_pass=0.0)
     cfg = json.loads(row["config_json"])
     cfg["method"]["speculative_config"]["num_speculative_tokens_per_batch_size"] = schedule
-    (priced,) = prediction.annotate([dict(row, config_json=json.dumps(cfg))], CHOICE)
+    (priced,) = prediction.with_predicted_speedups([dict(row, config_json=json.dumps(cfg))], CHOICE)
     assert priced["predicted_speedup"] == 1.0
 
 
@@ -288,7 +288,7 @@ def test_default_step_budget_follows_vllms_default_for_the_hardware_the_row_ran_
     # A GPU row left at vLLM's default is priced with 16384-token prefill steps, not the CPU's 4096.
     target, _ = checkpoints
     row = _row(target, batch=32, tokens_per_pass=3.0)
-    cpu, gpu = prediction.annotate([row, dict(row, machine="1x NVIDIA H200")], CHOICE)
+    cpu, gpu = prediction.with_predicted_speedups([row, dict(row, machine="1x NVIDIA H200")], CHOICE)
     profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     context = PROMPT_LEN + OUTPUT_LEN / 2
     plain = (OUTPUT_LEN - 1) * steps.plain_decode_step(profile, HW, 32, context)

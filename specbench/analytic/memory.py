@@ -25,7 +25,7 @@ cannot run at all (too big for the device, or KV cache below one request),
 naming the bytes needed and available and what to change. A batch whose
 requests each fit but not all at once is not refused: vLLM runs it in waves,
 and :func:`batch_waves` says so.
-:func:`annotate` adds, at merge time, the model's prediction beside the
+:func:`with_predicted_memory` adds, at merge time, the model's prediction beside the
 measured memory columns (:func:`specbench.results.rows.memory_columns`) and
 each speculative cell's KV cost against its baseline.
 Pure Python: no vLLM.
@@ -63,7 +63,7 @@ MEASURED_COLUMNS = (
     "kv_requests_fit", "peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes",
     "gpu_used_bytes", "peak_rss_bytes",
 )
-PREDICTED_COLUMNS = (
+PREDICTED_MEMORY_COLUMNS = (
     "predicted_weight_bytes", "predicted_kv_bytes_per_token", "predicted_kv_cache_tokens",
     "predicted_peak_bytes",
 )
@@ -224,7 +224,7 @@ def _advice(kind: str, estimate: footprint.MemoryEstimate, cfg: Mapping[str, Any
 
 
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+_SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                 "I8": 1, "U8": 1, "BOOL": 1, "I64": 8, "U64": 8}
 _RUN_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -253,7 +253,7 @@ def checkpoint_weight_bytes(folder: str | Path, dtype: str) -> int | None:
                 for dim in tensor["shape"]:
                     numel *= dim
                 kind = tensor["dtype"]
-                total += numel * (_RUN_BYTES[dtype] if kind in _FLOAT_DTYPES else _DTYPE_BYTES[kind])
+                total += numel * (_RUN_BYTES[dtype] if kind in _FLOAT_DTYPES else _SAFETENSORS_DTYPE_BYTES[kind])
     except (OSError, ValueError, KeyError):
         return None
     return total
@@ -279,7 +279,7 @@ def _row_hardware(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> Mapping[str
     return hardware if hardware and hardware.get("memory_bytes") else None
 
 
-def annotate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_predicted_memory(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows with the memory model's prediction and each cell's KV cost against its baseline.
 
     predicted_*: footprint.engine_memory for the row's cell, at vLLM's measured
@@ -319,9 +319,9 @@ __all__ = [
     "CPU_RUNTIME_BYTES",
     "GPU_RUNTIME_BYTES",
     "MEASURED_COLUMNS",
-    "PREDICTED_COLUMNS",
+    "PREDICTED_MEMORY_COLUMNS",
     "Unpriced",
-    "annotate",
+    "with_predicted_memory",
     "batch_waves",
     "budget",
     "cell_estimate",

@@ -1,6 +1,6 @@
 """The analytic model beside every measurement: predicted speedups for merged rows.
 
-For each measured row, :func:`annotate` prices the row's own cell with
+For each measured row, :func:`with_predicted_speedups` prices the row's own cell with
 :mod:`specbench.analytic.theory`:
 
 - hardware: the profile the sweep's config names (``hardware=<name>``, from
@@ -76,7 +76,7 @@ DEFAULT_STEP_TOKENS = 4096
 _GPU_STEP_TOKENS, _LARGE_GPU_STEP_TOKENS = 8192, 16384
 # GPUs with at least 70 GiB in every variant, by the name the driver reports.
 _LARGE_GPUS = ("h100", "h200", "h800", "h20", "gh200", "b200", "b300", "gb200", "gb300", "mi300", "mi325", "mi355")
-PREDICTED_COLUMNS = ("predicted_speedup", "predicted_decode_speedup", "predicted_speedup_bs1_alpha")
+PREDICTED_SPEEDUP_COLUMNS = ("predicted_speedup", "predicted_decode_speedup", "predicted_speedup_bs1_alpha")
 
 
 def calibrated_path() -> Path:
@@ -380,7 +380,7 @@ def _tails(
             "speculative_tail": speedup.batch_tail(speculative, speculative_step)}
 
 
-def annotate(
+def with_predicted_speedups(
     rows: Sequence[dict[str, Any]], hardware: HardwareChoice | None
 ) -> list[dict[str, Any]]:
     """Rows with controlled_alpha, predicted_speedup, predicted_speedup_bs1_alpha,
@@ -404,11 +404,11 @@ def annotate(
             out.append(new)
             continue
         if hardware is None:
-            out.append(new | dict.fromkeys(PREDICTED_COLUMNS)
+            out.append(new | dict.fromkeys(PREDICTED_SPEEDUP_COLUMNS)
                        | {"hardware_profile": None, "prediction_note": CALIBRATE_HINT})
             continue
         if row.get("method") == "baseline":
-            out.append(new | dict.fromkeys(PREDICTED_COLUMNS, 1.0)
+            out.append(new | dict.fromkeys(PREDICTED_SPEEDUP_COLUMNS, 1.0)
                        | {"hardware_profile": hardware.label, "prediction_note": None})
             continue
         notes = []
@@ -436,11 +436,11 @@ def annotate(
 
 
 def predict_sweep(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
-    """:func:`annotate` with the sweep's hardware choice; the second item is a
+    """:func:`with_predicted_speedups` with the sweep's hardware choice; the second item is a
     line telling how to calibrate when there is no profile at all, else None."""
     config_hardware = next((c["hardware"] for c in map(row_config, rows) if c.get("hardware")), None)
     choice = choose_hardware(config_hardware)
-    return annotate(rows, choice), (CALIBRATE_HINT if choice is None else None)
+    return with_predicted_speedups(rows, choice), (CALIBRATE_HINT if choice is None else None)
 
 
 @dataclass(frozen=True)
@@ -642,12 +642,12 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = [
     "CALIBRATE_HINT",
     "CALIBRATED_FILE",
-    "PREDICTED_COLUMNS",
+    "PREDICTED_SPEEDUP_COLUMNS",
     "DecodeAcceptance",
     "HardwareChoice",
     "Prediction",
     "accuracy",
-    "annotate",
+    "with_predicted_speedups",
     "break_even",
     "calibrated_path",
     "choose_hardware",
