@@ -272,9 +272,10 @@ def _least_disturbed(
 
 
 def cell_label(cell: Cell) -> str:
-    """A cell as a reader names it: method, K, batch size, workload, engine run."""
-    k = "" if cell.is_baseline else f" K={cell.k}"
-    return f"{cell.method}{k} batch {cell.batch_size} {cell.workload['name']} engine run {cell.engine_run}"
+    """A cell as a reader names it: its method label (the variant and K, as plots and tables
+    name it), batch size, workload, engine run."""
+    label = methods.label(cell.config["method"], cell.k)
+    return f"{label} batch {cell.batch_size} {cell.workload['name']} engine run {cell.engine_run}"
 
 
 def cell_summary(cell: Cell, row: dict[str, Any], cells_dir: Path) -> str:
@@ -290,7 +291,7 @@ def cell_summary(cell: Cell, row: dict[str, Any], cells_dir: Path) -> str:
         earlier = []
         for spec in _rows_against(cells_dir, cell):
             speedup, exact = _versus(CellFiles(cells_dir, spec["cell_id"]), spec, files, row)
-            earlier.append(f"{spec['method']} K={spec['num_speculative_tokens']} {speedup}"
+            earlier.append(f"{spec['method_label']} {speedup}"
                            + (f" {exact}" if exact else ""))
         measured_before = f"; measured before it: {', '.join(earlier)}" if earlier else ""
         attempts = f" ({note})" if (note := _attempts_note(row)) else ""

@@ -77,7 +77,7 @@ def test_terminal_shows_the_plan_and_cells_and_the_log_file_the_rest(reference_s
     assert plan.startswith(f"sweep {directory}: 10 cells") and "10 to run on 5 engine(s)" in plan
     assert f"  log: {log} (vLLM and engine output; verbose=true shows it here)" in terminal
     # One line per cell; speculative cells run after their baseline in engine run 0, so their speedup is known.
-    assert any(line.startswith("draft_model K=2 batch 2 creative engine run 0: ") and line.endswith(", exact")
+    assert any(line.startswith("draft_model/small K=2 batch 2 creative engine run 0: ") and line.endswith(", exact")
                for line in terminal), terminal
     # (A machine busy with other work adds a WARNING line per disturbed attempt.)
     assert sum(": " in line and " engine run 0: " in line and not line.startswith("WARNING")
