@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from specbench import grid, methods
 from specbench.analytic import acceptance, footprint, memory, prediction, profiles, speedup
-from specbench.config import batch_prompt_tokens, validate
+from specbench.config import batch_prompt_tokens, validate, with_schedule
 
 DEFAULT_ALPHA = 0.7
 
@@ -70,11 +70,14 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
     """Price one composed cell."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("hydra", None)
+    problems = tuple(validate(cfg))
+    if not problems:
+        plain = with_schedule(plain)
     method = plain["method"]["name"]
     k = 0 if method == "baseline" else int(plain["num_speculative_tokens"])
-    label = (f"{methods.variant(plain['method'])} K={k} "
-             f"b={plain['batch_size']} {plain['workload']['name']}")
-    problems = tuple(validate(cfg))
+    label = f"{methods.label(plain['method'], k)} b={plain['batch_size']} {plain['workload']['name']}"
+    # A K schedule runs one K at this batch size: price that one.
+    k = prediction.effective_k(plain["method"].get("speculative_config"), k, int(plain["batch_size"]))
     hardware = memory.resolve_hardware(plain.get("hardware"))
     estimate = speedup = None
     if hardware is not None:

@@ -208,8 +208,8 @@ TOKENS_SCHEMA = pa.schema([("request_index", _INT), ("prompt_id", _STR), ("token
 
 
 RESULTS_FILE = "results.parquet"
-# vLLM's per-batch-size K schedule inside speculative_config.
-SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
+# vLLM's per-batch-size K schedule inside speculative_config (set from method.k_schedule).
+SCHEDULE_KEY = methods.SCHEDULE_KEY
 
 
 
@@ -306,6 +306,7 @@ def curve_key(row: Mapping[str, Any], *, across_k: bool = False) -> str:
     if across_k:
         speculative.pop("num_speculative_tokens", None)
         speculative.pop(SCHEDULE_KEY, None)
+        method.pop(methods.SCHEDULE, None)
         k = None
     method["speculative_config"] = speculative or None
     return json.dumps(
