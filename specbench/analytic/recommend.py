@@ -319,9 +319,16 @@ def _check_overrides(cfg: Mapping[str, Any]) -> list[str]:
     workload = cfg.get("workload") or {}
     out = [f"workload.max_prompt_tokens={workload['max_prompt_tokens']}"] if "max_prompt_tokens" in workload else []
     engine = cfg.get("engine") or {}
-    out += [f"engine.{key}={'null' if engine[key] is None else engine[key]}"
-            for key in ("max_model_len", "max_num_batched_tokens", "cpu_kvcache_space_gib") if key in engine]
+    out += [f"engine.{key}={_value(engine[key])}" for key in (
+        "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "cpu_kvcache_space_gib")
+        if key in engine]
+    out += [f"{key}={_value(cfg[key])}" for key in ("warmup", "seed") if key in cfg]
     return out
+
+
+def _value(value: Any) -> str:
+    """A setting as a Hydra override writes it (null, true, 4096)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def comparisons(rec: Recommendation) -> list[Comparison]:
