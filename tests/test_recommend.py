@@ -50,8 +50,8 @@ def test_best_k_per_batch_size_becomes_a_vllm_schedule():
     assert command.startswith("python -m specbench -m model=smollm2-135m method=ngram workload=summarize")
     # The source's settings, every batch size, the fixed Ks the schedule uses beside the schedule itself.
     assert "workload.max_prompt_tokens=512 engine.max_model_len=2048" in command
-    assert command.endswith(
-        "batch_size=1,4,8,16 num_speculative_tokens=2,4 'method.k_schedule=null,[[1,7,4],[8,15,2],[16,16,0]]'")
+    assert command.endswith("batch_size=1,4,8,16 num_speculative_tokens=2,4 "
+                            "'method.k_schedule=null,[[1,7,4],[8,15,2],[16,16,0]]' sweep_name=schedule_verify_ngram_summarize")
 
 
 def test_workloads_are_recommended_separately_and_schedule_rows_are_the_check():
@@ -117,7 +117,8 @@ def test_write_makes_a_method_config_hydra_loads_and_verify_prints_one_sweep(tmp
     capsys.readouterr()
     assert recommend.main([str(tmp_path), "--verify"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and all(line.endswith("sweep_name=src_verify") for line in lines)
+    assert [line.rsplit(" ", 1)[1] for line in lines] == ["sweep_name=src_verify_ngram_creative",
+                                                           "sweep_name=src_verify_ngram_summarize"]
 
 
 def recommend_conf():

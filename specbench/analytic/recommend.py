@@ -29,6 +29,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -152,12 +153,19 @@ class Recommendation:
         """
         ks = ",".join(str(k) for k in sorted({k for _, _, k in self.schedule if k}))
         sizes = ",".join(str(b) for b in sorted(self.best))
-        name = sweep_name or (f"{self.sources[0]}_verify" if len(self.sources) == 1 else None)
+        name = sweep_name or self.verify_sweep_name()
         return (
             "python -m specbench -m " + " ".join(self.overrides + self.batch_overrides)
             + f" batch_size={sizes} num_speculative_tokens={ks} 'method.{methods.SCHEDULE}=null,{self.k_schedule()}'"
             + (f" sweep_name={name}" if name else "")
         )
+
+    def verify_sweep_name(self) -> str:
+        """Where the check goes: ``<source sweep>_verify_<method>_<workload>``, one directory per family
+        (a sweep directory's results are its own plan's cells, so families cannot share one)."""
+        family = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{self.variant}_{self.workload}")
+        source = self.sources[0] if len(self.sources) == 1 else "schedule"
+        return f"{source}_verify_{family}"
 
     def method_yaml(self, header: Sequence[str]) -> str:
         """A ``conf/method/<name>.yaml`` of this method with the schedule, ``header`` as its first comments.
@@ -502,10 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             if rec not in runnable:
                 print(f"note: {rec.label}: nothing to verify (" + ("no K pays" if not rec.max_k else
                       f"vLLM 0.32 does not schedule K for method={rec.method}") + ")", file=sys.stderr)
-        # One sweep directory for all of them, so that one report compares every schedule.
-        sources = sorted({s for r in runnable for s in r.sources})
-        name = f"{sources[0]}_verify" if len(sources) == 1 else "verify_schedule"
-        print("\n".join(r.check_command(name) for r in runnable))
+        print("\n".join(r.check_command() for r in runnable))
         return 0 if runnable else 2
     print("\n\n".join(format_recommendation(r) for r in recommendations))
     if all(all(low == rec.measured[b][k] for k, low in by_k.items())
