@@ -196,3 +196,21 @@ def test_a_row_with_an_unreadable_config_is_read_as_every_other_reader_reads_it(
     recs = recommend.recommend(rows)  # the unreadable row is a family of its own
     assert sorted(len(r.best) for r in recs) == [1, 4]
     assert next(r for r in recs if len(r.best) == 4).best[1] == (4, 1.8)
+
+
+def test_the_report_sets_the_measured_schedule_beside_the_fixed_ks(tmp_path):
+    from specbench.report import render_report
+
+    schedule = [[1, 7, 4], [8, 16, 2]]
+    rows = [_row(k, b, s, sweep="src") for b, by_k in GRID.items() for k, s in by_k.items()]
+    rows += [_row(4, 4, 1.3, schedule, sweep="ver", interval=(1.25, 1.35)),
+             _row(4, 4, 1.5, sweep="ver", interval=(1.45, 1.55)),
+             _row(4, 8, 1.2, schedule, sweep="ver", interval=(1.1, 1.3)),
+             _row(2, 8, 1.25, sweep="ver", interval=(1.2, 1.3))]
+    for i, row in enumerate(rows):
+        row["cell_id"] = f"{row['cell_id']}-{i}"
+    write_results(rows, tmp_path / "results.parquet")
+    html = render_report(tmp_path / "results.parquet")
+    assert "Measured with schedule K=[1-7:4, 8-16:2]" in html
+    assert "Warning: at batch 4 the schedule loses to fixed K=4 by more than its interval." in html
+    assert "<td>8 ▲</td><td>2</td><td>1.20x [1.10, 1.30]</td><td>K=2</td>" in html
