@@ -18,9 +18,13 @@ b's K holds up to the next grid point, the smallest point's K reaches down to
 batch size 1.
 
 The output is ready to paste into a ``speculative_config``, and comes with
-the specbench command that measures the schedule itself. Rows measured with
-a schedule are not used to choose K; when present, they are set beside the
-best fixed K at each batch size, which is the check.
+the verification sweep that measures the schedule as vLLM runs it
+(``method.k_schedule``, :meth:`Recommendation.check_command`; ``--verify``
+prints only those). ``--write DIR/method/NAME.yaml`` writes one schedule as a
+method config, its source recorded in comments. Rows measured with a
+schedule, and the fixed-K rows of the sweep that measured it, never choose
+K: they are the check, and the schedule's speedup is set beside each fixed
+K's and the best one's at each batch size (:func:`comparisons`).
 """
 
 from __future__ import annotations
@@ -142,22 +146,22 @@ class Recommendation:
         """The schedule as a Hydra override writes it: ``[[1,4,4],[5,64,2]]``."""
         return "[" + ",".join(f"[{a},{b},{k}]" for a, b, k in self.schedule) + "]"
 
-    def check_command(self, sweep_name: str | None = None) -> str:
+    def check_command(self) -> str:
         """The verification sweep: the schedule and the fixed Ks it chose, at every batch size of the source.
 
         One Hydra multirun (so any launcher runs it, SLURM included): K is
         swept over the fixed Ks the schedule uses, ``method.k_schedule`` over
         null (fixed K) and the schedule (its cells take the schedule's largest
         K, so they are measured once), with the source's engine runs,
-        repetitions, workload and engine settings; every cell on a fresh engine.
+        repetitions, workload and engine settings, and fresh engines in each
+        engine run, into its own sweep directory (:meth:`verify_sweep_name`).
         """
         ks = ",".join(str(k) for k in sorted({k for _, _, k in self.schedule if k}))
         sizes = ",".join(str(b) for b in sorted(self.best))
-        name = sweep_name or self.verify_sweep_name()
         return (
             "python -m specbench -m " + " ".join(self.overrides + self.batch_overrides)
             + f" batch_size={sizes} num_speculative_tokens={ks} 'method.{methods.SCHEDULE}=null,{self.k_schedule()}'"
-            + (f" sweep_name={name}" if name else "")
+            + f" sweep_name={self.verify_sweep_name()}"
         )
 
     def verify_sweep_name(self) -> str:
