@@ -23,7 +23,8 @@ def test_the_schedule_switches_k_with_the_batch_size(tmp_path: Path) -> None:
     done = specbench(
         "-m", "method=ngram", "method.k_schedule=[[1,1,1],[2,64,3]]", "batch_size=1,2", "workload=summarize",
         "workload.num_prompts=2", "workload.selection=first", "workload.max_prompt_tokens=480",
-        "workload.max_tokens=24", "repetitions=1", "engine_runs=1", "engine.enable_prefix_caching=true",
+        "workload.max_tokens=16", "repetitions=1", "engine_runs=1", "attempts=1", "warmup=false",
+        "engine.enable_prefix_caching=true",
         f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-4000:]
