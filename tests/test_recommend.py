@@ -50,7 +50,8 @@ def test_best_k_per_batch_size_becomes_a_vllm_schedule():
     assert command.startswith("python -m specbench -m model=smollm2-135m method=ngram workload=summarize")
     # The source's settings, every batch size, the fixed Ks the schedule uses beside the schedule itself.
     assert "workload.max_prompt_tokens=512 engine.max_model_len=2048" in command
-    assert command.endswith("batch_size=1,4,8,16 num_speculative_tokens=2,4 "
+    # Each batch size of the source and the one before each threshold (7 | 8, 15 | 16).
+    assert command.endswith("batch_size=1,4,7,8,15,16 num_speculative_tokens=2,4 "
                             "'method.k_schedule=null,[[1,7,4],[8,15,2],[16,16,0]]' sweep_name=schedule_verify_ngram_summarize")
 
 

@@ -149,7 +149,8 @@ class Recommendation:
     def check_command(self) -> str:
         """The verification sweep: the schedule and the fixed Ks it chose, at every batch size of the source.
 
-        One Hydra multirun (so any launcher runs it, SLURM included): K is
+        One Hydra multirun (so any launcher runs it, SLURM included), at
+        :meth:`check_batch_sizes`: K is
         swept over the fixed Ks the schedule uses, ``method.k_schedule`` over
         null (fixed K) and the schedule (its cells take the schedule's largest
         K, so they are measured once), with the source's engine runs,
@@ -157,12 +158,18 @@ class Recommendation:
         engine run, into its own sweep directory (:meth:`verify_sweep_name`).
         """
         ks = ",".join(str(k) for k in sorted({k for _, _, k in self.schedule if k}))
-        sizes = ",".join(str(b) for b in sorted(self.best))
+        sizes = ",".join(str(b) for b in self.check_batch_sizes())
         return (
             "python -m specbench -m " + " ".join(self.overrides + self.batch_overrides)
             + f" batch_size={sizes} num_speculative_tokens={ks} 'method.{methods.SCHEDULE}=null,{self.k_schedule()}'"
             + f" sweep_name={self.verify_sweep_name()}"
         )
+
+    def check_batch_sizes(self) -> list[int]:
+        """Every batch size of the source, and the last one before each threshold (where the schedule
+        switches K): the check sees both sides of each switch, one request apart."""
+        before = {start - 1 for start, _, _ in self.schedule[1:]}
+        return sorted(set(self.best) | before)
 
     def verify_sweep_name(self) -> str:
         """Where the check goes: ``<source sweep>_verify_<method>_<workload>``, one directory per family
