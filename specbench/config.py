@@ -243,7 +243,7 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
     errors = validate(cfg)
     if errors:
         raise ConfigError("invalid cell configuration:\n  " + "\n  ".join(errors))
-    plain = _to_plain(cfg)
+    plain = with_schedule(_to_plain(cfg))
     method = plain["method"]
     baseline = method["name"] == "baseline"
     engine = {k: v for k, v in plain["engine"].items() if k != "cell_timeout_s"}
@@ -266,6 +266,27 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
     if baseline:
         plain = dict(plain, method=dict(_BASELINE_METHOD), num_speculative_tokens=0)
     return Cell(identity=identity, config=plain)
+
+
+def with_schedule(plain: dict[str, Any]) -> dict[str, Any]:
+    """A valid config with its ``method.k_schedule`` handed to vLLM; unchanged without one.
+
+    The schedule goes into ``speculative_config.num_speculative_tokens_per_batch_size``,
+    and ``num_speculative_tokens`` (the cell's K, its own and speculative_config's)
+    becomes the schedule's largest K: vLLM caps every entry at it, so a smaller one
+    would run a schedule other than the one recorded, and a larger one would only
+    reserve draft slots no step uses. Cells of a grid that differ only in K then
+    become one cell (the sweep measures it once).
+    """
+    schedule = (plain.get("method") or {}).get(methods.SCHEDULE)
+    if not schedule:
+        return plain
+    schedule = [[int(v) for v in entry] for entry in schedule]
+    k = methods.schedule_max_k(schedule)
+    speculative = dict(plain["method"]["speculative_config"] or {}, num_speculative_tokens=k)
+    speculative[methods.SCHEDULE_KEY] = schedule
+    method = dict(plain["method"], speculative_config=speculative, **{methods.SCHEDULE: schedule})
+    return dict(plain, method=method, num_speculative_tokens=k)
 
 
 def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
@@ -305,6 +326,13 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
 
     if registered is not None and registered.check is not None:
         errors += registered.check(method)
+    schedule = method.get(methods.SCHEDULE)
+    errors += methods.check_schedule(name, schedule, MAX_K)
+    raw = (method.get("speculative_config") or {}).get(methods.SCHEDULE_KEY)
+    if raw is not None and raw != schedule:
+        # The old way in (+method.speculative_config.<key>=...) skipped validation, the label and K.
+        errors.append(f"method.speculative_config.{methods.SCHEDULE_KEY}={raw!r}: set the K schedule with "
+                      f"method.{methods.SCHEDULE}={_compact(raw)} (checked, labelled, and K set to its largest entry)")
     for key, reader in methods.own_keys().items():
         if name != reader and method.get(key) is not None:
             errors.append(f"method.{key}={method[key]!r} is only read for method={reader}, not {name}")
@@ -338,8 +366,13 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         )
     # The memory model needs a valid cell and a profile stating memory; only then are prompts measured.
     if not errors and memory.resolve_hardware(plain.get("hardware")) is not None:
-        errors += memory.fit_problems(plain, batch_prompt_tokens(plain))
+        errors += memory.fit_problems(with_schedule(plain), batch_prompt_tokens(plain))
     return errors
+
+
+def _compact(value: Any) -> str:
+    """A value as a Hydra override writes it: ``[[1,4,4],[5,64,2]]``."""
+    return json.dumps(value, separators=(",", ":"))
 
 
 def batch_prompt_tokens(plain: Mapping[str, Any]) -> tuple[int, ...] | None:

@@ -19,9 +19,10 @@ nothing of the analytic model, so the analytic layer may read it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Dict, Literal, Optional
+from typing import Any, Dict, Literal, Optional, Sequence
 
 from omegaconf import MISSING
 
@@ -72,6 +73,10 @@ class Method:
         check: problems with its config that only it can know (messages naming the key), or None.
         reference_pass: whether each batch is first decoded plainly, untimed, for the drafter to read.
         worker_env: environment variables the engine worker needs from its config, or None.
+        schedules: whether vLLM honours a per-batch-size K schedule (``method.k_schedule``) for it:
+            its model runner passes the scheduler's K to this method's proposer. vLLM 0.32's
+            ``custom_class`` proposers are called without it and draft ``num_speculative_tokens``
+            at every batch size, so a schedule there would be recorded but not run.
     """
 
     name: str
@@ -81,6 +86,7 @@ class Method:
     check: Callable[[Mapping[str, Any]], list[str]] | None = None
     reference_pass: bool = False
     worker_env: Callable[[Mapping[str, Any]], dict[str, str]] | None = None
+    schedules: bool = False
 
     def identity(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """What of a method config decides the measurement: name, speculative_config, identity keys."""
@@ -114,6 +120,16 @@ class MethodSchema:
     speculative_config: Optional[Dict[str, Any]] = MISSING
     alpha: Optional[float] = None  # controlled: the per-token acceptance probability
     draft: Optional[str] = None  # draft_model: which of model.drafts drafts
+    # [[first batch size, last batch size, K], ...]: vLLM's num_speculative_tokens_per_batch_size
+    # (see SCHEDULE_KEY). Typed Any so that a malformed one reaches check_schedule's own message.
+    k_schedule: Optional[Any] = None
+
+
+SCHEDULE = "k_schedule"
+"""The method key of a per-batch-size K schedule (``method.k_schedule=[[1,4,4],[5,64,2]]``)."""
+
+SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
+"""Where vLLM reads the schedule: a key of ``speculative_config`` (vLLM 0.32)."""
 
 
 BASELINE = "baseline"
@@ -166,9 +182,73 @@ def variant(config: Mapping[str, Any]) -> str:
 
 def label(config: Mapping[str, Any], k: int) -> str:
     """The ``method_label`` of a cell: its variant and K (``ngram K=4``, ``controlled alpha=0.6 K=4``,
-    ``draft_model/small K=2``); ``baseline`` for plain decoding, which has no K."""
+    ``draft_model/small K=2``); ``baseline`` for plain decoding, which has no K. A cell with a K
+    schedule shows it in place of K (``ngram K=[1-4:4, 5-64:2]``), so it never shares a fixed K's label."""
     name = variant(config)
-    return name if config.get("name") == BASELINE else f"{name} K={k}"
+    if config.get("name") == BASELINE:
+        return name
+    schedule = config.get(SCHEDULE)
+    return f"{name} K=[{schedule_text(schedule)}]" if schedule else f"{name} K={k}"
+
+
+def schedule_text(schedule: Sequence[Sequence[int]]) -> str:
+    """A schedule as its label shows it: ``1-4:4, 5-64:2`` (a one-size range as ``8:2``)."""
+    return ", ".join(f"{a}:{k}" if a == b else f"{a}-{b}:{k}" for a, b, k in schedule)
+
+
+def schedule_max_k(schedule: Sequence[Sequence[int]]) -> int:
+    """The largest K of a schedule: the cell's ``num_speculative_tokens`` (vLLM caps every entry at it)."""
+    return max(int(entry[2]) for entry in schedule)
+
+
+def check_schedule(name: Any, schedule: Any, max_k: int) -> list[str]:
+    """Problems with ``method.k_schedule`` for method ``name``: one message per problem, naming the key.
+
+    Stricter than vLLM, which sorts the ranges and carries a K forward over a
+    gap: a schedule here must be what runs, so its ranges are listed in order,
+    start at batch size 1 and follow each other without gap or overlap. Past the
+    last range vLLM keeps its K (the rule the label and the analytic model follow).
+    """
+    if schedule is None:
+        return []
+    try:
+        key = f"method.{SCHEDULE}={json.dumps(schedule, separators=(',', ':'))}"
+    except TypeError:
+        key = f"method.{SCHEDULE}={schedule!r}"
+    method = _REGISTRY.get(name) if isinstance(name, str) else None
+    if method is None or not method.schedules:
+        honoured = ", ".join(m.name for m in _REGISTRY.values() if m.schedules)
+        why = ("its custom_class proposer is called without the scheduled K and drafts num_speculative_tokens "
+               "at every batch size" if method is not None and method.name != BASELINE else "it does not speculate")
+        return [f"{key}: vLLM 0.32 does not schedule K for method={name} ({why}); a K schedule is allowed "
+                f"for method={honoured}"]
+    form = "a list of [first batch size, last batch size, K] integer triples, e.g. [[1,4,4],[5,64,2]]"
+    if not isinstance(schedule, (list, tuple)) or not schedule or not all(
+            isinstance(e, (list, tuple)) and len(e) == 3 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                 for v in e) for e in schedule):
+        return [f"{key} must be {form}"]
+    errors = []
+    if schedule[0][0] != 1:
+        errors.append(f"{key}: the first range must start at batch size 1 (it starts at {schedule[0][0]}), "
+                      "so every batch size has a K")
+    for start, end, _ in schedule:
+        if start > end:
+            errors.append(f"{key}: range [{start}, {end}] ends before it starts; each range is "
+                          "[first batch size, last batch size, K] with first <= last")
+    for (_, end, _), (start, _, _) in zip(schedule, schedule[1:]):
+        if start <= end:
+            errors.append(f"{key}: ranges overlap or are out of order at batch size {start} (the range before "
+                          f"ends at {end}); list them in order, each starting right after the one before")
+        elif start > end + 1:
+            errors.append(f"{key}: batch sizes {end + 1}..{start - 1} are in no range (a gap, which vLLM "
+                          f"would silently fill with the K before it); each range must start at the last "
+                          f"one's end + 1")
+    ks = [k for _, _, k in schedule]
+    if any(not 0 <= k <= max_k for k in ks):
+        errors.append(f"{key}: every K must be an integer in 0..{max_k} (0: no speculation in that range)")
+    elif max(ks) == 0:
+        errors.append(f"{key}: every K is 0; plain decoding is method=baseline")
+    return errors
 
 
 def _check_controlled(config: Mapping[str, Any]) -> list[str]:
@@ -192,11 +272,13 @@ def _controlled_env(config: Mapping[str, Any]) -> dict[str, str]:
 
 
 register(Method(BASELINE, cost="baseline"))
-register(Method("ngram", cost="ngram"))
-register(Method("eagle", cost="eagle", checkpoint="head"))
-register(Method("eagle3", cost="eagle3", checkpoint="head"))
+# vLLM 0.32's model runner (the CPU one inherits it) hands the scheduler's K to
+# these methods' proposers (gpu_model_runner.propose_draft_token_ids): they honour a K schedule.
+register(Method("ngram", cost="ngram", schedules=True))
+register(Method("eagle", cost="eagle", checkpoint="head", schedules=True))
+register(Method("eagle3", cost="eagle3", checkpoint="head", schedules=True))
 register(Method("draft_model", cost="draft_model", checkpoint="model",
-                keys=(Key("draft", "/{}", identity=False),)))
+                keys=(Key("draft", "/{}", identity=False),), schedules=True))
 # The target's own continuation, corrupted at a chosen rate: drafting costs
 # nothing next to a forward pass, as for prompt lookup.
 register(Method("controlled", cost="ngram", keys=(Key("alpha", " alpha={:g}", float),), check=_check_controlled,

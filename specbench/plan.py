@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from specbench import grid, methods
 from specbench.analytic import acceptance, footprint, memory, prediction, profiles, speedup
-from specbench.config import batch_prompt_tokens, validate
+from specbench.config import batch_prompt_tokens, validate, with_schedule
 
 DEFAULT_ALPHA = 0.7
 
@@ -70,11 +70,16 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
     """Price one composed cell."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("hydra", None)
+    problems = tuple(validate(cfg))
+    if not problems:
+        plain = with_schedule(plain)
     method = plain["method"]["name"]
     k = 0 if method == "baseline" else int(plain["num_speculative_tokens"])
-    label = (f"{methods.variant(plain['method'])} K={k} "
-             f"b={plain['batch_size']} {plain['workload']['name']}")
-    problems = tuple(validate(cfg))
+    scheduled = plain["method"].get(methods.SCHEDULE)
+    name = methods.label(plain["method"], k) if scheduled else f"{methods.variant(plain['method'])} K={k}"
+    label = f"{name} b={plain['batch_size']} {plain['workload']['name']}"
+    # A K schedule runs one K at this batch size: price that one.
+    k = prediction.effective_k(plain["method"].get("speculative_config"), k, int(plain["batch_size"]))
     hardware = memory.resolve_hardware(plain.get("hardware"))
     estimate = speedup = None
     if hardware is not None:
@@ -125,6 +130,7 @@ def make_plan(overrides: Sequence[str], alpha: float = DEFAULT_ALPHA) -> list[Pl
     jobs = with_baselines(grid_jobs(overrides))
     parser = OverridesParser.create()
     composed: dict[tuple[str, ...], Any] = {}
+    scheduled: set[tuple[str, ...]] = set()
     rows = []
     with initialize_config_module("specbench.conf", version_base="1.3"):
         for job in jobs:
@@ -139,6 +145,13 @@ def make_plan(overrides: Sequence[str], alpha: float = DEFAULT_ALPHA) -> list[Pl
             for o in parsed:
                 if o.key_or_group not in _GROUPS:
                     OmegaConf.update(cfg, o.key_or_group, o.value(), merge=False)
+            if cfg.method.get(methods.SCHEDULE) is not None:
+                # A scheduled cell's K is its schedule's largest (config.with_schedule): the grid's
+                # K values make one cell of it, listed once as the sweep measures it once.
+                key = tuple(o for o in job if grid.override_key(o) != "num_speculative_tokens")
+                if key in scheduled:
+                    continue
+                scheduled.add(key)
             rows.append(plan_row(job, cfg, alpha))
     return rows
 
@@ -146,9 +159,10 @@ def make_plan(overrides: Sequence[str], alpha: float = DEFAULT_ALPHA) -> list[Pl
 def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
     """The plan as a table, then the refused cells one line each, then a summary."""
     gb = 1e9
-    lines = [f"{'cell':<34} {'weights':>8} {'drafter':>8} {'KV B/tok':>8} {'KV pool':>8} "
+    width = max([34, *(len(r.label) for r in rows)])  # a K schedule's label is longer
+    lines = [f"{'cell':<{width}} {'weights':>8} {'drafter':>8} {'KV B/tok':>8} {'KV pool':>8} "
              f"{'fit reqs':>8} {'peak':>7} {'usable':>7} {'speedup':>7}  verdict",
-             f"{'':<34} {'GB':>8} {'GB':>8} {'':>8} {'GB':>8} {'':>8} {'GB':>7} {'GB':>7} "
+             f"{'':<{width}} {'GB':>8} {'GB':>8} {'':>8} {'GB':>8} {'':>8} {'GB':>7} {'GB':>7} "
              f"{f'a={alpha:g}':>7}"]
     for r in rows:
         e = r.estimate
@@ -160,7 +174,7 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
         speedup = f"{r.predicted_decode_speedup:>6.2f}x" if r.predicted_decode_speedup is not None else f"{'n/a':>7}"
         verdict = ("REFUSED: " + _reason_class(r.problems[0]) if r.problems
                    else f"fits, in waves of {e.batch_at_once}" if _in_waves(r) and e is not None else "fits")
-        lines.append(f"{r.label:<34} {memory_cols} {speedup}  {verdict}")
+        lines.append(f"{r.label:<{width}} {memory_cols} {speedup}  {verdict}")
     refused = [r for r in rows if r.problems]
     if refused:
         lines.append("")

@@ -118,6 +118,31 @@ def test_config_refusals(command, tmp_path: Path, overrides: list[str], expected
     assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
 
 
+# Each way a K schedule can be wrong, refused by the real command before any engine loads (multirun:
+# the way a schedule is swept beside fixed K, method.k_schedule=null,<schedule>).
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["method.k_schedule=null,[[1,4,4],[3,64,2]]"],
+         ["method.k_schedule=[[1,4,4],[3,64,2]]: ranges overlap or are out of order at batch size 3"]),
+        (["method.k_schedule=[[1,4,4],[8,64,2]]"],
+         ["method.k_schedule=[[1,4,4],[8,64,2]]: batch sizes 5..7 are in no range (a gap"]),
+        (["method.k_schedule=[[2,64,4]]"], ["the first range must start at batch size 1 (it starts at 2)"]),
+        (["method.k_schedule=[[1,4,4],[5,64,-1]]"], ["every K must be an integer in 0..64"]),
+        (["method.k_schedule=[[1,4]]"],
+         ["method.k_schedule=[[1,4]] must be a list of [first batch size, last batch size, K] integer triples"]),
+        (["method=controlled", "method.k_schedule=[[1,4,4],[5,64,2]]"],
+         ["vLLM 0.32 does not schedule K for method=controlled", "allowed for method=ngram, eagle, eagle3, draft_model"]),
+        (["+method.speculative_config.num_speculative_tokens_per_batch_size=[[1,4,4],[5,64,2]]"],
+         ["set the K schedule with method.k_schedule=[[1,4,4],[5,64,2]]"]),
+    ],
+    ids=["overlap", "gap", "first-not-1", "negative-k", "malformed", "unscheduled-method", "old-key"],
+)
+def test_k_schedule_refusals(command, tmp_path: Path, overrides: list[str], expected: list[str]) -> None:
+    assert_refused(command(sweep(*overrides, "batch_size=1,8", multirun=True, out=tmp_path)), *expected)
+    assert not (tmp_path / "sweep" / "cells").exists()
+
+
 @pytest.mark.parametrize("multirun", [False, True], ids=["single", "multirun"])
 def test_malformed_prompt_file_is_refused_before_any_cell(command, tmp_path: Path, bad_jsonl: Path,
                                                           multirun: bool) -> None:

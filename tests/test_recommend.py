@@ -11,16 +11,19 @@ from specbench.analytic import recommend
 from specbench.results.files import write_results
 
 
-def _row(k, batch, speedup, schedule=None, workload="summarize"):
-    """A merged ngram row (rows.make_row) with its vLLM config and a point estimate only."""
+def _row(k, batch, speedup, schedule=None, workload="summarize", sweep=None, interval=(None, None)):
+    """A merged ngram row (rows.make_row) with its vLLM config and a point estimate only (or ``interval``)."""
     speculative = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2}
+    method = {"name": "ngram", "speculative_config": speculative}
     if schedule:
         speculative["num_speculative_tokens_per_batch_size"] = schedule
-    cfg = {"model": {"name": "smollm2-135m"}, "method": {"name": "ngram", "speculative_config": speculative},
-           "workload": {"name": workload, "num_prompts": 32, "max_tokens": 32}, "repetitions": 1,
-           "engine": {"dtype": "float32"}}
+        method["k_schedule"] = schedule
+    cfg = {"model": {"name": "smollm2-135m"}, "method": method,
+           "workload": {"name": workload, "num_prompts": 32, "max_tokens": 32, "max_prompt_tokens": 512},
+           "repetitions": 1, "engine_runs": 2, "engine": {"dtype": "float32", "max_model_len": 2048},
+           "sweep_name": sweep}
     return make_row("ngram", k, batch, workload, speedup, repetitions=1, cell_id=f"ngram-k{k}-b{batch}",
-                    config_json=json.dumps(cfg), speedup_ci_low=None, speedup_ci_high=None)
+                    config_json=json.dumps(cfg), speedup_ci_low=interval[0], speedup_ci_high=interval[1])
 
 
 GRID = {  # batch -> {K: speedup}
@@ -45,8 +48,11 @@ def test_best_k_per_batch_size_becomes_a_vllm_schedule():
     )
     command = rec.check_command()
     assert command.startswith("python -m specbench -m model=smollm2-135m method=ngram workload=summarize")
-    assert "num_speculative_tokens=4 batch_size=1,4,8,16" in command
-    assert "'+method.speculative_config.num_speculative_tokens_per_batch_size=[[1,7,4],[8,15,2],[16,16,0]]'" in command
+    # The source's settings, every batch size, the fixed Ks the schedule uses beside the schedule itself.
+    assert "workload.max_prompt_tokens=512 engine.max_model_len=2048" in command
+    # Each batch size of the source and the one before each threshold (7 | 8, 15 | 16).
+    assert command.endswith("batch_size=1,4,7,8,15,16 num_speculative_tokens=2,4 "
+                            "'method.k_schedule=null,[[1,7,4],[8,15,2],[16,16,0]]' sweep_name=schedule_verify_ngram_summarize")
 
 
 def test_workloads_are_recommended_separately_and_schedule_rows_are_the_check():
@@ -58,7 +64,71 @@ def test_workloads_are_recommended_separately_and_schedule_rows_are_the_check():
     assert summarize.best[1] == (4, 1.8)  # schedule rows never choose K
     assert summarize.checked == {1: 1.78, 8: 1.19}
     text = recommend.format_recommendation(summarize)
-    assert "with schedule 1.19x" in text and "check it:" in text
+    assert "measured with schedule K=[1-7:4, 8-16:2]" in text and "verify it" in text
+    assert "batch    8: schedule (K=2) 1.19x; best fixed K=2 1.20x" in text
+
+
+def test_the_check_compares_the_schedule_with_the_fixed_ks_of_its_own_engine_runs():
+    source = [_row(k, b, s, sweep="src") for b, by_k in GRID.items() for k, s in by_k.items()]
+    schedule = [[1, 7, 4], [8, 16, 2]]
+    check = [
+        _row(4, 1, 1.75, schedule, sweep="ver", interval=(1.7, 1.8)),
+        _row(4, 1, 1.7, sweep="ver", interval=(1.6, 1.8)), _row(2, 1, 1.4, sweep="ver", interval=(1.3, 1.5)),
+        _row(4, 4, 1.3, schedule, sweep="ver", interval=(1.25, 1.35)),  # loses by more than its interval
+        _row(4, 4, 1.5, sweep="ver", interval=(1.45, 1.55)), _row(2, 4, 1.3, sweep="ver", interval=(1.2, 1.4)),
+        _row(4, 8, 1.2, schedule, sweep="ver", interval=(1.1, 1.3)),
+        _row(4, 8, 1.0, sweep="ver", interval=(0.9, 1.1)), _row(2, 8, 1.25, sweep="ver", interval=(1.2, 1.3)),
+    ]
+    (rec,) = recommend.recommend(source + check)
+    assert rec.best[1] == (4, 1.8) and rec.sources == ("src",)  # the check's fixed-K rows never choose K
+    compared = {c.batch: c for c in recommend.comparisons(rec)}
+    assert [compared[b].schedule_k for b in (1, 4, 8)] == [4, 4, 2]
+    assert compared[1].fixed[4].speedup == 1.7  # from the check's own engine runs, not the source's 1.8
+    assert [compared[b].loses for b in (1, 4, 8)] == [False, True, False]
+    assert [compared[b].threshold for b in (1, 4, 8)] == [False, False, True]
+    text = recommend.format_recommendation(rec)
+    assert "WARNING: at batch 4 the schedule loses to fixed K=4" in text
+    assert "batch    8: schedule (K=2) 1.20x [1.10, 1.30]; best fixed K=2 1.25x [1.20, 1.30]" in text
+    assert "threshold: the schedule switches K here" in text
+
+
+def test_write_makes_a_method_config_hydra_loads_and_verify_prints_one_sweep(tmp_path, capsys):
+    from hydra import compose, initialize_config_dir
+
+    from specbench.config import cell_from_config
+
+    rows = [_row(k, b, s, sweep="src") for b, by_k in GRID.items() for k, s in by_k.items()]
+    rows += [_row(2, 1, 1.2, workload="creative", sweep="src")]
+    write_results(rows, tmp_path / "results.parquet")
+    target = tmp_path / "conf" / "method" / "ngram_summarize.yaml"
+    assert recommend.main([str(tmp_path), "--write", str(target)]) == 2  # two families: choose one
+    assert "choose one with --method and --workload" in capsys.readouterr().err
+    assert recommend.main([str(tmp_path), "--write", str(tmp_path / "x.yaml")]) == 2
+    assert "must be DIR/method/NAME.yaml" in capsys.readouterr().err
+    assert recommend.main([str(tmp_path), "--workload", "summarize", "--write", str(target)]) == 0
+    text = target.read_text()
+    assert "# sweep(s): src;" in text and "#   batch 8: K=2 1.20x, K=4 1.10x, K=8 0.90x -> K=2" in text
+    assert "results sha256 " in text and "k_schedule: [[1, 7, 4], [8, 15, 2], [16, 16, 0]]" in text
+    with initialize_config_dir(str(recommend_conf()), version_base=None):
+        cfg = compose("config", overrides=[f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+                                           "method=ngram_summarize", "batch_size=8"])
+        cell = cell_from_config(cfg)
+    assert cell.k == 4 and cell.identity["method"]["speculative_config"][
+        "num_speculative_tokens_per_batch_size"] == [[1, 7, 4], [8, 15, 2], [16, 16, 0]]
+    capsys.readouterr()
+    assert recommend.main([str(tmp_path), "--verify"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.rsplit(" ", 1)[1] for line in lines] == ["sweep_name=src_verify_ngram_creative",
+                                                           "sweep_name=src_verify_ngram_summarize"]
+
+
+def recommend_conf():
+    """specbench's own config folder."""
+    from pathlib import Path
+
+    import specbench
+
+    return Path(specbench.__file__).parent / "conf"
 
 
 def test_a_k_must_clearly_beat_plain_decoding():
@@ -127,3 +197,21 @@ def test_a_row_with_an_unreadable_config_is_read_as_every_other_reader_reads_it(
     recs = recommend.recommend(rows)  # the unreadable row is a family of its own
     assert sorted(len(r.best) for r in recs) == [1, 4]
     assert next(r for r in recs if len(r.best) == 4).best[1] == (4, 1.8)
+
+
+def test_the_report_sets_the_measured_schedule_beside_the_fixed_ks(tmp_path):
+    from specbench.report import render_report
+
+    schedule = [[1, 7, 4], [8, 16, 2]]
+    rows = [_row(k, b, s, sweep="src") for b, by_k in GRID.items() for k, s in by_k.items()]
+    rows += [_row(4, 4, 1.3, schedule, sweep="ver", interval=(1.25, 1.35)),
+             _row(4, 4, 1.5, sweep="ver", interval=(1.45, 1.55)),
+             _row(4, 8, 1.2, schedule, sweep="ver", interval=(1.1, 1.3)),
+             _row(2, 8, 1.25, sweep="ver", interval=(1.2, 1.3))]
+    for i, row in enumerate(rows):
+        row["cell_id"] = f"{row['cell_id']}-{i}"
+    write_results(rows, tmp_path / "results.parquet")
+    html = render_report(tmp_path / "results.parquet")
+    assert "Measured with schedule K=[1-7:4, 8-16:2]" in html
+    assert "Warning: at batch 4 the schedule loses to fixed K=4 by more than its interval." in html
+    assert "<td>8 ▲</td><td>2</td><td>1.20x [1.10, 1.30]</td><td>K=2</td>" in html

@@ -18,24 +18,77 @@ b's K holds up to the next grid point, the smallest point's K reaches down to
 batch size 1.
 
 The output is ready to paste into a ``speculative_config``, and comes with
-the specbench command that measures the schedule itself. Rows measured with
-a schedule are not used to choose K; when present, they are set beside the
-best fixed K at each batch size, which is the check.
+the verification sweep that measures the schedule as vLLM runs it
+(``method.k_schedule``, :meth:`Recommendation.check_command`; ``--verify``
+prints only those). ``--write DIR/method/NAME.yaml`` writes one schedule as a
+method config, its source recorded in comments. Rows measured with a
+schedule, and the fixed-K rows of the sweep that measured it, never choose
+K: they are the check, and the schedule's speedup is set beside each fixed
+K's and the best one's at each batch size (:func:`comparisons`).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from specbench import methods
 from specbench.analytic import speedup
 from specbench.results.schema import SCHEDULE_KEY, curve_key, method_variant, recommendable, results_path, row_config
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured speedup and its 95% interval (None, None without one)."""
+
+    speedup: float
+    low: float | None = None
+    high: float | None = None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> Point:
+        """A row's speedup and interval (a zero-width interval is none)."""
+        if has_interval(row):
+            return cls(float(row["speedup"]), float(row["speedup_ci_low"]), float(row["speedup_ci_high"]))
+        return cls(float(row["speedup"]))
+
+    def text(self) -> str:
+        """``1.32x [1.20, 1.45]``, or ``1.32x`` without an interval."""
+        return f"{self.speedup:.2f}x" + (f" [{self.low:.2f}, {self.high:.2f}]" if self.low is not None else "")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The schedule against the fixed Ks at one batch size of a check."""
+
+    batch: int
+    schedule_k: int  # the K the schedule runs at this batch size
+    threshold: bool  # the schedule switches K at this batch size (a range starts here, past the first)
+    schedule: Point
+    fixed: dict[int, Point]  # K -> its speedup, from the check's own engine runs where measured there
+    best_k: int  # the fastest fixed K here
+    loses: bool  # the schedule's interval lies wholly below the best fixed K's speedup
+
+    def text(self) -> str:
+        """One line: the schedule's speedup beside each fixed K's, and a warning where it loses."""
+        fixed = ", ".join(f"K={k} {p.text()}" for k, p in sorted(self.fixed.items()))
+        mark = " <- threshold: the schedule switches K here" if self.threshold else ""
+        line = (f"  batch {self.batch:>4}: schedule (K={self.schedule_k}) {self.schedule.text()}; "
+                f"best fixed K={self.best_k} {self.fixed[self.best_k].text()}; fixed: {fixed}{mark}")
+        if self.loses:
+            line += (f"\n    WARNING: at batch {self.batch} the schedule loses to fixed K={self.best_k} by more than "
+                     "its interval")
+        return line
 
 
 @dataclass(frozen=True)
@@ -54,6 +107,12 @@ class Recommendation:
     overrides: list[str]  # Hydra overrides that reproduce the family's settings
     checked: dict[int, float]  # batch size -> speedup measured with a schedule (if any)
     checked_schedule: list[list[int]] | None
+    method_config: dict[str, Any] = field(default_factory=dict)  # the family's resolved method config
+    intervals: dict[int, dict[int, Point]] = field(default_factory=dict)  # batch -> K -> fixed K's measurement
+    checked_points: dict[int, Point] = field(default_factory=dict)  # batch -> the schedule's measurement
+    beside: dict[int, dict[int, Point]] = field(default_factory=dict)  # batch -> K -> fixed K in the check's runs
+    sources: tuple[str, ...] = ()  # sweep names the fixed-K evidence comes from
+    batch_overrides: list[str] = field(default_factory=list)  # workload/engine settings to repeat in a check
 
     @property
     def max_k(self) -> int:
@@ -77,15 +136,72 @@ class Recommendation:
             "}"
         )
 
+    @property
+    def runnable(self) -> bool:
+        """Whether vLLM runs a K schedule for this method (:attr:`specbench.methods.Method.schedules`)."""
+        registered = methods.get(self.method)
+        return registered is not None and registered.schedules
+
+    def k_schedule(self) -> str:
+        """The schedule as a Hydra override writes it: ``[[1,4,4],[5,64,2]]``."""
+        return "[" + ",".join(f"[{a},{b},{k}]" for a, b, k in self.schedule) + "]"
+
     def check_command(self) -> str:
-        """The specbench sweep that measures this schedule at the same batch sizes."""
-        ranges = ",".join(f"[{a},{b},{k}]" for a, b, k in self.schedule)
-        sizes = ",".join(str(b) for b in sorted(self.best))
+        """The verification sweep: the schedule and the fixed Ks it chose, at every batch size of the source.
+
+        One Hydra multirun (so any launcher runs it, SLURM included), at
+        :meth:`check_batch_sizes`: K is
+        swept over the fixed Ks the schedule uses, ``method.k_schedule`` over
+        null (fixed K) and the schedule (its cells take the schedule's largest
+        K, so they are measured once), with the source's engine runs,
+        repetitions, workload and engine settings, and fresh engines in each
+        engine run, into its own sweep directory (:meth:`verify_sweep_name`).
+        """
+        ks = ",".join(str(k) for k in sorted({k for _, _, k in self.schedule if k}))
+        sizes = ",".join(str(b) for b in self.check_batch_sizes())
         return (
-            "python -m specbench -m " + " ".join(self.overrides)
-            + f" num_speculative_tokens={self.max_k} batch_size={sizes}"
-            + f" '+method.speculative_config.{SCHEDULE_KEY}=[{ranges}]'"
+            "python -m specbench -m " + " ".join(self.overrides + self.batch_overrides)
+            + f" batch_size={sizes} num_speculative_tokens={ks} 'method.{methods.SCHEDULE}=null,{self.k_schedule()}'"
+            + f" sweep_name={self.verify_sweep_name()}"
         )
+
+    def check_batch_sizes(self) -> list[int]:
+        """Every batch size of the source, and the last one before each threshold (where the schedule
+        switches K): the check sees both sides of each switch, one request apart."""
+        before = {start - 1 for start, _, _ in self.schedule[1:]}
+        return sorted(set(self.best) | before)
+
+    def verify_sweep_name(self) -> str:
+        """Where the check goes: ``<source sweep>_verify_<method>_<workload>``, one directory per family
+        (a sweep directory's results are its own plan's cells, so families cannot share one)."""
+        family = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{self.variant}_{self.workload}")
+        source = self.sources[0] if len(self.sources) == 1 else "schedule"
+        return f"{source}_verify_{family}"
+
+    def method_yaml(self, header: Sequence[str]) -> str:
+        """A ``conf/method/<name>.yaml`` of this method with the schedule, ``header`` as its first comments.
+
+        The method's own keys and ``speculative_config`` as the source sweep
+        resolved them; ``num_speculative_tokens`` stays the ``${num_speculative_tokens}``
+        of every method config (a scheduled cell sets it to the schedule's largest K).
+        """
+        config = {k: v for k, v in self.method_config.items() if k not in ("name", methods.SCHEDULE)}
+        speculative = {k: v for k, v in (config.pop("speculative_config", None) or {}).items() if k != SCHEDULE_KEY}
+        speculative["num_speculative_tokens"] = "${num_speculative_tokens}"
+        body = yaml.safe_dump({key: value for key, value in config.items() if value is not None},
+                              sort_keys=False) if any(v is not None for v in config.values()) else ""
+        return (
+            "".join(f"# {line}\n" if line else "#\n" for line in header)
+            + f"name: {self.method}\n"
+            + f"{methods.SCHEDULE}: {json.dumps([list(r) for r in self.schedule])}\n"
+            + body
+            + yaml.safe_dump({"speculative_config": speculative}, sort_keys=False)
+        )
+
+    def evidence_lines(self) -> list[str]:
+        """Per batch size: each fixed K's speedup (with interval) and the K chosen."""
+        return [f"batch {b}: " + ", ".join(f"K={k} {p.text()}" for k, p in sorted(self.intervals[b].items()))
+                + f" -> K={self.best[b][0]}" for b in self.best]
 
 
 def _overrides(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
@@ -140,8 +256,19 @@ def best_row(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> tuple[Ma
     return chosen, bool(paying)
 
 
+def _sweep(cfg: Mapping[str, Any]) -> str:
+    return str(cfg.get("sweep_name") or "")
+
+
 def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Recommendation]:
-    """One :class:`Recommendation` per method/workload family with recommendable speedups."""
+    """One :class:`Recommendation` per method/workload family with recommendable speedups.
+
+    Rows measured with a K schedule are its check, never evidence for K; so are
+    the fixed-K rows of the sweeps that measured one (a verification sweep):
+    choosing K again from them would be choosing on the check's own noise. They
+    are the schedule's comparison instead, measured in the same engine runs.
+    Where only a check's rows are given, its fixed-K rows choose K.
+    """
     families: dict[str, list[tuple[Mapping[str, Any], dict[str, Any]]]] = {}
     for row in rows:
         if recommendable(row):
@@ -149,26 +276,33 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Re
 
     out = []
     for members in families.values():
+        checks = {_sweep(cfg) for _, cfg in members if _schedule_of(cfg)}
         by_batch: dict[int, list[Mapping[str, Any]]] = {}
-        checked: dict[int, float] = {}
+        beside_rows: dict[int, list[Mapping[str, Any]]] = {}
+        checked: dict[int, Point] = {}
         checked_schedule = None
         for row, cfg in members:
-            schedule = ((cfg.get("method") or {}).get("speculative_config") or {}).get(SCHEDULE_KEY)
+            schedule = _schedule_of(cfg)
             if schedule:
-                checked[row["batch_size"]] = row["speedup"]
+                checked[row["batch_size"]] = Point.of(row)
                 checked_schedule = schedule
+            elif _sweep(cfg) in checks:
+                beside_rows.setdefault(row["batch_size"], []).append(row)
             else:
                 by_batch.setdefault(row["batch_size"], []).append(row)
-        if not by_batch:
+        evidence = by_batch or beside_rows
+        if not evidence:
             continue
         best = {}
-        for batch, at_batch in by_batch.items():
+        for batch, at_batch in evidence.items():
             chosen = best_row(at_batch, margin)
             assert chosen is not None  # every member is recommendable
             top, paying = chosen
             best[batch] = (top["num_speculative_tokens"], top["speedup"]) if paying else (0, None)
-        row, cfg = members[0]
+        row, cfg = next((r, c) for r, c in members if not _schedule_of(c))
         variant = str(method_variant(row))
+        method_config = dict(cfg.get("method") or {})
+        method_config.pop(methods.SCHEDULE, None)
         out.append(Recommendation(
             label=f"{variant} on {row['workload']} ({row['model']})",
             method=str(row["method"]),
@@ -177,52 +311,175 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Re
             model=str(row["model"]),
             best=dict(sorted(best.items())),
             measured={b: dict(sorted((r["num_speculative_tokens"], r["speedup"]) for r in v))
-                      for b, v in sorted(by_batch.items())},
-            lower={b: {r["num_speculative_tokens"]: lower_bound(r) for r in v} for b, v in by_batch.items()},
+                      for b, v in sorted(evidence.items())},
+            lower={b: {r["num_speculative_tokens"]: lower_bound(r) for r in v} for b, v in evidence.items()},
             schedule=speedup.num_speculative_tokens_per_batch_size({b: k for b, (k, _) in best.items()}),
             overrides=_overrides(row, cfg),
-            checked=dict(sorted(checked.items())),
+            checked={b: p.speedup for b, p in sorted(checked.items())},
             checked_schedule=checked_schedule,
+            method_config=method_config,
+            intervals={b: {r["num_speculative_tokens"]: Point.of(r) for r in v} for b, v in evidence.items()},
+            checked_points=dict(sorted(checked.items())),
+            beside={b: {r["num_speculative_tokens"]: Point.of(r) for r in v} for b, v in beside_rows.items()},
+            sources=tuple(sorted({_sweep(c) for r, c in members if _sweep(c) and r["batch_size"] in evidence
+                                  and not _schedule_of(c) and (_sweep(c) not in checks or not by_batch)})),
+            batch_overrides=_check_overrides(cfg),
         ))
     return sorted(out, key=lambda r: r.label)
 
 
+def _schedule_of(cfg: Mapping[str, Any]) -> list[list[int]] | None:
+    """The K schedule a row ran with (its speculative_config's, as vLLM read it), or None."""
+    return ((cfg.get("method") or {}).get("speculative_config") or {}).get(SCHEDULE_KEY) or None
+
+
+def _check_overrides(cfg: Mapping[str, Any]) -> list[str]:
+    """Settings of the source sweep a check must repeat beyond :func:`_overrides`: the prompt cap, the engine."""
+    workload = cfg.get("workload") or {}
+    out = [f"workload.max_prompt_tokens={workload['max_prompt_tokens']}"] if "max_prompt_tokens" in workload else []
+    engine = cfg.get("engine") or {}
+    out += [f"engine.{key}={_value(engine[key])}" for key in (
+        "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "cpu_kvcache_space_gib")
+        if key in engine]
+    out += [f"{key}={_value(cfg[key])}" for key in ("warmup", "seed") if key in cfg]
+    return out
+
+
+def _value(value: Any) -> str:
+    """A setting as a Hydra override writes it (null, true, 4096)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def comparisons(rec: Recommendation) -> list[Comparison]:
+    """The measured schedule against the fixed Ks at each batch size it was measured at.
+
+    The fixed Ks are those measured in the check's own engine runs where it
+    measured them (same engines, same engine runs), else the source sweep's.
+    """
+    if not rec.checked_schedule:
+        return []
+    starts = {int(start) for start, _, _ in rec.checked_schedule[1:]}
+    max_k = max(int(k) for _, _, k in rec.checked_schedule)
+    out = []
+    for batch, point in rec.checked_points.items():
+        fixed = rec.beside.get(batch) or rec.intervals.get(batch) or {}
+        if not fixed:
+            continue
+        best_k = max(fixed, key=lambda k: (fixed[k].speedup, -k))
+        best = fixed[best_k]
+        high = point.high if point.high is not None else point.speedup
+        out.append(Comparison(
+            batch=batch,
+            schedule_k=_scheduled_k(rec.checked_schedule, batch, max_k),
+            threshold=_crosses(rec.checked_schedule, batch, sorted(rec.checked_points), starts),
+            schedule=point, fixed=dict(fixed), best_k=best_k,
+            loses=high < best.speedup,
+        ))
+    return out
+
+
+def _scheduled_k(schedule: Sequence[Sequence[int]], batch: int, max_k: int) -> int:
+    """The K vLLM runs at ``batch`` under ``schedule`` (a valid one: ordered, no gaps; the last K holds on)."""
+    k = max_k
+    for start, _, entry_k in schedule:
+        if start <= batch:
+            k = int(entry_k)
+    return min(k, max_k)
+
+
+def _crosses(schedule: Sequence[Sequence[int]], batch: int, measured: Sequence[int], starts: set[int]) -> bool:
+    """Whether a range of the schedule starts between the measured batch size before ``batch`` and ``batch``."""
+    before = max((b for b in measured if b < batch), default=None)
+    return before is not None and any(before < start <= batch for start in starts)
+
+
 def format_recommendation(rec: Recommendation) -> str:
-    """The recommendation as text: the evidence per batch size, the schedule, the check."""
+    """The recommendation as text: the evidence per batch size, the schedule, its check and how it went."""
     lines = [rec.label]
     for batch, (k, speedup) in rec.best.items():
         others = ", ".join(f"K={kk} {s:.2f}x" for kk, s in rec.measured[batch].items())
         choice = f"K={k} ({speedup:.2f}x)" if k else "K=0 (no K clearly beats plain decoding)"
-        line = f"  batch {batch:>4}: {choice:<40} measured: {others}"
-        if batch in rec.checked:
-            line += f"; with schedule {rec.checked[batch]:.2f}x"
-        lines.append(line)
+        lines.append(f"  batch {batch:>4}: {choice:<40} measured: {others}")
     if rec.max_k == 0:
         lines.append("  recommendation: no speculation at any measured batch size")
-        return "\n".join(lines)
-    lines.append(f"  schedule (start, end, K): {rec.schedule}")
-    lines.append("  speculative_config:")
-    lines += ["    " + line for line in rec.speculative_config_yaml().splitlines()]
-    lines.append("  check it:")
-    lines.append("    " + rec.check_command())
-    if rec.checked_schedule is not None:
-        lines.append(f"  (rows measured with schedule {rec.checked_schedule} are shown as 'with schedule')")
+    else:
+        lines.append(f"  schedule (start, end, K): {rec.schedule}")
+        lines.append("  speculative_config:")
+        lines += ["    " + line for line in rec.speculative_config_yaml().splitlines()]
+        if rec.runnable:
+            lines.append("  verify it (the schedule beside its fixed Ks, fresh engines, the source's engine runs):")
+            lines.append("    " + rec.check_command())
+        else:
+            lines.append(f"  note: vLLM 0.32 does not schedule K for method={rec.method}; this schedule cannot run")
+    found = comparisons(rec)
+    if found:
+        ranges = methods.schedule_text(rec.checked_schedule or [])
+        lines.append(f"  measured with schedule K=[{ranges}] (speedup [95% interval]):")
+        lines += [c.text() for c in found]
     return "\n".join(lines)
 
 
+def _select(recommendations: Sequence[Recommendation], method: str | None, workload: str | None
+            ) -> list[Recommendation]:
+    return [r for r in recommendations if (method is None or method in (r.method, r.variant))
+            and (workload is None or r.workload == workload)]
+
+
+def _digest(path: Path) -> str:
+    """The first 12 hex digits of a results file's sha256: which results a written schedule came from."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def write_method(rec: Recommendation, target: Path, paths: Sequence[Path], rows: Sequence[Mapping[str, Any]]
+                 ) -> str:
+    """Write ``rec`` as a method config at ``target`` (``<dir>/method/<name>.yaml``); the command that runs it.
+
+    Hydra finds it as ``method=<name>`` once ``<dir>`` is on its search path
+    (``hydra.searchpath=[file://<dir>]``), beside the shipped method configs.
+    """
+    folder = target.resolve().parent.parent
+    sweeps = sorted({str(row_config(r).get("sweep_name")) for r in rows if row_config(r).get("sweep_name")})
+    settings = [o for o in rec.overrides + rec.batch_overrides if not o.startswith("method")]
+    run = (f"python -m specbench -m hydra.searchpath=[file://{folder}] method={target.stem} "
+           + " ".join(settings) + f" batch_size={','.join(str(b) for b in rec.best)}")
+    header = [
+        f"K schedule for {rec.label}, from `python -m specbench.analytic.recommend`",
+        *(f"source: {p} (results sha256 {_digest(p)})" for p in paths),
+        f"sweep(s): {', '.join(sweeps) or '?'}; written {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "evidence (speedup [95% interval] per fixed K; the K chosen):",
+        *(f"  {line}" for line in rec.evidence_lines()),
+        f"run it:    {run}",
+        f"verify it: {rec.check_command()}",
+    ]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(rec.method_yaml(header))
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print the recommendations of a sweep; exit 2 when there is nothing to recommend from."""
+    """Print the recommendations of a sweep (or write one as a method config); exit 2 when there is nothing."""
     parser = argparse.ArgumentParser(
         prog="python -m specbench.analytic.recommend",
         description="Best K per batch-size range (vLLM num_speculative_tokens_per_batch_size) from a sweep.",
     )
     parser.add_argument("results", type=Path, nargs="+",
-                        help="sweep directories or results.parquet files (e.g. a sweep and its schedule check)")
+                        help="sweep directories or results.parquet files (e.g. a sweep and its verification sweep)")
     parser.add_argument("--margin", type=float, default=0.0,
                         help="a K must beat plain decoding by more than this (e.g. 0.05)")
+    parser.add_argument("--method", help="only this method (or variant, e.g. 'draft_model/small')")
+    parser.add_argument("--workload", help="only this workload")
+    parser.add_argument("--write", type=Path, metavar="DIR/method/NAME.yaml",
+                        help="write the one selected recommendation as a method config Hydra loads as method=NAME "
+                             "with hydra.searchpath=[file://DIR]")
+    parser.add_argument("--verify", action="store_true",
+                        help="print only the verification sweep of each selected recommendation, one command a line")
     args = parser.parse_args(argv)
     from specbench.results.schema import ResultsError, read_rows
 
+    if args.write is not None and (args.write.suffix != ".yaml" or args.write.resolve().parent.name != "method"):
+        print(f"error: --write {args.write}: must be DIR/method/NAME.yaml (Hydra's method group under DIR, "
+              "found with hydra.searchpath=[file://DIR] as method=NAME)", file=sys.stderr)
+        return 2
     paths = [results_path(p) for p in args.results]
     rows = []
     try:
@@ -231,17 +488,41 @@ def main(argv: list[str] | None = None) -> int:
     except (ResultsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    recommendations = recommend(rows, args.margin)
+    recommendations = _select(recommend(rows, args.margin), args.method, args.workload)
     left_out = [r for r in rows if r.get("method") != "baseline" and r.get("speedup") is not None
                 and not recommendable(r)]
     if left_out:
         print(f"note: {len(left_out)} cell(s) left out because their outputs mismatch the baseline's or "
               "they are flagged: " + ", ".join(str(r.get("cell_id")) for r in left_out), file=sys.stderr)
     if not recommendations:
-        print(f"error: {', '.join(map(str, paths))}: no speculative cell with a measured speedup at a fixed K "
-              "(whose outputs match the baseline's, numerical ties allowed, and that is not flagged)",
+        selected = "".join(f" --{k} {v}" for k, v in (("method", args.method), ("workload", args.workload)) if v)
+        print(f"error: {', '.join(map(str, paths))}: no speculative cell{selected} with a measured speedup at a "
+              "fixed K (whose outputs match the baseline's, numerical ties allowed, and that is not flagged)",
               file=sys.stderr)
         return 2
+    if args.write is not None:
+        if len(recommendations) > 1:
+            print("error: --write writes one method config, and these results hold "
+                  f"{len(recommendations)} recommendations: " + "; ".join(r.label for r in recommendations)
+                  + "; choose one with --method and --workload", file=sys.stderr)
+            return 2
+        rec = recommendations[0]
+        problem = ("no K beats plain decoding at any batch size" if rec.max_k == 0 else
+                   f"vLLM 0.32 does not schedule K for method={rec.method}" if not rec.runnable else None)
+        if problem:
+            print(f"error: --write {args.write}: {rec.label}: {problem}; nothing to write", file=sys.stderr)
+            return 2
+        print(f"wrote {args.write}; run it with:\n  {write_method(rec, args.write, paths, rows)}")
+        print(f"verify it with:\n  {rec.check_command()}")
+        return 0
+    if args.verify:
+        runnable = [r for r in recommendations if r.runnable and r.max_k]
+        for rec in recommendations:
+            if rec not in runnable:
+                print(f"note: {rec.label}: nothing to verify (" + ("no K pays" if not rec.max_k else
+                      f"vLLM 0.32 does not schedule K for method={rec.method}") + ")", file=sys.stderr)
+        print("\n".join(r.check_command() for r in runnable))
+        return 0 if runnable else 2
     print("\n\n".join(format_recommendation(r) for r in recommendations))
     if all(all(low == rec.measured[b][k] for k, low in by_k.items())
            for rec in recommendations for b, by_k in rec.lower.items()):

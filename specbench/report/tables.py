@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from specbench import methods
 from specbench.analytic import prediction, recommend
 from specbench.results.schema import (
     COLUMNS,
@@ -524,6 +525,9 @@ class Schedule:
     method: str
     best_k: dict[int, int]  # batch size -> best K (0: nothing clearly beats 1×)
     json: str | None  # speculative_config fragment; None when speculation never pays
+    checked: str | None = None  # the schedule measured in this sweep (its label), if one was
+    comparisons: tuple[recommend.Comparison, ...] = ()  # it against the fixed Ks, per batch size
+    fixed_ks: tuple[int, ...] = ()  # the fixed Ks of the comparison's columns
 
 
 def schedules(df: pd.DataFrame) -> list[Schedule]:
@@ -540,6 +544,9 @@ def schedules(df: pd.DataFrame) -> list[Schedule]:
             method=rec.variant,
             best_k={batch: k for batch, (k, _) in rec.best.items()},
             json=rec.speculative_config_json() if rec.max_k else None,
+            checked=f"K=[{methods.schedule_text(rec.checked_schedule)}]" if rec.checked_schedule else None,
+            comparisons=tuple(recommend.comparisons(rec)),
+            fixed_ks=tuple(sorted({k for c in recommend.comparisons(rec) for k in c.fixed})),
         )
         for rec in recommend.recommend(records(compared(df)))
     ]

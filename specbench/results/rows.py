@@ -162,6 +162,7 @@ def _identity_columns(cell: Cell, engine_runs: int) -> dict[str, Any]:
         "method": cell.method,
         "method_label": methods.label(cell.config["method"], cell.k),
         "num_speculative_tokens": cell.k,
+        "k_schedule": cell.config["method"].get(methods.SCHEDULE),
         "batch_size": cell.batch_size,
         "workload": cell.workload["name"],
         "engine_run": cell.engine_run,

@@ -38,7 +38,8 @@ from specbench import methods
 #    on emitted tokens (raw_* keep vLLM's counters), reached concurrency
 # 8: machine (was hardware): the machine a cell ran on, where hardware= names an analytic profile
 # 9: method_label (the method's variant and K, from the method registry: what plots and tables group on)
-SCHEMA_VERSION = 9
+# 10: k_schedule (the per-batch-size K schedule a cell ran with, [[first, last, K], ...]; null at a fixed K)
+SCHEMA_VERSION = 10
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
 # at batch 1) and why: "tie" when the reference's own top-two log-probabilities there are within the
@@ -55,7 +56,8 @@ SCHEMA = pa.schema(
         ("model", _STR),
         ("method", _STR),
         ("method_label", _STR),  # "ngram K=4", "controlled alpha=0.6 K=4", "draft_model/small K=2" (specbench.methods.label)
-        ("num_speculative_tokens", _INT),
+        ("num_speculative_tokens", _INT),  # with a k_schedule: its largest K
+        ("k_schedule", pa.list_(pa.list_(_INT))),  # method.k_schedule: [[first batch size, last, K], ...]; null: fixed K
         ("batch_size", _INT),
         ("workload", _STR),
         ("engine_run", _INT),  # null in results.parquet (engine runs combined)
@@ -208,8 +210,8 @@ TOKENS_SCHEMA = pa.schema([("request_index", _INT), ("prompt_id", _STR), ("token
 
 
 RESULTS_FILE = "results.parquet"
-# vLLM's per-batch-size K schedule inside speculative_config.
-SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
+# vLLM's per-batch-size K schedule inside speculative_config (set from method.k_schedule).
+SCHEDULE_KEY = methods.SCHEDULE_KEY
 
 
 
@@ -306,6 +308,7 @@ def curve_key(row: Mapping[str, Any], *, across_k: bool = False) -> str:
     if across_k:
         speculative.pop("num_speculative_tokens", None)
         speculative.pop(SCHEDULE_KEY, None)
+        method.pop(methods.SCHEDULE, None)
         k = None
     method["speculative_config"] = speculative or None
     return json.dumps(
