@@ -20,7 +20,7 @@ from typing import Any, Mapping, NoReturn, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from specbench import methods, models
+from specbench import methods, models, sampling
 from specbench.analytic import memory, prediction
 from specbench.engine import EngineSpec
 from specbench.workloads import (
@@ -100,6 +100,9 @@ class ConfigSchema:
     engine_run: int = MISSING
     passes: Optional[int] = None
     seed: int = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+    top_k: int = MISSING
     attempts: int = MISSING
     remeasure: Optional[str] = None
     sweep_name: str = MISSING
@@ -166,6 +169,11 @@ class Cell:
         return self.identity["engine_run"]
 
     @property
+    def sampling(self) -> sampling.Sampling:
+        """Temperature, top_p and top_k (greedy: temperature 0)."""
+        return sampling.from_config(self.identity)
+
+    @property
     def is_baseline(self) -> bool:
         """True for plain decoding."""
         return self.method == "baseline"
@@ -179,9 +187,11 @@ class Cell:
 
     @property
     def cell_id(self) -> str:
-        """File-name-safe, human-readable and unique: method, K, batch, workload, digest, engine run."""
+        """File-name-safe, human-readable and unique: method, K, batch, workload, temperature
+        (sampled cells only: a greedy cell's id is what it was before), digest, engine run."""
+        temperature = "" if self.sampling.greedy else f"-t{self.sampling.temperature:g}"
         return (
-            f"{self.method}-k{self.k}-b{self.batch_size}-{self.workload['name']}"
+            f"{self.method}-k{self.k}-b{self.batch_size}-{self.workload['name']}{temperature}"
             f"-{self.config_hash}-r{self.engine_run}"
         )
 
@@ -260,6 +270,8 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
         "repetitions": plain["repetitions"],
         "warmup": plain["warmup"],
         "seed": plain["seed"],
+        # Sampling keys away from greedy decoding only: a greedy cell keeps the identity it had.
+        **sampling.identity_keys(plain),
         "engine": engine,
         "engine_run": plain["engine_run"],
     }
@@ -299,6 +311,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     attempts = plain.get("attempts")
     if not (isinstance(attempts, int) and attempts >= 1):
         errors.append(f"attempts={attempts!r} must be an integer >= 1 (measurements of a disturbed cell)")
+    errors += sampling.validate(plain)
     if plain.get("remeasure") not in REMEASURE:
         errors.append(f"remeasure={plain.get('remeasure')!r} must be one of: "
                       + ", ".join("null" if r is None else r for r in REMEASURE))
