@@ -21,10 +21,10 @@ compares them:
   dependence (up to the Monte Carlo error of its finite permutations);
 - its power (:func:`detectable_deviation`) is stated as the smallest
   deviation it detects with 80% power at alpha 0.05: the total-variation
-  distance delta by which the baseline's own empirical distribution is
-  moved toward its most likely first token (what a sampler biased toward
-  the argmax, such as argmax drafting accepted without its correction,
-  does), simulated with a fixed seed.
+  distance delta by which every position of the baseline's own empirical
+  distribution is moved toward its most likely token (what a sampler biased
+  toward the argmax, such as argmax drafting accepted without its
+  correction, does), simulated with a fixed seed.
 
 A sweep checks many cells, so :func:`holm` adjusts their p-values
 (Holm's step-down: the chance that any exact cell is called inexact stays
@@ -50,6 +50,8 @@ PERMUTATIONS = 1999
 # Total-variation distances the power simulation tries, smallest first.
 DEVIATIONS = (0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
 POWER_SIMULATIONS = 200
+# Tokens seen fewer times than this at a position (both groups) are counted as one (Cochran's rule).
+MIN_COUNT = 5
 # A sequence that ended before a position shows this token there.
 ENDED = -1
 
@@ -63,8 +65,20 @@ def _codes(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], tokens: int) 
 
 
 def _dense(codes: np.ndarray) -> list[np.ndarray]:
-    """Per position, the token ids renumbered 0..T-1 (T: distinct tokens there)."""
-    return [np.unique(codes[:, j], return_inverse=True)[1].ravel() for j in range(codes.shape[1])]
+    """Per position, the token ids renumbered 0..T-1, tokens seen fewer than :data:`MIN_COUNT` times
+    there (both groups together) merged into one category.
+
+    Rare tokens make Pearson's statistic noisy without telling the groups apart;
+    merging them depends only on the pooled counts, which no permutation
+    changes, so the test stays exact.
+    """
+    dense = []
+    for j in range(codes.shape[1]):
+        values, inverse, counts = np.unique(codes[:, j], return_inverse=True, return_counts=True)
+        rare = counts < MIN_COUNT
+        renumber = np.where(rare, 0, np.cumsum(~rare))  # 0: the merged rare tokens
+        dense.append(renumber[inverse.ravel()])
+    return dense
 
 
 def _chi_square(in_a: np.ndarray, dense: Sequence[np.ndarray], n_a: int, n_b: int) -> np.ndarray:
@@ -79,7 +93,8 @@ def _chi_square(in_a: np.ndarray, dense: Sequence[np.ndarray], n_a: int, n_b: in
         pooled = onehot.sum(axis=0)
         a = in_a @ onehot
         b = pooled - a
-        total += n_a * n_b * (((a / n_a - b / n_b) ** 2) / pooled).sum(axis=1)
+        seen = pooled > 0  # the merged rare category may be empty
+        total += n_a * n_b * (((a[:, seen] / n_a - b[:, seen] / n_b) ** 2) / pooled[seen]).sum(axis=1)
     return total
 
 
@@ -130,47 +145,49 @@ def detectable_deviation(
 
     Simulated from the baseline's own samples, per prompt: both groups are
     resampled from them (sizes: the baseline's and ``n_speculative``, default
-    the same), and for the alternative the speculative group is moved by
-    delta toward the baseline's most likely first token (each draw replaced,
-    with probability delta / (1 - its share), by a sample that starts with
-    it), which is a distance of delta from the baseline in total variation,
-    in the first token and in the whole sequence. The critical value is the
-    null simulation's 95% quantile (an approximation of the permutation
-    test's, which conditions on the data). None when no deviation tried is
-    detected that often, or when every prompt's first token is certain (the
-    baseline's samples leave nothing to move).
+    the same), and for the alternative every position of the speculative
+    group is moved by delta toward that position's most likely token (each
+    token replaced by it with probability delta / (1 - its share)): a
+    distance of delta in total variation at every position, the drift of a
+    sampler biased toward the argmax (argmax drafts accepted without the
+    rejection rule's correction). Positions whose token is certain cannot
+    move and are left alone. The critical value is the null simulation's 95%
+    quantile (an approximation of the permutation test's, which conditions
+    on the data). None when no deviation tried is detected that often, or
+    when the baseline's samples are all alike (nothing to move).
     """
     rng = np.random.default_rng(seed)
     sizes = list(n_speculative) if n_speculative is not None else [len(a) for a in baseline]
     prompts = []
     for a, n_b in zip(baseline, sizes):
-        codes = _codes(a, [], tokens)
-        first = codes[:, 0]
-        values, counts = np.unique(first, return_counts=True)
-        mode = values[np.argmax(counts)]
-        share = counts.max() / len(first)
-        prompts.append((_dense(codes), np.flatnonzero(first == mode), share, n_b))
-    if all(share >= 1.0 for *_, share, _ in prompts):
+        # Renumbered once, rare tokens merged by the baseline's own counts: an approximation of
+        # the test's merging by pooled counts that lets every simulation be counted at once.
+        dense = _dense(_codes(a, [], tokens))
+        modes = np.array([np.bincount(codes).argmax() for codes in dense])
+        shares = np.array([np.bincount(codes).max() / codes.size for codes in dense])
+        prompts.append((np.stack(dense, axis=1), modes, shares, n_b))
+    if all(np.all(shares >= 1.0) for _, _, shares, _ in prompts):
         return None
 
     def simulate(delta: float) -> np.ndarray:
         total = np.zeros(simulations)
-        for dense, starts_with_mode, share, n_b in prompts:
-            n_a = dense[0].size
-            a = rng.integers(0, n_a, (simulations, n_a))
-            b = rng.integers(0, n_a, (simulations, n_b))
-            if delta > 0 and share < 1.0:
-                moved = rng.random((simulations, n_b)) < min(1.0, delta / (1.0 - share))
-                b = np.where(moved, starts_with_mode[rng.integers(0, starts_with_mode.size, (simulations, n_b))], b)
-            for codes in dense:
-                width = int(codes.max()) + 1
+        for codes, modes, shares, n_b in prompts:
+            n_a = codes.shape[0]
+            a = codes[rng.integers(0, n_a, (simulations, n_a))]  # simulations x n_a x tokens
+            b = codes[rng.integers(0, n_a, (simulations, n_b))]
+            if delta > 0:
+                chance = np.where(shares < 1.0, np.minimum(1.0, delta / np.maximum(1.0 - shares, 1e-12)), 0.0)
+                b = np.where(rng.random(b.shape) < chance, modes, b)
+            for j in range(codes.shape[1]):
+                width = int(codes[:, j].max()) + 1
                 offsets = np.arange(simulations)[:, None] * width
-                count_a = np.bincount((offsets + codes[a]).ravel(), minlength=simulations * width)
-                count_b = np.bincount((offsets + codes[b]).ravel(), minlength=simulations * width)
-                count_a = count_a.reshape(simulations, width) / n_a
-                count_b = count_b.reshape(simulations, width) / n_b
-                pooled = count_a * n_a + count_b * n_b
-                terms = np.divide((count_a - count_b) ** 2, pooled, out=np.zeros_like(pooled), where=pooled > 0)
+                count_a = np.bincount((offsets + a[:, :, j]).ravel(), minlength=simulations * width)
+                count_b = np.bincount((offsets + b[:, :, j]).ravel(), minlength=simulations * width)
+                count_a = count_a.reshape(simulations, width).astype(float)
+                count_b = count_b.reshape(simulations, width).astype(float)
+                pooled = count_a + count_b
+                terms = np.divide((count_a / n_a - count_b / n_b) ** 2, pooled, out=np.zeros_like(pooled),
+                                  where=pooled > 0)
                 total += n_a * n_b * terms.sum(axis=1)
         return total
 
