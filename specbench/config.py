@@ -22,7 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from specbench import methods, models, sampling
 from specbench.analytic import memory, prediction
-from specbench.engine import EngineSpec
+from specbench.engine import EngineSpec, speculative_sampling_choices
 from specbench.workloads import (
     SOURCE_KEYS,
     WorkloadError,
@@ -316,6 +316,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         errors.append(f"remeasure={plain.get('remeasure')!r} must be one of: "
                       + ", ".join("null" if r is None else r for r in REMEASURE))
 
+    errors += _check_sampling_knobs(method.get("speculative_config") or {})
     if registered is not None and registered.check is not None:
         errors += registered.check(method)
     for key, reader in methods.own_keys().items():
@@ -352,6 +353,33 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     # The memory model needs a valid cell and a profile stating memory; only then are prompts measured.
     if not errors and memory.resolve_hardware(plain.get("hardware")) is not None:
         errors += memory.fit_problems(plain, batch_prompt_tokens(plain))
+    return errors
+
+
+# Sampling knob values that would make a speculative cell inexact by design: synthetic rejection
+# accepts drafts at set rates, whatever the target's distribution says.
+_INEXACT_KNOBS = {("rejection_sample_method", "synthetic")}
+
+
+def _check_sampling_knobs(speculative: Mapping[str, Any]) -> list[str]:
+    """``speculative_config.*_sample_method`` must be a knob and value the installed vLLM knows, and exact."""
+    choices = speculative_sampling_choices()
+    if choices is None:
+        return []
+    errors = []
+    for key, value in speculative.items():
+        if not key.endswith("_sample_method"):
+            continue
+        if key not in choices:
+            known = ", ".join(sorted(choices)) or "none"
+            errors.append(f"method.speculative_config.{key}: the installed vLLM has no such sampling key "
+                          f"(it has: {known})")
+        elif value not in choices[key]:
+            errors.append(f"method.speculative_config.{key}={value!r} must be one of {', '.join(choices[key])}")
+        elif (key, value) in _INEXACT_KNOBS:
+            errors.append(f"method.speculative_config.{key}={value!r} is not exact (it accepts drafts at set "
+                          "rates, not by the target's distribution): specbench compares exact methods; "
+                          "method=controlled sets acceptance rates on purpose")
     return errors
 
 
