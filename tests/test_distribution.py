@@ -119,3 +119,30 @@ def test_a_sampled_plan_seeds_every_request_and_draws_the_check_untimed():
     assert [len(p) for p in drawn.samples] == [3, 3]
     seeds = {s[0] for prompt in drawn.samples for s in prompt}
     assert len(seeds) == 6 and not seeds & {5_000_000, 5_000_001, 5_000_002, 5_000_003}
+
+
+def test_the_merge_checks_sampled_cells_in_distribution_not_token_for_token(tmp_path):
+    from rows import cell_row, write_cell
+
+    from specbench.results.merge import merge
+
+    rng = np.random.default_rng(11)
+
+    def sampled(row, samples):
+        return row | {"temperature": 0.7, "distribution_samples": samples, "distribution_check_s": 0.5}
+
+    base = sampled(cell_row("base", "baseline", 10.0), draws(rng, P))
+    good = sampled(cell_row("good", "ngram", 5.0, baseline_id="base"), draws(rng, P))
+    flat = np.array([0.2, 0.2, 0.2, 0.2, 0.2])
+    bad = sampled(cell_row("bad", "ngram", 5.0, baseline_id="base", k=4), draws(rng, flat))
+    write_cell(tmp_path, base, [[1, 2], [3, 4]])
+    # Sampled outputs differ from the baseline's by design: that is no mismatch.
+    write_cell(tmp_path, good, [[1, 9], [3, 9]])
+    write_cell(tmp_path, bad, [[1, 2], [3, 4]])
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ["base", "good", "bad"])}
+    assert rows["good"]["exactness"] == "distribution" and not rows["good"]["flagged"]
+    assert rows["good"]["distribution_p_value"] > 0.05 and rows["good"]["distribution_power_tv"] is not None
+    assert rows["bad"]["exactness"] == "mismatch" and rows["bad"]["flagged"]
+    assert rows["bad"]["distribution_p_adjusted"] == pytest.approx(min(1.0, 2 * rows["bad"]["distribution_p_value"]))
+    assert any("in distribution" in reason for reason in rows["bad"]["flag_reasons"])
+    assert rows["good"]["distribution_check_share"] == pytest.approx(0.5 / 15.0)

@@ -727,7 +727,7 @@ def test_a_float32_control_that_agrees_explains_no_ties(tmp_path: Path) -> None:
 
 def test_temperature_gets_its_own_panels_figure_and_verdicts(tmp_path):
     from specbench.report import plots, tables
-    from tests.rows import make_row, write_results
+    from rows import make_row, write_results
 
     def at(temperature, speedup, **extra):
         return make_row("ngram", 4, 1, "creative", speedup, temperature=temperature, speedup_ci_low=speedup - 0.05,

@@ -210,5 +210,5 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 
 def _check(baseline: Samples, speculative: Samples) -> None:
-    if len(baseline) != len(speculative) or any(not a or not b for a, b in zip(baseline, speculative)):
+    if len(baseline) != len(speculative) or any(len(a) == 0 or len(b) == 0 for a, b in zip(baseline, speculative)):
         raise ValueError("the two sample sets must have the same prompts, each with at least one sample")
