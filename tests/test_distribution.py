@@ -146,3 +146,17 @@ def test_the_merge_checks_sampled_cells_in_distribution_not_token_for_token(tmp_
     assert rows["bad"]["distribution_p_adjusted"] == pytest.approx(min(1.0, 2 * rows["bad"]["distribution_p_value"]))
     assert any("in distribution" in reason for reason in rows["bad"]["flag_reasons"])
     assert rows["good"]["distribution_check_share"] == pytest.approx(0.5 / 15.0)
+
+
+def test_temperature_makes_another_curve_and_greedy_keys_are_unchanged():
+    import json
+
+    from specbench.results.schema import curve_key
+
+    def row(**config):
+        return {"model": "m", "method": "ngram", "num_speculative_tokens": 4,
+                "config_json": json.dumps({"method": {"name": "ngram"}, "workload": {"name": "w"}, **config})}
+
+    old = row()
+    assert curve_key(row(temperature=0.0, top_p=1.0, top_k=0)) == curve_key(old)
+    assert curve_key(row(temperature=0.7)) != curve_key(old) != curve_key(row(temperature=1.0))
