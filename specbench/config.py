@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from specbench import methods, models, sampling
+from specbench.sampling import Sampling
 from specbench.analytic import memory, prediction
 from specbench.engine import EngineSpec, speculative_sampling_choices
 from specbench.workloads import (
@@ -169,7 +170,7 @@ class Cell:
         return self.identity["engine_run"]
 
     @property
-    def sampling(self) -> sampling.Sampling:
+    def sampling(self) -> Sampling:
         """Temperature, top_p and top_k (greedy: temperature 0)."""
         return sampling.from_config(self.identity)
 

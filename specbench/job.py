@@ -399,6 +399,7 @@ def _distribution_plan(cell: Cell, workload: Workload) -> DistributionPlan:
         samples=distribution.SAMPLES,
         tokens=min(distribution.TOKENS, cell.workload["max_tokens"]),
         stream=2 * cell.engine_run + (0 if cell.is_baseline else 1),
+        prompt_tokens=distribution.PROMPT_TOKENS,
     )
 
 

@@ -256,13 +256,15 @@ class CellPlan:
 @dataclass(frozen=True)
 class DistributionPlan:
     """The untimed draws of the distribution check: ``samples`` seeded samples of the first
-    ``tokens`` tokens for each of the cell's first ``prompts`` prompts, seeds from ``stream``
-    (:func:`specbench.sampling.distribution_seed`: a baseline's stream differs from its cells')."""
+    ``tokens`` tokens for each of the cell's first ``prompts`` prompts, each cut to its last
+    ``prompt_tokens`` tokens, seeds from ``stream`` (:func:`specbench.sampling.distribution_seed`:
+    a baseline's stream differs from its cells')."""
 
     prompts: int
     samples: int
     tokens: int
     stream: int
+    prompt_tokens: int
 
     def seeds(self, seed: int, prompt: int) -> list[int]:
         """The seeds of one prompt's samples."""
@@ -453,7 +455,9 @@ def distribution_pass(engine: Generator, plan: CellPlan) -> DistributionSamples:
     """
     check = plan.distribution
     assert check is not None and not plan.sampling.greedy
-    chosen = plan.prompts[: check.prompts]
+    # Any fixed prompt tests the sampler; the cut keeps the check's prefill (samples x
+    # prompts, no prefix cache) from costing more than the cell it checks.
+    chosen = [p[-check.prompt_tokens:] for p in plan.prompts[: check.prompts]]
     prompts = [p for p in chosen for _ in range(check.samples)]
     seeds = [s for i in range(len(chosen)) for s in check.seeds(plan.seed, i)]
     before = engine.spec_counters()
