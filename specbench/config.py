@@ -79,6 +79,17 @@ class EngineSchema:
 
 
 @dataclass
+class DistributionCheckSchema:
+    """Types of ``distribution_check.*``: the size of a sampled cell's distribution check
+    (specbench.results.distribution; conf/config.yaml holds the defaults)."""
+
+    prompts: int = MISSING
+    samples: int = MISSING
+    tokens: int = MISSING
+    prompt_tokens: int = MISSING
+
+
+@dataclass
 class ConfigSchema:
     """Types of the whole config's top-level keys (one cell's), checked by Hydra when it composes.
 
@@ -104,6 +115,7 @@ class ConfigSchema:
     temperature: float = MISSING
     top_p: float = MISSING
     top_k: int = MISSING
+    distribution_check: DistributionCheckSchema = field(default_factory=DistributionCheckSchema)
     attempts: int = MISSING
     remeasure: Optional[str] = None
     sweep_name: str = MISSING
@@ -273,6 +285,8 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
         "seed": plain["seed"],
         # Sampling keys away from greedy decoding only: a greedy cell keeps the identity it had.
         **sampling.identity_keys(plain),
+        **({"distribution_check": plain["distribution_check"]}
+           if sampling.identity_keys(plain) and plain.get("distribution_check") else {}),
         "engine": engine,
         "engine_run": plain["engine_run"],
     }
@@ -313,6 +327,9 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     if not (isinstance(attempts, int) and attempts >= 1):
         errors.append(f"attempts={attempts!r} must be an integer >= 1 (measurements of a disturbed cell)")
     errors += sampling.validate(plain)
+    for key, value in (plain.get("distribution_check") or {}).items():
+        if not (isinstance(value, int) and value >= 1):
+            errors.append(f"distribution_check.{key}={value!r} must be an integer >= 1")
     if plain.get("remeasure") not in REMEASURE:
         errors.append(f"remeasure={plain.get('remeasure')!r} must be one of: "
                       + ", ".join("null" if r is None else r for r in REMEASURE))

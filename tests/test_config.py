@@ -89,6 +89,7 @@ def test_identity_ignores_output_settings_but_not_measurement_settings(compose_c
         (["top_p=0"], "top_p=0.0 must be a number in (0, 1]"),
         (["top_p=1.2"], "top_p=1.2 must be a number in (0, 1]"),
         (["top_k=-3"], "top_k=-3 must be 0 or -1 (no top-k filter) or an integer >= 1"),
+        (["distribution_check.samples=0"], "distribution_check.samples=0 must be an integer >= 1"),
         (["+method.speculative_config.draft_sample_method=stochastic"],
          "method.speculative_config.draft_sample_method='stochastic' must be one of greedy, probabilistic"),
         (["+method.speculative_config.rejection_sample_method=synthetic"],
@@ -263,6 +264,9 @@ def test_sampling_joins_the_identity_only_away_from_greedy_and_the_baseline_keep
     assert hot.cell_id != greedy.cell_id and "-t0.7-" in hot.cell_id
     assert hot.baseline().sampling.temperature == 0.7 and hot.baseline().cell_id != greedy.baseline().cell_id
     assert cell_from_config(compose_cell(["temperature=0.7", "top_p=0.9"])).cell_id != hot.cell_id
+    # The check's size decides a sampled cell's draws, and nothing of a greedy one.
+    assert cell_from_config(compose_cell(["temperature=0.7", "distribution_check.samples=64"])).cell_id != hot.cell_id
+    assert cell_from_config(compose_cell(["distribution_check.samples=64"])).cell_id == greedy.cell_id
 
 
 def test_a_sampling_knob_is_in_the_identity_and_the_label(compose_cell):

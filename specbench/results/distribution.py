@@ -38,9 +38,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# The check's size: prompts x samples x tokens per cell and engine run. 4 x 32 x 8 draws
-# cost a fraction of a CPU demo cell (measured per cell: distribution_check_s); pooled
-# over 2 engine runs each group has 64 samples per prompt.
+# The check's default size (conf/config.yaml distribution_check.*): prompts x samples x tokens
+# per cell and engine run, its cost measured per cell (distribution_check_s); pooled over
+# 2 engine runs each side has 64 samples per prompt.
 PROMPTS = 4
 SAMPLES = 32
 TOKENS = 8
