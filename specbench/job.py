@@ -393,13 +393,13 @@ def _plan(cell: Cell, workload: Workload) -> CellPlan:
 
 def _distribution_plan(cell: Cell, workload: Workload) -> DistributionPlan:
     """A sampled cell's distribution check: its first prompts, seeds from a stream of its own
-    engine run and side (baseline or speculative), so that the two sides draw independently."""
+    (config hash and engine run), so that every cell draws independently of every other."""
     size = cell.identity.get("distribution_check") or {}
     return DistributionPlan(
         prompts=min(size.get("prompts", distribution.PROMPTS), len(workload.token_ids)),
         samples=size.get("samples", distribution.SAMPLES),
         tokens=min(size.get("tokens", distribution.TOKENS), cell.workload["max_tokens"]),
-        stream=2 * cell.engine_run + (0 if cell.is_baseline else 1),
+        stream=f"{cell.config_hash}/r{cell.engine_run}",
         prompt_tokens=size.get("prompt_tokens", distribution.PROMPT_TOKENS),
     )
 

@@ -258,12 +258,12 @@ class DistributionPlan:
     """The untimed draws of the distribution check: ``samples`` seeded samples of the first
     ``tokens`` tokens for each of the cell's first ``prompts`` prompts, each cut to its last
     ``prompt_tokens`` tokens, seeds from ``stream`` (:func:`specbench.sampling.distribution_seed`:
-    a baseline's stream differs from its cells')."""
+    each cell and engine run has its own)."""
 
     prompts: int
     samples: int
     tokens: int
-    stream: int
+    stream: str
     prompt_tokens: int
 
     def seeds(self, seed: int, prompt: int) -> list[int]:

@@ -10,6 +10,7 @@ stays out of a cell's identity, so every greedy cell keeps its config hash.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -19,9 +20,8 @@ from typing import Any, Mapping
 DEFAULTS: dict[str, float | int] = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
 KEYS = tuple(DEFAULTS)
 
-# Request seeds: the cell's seed times this stride plus the request's index; the
-# untimed distribution check draws from the upper half of the stride
-# (:func:`distribution_seed`), so its samples never reuse a timed request's seed.
+# Request seeds: the cell's seed times this stride plus the request's index. The untimed
+# distribution check draws with hashed 60-bit seeds of its own (:func:`distribution_seed`).
 SEED_STRIDE = 1_000_000
 SEED_RULE = f"seed * {SEED_STRIDE} + request index"
 
@@ -97,14 +97,18 @@ def request_seed(seed: int, index: int) -> int:
     return seed * SEED_STRIDE + index
 
 
-def distribution_seed(seed: int, stream: int, sample: int) -> int:
-    """The seed of sample ``sample`` of the untimed distribution check in ``stream``.
+def distribution_seed(seed: int, stream: str, sample: int) -> int:
+    """The seed of sample ``sample`` of the untimed distribution check of the cell whose stream
+    (config hash and engine run) is ``stream``: 60 bits of sha256("seed/stream/sample").
 
-    Streams keep the baseline's draws independent of every speculative
-    cell's (see :mod:`specbench.results.distribution`): exchangeable under
-    the null hypothesis, which the permutation test needs.
+    Every cell draws with seeds of its own, so a baseline's draws are
+    independent of every speculative cell's and of a baseline at another
+    temperature (shared seeds would couple them: two temperatures with the
+    same random numbers mostly draw the same tokens), which the permutation
+    test's exchangeability needs (see :mod:`specbench.results.distribution`).
     """
-    return seed * SEED_STRIDE + SEED_STRIDE // 2 + stream * (SEED_STRIDE // 8) + sample
+    digest = hashlib.sha256(f"{seed}/{stream}/{sample}".encode()).hexdigest()
+    return int(digest[:15], 16)
 
 
 def _number(value: Any) -> bool:

@@ -105,7 +105,7 @@ class _Recorder:
 
 def test_a_sampled_plan_seeds_every_request_and_draws_the_check_untimed():
     hot = sampling.Sampling(temperature=0.7)
-    check = DistributionPlan(prompts=2, samples=3, tokens=4, stream=1, prompt_tokens=64)
+    check = DistributionPlan(prompts=2, samples=3, tokens=4, stream="abc/r0", prompt_tokens=64)
     plan = CellPlan(prompts=((1,), (2,), (3,), (4,)), batch_size=2, max_tokens=6, repetitions=2, seed=5,
                     sampling=hot, distribution=check)
     engine = _Recorder()
