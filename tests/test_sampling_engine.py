@@ -56,3 +56,15 @@ def test_the_negative_control_plain_decoding_at_07_against_08_is_detected(sweep)
     base = sweep[sweep["method"] == "baseline"].set_index("temperature")
     p = distribution.permutation_p_value(base.loc[0.7, "distribution_samples"], base.loc[0.8, "distribution_samples"])
     assert p < 0.05
+
+
+def test_the_sampling_knob_table_is_the_installed_vllms():
+    from typing import get_args, get_type_hints
+
+    from vllm.config.speculative import SpeculativeConfig
+
+    from specbench.engine import speculative_sampling_choices
+
+    hints = get_type_hints(SpeculativeConfig)
+    installed = {name: get_args(hint) for name, hint in hints.items() if name.endswith("_sample_method")}
+    assert speculative_sampling_choices() == installed
