@@ -20,9 +20,10 @@ from typing import Any, Mapping, NoReturn, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from specbench import methods, models
+from specbench import methods, models, sampling
+from specbench.sampling import Sampling
 from specbench.analytic import memory, prediction
-from specbench.engine import EngineSpec
+from specbench.engine import EngineSpec, speculative_sampling_choices
 from specbench.workloads import (
     SOURCE_KEYS,
     WorkloadError,
@@ -78,6 +79,17 @@ class EngineSchema:
 
 
 @dataclass
+class DistributionCheckSchema:
+    """Types of ``distribution_check.*``: the size of a sampled cell's distribution check
+    (specbench.results.distribution; conf/config.yaml holds the defaults)."""
+
+    prompts: int = MISSING
+    samples: int = MISSING
+    tokens: int = MISSING
+    prompt_tokens: int = MISSING
+
+
+@dataclass
 class ConfigSchema:
     """Types of the whole config's top-level keys (one cell's), checked by Hydra when it composes.
 
@@ -100,6 +112,10 @@ class ConfigSchema:
     engine_run: int = MISSING
     passes: Optional[int] = None
     seed: int = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+    top_k: int = MISSING
+    distribution_check: DistributionCheckSchema = field(default_factory=DistributionCheckSchema)
     attempts: int = MISSING
     remeasure: Optional[str] = None
     sweep_name: str = MISSING
@@ -166,6 +182,11 @@ class Cell:
         return self.identity["engine_run"]
 
     @property
+    def sampling(self) -> Sampling:
+        """Temperature, top_p and top_k (greedy: temperature 0)."""
+        return sampling.from_config(self.identity)
+
+    @property
     def is_baseline(self) -> bool:
         """True for plain decoding."""
         return self.method == "baseline"
@@ -179,9 +200,11 @@ class Cell:
 
     @property
     def cell_id(self) -> str:
-        """File-name-safe, human-readable and unique: method, K, batch, workload, digest, engine run."""
+        """File-name-safe, human-readable and unique: method, K, batch, workload, temperature
+        (sampled cells only: a greedy cell's id is what it was before), digest, engine run."""
+        temperature = "" if self.sampling.greedy else f"-t{self.sampling.temperature:g}"
         return (
-            f"{self.method}-k{self.k}-b{self.batch_size}-{self.workload['name']}"
+            f"{self.method}-k{self.k}-b{self.batch_size}-{self.workload['name']}{temperature}"
             f"-{self.config_hash}-r{self.engine_run}"
         )
 
@@ -260,6 +283,10 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
         "repetitions": plain["repetitions"],
         "warmup": plain["warmup"],
         "seed": plain["seed"],
+        # Sampling keys away from greedy decoding only: a greedy cell keeps the identity it had.
+        **sampling.identity_keys(plain),
+        **({"distribution_check": plain["distribution_check"]}
+           if sampling.identity_keys(plain) and plain.get("distribution_check") else {}),
         "engine": engine,
         "engine_run": plain["engine_run"],
     }
@@ -320,10 +347,15 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     attempts = plain.get("attempts")
     if not (isinstance(attempts, int) and attempts >= 1):
         errors.append(f"attempts={attempts!r} must be an integer >= 1 (measurements of a disturbed cell)")
+    errors += sampling.validate(plain)
+    for key, value in (plain.get("distribution_check") or {}).items():
+        if not (isinstance(value, int) and value >= 1):
+            errors.append(f"distribution_check.{key}={value!r} must be an integer >= 1")
     if plain.get("remeasure") not in REMEASURE:
         errors.append(f"remeasure={plain.get('remeasure')!r} must be one of: "
                       + ", ".join("null" if r is None else r for r in REMEASURE))
 
+    errors += _check_sampling_knobs(method.get("speculative_config") or {})
     if registered is not None and registered.check is not None:
         errors += registered.check(method)
     schedule = method.get(methods.SCHEDULE)
@@ -373,6 +405,33 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
 def _compact(value: Any) -> str:
     """A value as a Hydra override writes it: ``[[1,4,4],[5,64,2]]``."""
     return json.dumps(value, separators=(",", ":"))
+
+
+# Sampling knob values that would make a speculative cell inexact by design: synthetic rejection
+# accepts drafts at set rates, whatever the target's distribution says.
+_INEXACT_KNOBS = {("rejection_sample_method", "synthetic")}
+
+
+def _check_sampling_knobs(speculative: Mapping[str, Any]) -> list[str]:
+    """``speculative_config.*_sample_method`` must be a knob and value the installed vLLM knows, and exact."""
+    choices = speculative_sampling_choices()
+    if choices is None:
+        return []
+    errors = []
+    for key, value in speculative.items():
+        if not key.endswith("_sample_method"):
+            continue
+        if key not in choices:
+            known = ", ".join(sorted(choices)) or "none"
+            errors.append(f"method.speculative_config.{key}: the installed vLLM has no such sampling key "
+                          f"(it has: {known})")
+        elif value not in choices[key]:
+            errors.append(f"method.speculative_config.{key}={value!r} must be one of {', '.join(choices[key])}")
+        elif (key, value) in _INEXACT_KNOBS:
+            errors.append(f"method.speculative_config.{key}={value!r} is not exact (it accepts drafts at set "
+                          "rates, not by the target's distribution): specbench compares exact methods; "
+                          "method=controlled sets acceptance rates on purpose")
+    return errors
 
 
 def batch_prompt_tokens(plain: Mapping[str, Any]) -> tuple[int, ...] | None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from specbench import methods, models
 from specbench.analytic import footprint, memory
-from specbench.measure import CellPlan, Measurement
+from specbench.measure import CellPlan, DistributionPlan, Measurement
 from specbench.config import Cell
 from specbench.engine import EngineError, EnginePool, EngineSpec, describe_machine
 from specbench.results.files import CellFiles
@@ -33,6 +33,7 @@ from specbench.results.provenance import (
     provenance_differences,
     static_provenance,
 )
+from specbench.results import distribution
 from specbench.results.exactness import TIE, classify, tie_tolerance
 from specbench.results.merge import DISTURBED_SHARE
 from specbench.results.schema import SCHEMA_VERSION, ResultsError, read_rows, results_path
@@ -329,6 +330,8 @@ def _versus(
     batch sizes, so a mismatch here may still turn out a tie there.
     """
     speedup = f"{rows.speedup(base, spec):.2f}x"
+    if spec.get("temperature"):
+        return speedup, None  # sampled outputs differ by design; the merge checks their distribution
     mine, theirs = spec_files.read_tokens(), base_files.read_tokens()
     if mine is None or theirs is None:
         return speedup, None
@@ -380,7 +383,24 @@ def _plan(cell: Cell, workload: Workload) -> CellPlan:
         reference_pass=methods.entry(cell.method).reference_pass,
         # A baseline is the reference every divergence is classified against:
         # in a dtype whose near-ties can flip it records its top-two margins.
-        tie_tolerance=tie_tolerance(cell.identity["engine"]["dtype"]) if cell.is_baseline else None,
+        tie_tolerance=(tie_tolerance(cell.identity["engine"]["dtype"])
+                       if cell.is_baseline and cell.sampling.greedy else None),
+        sampling=cell.sampling,
+        seed=cell.identity["seed"],
+        distribution=None if cell.sampling.greedy else _distribution_plan(cell, workload),
+    )
+
+
+def _distribution_plan(cell: Cell, workload: Workload) -> DistributionPlan:
+    """A sampled cell's distribution check: its first prompts, seeds from a stream of its own
+    (config hash and engine run), so that every cell draws independently of every other."""
+    size = cell.identity.get("distribution_check") or {}
+    return DistributionPlan(
+        prompts=min(size.get("prompts", distribution.PROMPTS), len(workload.token_ids)),
+        samples=size.get("samples", distribution.SAMPLES),
+        tokens=min(size.get("tokens", distribution.TOKENS), cell.workload["max_tokens"]),
+        stream=f"{cell.config_hash}/r{cell.engine_run}",
+        prompt_tokens=size.get("prompt_tokens", distribution.PROMPT_TOKENS),
     )
 
 

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from specbench.sampling import GREEDY, Sampling, distribution_seed, request_seed
+
 
 @dataclass(frozen=True)
 class SpecCounters:
@@ -156,8 +158,12 @@ class TopTokens:
 class Generator(Protocol):
     """What the measurement needs from an engine."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[GeneratedRequest]:
-        """Greedy-generate up to ``max_tokens`` for each prompt, as one batch."""
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: Sampling = GREEDY,
+        seeds: Sequence[int] | None = None,
+    ) -> list[GeneratedRequest]:
+        """Generate up to ``max_tokens`` for each prompt, as one batch: greedily, or sampled with
+        ``sampling`` and one seed per prompt (``seeds``, required when sampling)."""
         ...
 
     def spec_counters(self) -> SpecCounters:
@@ -201,6 +207,13 @@ class CellPlan:
     # top-two margin and near ties within this many nats (baselines in a dtype
     # whose ties can flip: see TopTokens); None: no such pass.
     tie_tolerance: float | None = None
+    # Temperature, top_p, top_k; request i of every repetition draws with
+    # sampling.request_seed(seed, i). Greedy ignores the seed.
+    sampling: Sampling = GREEDY
+    seed: int = 0
+    # After the timed repetitions (sampled cells), an untimed pass drawing seeded
+    # samples of the first tokens for the distribution check; None: no such pass.
+    distribution: DistributionPlan | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or len(self.prompts) % self.batch_size:
@@ -231,6 +244,41 @@ class CellPlan:
         """The request groups, in submission order."""
         b = self.batch_size
         return [self.prompts[i : i + b] for i in range(0, len(self.prompts), b)]
+
+    def batch_seeds(self) -> list[list[int] | None]:
+        """Each batch's request seeds (:func:`specbench.sampling.request_seed`); None per batch when greedy."""
+        if self.sampling.greedy:
+            return [None] * (len(self.prompts) // self.batch_size)
+        b = self.batch_size
+        return [[request_seed(self.seed, i + j) for j in range(b)] for i in range(0, len(self.prompts), b)]
+
+
+@dataclass(frozen=True)
+class DistributionPlan:
+    """The untimed draws of the distribution check: ``samples`` seeded samples of the first
+    ``tokens`` tokens for each of the cell's first ``prompts`` prompts, each cut to its last
+    ``prompt_tokens`` tokens, seeds from ``stream`` (:func:`specbench.sampling.distribution_seed`:
+    each cell and engine run has its own)."""
+
+    prompts: int
+    samples: int
+    tokens: int
+    stream: str
+    prompt_tokens: int
+
+    def seeds(self, seed: int, prompt: int) -> list[int]:
+        """The seeds of one prompt's samples."""
+        return [distribution_seed(seed, self.stream, prompt * self.samples + j) for j in range(self.samples)]
+
+
+@dataclass(frozen=True)
+class DistributionSamples:
+    """What the distribution pass drew: per prompt, its samples' token ids, and its cost."""
+
+    samples: list[list[list[int]]]
+    seconds: float
+    drafts: int
+    accepted_tokens: int
 
 
 # A warm-up decodes this many tokens: past the first decode and draft steps,
@@ -272,6 +320,8 @@ class Measurement:
     # and including the first position where the untimed pass left the timed tokens.
     top2_margins: list[list[float]] = field(default_factory=list)
     near_tie_tokens: list[list[list[int]]] = field(default_factory=list)
+    # Sampled cells: the untimed draws of the distribution check (None: no such pass).
+    distribution: DistributionSamples | None = None
 
 
 def measure(
@@ -297,7 +347,8 @@ def measure(
     warmup_s = None
     if plan.warmup:
         start = time.perf_counter()
-        engine.generate(plan.batches()[0], min(plan.max_tokens, WARMUP_MAX_TOKENS))
+        engine.generate(plan.batches()[0], min(plan.max_tokens, WARMUP_MAX_TOKENS), plan.sampling,
+                        plan.batch_seeds()[0])
         warmup_s = time.perf_counter() - start
 
     before = engine.spec_counters()
@@ -314,9 +365,9 @@ def measure(
     for _ in range(plan.repetitions):
         elapsed = 0.0
         finished: list[GeneratedRequest] = []
-        for batch in plan.batches():
+        for batch, seeds in zip(plan.batches(), plan.batch_seeds()):
             start = time.perf_counter()
-            requests = engine.generate(batch, plan.max_tokens)
+            requests = engine.generate(batch, plan.max_tokens, plan.sampling, seeds)
             elapsed += time.perf_counter() - start
             finished.extend(requests)
             if (ran := most_at_once(requests)) is not None:
@@ -344,6 +395,7 @@ def measure(
                 decode_tokens += len(r.token_ids) - 1
     counters = engine.spec_counters() - before
     margins, near_ties = top_tokens_pass(engine, plan, first_ids or []) if plan.tie_tolerance is not None else ([], [])
+    drawn = distribution_pass(engine, plan) if plan.distribution is not None else None
 
     return Measurement(
         rep_wall_s=rep_wall_s,
@@ -365,6 +417,7 @@ def measure(
         truncated_per_pos=truncated_per_pos,
         top2_margins=margins,
         near_tie_tokens=near_ties,
+        distribution=drawn,
     )
 
 
@@ -388,6 +441,33 @@ def top_tokens_pass(
         margins.append(list(result.margins[:keep]))
         near_ties.append([list(tokens) for tokens in result.near_ties[:keep]])
     return margins, near_ties
+
+
+def distribution_pass(engine: Generator, plan: CellPlan) -> DistributionSamples:
+    """Draw the distribution check's samples, untimed, after the timed region.
+
+    Each of the plan's first ``prompts`` prompts is submitted ``samples``
+    times, all in one batch, each copy with its own seed, for ``tokens``
+    tokens. Batch composition does not change what a seeded request draws
+    from, only how fast; the speculative counters around the pass say
+    whether drafts were verified in it at all (a check without drafts tests
+    nothing of the proposer).
+    """
+    check = plan.distribution
+    assert check is not None and not plan.sampling.greedy
+    # Any fixed prompt tests the sampler; the cut keeps the check's prefill (samples x
+    # prompts, no prefix cache) from costing more than the cell it checks.
+    chosen = [p[-check.prompt_tokens:] for p in plan.prompts[: check.prompts]]
+    prompts = [p for p in chosen for _ in range(check.samples)]
+    seeds = [s for i in range(len(chosen)) for s in check.seeds(plan.seed, i)]
+    before = engine.spec_counters()
+    start = time.perf_counter()
+    drawn = engine.generate(prompts, check.tokens, plan.sampling, seeds)
+    seconds = time.perf_counter() - start
+    counted = engine.spec_counters() - before
+    ids = [list(r.token_ids) for r in drawn]
+    per_prompt = [ids[i * check.samples : (i + 1) * check.samples] for i in range(len(chosen))]
+    return DistributionSamples(per_prompt, seconds, counted.drafts, counted.accepted_tokens)
 
 
 def most_at_once(requests: Sequence[GeneratedRequest]) -> int | None:

@@ -97,14 +97,23 @@ class Method:
         }
 
     def variant(self, config: Mapping[str, Any]) -> str:
-        """The method and its own keys' values, without K: ``controlled alpha=0.6``, ``draft_model/small``."""
+        """The method and its own keys' values, without K: ``controlled alpha=0.6``, ``draft_model/small``,
+        and vLLM's sampling knobs where set (``eagle3 draft=probabilistic``)."""
+        speculative = config.get("speculative_config") or {}
+        knobs = "".join(f" {short}={speculative[key]}" for key, short in SAMPLING_KNOBS.items()
+                        if speculative.get(key) is not None)
         return self.name + "".join(
-            key.label.format(key.value(config)) for key in self.keys if config.get(key.name) is not None)
+            key.label.format(key.value(config)) for key in self.keys if config.get(key.name) is not None) + knobs
 
     def overrides(self, config: Mapping[str, Any]) -> list[str]:
         """The Hydra overrides that choose this variant: ``method=controlled method.alpha=0.6``."""
         return [f"method={self.name}"] + [
             f"method.{key.name}={config[key.name]}" for key in self.keys if config.get(key.name) is not None]
+
+
+# vLLM's speculative sampling knobs (in speculative_config, checked against the installed vLLM by
+# specbench.config) and how a method label names them.
+SAMPLING_KNOBS = {"draft_sample_method": "draft", "rejection_sample_method": "rejection"}
 
 
 @dataclass

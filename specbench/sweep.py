@@ -275,6 +275,14 @@ def finish(sweep_dir: Path) -> list[dict[str, Any]]:
                 "where the target had a clear winner; greedy speculative decoding should be exact",
                 file=sys.stderr,
             )
+        if row.get("method") != "baseline" and row.get("distribution_p_value") is not None \
+                and row.get("exactness") == "mismatch":
+            print(
+                f"WARNING {row['cell_id']}: its samples differ in distribution from the baseline's "
+                f"(p = {row['distribution_p_value']:.2g}, Holm-adjusted {row['distribution_p_adjusted']:.2g}); "
+                "speculative sampling should be exact in distribution",
+                file=sys.stderr,
+            )
     failed = [r for r in rows if r.get("status") != "ok" or (r.get("method") != "baseline" and r.get("speedup") is None)]
     for row in failed:
         print(f"FAILED {row['cell_id']}: {row.get('error')}", file=sys.stderr)

@@ -21,6 +21,7 @@ from specbench.measure import (
     most_at_once,
 )
 from specbench.engine import EngineError, EnginePool, EngineSpec, EngineWorker
+from specbench.sampling import GREEDY, Sampling
 
 
 class FakeEngine:
@@ -32,9 +33,12 @@ class FakeEngine:
         self.unstable = unstable
         self.generated = 0
         self.max_tokens: list[int] = []
+        self.seeds: list[Sequence[int] | None] = []
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[GeneratedRequest]:
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: Sampling = GREEDY,
+                 seeds: Sequence[int] | None = None) -> list[GeneratedRequest]:
         self.calls.append(("generate", len(prompts)))
+        self.seeds.append(seeds)
         self.max_tokens.append(max_tokens)
         self.generated += 1
         # Each request drafts twice (2 tokens each) and has its first drafted token accepted once.

@@ -85,6 +85,17 @@ def test_identity_ignores_output_settings_but_not_measurement_settings(compose_c
         (["workload.max_prompt_tokens=2000"],
          "workload.max_prompt_tokens=2000 + workload.max_tokens=128 exceeds engine.max_model_len=2048"),
         (["model.path=embedded:nope"], "unknown embedded model 'embedded:nope'"),
+        (["temperature=-0.5"], "temperature=-0.5 must be a number >= 0"),
+        (["top_p=0"], "top_p=0.0 must be a number in (0, 1]"),
+        (["top_p=1.2"], "top_p=1.2 must be a number in (0, 1]"),
+        (["top_k=-3"], "top_k=-3 must be 0 or -1 (no top-k filter) or an integer >= 1"),
+        (["distribution_check.samples=0"], "distribution_check.samples=0 must be an integer >= 1"),
+        (["+method.speculative_config.draft_sample_method=stochastic"],
+         "method.speculative_config.draft_sample_method='stochastic' must be one of greedy, probabilistic"),
+        (["+method.speculative_config.rejection_sample_method=synthetic"],
+         "method.speculative_config.rejection_sample_method='synthetic' is not exact"),
+        (["+method.speculative_config.typical_sample_method=x"],
+         "method.speculative_config.typical_sample_method: the installed vLLM has no such sampling key"),
     ],
 )
 def test_bad_values_are_named_with_what_is_allowed(compose_cell, overrides, message):
@@ -243,3 +254,27 @@ def test_group_schemas_refuse_wrong_types_and_unknown_keys(compose_cell, overrid
 def test_a_method_key_set_for_another_method_is_refused(compose_cell):
     errors = validate(compose_cell(["method=ngram", "method.alpha=0.5"]))
     assert "method.alpha=0.5 is only read for method=controlled, not ngram" in errors
+
+
+def test_sampling_joins_the_identity_only_away_from_greedy_and_the_baseline_keeps_it(compose_cell):
+    greedy = cell_from_config(compose_cell([]))
+    explicit = cell_from_config(compose_cell(["temperature=0", "top_p=0.5", "top_k=7"]))
+    hot = cell_from_config(compose_cell(["temperature=0.7"]))
+    assert explicit.cell_id == greedy.cell_id and "temperature" not in greedy.identity
+    assert hot.cell_id != greedy.cell_id and "-t0.7-" in hot.cell_id
+    assert hot.baseline().sampling.temperature == 0.7 and hot.baseline().cell_id != greedy.baseline().cell_id
+    assert cell_from_config(compose_cell(["temperature=0.7", "top_p=0.9"])).cell_id != hot.cell_id
+    # The check's size decides a sampled cell's draws, and nothing of a greedy one.
+    assert cell_from_config(compose_cell(["temperature=0.7", "distribution_check.samples=64"])).cell_id != hot.cell_id
+    assert cell_from_config(compose_cell(["distribution_check.samples=64"])).cell_id == greedy.cell_id
+
+
+def test_a_sampling_knob_is_in_the_identity_and_the_label(compose_cell):
+    from specbench import methods
+
+    plain = cell_from_config(compose_cell(["method=eagle3"]))
+    probabilistic = cell_from_config(compose_cell(
+        ["method=eagle3", "+method.speculative_config.draft_sample_method=probabilistic"]))
+    assert probabilistic.config_hash != plain.config_hash
+    assert methods.label(probabilistic.config["method"], 4) == "eagle3 draft=probabilistic K=4"
+    assert probabilistic.engine_spec(prepare=False).speculative_config["draft_sample_method"] == "probabilistic"

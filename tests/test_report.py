@@ -723,3 +723,27 @@ def test_a_float32_control_that_agrees_explains_no_ties(tmp_path: Path) -> None:
     assert ("summarize: plain decoding at batch 8 disagreed with batch 1 on 0 of 8 requests "
             "(ties: 0, mismatches: 0)") in exactness
     assert "not batch-invariant" not in exactness
+
+
+def test_temperature_gets_its_own_panels_figure_and_verdicts(tmp_path):
+    from specbench.report import plots, tables
+    from rows import make_row, write_results
+
+    def at(temperature, speedup, **extra):
+        return make_row("ngram", 4, 1, "creative", speedup, temperature=temperature, speedup_ci_low=speedup - 0.05,
+                        speedup_ci_high=speedup + 0.05, **extra)
+
+    rows = [make_row("baseline", batch=1, workload="creative", temperature=t) for t in (0.0, 0.7, 1.0)]
+    rows += [at(0.0, 1.4), at(0.7, 1.2), at(1.0, 0.9)]
+    df, _ = tables.load_frame(write_results(tmp_path, rows))
+    # Sampled rows are never pooled with greedy ones: their temperature is in the panel.
+    assert sorted(df["panel"].unique()) == ["creative", "creative · T=0.7", "creative · T=1"]
+    plot = plots.versus_temperature(df, plots.Encoding.for_frame(df))
+    assert plot.image is not None
+    assert plot.notes == ["ngram K=4 on creative at batch 1: pays up to temperature 0.7, stops paying at 1"]
+    # An inexact cell is not judged.
+    rows[-2] = at(0.7, 1.2, exactness="mismatch")
+    df, _ = tables.load_frame(write_results(tmp_path, rows))
+    assert plots.temperature_verdicts(df) == [
+        "ngram K=4 on creative at batch 1: pays up to temperature 0, stops paying at 1 (not judged at 0.7: "
+        "flagged or inexact)"]

@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from specbench import methods
+from specbench import methods, sampling
 from specbench.analytic import speedup
 from specbench.results.schema import SCHEDULE_KEY, curve_key, method_variant, recommendable, results_path, row_config
 
@@ -213,6 +213,8 @@ def _overrides(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
     out.append(f"workload={row['workload']}")
     out += [f"workload.{key}={workload[key]}" for key in ("num_prompts", "max_tokens") if key in workload]
     out.append(f"repetitions={cfg.get('repetitions', row.get('repetitions'))}")
+    # A sampled family is another curve (acceptance falls with temperature): its schedule is checked there.
+    out += [f"{key}={value}" for key, value in sampling.identity_keys(cfg).items()]
     if cfg.get("engine_runs") is not None:
         out.append(f"engine_runs={cfg['engine_runs']}")
     return out

@@ -18,6 +18,9 @@ importing vLLM again.
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -332,3 +335,39 @@ __all__ = [
     "EngineWorker",
     "describe_machine",
 ]
+
+
+@functools.lru_cache(maxsize=1)
+def speculative_sampling_choices() -> dict[str, tuple[str, ...]] | None:
+    """The sampling knobs of the installed vLLM's SpeculativeConfig and the values each allows.
+
+    Every field named ``*_sample_method`` whose type is a ``Literal`` alias
+    (vLLM 0.32: ``draft_sample_method`` greedy | probabilistic,
+    ``rejection_sample_method`` standard | synthetic | block), read from the
+    installed source with :mod:`ast`, so that the sweep refuses an unknown
+    key or value before any engine loads without importing vLLM. None when
+    vLLM is not installed (nothing can run then anyway).
+    """
+    found = importlib.util.find_spec("vllm")
+    if found is None or found.origin is None:
+        return None
+    source = Path(found.origin).parent / "config" / "speculative.py"
+    if not source.is_file():
+        return {}
+    tree = ast.parse(source.read_text())
+    aliases: dict[str, tuple[str, ...]] = {}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Subscript) and isinstance(node.value.value, ast.Name)
+                and node.value.value.id == "Literal"):
+            items = node.value.slice.elts if isinstance(node.value.slice, ast.Tuple) else [node.value.slice]
+            aliases[node.targets[0].id] = tuple(str(i.value) for i in items if isinstance(i, ast.Constant))
+    choices: dict[str, tuple[str, ...]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "SpeculativeConfig":
+            for field in node.body:
+                if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+                        and field.target.id.endswith("_sample_method")
+                        and isinstance(field.annotation, ast.Name) and field.annotation.id in aliases):
+                    choices[field.target.id] = aliases[field.annotation.id]
+    return choices

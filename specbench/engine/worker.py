@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from specbench.engine import MEMORY_REQUEST, EngineInfo, EngineMemory, EngineSpec, describe_machine
 from specbench.measure import GeneratedRequest, SpecCounters, TopTokens
+from specbench.sampling import GREEDY, Sampling
 
 # Drafts that reached each position, counted in this worker. vLLM counts them
 # (SpecDecodingStats.num_draft_tokens_per_pos) but exports only the accepted
@@ -136,21 +137,33 @@ class VllmEngine:
             }
         return EngineMemory(**self._static_memory, **peaks)
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[GeneratedRequest]:
-        """Greedy generation of one batch, with per-request latencies."""
-        return [_request_result(o) for o in self._greedy(prompts, max_tokens)]
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: Sampling = GREEDY,
+        seeds: Sequence[int] | None = None,
+    ) -> list[GeneratedRequest]:
+        """One batch, greedy or sampled with one seed per request, with per-request latencies."""
+        return [_request_result(o) for o in self._generate(prompts, max_tokens, sampling, seeds)]
 
     def top_tokens(self, prompts: Sequence[Sequence[int]], max_tokens: int, tolerance: float) -> list[TopTokens]:
         """Greedy generation of one batch with every position's near ties (untimed)."""
-        outputs = self._greedy(prompts, max_tokens, logprobs=NEAR_TIE_CANDIDATES)
+        outputs = self._generate(prompts, max_tokens, GREEDY, None, logprobs=NEAR_TIE_CANDIDATES)
         return [_top_tokens(o.outputs[0], tolerance) for o in outputs]
 
-    def _greedy(self, prompts: Sequence[Sequence[int]], max_tokens: int, **sampling: Any) -> list[Any]:
-        """vLLM's outputs for one batch of token-id prompts, decoded greedily."""
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: Sampling,
+        seeds: Sequence[int] | None, **extra: Any,
+    ) -> list[Any]:
+        """vLLM's outputs for one batch of token-id prompts: greedy, or sampled with a seed per request."""
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, **sampling)
-        return self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        if sampling.greedy:
+            params: Any = SamplingParams(max_tokens=max_tokens, **sampling.params(), **extra)
+        else:
+            if seeds is None or len(seeds) != len(prompts):
+                raise ValueError("a sampled batch needs one seed per request")
+            params = [SamplingParams(max_tokens=max_tokens, seed=s, **sampling.params(), **extra) for s in seeds]
+        return self.llm.generate(requests, params, use_tqdm=False)
 
     def reference_pass(self, batches: Sequence[Sequence[Sequence[int]]], max_tokens: int) -> None:
         """Decode ``batches`` plainly, untimed, and hand the outputs to the controlled proposer."""

@@ -33,7 +33,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from specbench.analytic import acceptance
+from specbench.analytic import acceptance, recommend
 from specbench.report.tables import (
     CONFIG,
     PANEL,
@@ -42,8 +42,10 @@ from specbench.report.tables import (
     VARIANT,
     acceptance_gaps,
     compared,
+    eligible,
     has_predictions,
     measured,
+    records,
     speculative,
 )
 
@@ -115,13 +117,13 @@ def _text(value: object) -> str:
     return str(value).replace("$", r"\$")
 
 
-def _facets(panels: Sequence[str]) -> tuple[Figure, list[Axes]]:
+def _facets(panels: Sequence[str], *, sharey: bool = True) -> tuple[Figure, list[Axes]]:
     """One axes per panel, wrapped at three columns; unused axes are removed."""
     cols = min(len(panels), _MAX_COLS)
     rows = math.ceil(len(panels) / cols)
     width = max(_PANEL_W * cols, _MIN_WIDTH)
     fig = Figure(figsize=(width, _PANEL_H * rows), layout="constrained")
-    grid = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    grid = fig.subplots(rows, cols, squeeze=False, sharey=sharey)
     axes = list(grid.flat)
     for ax in axes[len(panels) :]:
         fig.delaxes(ax)
@@ -472,5 +474,81 @@ def tpot_vs_batch(df: pd.DataFrame, enc: Encoding) -> Plot:
         return replace(plot, image=_png(fig), notes=notes)
 
 
-FIGURES = (speedup_vs_batch, acceptance_vs_k, acceptance_per_position, speedup_heatmap, tpot_vs_batch)
+# --- temperature ----------------------------------------------------------------------------------
+
+_TEMPERATURE_METRICS = (("acceptance_length", "acceptance length"), ("tokens_per_pass", "tokens per pass"),
+                        ("speedup", "speedup"))
+
+
+def versus_temperature(df: pd.DataFrame, enc: Encoding) -> Plot:
+    """Acceptance length, tokens per pass and speedup against temperature per method, batch size and
+    workload, with a verdict per configuration: the temperature at which it stops paying."""
+    plot = Plot(
+        anchor="temperature",
+        title="Acceptance and speedup against temperature",
+        caption=(
+            "Acceptance length, tokens per pass and speedup at each temperature (0: greedy), one line per "
+            "method and batch size: look for where acceptance falls as the target's distribution flattens, "
+            "and where the speedup line crosses 1×."
+        ),
+    )
+    spec = speculative(df)
+    spec = spec.assign(temperature=spec["temperature"].astype(float).fillna(0.0))
+    if spec["temperature"].nunique() < 2:
+        return _without(plot, "No temperature axis: every cell was measured at one temperature.")
+    workloads = sorted(spec["workload"].dropna().unique())
+    panels = [f"{w}: {label}" for w in workloads for _, label in _TEMPERATURE_METRICS]
+    styles = ("-", "--", ":", "-.")
+    batches = sorted(int(b) for b in spec["batch_size"].unique())
+    with _style():
+        fig, axes = _facets(panels, sharey=False)
+        for i, workload in enumerate(workloads):
+            rows = spec[spec["workload"] == workload]
+            for j, (column, label) in enumerate(_TEMPERATURE_METRICS):
+                ax = axes[i * len(_TEMPERATURE_METRICS) + j]
+                for (variant, k, config, batch), s in rows.groupby([VARIANT, "num_speculative_tokens", CONFIG,
+                                                                     "batch_size"], sort=True):
+                    s = s.sort_values("temperature")
+                    ax.plot(s["temperature"], s[column].astype(float), color=enc.colour(str(variant)),
+                            marker=enc.marker(int(k)), ls=styles[batches.index(int(batch)) % len(styles)], ms=5)
+                if column == "speedup":
+                    ax.axhline(1.0, color=_BASELINE_COLOUR, lw=1, ls="--")
+                ax.set_xlabel("temperature")
+                ax.set_ylabel(label)
+        variants = sorted(spec[VARIANT].unique())
+        handles = enc.legend(variants, _ks(spec)) + [
+            Line2D([], [], color="0.35", ls=styles[i % len(styles)], label=f"batch {b}") for i, b in enumerate(batches)]
+        _legend(fig, handles)
+        return replace(plot, image=_png(fig), notes=temperature_verdicts(df))
+
+
+def temperature_verdicts(df: pd.DataFrame) -> list[str]:
+    """Per method configuration, workload and batch size measured at several temperatures: the
+    temperatures at which it pays (:func:`specbench.analytic.recommend.pays`, eligible cells only)
+    and the lowest one from which it no longer does."""
+    spec = speculative(df)
+    spec = spec.assign(temperature=spec["temperature"].astype(float).fillna(0.0))
+    lines = []
+    for (workload, config, batch), rows in spec.groupby(["workload", CONFIG, "batch_size"], sort=True):
+        if rows["temperature"].nunique() < 2:
+            continue
+        judged = {float(r["temperature"]): bool(recommend.pays(r)) for r in records(eligible(rows))}
+        left_out = sorted(set(rows["temperature"]) - set(judged))
+        stops = next((t for t in sorted(judged) if not judged[t]), None)
+        paying = [t for t in sorted(judged) if judged[t]]
+        line = f"{config} on {workload} at batch {batch}: "
+        if stops is None:
+            line += f"pays at every temperature judged ({', '.join(f'{t:g}' for t in paying)})"
+        elif not paying or stops == min(judged):
+            line += f"does not pay from temperature {stops:g} on"
+        else:
+            line += f"pays up to temperature {max(t for t in paying if t < stops):g}, stops paying at {stops:g}"
+        if left_out:
+            line += f" (not judged at {', '.join(f'{t:g}' for t in left_out)}: flagged or inexact)"
+        lines.append(line)
+    return lines
+
+
+FIGURES = (speedup_vs_batch, acceptance_vs_k, acceptance_per_position, speedup_heatmap, tpot_vs_batch,
+           versus_temperature)
 """Every figure of the report, in page order; each takes the frame and the report's Encoding."""

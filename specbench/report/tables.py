@@ -75,8 +75,12 @@ def load_frame(path: Path) -> tuple[pd.DataFrame, list[str]]:
     for column in missing:
         df[column] = pd.Series([None] * len(df), dtype=object)
     several_models = df["model"].dropna().nunique() > 1
+    # A sampled cell's temperature is part of its panel: curves at another temperature are
+    # other curves (results.schema.curve_key), and no figure or verdict may pool them.
+    temperatures = df["temperature"] if "temperature" in df else pd.Series([None] * len(df))
     df[PANEL] = [
-        _panel(model, workload, several_models) for model, workload in zip(df["model"], df["workload"])
+        _panel(model, workload, several_models) + (f" · T={t:g}" if not pd.isna(t) and t > 0 else "")
+        for model, workload, t in zip(df["model"], df["workload"], temperatures)
     ]
     rows = records(df)
     df[CONFIG] = [method_label(r) or "?" for r in rows]

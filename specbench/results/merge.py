@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from specbench import stats
-from specbench.results import exactness
+from specbench.results import distribution, exactness
 from specbench.results.files import CellFiles
 from specbench.results.metrics import REPETITIVE_SHARE, median_known
 from specbench.results.provenance import provenance_differences
@@ -95,6 +95,7 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
             row["flag_reasons"] = (row.get("flag_reasons") or []) + [
                 "engine runs disagree: " + ", ".join(f"{r:.2f}x" for r in row["speedup_per_engine_run"])
             ]
+    _judge_distributions(rows)
     for row in rows:
         for private in ("_within", "_baseline", "_disturbed"):
             row.pop(private, None)
@@ -114,12 +115,14 @@ def _combine_engine_runs(cells_dir: Path, runs: list[dict[str, Any]], references
         for key in ("drafts", "draft_tokens", "accepted_tokens", "target_passes"):
             row[key] = sum(r[key] or 0 for r in runs)
         row |= _pooled_acceptance(runs, row) | _pooled_raw_acceptance(runs, row)
+    row |= _pooled_draws(runs)
     if row["method"] == "baseline":
         # A baseline's speedup is 1 by definition: there is nothing to put an interval on.
+        # A sampled one has no token-exact control: its reference is its own distribution.
         return row | {"speedup": 1.0, "speedup_ci_low": None, "speedup_ci_high": None,
                       "speedup_ci_method": "none: the baseline itself",
                       "speedup_per_engine_run": [1.0] * len(runs), "decode_speedup": 1.0,
-                      "exact_match": True} | references.control(runs)
+                      "exact_match": True} | ({} if _sampled(row) else references.control(runs))
     return row | _compare(cells_dir, runs, references)
 
 
@@ -302,6 +305,7 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
     ratios, decode_ratios, within = [], [], []
     missing, incomparable, reasons = [], [], []
     divergences: list[list[exactness.Divergence]] = []
+    bases: list[dict[str, Any]] = []
     baseline_group = None
     for spec in runs:
         base_files = CellFiles(cells_dir, spec["baseline_cell_id"])
@@ -327,6 +331,9 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
         if (decode := decode_speedup(base, spec)) is not None:
             decode_ratios.append(decode)
         within.append(_within_noise(base, spec))
+        bases.append(base)
+        if _sampled(spec):
+            continue  # checked in distribution below, not token for token
         found = references.classify(base, spec)
         if found is not None:
             divergences.append(found)
@@ -337,7 +344,10 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
         return {"speedup": None, "exact_match": None, "mismatched_requests": None,
                 "error": "not compared: baseline measured differently: " + " | ".join(incomparable)}
     disturbed = bool(reasons)  # other processes or other hardware: a measurement of something else
-    columns = _exactness_columns(divergences, len(runs), runs[0]["baseline_cell_id"], runs[0].get("dtype"))
+    if _sampled(runs[0]):
+        columns = _distribution_columns(bases, runs)
+    else:
+        columns = _exactness_columns(divergences, len(runs), runs[0]["baseline_cell_id"], runs[0].get("dtype"))
     if columns["mismatched_requests"]:
         requests = len(references.tokens(runs[0]["cell_id"]) or []) or runs[0].get("num_requests")
         reasons.append(
@@ -356,6 +366,71 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
         "caveats": caveats,
         "decode_speedup": _geometric_mean(decode_ratios),
     }
+
+
+def _sampled(row: Mapping[str, Any]) -> bool:
+    """Whether a row sampled (temperature > 0): its exactness is checked in distribution."""
+    return bool(row.get("temperature"))
+
+
+def _pooled_draws(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A merged row's distribution-check draws: every engine run's, per prompt (their seeds differ),
+    with the pass's seconds and drafts summed and its cost over the timed seconds of them all."""
+    drawn = [r for r in runs if r.get("distribution_samples")]
+    if not drawn:
+        return {}
+    prompts = min(len(r["distribution_samples"]) for r in drawn)
+    timed = sum(sum(r.get("wall_time_s_reps") or []) for r in drawn)
+    seconds = sum(r.get("distribution_check_s") or 0.0 for r in drawn)
+    return {
+        "distribution_samples": [[s for r in drawn for s in r["distribution_samples"][p]] for p in range(prompts)],
+        "distribution_check_s": seconds,
+        "distribution_check_share": seconds / timed if timed else None,
+        "distribution_drafts": sum(r.get("distribution_drafts") or 0 for r in drawn),
+        "distribution_accepted_tokens": sum(r.get("distribution_accepted_tokens") or 0 for r in drawn),
+    }
+
+
+def _distribution_columns(bases: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A sampled cell against its baselines: the permutation test of their draws, pooled over engine runs,
+    and the smallest deviation it detects (:mod:`specbench.results.distribution`).
+
+    Exactness is "distribution" (no evidence against it) until :func:`_judge_distributions`
+    adjusts the sweep's p-values; unknown (None) without draws on both sides.
+    """
+    mine, theirs = _pooled_draws(runs).get("distribution_samples"), _pooled_draws(bases).get("distribution_samples")
+    unknown = {"exact_match": None, "exactness": None, "mismatched_requests": None,
+               "exactness_reference": runs[0]["baseline_cell_id"]}
+    if not mine or not theirs:
+        return unknown
+    prompts = min(len(mine), len(theirs))
+    mine, theirs = mine[:prompts], theirs[:prompts]
+    return unknown | {
+        "exactness": "distribution",
+        "distribution_p_value": distribution.permutation_p_value(theirs, mine),
+        "distribution_power_tv": distribution.detectable_deviation(theirs, [len(s) for s in mine]),
+    }
+
+
+def _judge_distributions(rows: Sequence[dict[str, Any]]) -> None:
+    """Holm-adjust the distribution p-values of every checked cell of the sweep, and fail those below alpha.
+
+    A sweep checks many sampled cells: at 0.05 each, one of sixteen exact ones
+    would fail by chance more often than not. Holm's step-down keeps the chance
+    of failing any exact cell at most 0.05. A failed cell's exactness is
+    "mismatch": flagged, warned about and left out of verdicts as an inexact
+    greedy cell is.
+    """
+    checked = [r for r in rows if r.get("distribution_p_value") is not None]
+    for row, adjusted in zip(checked, distribution.holm([r["distribution_p_value"] for r in checked])):
+        row["distribution_p_adjusted"] = adjusted
+        if adjusted < distribution.ALPHA:
+            row["exactness"] = "mismatch"
+            row["flag_reasons"] = (row.get("flag_reasons") or []) + [
+                f"samples differ in distribution from the baseline's (p = {row['distribution_p_value']:.2g}, "
+                f"Holm-adjusted over {len(checked)} cells {adjusted:.2g}): speculative sampling should be "
+                "exact in distribution, so this speedup is not of the same work"
+            ]
 
 
 class _References:

@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from specbench import methods
+from specbench import methods, sampling
 from specbench.measure import CellPlan, Measurement, SpecCounters
 from specbench.engine import EngineInfo, EngineMemory
 from specbench.results.metrics import measured_fields, position_rates
@@ -173,9 +173,35 @@ def _identity_columns(cell: Cell, engine_runs: int) -> dict[str, Any]:
         "enforce_eager": engine["enforce_eager"],
         "max_model_len": engine["max_model_len"],
         "seed": cell.identity["seed"],
+        **_sampling_columns(cell),
         "workload_source": cell.workload["source"],
         "config_hash": cell.config_hash,
         "config_json": json.dumps(cell.config, sort_keys=True),
+    }
+
+
+def _distribution_columns(m: Measurement) -> dict[str, Any]:
+    """The distribution check's draws and cost (sampled cells), beside the timed seconds."""
+    drawn = m.distribution
+    if drawn is None:
+        return {}
+    return {
+        "distribution_samples": drawn.samples,
+        "distribution_check_s": drawn.seconds,
+        "distribution_check_share": drawn.seconds / sum(m.rep_wall_s) if sum(m.rep_wall_s) else None,
+        "distribution_drafts": drawn.drafts,
+        "distribution_accepted_tokens": drawn.accepted_tokens,
+    }
+
+
+def _sampling_columns(cell: Cell) -> dict[str, Any]:
+    """Temperature, top_p and top_k as the cell sampled (greedy defaults where unset), and its seed rule."""
+    settings = sampling.from_config(cell.identity)
+    return {
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "top_k": settings.top_k,
+        "seed_rule": None if settings.greedy else sampling.SEED_RULE,
     }
 
 
@@ -207,6 +233,7 @@ def _measured_columns(m: Measurement, info: EngineInfo, workload: Workload, plan
         "raw_acceptance_rate_per_pos": position_rates(raw.accepted_per_pos, raw.drafted_per_pos, raw.drafts),
         "top2_margins": m.top2_margins or None,
         "near_tie_tokens": m.near_tie_tokens or None,
+        **_distribution_columns(m),
         "status": "ok",
         "num_requests": len(plan.prompts),
         "prompt_tokens": m.prompt_tokens,

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specbench import methods
+from specbench import methods, sampling
 
 # 2: predicted_decode_speedup; target_passes >= requests + drafts; per-request acceptance
 # 3: requests_fingerprint and provenance checks (resume, merge); merged columns describe every engine run;
@@ -38,7 +38,9 @@ from specbench import methods
 #    on emitted tokens (raw_* keep vLLM's counters), reached concurrency
 # 8: machine (was hardware): the machine a cell ran on, where hardware= names an analytic profile
 # 9: method_label (the method's variant and K, from the method registry: what plots and tables group on)
-# 10: k_schedule (the per-batch-size K schedule a cell ran with, [[first, last, K], ...]; null at a fixed K)
+# 10: k_schedule (the per-batch-size K schedule a cell ran with, [[first, last, K], ...]; null at a fixed K);
+#     sampling (temperature, top_p, top_k, seed_rule) and the distribution check of sampled cells
+#     (distribution_samples, its cost, p-value, Holm-adjusted p-value and power)
 SCHEMA_VERSION = 10
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
@@ -119,6 +121,16 @@ SCHEMA = pa.schema(
         # tolerance of the top one there: what tells a numerical tie from a mismatch.
         ("top2_margins", pa.list_(pa.list_(_F))),
         ("near_tie_tokens", pa.list_(pa.list_(pa.list_(_INT)))),
+        # Sampled cells (temperature > 0) only: the distribution check (specbench.results.distribution).
+        # Per prompt of the check, per sample, its first tokens (an untimed pass after the timed ones).
+        ("distribution_samples", pa.list_(pa.list_(pa.list_(_INT)))),
+        ("distribution_check_s", _F),  # the pass's seconds (merged: summed over engine runs)
+        ("distribution_check_share", _F),  # ... over the cell's timed seconds (all repetitions)
+        ("distribution_drafts", _INT),  # drafts verified during the pass (0: it exercised no drafting)
+        ("distribution_accepted_tokens", _INT),
+        ("distribution_p_value", _F),  # permutation test against the baseline's samples (results.parquet)
+        ("distribution_p_adjusted", _F),  # ... Holm-adjusted over the sweep's checked cells; < 0.05: mismatch
+        ("distribution_power_tv", _F),  # total-variation distance detected with 80% power (null: none tried)
         ("repetitive_requests", _INT),  # outputs caught in a loop (REPETITIVE_SHARE of 4-grams repeated); max over engine runs
         # --- comparison with the baseline (results.parquet only) ---------------
         ("speedup", _F),  # baseline wall time / this cell's: geometric mean over engine runs
@@ -196,6 +208,10 @@ SCHEMA = pa.schema(
         ("enforce_eager", _BOOL),
         ("max_model_len", _INT),
         ("seed", _INT),
+        ("temperature", _F),  # 0: greedy decoding
+        ("top_p", _F),
+        ("top_k", _INT),
+        ("seed_rule", _STR),  # sampled cells: how each request's seed follows from seed (specbench.sampling)
         ("workload_source", _STR),
         ("workload_fingerprint", _STR),  # sha256 of the workload's source file
         ("requests_fingerprint", _STR),  # sha256 of the exact requests: prompt token ids and max_tokens
@@ -311,12 +327,13 @@ def curve_key(row: Mapping[str, Any], *, across_k: bool = False) -> str:
         method.pop(methods.SCHEDULE, None)
         k = None
     method["speculative_config"] = speculative or None
-    return json.dumps(
-        {"model": cfg.get("model"), "model_name": row.get("model"), "method": method,
-         "method_name": row.get("method"), "k": k, "workload": cfg.get("workload"),
-         "engine": cfg.get("engine")},
-        sort_keys=True, default=str,
-    )
+    key = {"model": cfg.get("model"), "model_name": row.get("model"), "method": method,
+           "method_name": row.get("method"), "k": k, "workload": cfg.get("workload"),
+           "engine": cfg.get("engine")}
+    # Sampling decides acceptance (alpha falls as the target's distribution flattens): rows at
+    # another temperature are another curve. Greedy rows (and rows written before these keys) add nothing.
+    key |= sampling.identity_keys(cfg)
+    return json.dumps(key, sort_keys=True, default=str)
 
 
 def recommendable(row: Mapping[str, Any]) -> bool:
