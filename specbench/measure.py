@@ -265,6 +265,11 @@ class DistributionPlan:
     tokens: int
     stream: str
     prompt_tokens: int
+    # Most prompt tokens one generate call may carry: the engine's step budget
+    # (max_num_batched_tokens). A longer call prefills in chunks, and vLLM 0.32's
+    # CPU build fails a seeded request whose prefill is chunked ("CPU Generator
+    # does not use offset"), so the draws go in calls that fit one step.
+    step_tokens: int = 4096
 
     def seeds(self, seed: int, prompt: int) -> list[int]:
         """The seeds of one prompt's samples."""
@@ -461,8 +466,12 @@ def distribution_pass(engine: Generator, plan: CellPlan) -> DistributionSamples:
     prompts = [p for p in chosen for _ in range(check.samples)]
     seeds = [s for i in range(len(chosen)) for s in check.seeds(plan.seed, i)]
     before = engine.spec_counters()
+    per_call = max(1, check.step_tokens // max(1, max(len(p) for p in chosen)))
     start = time.perf_counter()
-    drawn = engine.generate(prompts, check.tokens, plan.sampling, seeds)
+    drawn = []
+    # Calls of whole requests: a seeded request draws the same tokens whatever shares its batch.
+    for i in range(0, len(prompts), per_call):
+        drawn += engine.generate(prompts[i : i + per_call], check.tokens, plan.sampling, seeds[i : i + per_call])
     seconds = time.perf_counter() - start
     counted = engine.spec_counters() - before
     ids = [list(r.token_ids) for r in drawn]

@@ -339,3 +339,21 @@ def test_the_cut_the_engine_observed_decides_over_the_bound():
     assert ngram.truncated_per_position() == (1, 1, 1, 1)
     bound = GeneratedRequest((1,) * 35, None, None, None, drafts=7, accepted_tokens=28, last_accepted=4)
     assert bound.truncated_accepted == 1
+
+
+def test_distribution_draws_go_in_calls_that_fit_one_engine_step():
+    # vLLM 0.32's CPU build fails a seeded request whose prefill is chunked, so no call may
+    # carry more prompt tokens than one step takes; the draws and their seeds stay in order.
+    from specbench.measure import DistributionPlan, distribution_pass
+
+    prompts = tuple(tuple(range(i, i + 40)) for i in range(4))
+    check = DistributionPlan(prompts=2, samples=10, tokens=3, stream="s", prompt_tokens=32, step_tokens=100)
+    plan = CellPlan(prompts=prompts, batch_size=1, max_tokens=8, repetitions=1,
+                    sampling=Sampling(temperature=0.7), distribution=check)
+    engine = FakeEngine()
+    drawn = distribution_pass(engine, plan)
+    sizes = [n for kind, n in engine.calls if kind == "generate"]
+    assert sizes == [3] * 6 + [2] and max(sizes) * 32 <= 100  # 20 draws of 32-token prompts, 3 per call
+    assert [len(p) for p in drawn.samples] == [10, 10]
+    flat = [s for call in engine.seeds for s in call]
+    assert flat == check.seeds(plan.seed, 0) + check.seeds(plan.seed, 1)
