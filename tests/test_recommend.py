@@ -215,3 +215,14 @@ def test_the_report_sets_the_measured_schedule_beside_the_fixed_ks(tmp_path):
     assert "Measured with schedule K=[1-7:4, 8-16:2]" in html
     assert "Warning: at batch 4 the schedule loses to fixed K=4 by more than its interval." in html
     assert "<td>8 ▲</td><td>2</td><td>1.20x [1.10, 1.30]</td><td>K=2</td>" in html
+
+
+def test_the_check_command_draws_the_source_sweeps_prompts():
+    # A verification on other prompts measures another acceptance: selection and its seed travel.
+    row = {"method": "ngram", "model": "smollm2-135m", "workload": "summarize", "repetitions": 1,
+           "config_json": json.dumps({"method": {"name": "ngram", "speculative_config": {"method": "ngram"}},
+                                      "workload": {"name": "summarize", "num_prompts": 4, "selection": "first",
+                                                   "seed": 3, "chat_template": True, "path": None}})}
+    command = " ".join(recommend._overrides(row, json.loads(row["config_json"])))
+    assert "workload.selection=first" in command and "workload.seed=3" in command
+    assert "workload.chat_template=true" in command and "workload.path" not in command

@@ -212,6 +212,10 @@ def _overrides(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
     out += registered.overrides(method) if registered else [f"method={row['method']}"]
     out.append(f"workload={row['workload']}")
     out += [f"workload.{key}={workload[key]}" for key in ("num_prompts", "max_tokens") if key in workload]
+    # Which prompts (selection, its seed, the source): a check on other prompts measures another
+    # acceptance. The prompt cap travels with the check's own settings (_check_overrides).
+    out += [f"workload.{key}={_value(value)}" for key, value in workload.items()
+            if key not in ("name", "num_prompts", "max_tokens", "max_prompt_tokens") and value is not None]
     out.append(f"repetitions={cfg.get('repetitions', row.get('repetitions'))}")
     # A sampled family is another curve (acceptance falls with temperature): its schedule is checked there.
     out += [f"{key}={value}" for key, value in sampling.identity_keys(cfg).items()]
