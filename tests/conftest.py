@@ -53,10 +53,14 @@ class Sweep:
     results: pd.DataFrame
 
 
+def run_sweep(grid: Sequence[str], root: Path) -> Sweep:
+    """``python -m specbench -m <grid>`` into ``root/sweep`` through the real command line; it must succeed."""
+    done = specbench("-m", *grid, f"hydra.sweep.dir={root / 'sweep'}", cwd=root)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return Sweep(root / "sweep", done, pd.read_parquet(root / "sweep" / "results.parquet"))
+
+
 @pytest.fixture(scope="session")
 def reference_sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     """:data:`REFERENCE_GRID`, run once per session through the real command line."""
-    root = tmp_path_factory.mktemp("reference")
-    done = specbench("-m", *REFERENCE_GRID, f"hydra.sweep.dir={root / 'sweep'}", cwd=root)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return Sweep(root / "sweep", done, pd.read_parquet(root / "sweep" / "results.parquet"))
+    return run_sweep(REFERENCE_GRID, tmp_path_factory.mktemp("reference"))

