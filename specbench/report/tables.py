@@ -840,6 +840,7 @@ def acceptance_gaps(df: pd.DataFrame) -> list[str]:
 _VERSIONS = (
     ("specbench", "specbench_version"),
     ("vLLM", "vllm_version"),
+    ("vLLM repairs", "vllm_fixes"),
     ("torch", "torch_version"),
     ("transformers", "transformers_version"),
     ("Python", "python_version"),

@@ -11,7 +11,10 @@ compares them:
 
 - the statistic (:func:`statistic`) is Pearson's two-sample chi-square over
   the token counts at each (prompt, position), summed over prompts and
-  positions (a sequence that ended counts as its own token, :data:`ENDED`);
+  positions (a sequence that ended counts as its own token, :data:`ENDED`).
+  Positions start at :data:`specbench.sampling.FIRST_CHECKED_POSITION`: both
+  engines draw the first token from the prompt's logits with the target's
+  own sampler, before any draft, so its counts are noise to this comparison;
 - positions within one prompt's samples are dependent (each conditions on
   the ones before), so the sum has no chi-square law. Its p-value comes from
   a permutation test that exchanges whole sampled sequences between the two
@@ -38,6 +41,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specbench.sampling import FIRST_CHECKED_POSITION
+
 # The check's default size (conf/config.yaml distribution_check.*): prompts x samples x tokens
 # per cell and engine run, its cost measured per cell (distribution_check_s); pooled over
 # 2 engine runs each side has 64 samples per prompt.
@@ -62,9 +67,10 @@ Samples = Sequence[Sequence[Sequence[int]]]  # per prompt, per sample: token ids
 
 
 def _codes(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], tokens: int) -> np.ndarray:
-    """One prompt's samples, both groups stacked (a first), as (samples, tokens) ids padded with ENDED."""
+    """One prompt's samples, both groups stacked (a first), as (samples, compared positions) ids: positions
+    FIRST_CHECKED_POSITION to ``tokens - 1``, padded with ENDED."""
     rows = [list(s[:tokens]) + [ENDED] * (tokens - len(s[:tokens])) for s in [*a, *b]]
-    return np.array(rows, dtype=np.int64).reshape(len(rows), tokens)
+    return np.array(rows, dtype=np.int64).reshape(len(rows), tokens)[:, FIRST_CHECKED_POSITION:]
 
 
 def _dense(codes: np.ndarray) -> list[np.ndarray]:

@@ -243,6 +243,7 @@ def _measured_columns(m: Measurement, info: EngineInfo, workload: Workload, plan
         "vllm_version": info.vllm_version,
         "torch_version": info.torch_version,
         "transformers_version": info.transformers_version,
+        "vllm_fixes": ",".join(info.vllm_fixes),
         "machine": info.machine,
         "workload_fingerprint": workload.source_fingerprint,
         "requests_fingerprint": plan.fingerprint,

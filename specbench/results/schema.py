@@ -41,7 +41,9 @@ from specbench import methods, sampling
 # 10: k_schedule (the per-batch-size K schedule a cell ran with, [[first, last, K], ...]; null at a fixed K);
 #     sampling (temperature, top_p, top_k, seed_rule) and the distribution check of sampled cells
 #     (distribution_samples, its cost, p-value, Holm-adjusted p-value and power)
-SCHEMA_VERSION = 10
+# 11: vllm_fixes (the repairs of known vLLM defects applied to the cell's engine, comma-separated;
+#     empty: none; specbench.engine.fixes)
+SCHEMA_VERSION = 11
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
 # at batch 1) and why: "tie" when the reference's own top-two log-probabilities there are within the
@@ -199,6 +201,7 @@ SCHEMA = pa.schema(
         ("vllm_version", _STR),
         ("torch_version", _STR),
         ("transformers_version", _STR),
+        ("vllm_fixes", _STR),  # repairs of known vLLM defects applied to the engine ("vllm#55005"); "": none
         ("python_version", _STR),
         ("machine", _STR),  # GPU name and count, or CPU model and cores (hardware_profile: the priced profile)
         ("host", _STR),
