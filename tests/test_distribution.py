@@ -169,3 +169,27 @@ def test_temperature_makes_another_curve_and_greedy_keys_are_unchanged():
     old = row()
     assert curve_key(row(temperature=0.0, top_p=1.0, top_k=0)) == curve_key(old)
     assert curve_key(row(temperature=0.7)) != curve_key(old) != curve_key(row(temperature=1.0))
+
+
+def test_the_reference_pools_the_baselines_draws_at_every_batch_size(tmp_path):
+    # The check's draws do not depend on the cell's batch size: a sampled cell is tested against its
+    # baseline's draws and those of the baselines of the same curve at every other batch size.
+    from rows import cell_row, write_cell
+
+    from specbench.results.merge import merge
+
+    rng = np.random.default_rng(12)
+
+    def sampled(row, samples):
+        return row | {"temperature": 0.7, "distribution_samples": samples, "distribution_check_s": 0.5}
+
+    at_1, at_8, spec = draws(rng, P), draws(rng, P), draws(rng, P)
+    write_cell(tmp_path, sampled(cell_row("base1", "baseline", 10.0), at_1), [[1, 2], [3, 4]])
+    write_cell(tmp_path, sampled(cell_row("base8", "baseline", 10.0) | {"batch_size": 8}, at_8), [[1, 2], [3, 4]])
+    write_cell(tmp_path, sampled(cell_row("spec", "ngram", 5.0, baseline_id="base1"), spec), [[1, 9], [3, 9]])
+    pooled = [a + b for a, b in zip(at_1, at_8)]
+    row = {r["cell_id"]: r for r in merge(tmp_path, ["base1", "base8", "spec"])}["spec"]
+    assert row["distribution_p_value"] == distribution.permutation_p_value(pooled, spec)
+    assert row["distribution_power_tv"] == distribution.detectable_deviation(pooled, [len(s) for s in spec])
+    alone = {r["cell_id"]: r for r in merge(tmp_path, ["base1", "spec"])}["spec"]
+    assert alone["distribution_p_value"] == distribution.permutation_p_value(at_1, spec)

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from specbench import models
-from specbench.heads import corpus
+from specbench.heads import corpus, decontamination
 from specbench.heads.modules import EAGLE, EAGLE3, DraftHead, TargetShape, _rotary, _rotate, unroll
 from specbench.heads.train import checkpoint_tensors, draft_vocabulary, head_config, save
 from specbench.heads.features import Example
@@ -54,6 +54,27 @@ def test_training_prompts_share_no_phrase_with_any_evaluation_prompt():
     assert not any(shared.values()), {k: v for k, v in shared.items() if v}
     for text in corpus.template_texts():
         assert not (_ngrams(text, 6) & evaluation), text
+
+
+def test_the_training_prompts_share_no_8_word_phrase_with_the_workloads_or_spec_bench():
+    # The prompts as `heads train` builds them at its default sizes; the passages that reading
+    # prompts quote are the target's own answers to source prompts (stand-ins here: no engine).
+    documents = ["A report written by the target."] * 4
+    training = [p.text for p in corpus.direct_prompts(384, 0) + corpus.source_prompts(120, 0)
+                + corpus.reading_prompts(documents, 240, 0)] + corpus.template_texts()
+    found = decontamination.overlap(training)
+    print(f"decontamination: {found.texts} texts, {found.shingles} distinct 8-word shingles compared with "
+          f"{found.evaluation_shingles} of the evaluation sets, {len(found.hits)} texts with hits")
+    assert found.texts == len(training) and found.shingles > 1000 and found.evaluation_shingles > 100_000
+    assert found.hits == {}
+
+
+def test_decontamination_finds_a_phrase_quoted_from_either_evaluation_set():
+    built_in = _evaluation_prompts()[0]
+    spec_bench = ("Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural "
+                  "experiences and must-see attractions.")  # Spec-Bench question 81
+    found = decontamination.overlap([f"Please read this. {built_in[:400]}", spec_bench.upper(), "Seven words are not a shingle here."])
+    assert set(found.hits) == {0, 1}
 
 
 def test_training_prompts_are_seeded():

@@ -58,10 +58,25 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("head", help="the head's folder or a heads:<name> reference")
     verify.add_argument("--method", choices=["eagle", "eagle3"], required=True)
     verify.add_argument("--target", default="embedded:smollm2-135m-instruct")
+    hashes = sub.add_parser("shingles", help="hash the 8-word shingles of Spec-Bench's question.jsonl into the "
+                                              "package (what decontamination checks training text against)")
+    hashes.add_argument("question_jsonl", type=Path,
+                        help="data/spec_bench/question.jsonl of a Spec-Bench checkout (github.com/hemingkx/Spec-Bench)")
     args = parser.parse_args(argv)
     if args.command == "verify":
         return _verify(args)
+    if args.command == "shingles":
+        return _shingles(args.question_jsonl)
     return _train(args, argv if argv is not None else sys.argv[1:])
+
+
+def _shingles(question_jsonl: Path) -> int:
+    from specbench.heads import decontamination
+
+    out = Path(__file__).parent / decontamination.SPEC_BENCH_FILE
+    count = decontamination.write_spec_bench(question_jsonl, out)
+    print(f"{count} shingle hashes of {question_jsonl} -> {out}; update SPEC_BENCH_SOURCE with its commit")
+    return 0
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ measurements that need care.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -345,7 +346,7 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
                 "error": "not compared: baseline measured differently: " + " | ".join(incomparable)}
     disturbed = bool(reasons)  # other processes or other hardware: a measurement of something else
     if _sampled(runs[0]):
-        columns = _distribution_columns(bases, runs)
+        columns = _distribution_columns(references.distribution_reference(bases), runs)
     else:
         columns = _exactness_columns(divergences, len(runs), runs[0]["baseline_cell_id"], runs[0].get("dtype"))
     if columns["mismatched_requests"]:
@@ -392,8 +393,9 @@ def _pooled_draws(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _distribution_columns(bases: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """A sampled cell against its baselines: the permutation test of their draws, pooled over engine runs,
-    and the smallest deviation it detects (:mod:`specbench.results.distribution`).
+    """A sampled cell against its reference baselines (:meth:`_References.distribution_reference`): the
+    permutation test of their draws, each side pooled, and the smallest deviation it detects
+    (:mod:`specbench.results.distribution`).
 
     Exactness is "distribution" (no evidence against it) until :func:`_judge_distributions`
     adjusts the sweep's p-values; unknown (None) without draws on both sides.
@@ -410,6 +412,11 @@ def _distribution_columns(bases: Sequence[Mapping[str, Any]], runs: Sequence[Map
         "distribution_p_value": distribution.permutation_p_value(theirs, mine),
         "distribution_power_tv": distribution.detectable_deviation(theirs, [len(s) for s in mine]),
     }
+
+
+def _check_settings(row: Mapping[str, Any]) -> Any:
+    """What decides a cell's distribution-check draws besides its curve: the check's size (config)."""
+    return json.loads(row.get("config_json") or "{}").get("distribution_check")
 
 
 def _judge_distributions(rows: Sequence[dict[str, Any]]) -> None:
@@ -458,6 +465,25 @@ class _References:
 
     def _siblings(self, base: dict[str, Any]) -> dict[int, dict[str, Any]]:
         return self._baselines.get((curve_key(base), base.get("engine_run")), {})
+
+    def distribution_reference(self, bases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The baseline runs whose draws a sampled cell's are tested against: its own baselines and their
+        siblings at every other batch size, where they drew with the same check settings.
+
+        The check's draws do not depend on the cell's batch size (the same first prompts, cut alike, in
+        calls of the engine's step budget), so every sibling drew from the same distribution, with seeds
+        of its own. Pooling them makes the reference larger than any one baseline's: one unlucky
+        baseline draw no longer fails every speculative cell compared with it (on 2026-12-02 one baseline
+        at batch 8 failed two EAGLE-3 cells, p = 0.003 and 0.0005, that its batch-1 sibling passed, p =
+        0.26 and more).
+        """
+        found: dict[str, dict[str, Any]] = {}
+        for base in bases:
+            check = _check_settings(base)
+            for other in [base, *self._siblings(base).values()]:
+                if _check_settings(other) == check:
+                    found.setdefault(other["cell_id"], other)
+        return list(found.values())
 
     def _control_positions(self, base: dict[str, Any]) -> list[set[int]]:
         """Per request, where plain decoding at another batch size first left this baseline's output.
