@@ -47,8 +47,11 @@ def _expand_is_defective() -> bool:
     """Expand per-request temperatures and top-k values to draft tokens as the rejection sampler does; wrong values
     (or a crash) mean the defect."""
     import torch
-    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
 
+    try:
+        from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+    except ImportError:  # a vLLM without this code path has nothing of this defect to repair
+        return False
     cumulative = torch.tensor([2, 5], dtype=torch.int32)
     try:
         temperature = expand_batch_to_tokens(torch.tensor([0.7, 0.0]), cumulative, 5, replace_from=0, replace_to=1)
