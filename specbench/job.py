@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench import methods, models
-from specbench.analytic import footprint, memory, prediction
+from specbench.analytic import footprint, memory
 from specbench.measure import CellPlan, DistributionPlan, Measurement
 from specbench.config import Cell
 from specbench.engine import EngineError, EnginePool, EngineSpec, describe_machine
@@ -401,7 +401,7 @@ def _distribution_plan(cell: Cell, workload: Workload) -> DistributionPlan:
         tokens=min(size.get("tokens", distribution.TOKENS), cell.workload["max_tokens"]),
         stream=f"{cell.config_hash}/r{cell.engine_run}",
         prompt_tokens=size.get("prompt_tokens", distribution.PROMPT_TOKENS),
-        step_tokens=cell.identity["engine"].get("max_num_batched_tokens") or prediction.DEFAULT_STEP_TOKENS,
+        step_tokens=memory.step_tokens({}, cell.identity["engine"]),
     )
 
 

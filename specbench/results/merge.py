@@ -8,7 +8,6 @@ measurements that need care.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -20,7 +19,7 @@ from specbench.results.files import CellFiles
 from specbench.results.metrics import REPETITIVE_SHARE, median_known
 from specbench.results.provenance import provenance_differences
 from specbench.results.rows import decode_speedup, speedup
-from specbench.results.schema import ResultsError, curve_key, read_rows
+from specbench.results.schema import ResultsError, curve_key, read_rows, row_config
 
 # A speculative cell is flagged when at least this share of its outputs loop.
 LOOPING_FLAG_SHARE = 0.1
@@ -416,7 +415,7 @@ def _distribution_columns(bases: Sequence[Mapping[str, Any]], runs: Sequence[Map
 
 def _check_settings(row: Mapping[str, Any]) -> Any:
     """What decides a cell's distribution-check draws besides its curve: the check's size (config)."""
-    return json.loads(row.get("config_json") or "{}").get("distribution_check")
+    return row_config(row).get("distribution_check")
 
 
 def _judge_distributions(rows: Sequence[dict[str, Any]]) -> None:
