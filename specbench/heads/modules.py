@@ -196,8 +196,9 @@ def unroll(
     tokens: torch.Tensor,
     features: torch.Tensor,
     steps: int,
+    start: int = 0,
 ) -> list[torch.Tensor]:
-    """Run ``steps`` chained draft steps from every index at once, as vLLM would draft them.
+    """Run ``steps`` chained draft steps from every index ``>= start`` at once, as vLLM would draft them.
 
     Args:
         head: the draft head.
@@ -206,11 +207,16 @@ def unroll(
         features: [B, L, f] the target's features at each position (EAGLE-1: the
             post-norm state; EAGLE-3: the three residual states concatenated).
         steps: chain length (K).
+        start: the first chain computed. Step 0 still runs at every index (its
+            keys are the head's KV cache over the whole request), but chains
+            that start in the prompt are never drafted in serving, and with
+            prompts several times longer than answers skipping them is most
+            of a training step's cost.
 
     Returns:
-        For each step ``s``, the state the LM head reads, [B, L - 1 - s, h]:
-        index ``i`` drafts the token at position ``i + 2 + s`` from the chain
-        started after the target emitted token ``i + 1``.
+        For each step ``s``, the state the LM head reads, [B, L - 1 - s - start, h]:
+        row ``j`` drafts the token at position ``start + j + 2 + s`` from the
+        chain started after the target emitted token ``start + j + 1``.
     """
     b, n = tokens.shape
     layer = head.layer
@@ -220,34 +226,38 @@ def unroll(
     heads_out: list[torch.Tensor] = []
     for s in range(steps):
         length = n - 1 - s
-        if length <= 0:
+        rows = length - (start if s else 0)
+        if rows <= 0:
             break
-        hidden = hidden[:, :length]
-        embeds = embed(tokens[:, 1 + s : 1 + s + length])
+        # Step 0 runs over all indices; later steps over the window [start, length).
+        hidden = hidden[:, start:length] if s == 1 else hidden[:, :rows]
+        first = 1 + s + (start if s else 0)
+        embeds = embed(tokens[:, first : first + rows])
         z, residual = head.inputs(embeds, hidden)
-        positions = torch.arange(s, s + length)
+        positions = torch.arange(first - 1, first - 1 + rows)
         q, k, v = layer.qkv(z, positions)
         keys.append(k)
         values.append(v)
-        attn = _chain_attention(q, keys, values, head.shape)
-        attn = attn.transpose(1, 2).reshape(b, length, -1)
+        attn = _chain_attention(q, keys, values, head.shape, start if s else 0)
+        attn = attn.transpose(1, 2).reshape(b, rows, -1)
         hidden, read = head.outputs(attn, residual)
-        heads_out.append(read)
+        heads_out.append(read[:, start:] if s == 0 else read)
     return heads_out
 
 
 def _chain_attention(
-    q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], shape: TargetShape
+    q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], shape: TargetShape, start: int
 ) -> torch.Tensor:
-    """Step ``s = len(keys) - 1``: causal over step-0 keys, diagonal over the chain's own keys."""
+    """Step ``s = len(keys) - 1`` for the chains at ``start ..``: causal over step-0 keys, diagonal over each chain's own."""
     s = len(keys) - 1
-    length = q.shape[2]
-    idx = torch.arange(length)
-    blocks = [idx[None, :] <= idx[:, None]]  # step 0, truncated to this step's indices
-    blocks += [torch.eye(length, dtype=torch.bool)] * s
+    rows = q.shape[2]
+    length = start + rows
+    own = torch.arange(start, length)
+    blocks = [torch.arange(length)[None, :] <= own[:, None]]  # step 0, truncated to this step's indices
+    blocks += [torch.eye(rows, dtype=torch.bool)] * s
     mask = torch.cat(blocks, dim=1)
-    k = torch.cat([key[:, :, :length] for key in keys], dim=2)
-    v = torch.cat([value[:, :, :length] for value in values], dim=2)
+    k = torch.cat([keys[0][:, :, :length], *(key[:, :, :rows] for key in keys[1:])], dim=2)
+    v = torch.cat([values[0][:, :, :length], *(value[:, :, :rows] for value in values[1:])], dim=2)
     group = shape.num_heads // shape.num_kv_heads
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
