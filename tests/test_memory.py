@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -320,7 +321,8 @@ def test_plan_lists_cells_with_memory_speedup_and_batches_in_waves() -> None:
 
 
 def test_plan_prices_an_eagle_head_from_its_own_shapes_as_the_prediction_does() -> None:
-    # The shipped EAGLE-3 head: one layer and a 4096-token LM head, not the target's 49k vocabulary.
+    # The shipped EAGLE-3 head: one layer and its own draft-vocabulary LM head (its config.json says how
+    # many rows), not the target's 49k vocabulary.
     rows = make_plan(["model=smollm2-135m", "hardware=cpu-amd-epyc-2-cores", "method=eagle3",
                       "num_speculative_tokens=4", "batch_size=1", "workload=creative"])
     (row,) = [r for r in rows if r.label.startswith("eagle3")]
@@ -329,7 +331,9 @@ def test_plan_prices_an_eagle_head_from_its_own_shapes_as_the_prediction_does() 
     target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
     head = prediction.drafter_profile(
         {"name": "eagle3", "speculative_config": {"model": "heads:smollm2-135m-instruct-eagle3"}}, target, "float32")
-    assert head is not None and head.draft_vocab_size == 4096 and head.num_layers == 1
+    shipped = json.loads((Path(models.resolve("heads:smollm2-135m-instruct-eagle3")) / "config.json").read_text())
+    assert head is not None and head.num_layers == 1
+    assert head.draft_vocab_size == shipped["draft_vocab_size"] < target.vocab_size
     hw = profiles.HardwareProfile.from_mapping(
         yaml.safe_load((Path(__file__).parents[1] / "conf/hardware/cpu-amd-epyc-2-cores.yaml").read_text()))
     common = {"method": "eagle3", "k": 4, "batch_size": 1, "target": target, "hw": hw,
