@@ -34,7 +34,6 @@ reports the acceptance length (1 + accepted per draft) at K = ``eval_k``.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -45,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specbench.heads.features import Example
+from specbench.heads.features import Example, save_atomically
 from specbench.heads.modules import EAGLE, EAGLE3, DraftHead, TargetShape, head_logits, unroll
 
 
@@ -309,12 +308,12 @@ def train(
             if not best_state or al > max(p["held_out_acceptance_length"] for p in result.curve[:-1]):
                 best_state = {k: v.clone() for k, v in head.state_dict().items()}
             if state_file is not None:
-                _write_state(state_file, {
+                save_atomically({
                     "epoch": epoch + 1, "head": head.state_dict(), "optimiser": optimiser.state_dict(),
                     "scheduler": scheduler.state_dict(), "rng": rng.getstate(), "torch_rng": torch.get_rng_state(),
                     "batches": [[position[id(e)] for e in batch] for batch in batches], "curve": result.curve,
                     "best": best_state, "seconds": seconds_before + time.perf_counter() - started,
-                })
+                }, state_file)
             log(f"epoch {epoch + 1}: loss {point['loss']:.4f}, held-out acceptance length {al:.3f} (K={settings.eval_k})")
     # Checkpoint selection: the epoch with the best held-out acceptance (held out by document).
     best = max(result.curve, key=lambda p: p["held_out_acceptance_length"])
@@ -324,13 +323,6 @@ def train(
     result.accepted_per_position = [best[f"held_out_position_{i + 1}"] for i in range(settings.eval_k)]
     result.seconds = seconds_before + time.perf_counter() - started
     return head, result
-
-
-def _write_state(path: Path, state: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".tmp")
-    torch.save(state, partial)
-    os.replace(partial, path)
 
 
 @torch.no_grad()
