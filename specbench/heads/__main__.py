@@ -27,6 +27,7 @@ from specbench.heads.train import TrainSettings
 if TYPE_CHECKING:
     from specbench.engine import EngineSpec
     from specbench.engine.worker import VllmEngine
+    from specbench.heads.human import HumanPrompt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,10 +138,7 @@ def _target_engine(folder: str, max_model_len: int) -> VllmEngine:
 class _Corpus:
     """The training data (:mod:`specbench.heads.human`) with the target's answers and states, and its record."""
 
-    ids: list[str]
-    kinds: list[str]
-    texts: list[str]
-    held_out: list[bool]
+    prompts: list[HumanPrompt]
     examples: list[Any]
     seconds: float
     record: dict[str, Any]
@@ -175,7 +173,6 @@ def _human_corpus(args: argparse.Namespace, folder: str, tokenizer: Any, model: 
                            static_provenance()["vllm_version"], list(shape.aux_layers())])
     examples = cached_examples(ids, _target_engine_generator(folder, args.max_new_tokens), model,
                                aux_layers=shape.aux_layers(), cache=default_output_dir() / "data", identity=identity)
-    held = [p.held_out for p in prompts]
     record = {
         "corpus": "human",
         "sources": human.sources(),
@@ -188,8 +185,7 @@ def _human_corpus(args: argparse.Namespace, folder: str, tokenizer: Any, model: 
                             "evaluation_shingles": checked.evaluation_shingles, "hits": len(checked.hits),
                             "against": ["specbench/workloads/data/*.jsonl", decontamination.SPEC_BENCH_SOURCE]},
     }
-    return _Corpus([p.id for p in prompts], [p.kind for p in prompts], [p.text for p in prompts], held,
-                   examples, time.perf_counter() - started, record)
+    return _Corpus(prompts, examples, time.perf_counter() - started, record)
 
 
 def _load(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any, Any, _Corpus]:
@@ -229,15 +225,15 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 
     folder, target_config, shape, model, data = _load(args)
     examples = data.examples
-    records = [{"id": i, "kind": k, "text": t, "answer": e.answer.tolist()}
-               for i, k, t, e in zip(data.ids, data.kinds, data.texts, examples)]
+    records = [{"id": p.id, "kind": p.kind, "text": p.text, "answer": e.answer.tolist()}
+               for p, e in zip(data.prompts, examples)]
     data_fingerprint = fingerprint(records)
     answer_tokens = sum(len(e.answer) for e in examples)
     print(f"data: {len(examples)} prompts, {answer_tokens} answer tokens, "
           f"{sum(len(e.tokens) for e in examples)} positions in {data.seconds:.0f} s; fingerprint {data_fingerprint[:16]}")
 
-    train_set = [e for e, held in zip(examples, data.held_out) if not held]
-    held_out = [e for e, held in zip(examples, data.held_out) if held]
+    train_set = [e for e, p in zip(examples, data.prompts) if not p.held_out]
+    held_out = [e for e, p in zip(examples, data.prompts) if p.held_out]
     target_state = {k: v.detach() for k, v in model.state_dict().items()}
     del model
     out = args.out or default_output_dir()
