@@ -394,6 +394,44 @@ def test_states_batched_by_length_equal_each_sequence_alone():
         assert torch.allclose(example.aux, aux, atol=1e-5)
 
 
+def test_a_corpus_grown_in_one_kind_reuses_the_cached_chunks_of_the_others(tmp_path):
+    """Chunks never span two kinds: adding prompts of the first kind answers only those, and the
+    examples come back in the corpus's order, equal to the ones computed before."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specbench.heads.features import cached_examples
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=TINY.vocab_size, hidden_size=TINY.hidden_size,
+                         intermediate_size=TINY.intermediate_size, num_hidden_layers=TINY.num_layers,
+                         num_attention_heads=TINY.num_heads, num_key_value_heads=TINY.num_kv_heads)
+    model = LlamaForCausalLM(config).eval()
+    answered: list[list[int]] = []
+
+    def generate(prompts: list[list[int]]) -> list[list[int]]:
+        # Stands in for the target's vLLM decoding: only which prompts reach it matters here.
+        answered.extend(prompts)
+        return [[(sum(p) + j) % TINY.vocab_size for j in range(3)] for p in prompts]
+
+    def corpus(chat: int) -> tuple[list[list[int]], list[str]]:
+        prompts = [[1, i + 2] for i in range(chat)] + [[30, i + 2, 5] for i in range(3)]
+        return prompts, ["chat"] * chat + ["condense"] * 3
+
+    prompts, kinds = corpus(3)
+    first = cached_examples(prompts, generate, model, aux_layers=TINY.aux_layers(), cache=tmp_path,
+                            identity="tiny", groups=kinds, chunk=2)
+    assert len(answered) == 6 and len(list(tmp_path.glob("chunk-*.pt"))) == 4  # chat 2+1, condense 2+1
+    answered.clear()
+    prompts, kinds = corpus(5)
+    grown = cached_examples(prompts, generate, model, aux_layers=TINY.aux_layers(), cache=tmp_path,
+                            identity="tiny", groups=kinds, chunk=2)
+    # chat's chunks are now [0, 1] [2, 3] [4]: [0, 1] is reused, the other two are new; condense is untouched
+    assert answered == [[1, 4], [1, 5], [1, 6]]
+    assert [e.tokens[: e.prompt_len].tolist() for e in grown] == prompts
+    for before, after in zip(first[:2] + first[3:], grown[:2] + grown[5:]):
+        assert torch.equal(before.tokens, after.tokens) and torch.equal(before.aux, after.aux)
+
+
 def _examples_the_target_predicts(n: int, state: dict[str, torch.Tensor]) -> list[Example]:
     """Learnable sequences whose post-norm states point at the next token through the tied LM head,
     so the target's own distribution (the soft loss's) puts most of its weight on the true token."""

@@ -172,7 +172,8 @@ def _human_corpus(args: argparse.Namespace, folder: str, tokenizer: Any, model: 
     identity = json.dumps([Path(folder).name, args.max_new_tokens, "vllm greedy float32",
                            static_provenance()["vllm_version"], list(shape.aux_layers())])
     examples = cached_examples(ids, _target_engine_generator(folder, args.max_new_tokens), model,
-                               aux_layers=shape.aux_layers(), cache=default_output_dir() / "data", identity=identity)
+                               aux_layers=shape.aux_layers(), cache=default_output_dir() / "data", identity=identity,
+                               groups=[p.kind for p in prompts])
     record = {
         "corpus": "human",
         "sources": human.sources(),
@@ -268,7 +269,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
                 "data_seconds": round(data.seconds, 1),
             },
             "draft_vocabulary": result.vocabulary,
-            "warm_start": args.warm_start,
+            "warm_start": _warm_start_record(args.warm_start) if args.warm_start else None,
             "held_out": {
                 "acceptance_length": round(result.acceptance_length, 4),
                 "k": settings.eval_k,
@@ -294,6 +295,28 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 def _settings_key(settings: TrainSettings, args: argparse.Namespace) -> str:
     """What makes a training run the same run (for resuming it): its settings and warm start."""
     return hashlib.sha256(json.dumps([settings.__dict__, args.warm_start], sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _warm_start_record(reference: str) -> dict[str, Any]:
+    """What a warm-started head grew from: the earlier head's file hash and how that head was made.
+
+    A warm start makes a head depend on an earlier one, so reproducing it is two
+    commands: the earlier head's (its manifest's ``command``, its data
+    ``fingerprint`` to check the answers against), then this one with
+    ``--warm-start`` pointing at that output.
+    """
+    from specbench import models
+
+    folder = Path(models.resolve(reference))
+    earlier = json.loads((folder / "manifest.json").read_text()) if (folder / "manifest.json").is_file() else {}
+    return {
+        "reference": reference,
+        "sha256": hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest(),
+        "command": earlier.get("command"),
+        "data_fingerprint": earlier.get("data", {}).get("fingerprint"),
+        "held_out_acceptance_length": earlier.get("held_out", {}).get("acceptance_length"),
+        "warm_start": earlier.get("warm_start"),
+    }
 
 
 def _warm_start(reference: str, method: str) -> dict[str, Any]:

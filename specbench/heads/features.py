@@ -112,6 +112,7 @@ def cached_examples(
     aux_layers: Sequence[int],
     cache: Path,
     identity: str,
+    groups: Sequence[str] | None = None,
     chunk: int = 64,
 ) -> list[Example]:
     """:func:`states` of the target's answers to ``prompts``, computed and cached a chunk at a time.
@@ -120,21 +121,27 @@ def cached_examples(
     and a long job here can be stopped at any moment: each chunk of ``chunk``
     prompts is written, atomically, as soon as it is done, under a name hashed
     from ``identity`` (the target and decoding settings) and the chunk's
-    token ids, so a rerun of the same command computes only what is missing,
-    and a corpus that grows reuses its earlier chunks. States are stored in
-    float16 (half the memory; they are read back as float32).
+    token ids, so a rerun of the same command computes only what is missing.
+    A chunk never spans two ``groups`` (labels of consecutive prompts, e.g. the
+    corpus's kinds), so a corpus that grows one group at its end reuses every
+    chunk of the others. States are stored in float16 (half the memory; they
+    are read back as float32).
     """
     cache.mkdir(parents=True, exist_ok=True)
+    labels = list(groups) if groups is not None else [""] * len(prompts)
+    starts = [i for i in range(len(prompts)) if i == 0 or labels[i] != labels[i - 1]]
+    bounds: list[tuple[int, int]] = []
+    for first, end in zip(starts, [*starts[1:], len(prompts)]):
+        bounds += [(i, min(i + chunk, end)) for i in range(first, end, chunk)]
     examples: list[Example] = []
-    starts = range(0, len(prompts), chunk)
-    for number, start in enumerate(starts, start=1):
-        part = [list(p) for p in prompts[start : start + chunk]]
+    for number, (start, stop) in enumerate(bounds, start=1):
+        part = [list(p) for p in prompts[start:stop]]
         key = hashlib.sha256(json.dumps([identity, part]).encode()).hexdigest()[:20]
         path = cache / f"chunk-{key}.pt"
         if path.is_file():
             examples += torch.load(path, weights_only=False)
             continue
-        desc = f"chunk {number}/{len(starts)}"
+        desc = f"chunk {number}/{len(bounds)}"
         answers = generate(part)
         done = [_half(e) for e in states(model, part, answers, aux_layers=aux_layers, desc=desc)]
         save_atomically(done, path)
