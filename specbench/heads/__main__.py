@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from specbench.heads import HEADS_CACHE_HINT, default_output_dir, head_name
+from specbench.heads import HEADS_CACHE_HINT, default_output_dir, head_name, human
 from specbench.heads.train import TrainSettings
 
 if TYPE_CHECKING:
@@ -37,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     corpus_args = argparse.ArgumentParser(add_help=False)
     corpus_args.add_argument("--target", default="embedded:smollm2-135m-instruct",
                              help="the target: an embedded:<name> model, a local folder or a hub id")
-    corpus_args.add_argument("--chat-prompts", type=int, default=480, help="ShareGPT user turns")
-    corpus_args.add_argument("--condense-prompts", type=int, default=220, help="condense a Wikipedia or news passage")
-    corpus_args.add_argument("--passage-prompts", type=int, default=220, help="questions over two or three passages")
+    corpus_args.add_argument("--chat-prompts", type=int, default=human.CHAT_PROMPTS, help="ShareGPT user turns")
+    corpus_args.add_argument("--condense-prompts", type=int, default=human.CONDENSE_PROMPTS,
+                             help="condense a Wikipedia or news passage")
+    corpus_args.add_argument("--passage-prompts", type=int, default=human.PASSAGE_PROMPTS,
+                             help="questions over two or three passages")
     corpus_args.add_argument("--max-new-tokens", type=int, default=128, help="answer length")
     corpus_args.add_argument("--seed", type=int, default=0)
     corpus_args.add_argument("--threads", type=int, default=None,
@@ -157,7 +159,7 @@ def _target_engine_generator(folder: str, max_new_tokens: int) -> Callable[[list
 
 
 def _human_corpus(args: argparse.Namespace, folder: str, tokenizer: Any, model: Any, shape: Any) -> _Corpus:
-    from specbench.heads import decontamination, human
+    from specbench.heads import decontamination
     from specbench.heads.features import cached_examples, encode
     from specbench.results.provenance import static_provenance
 

@@ -40,6 +40,9 @@ from functools import lru_cache
 from specbench.heads import decontamination
 
 HELD_OUT_SHARE = 0.1  # of documents, by hash of their names
+# The shipped head's corpus (prompts of each kind); `heads train` defaults to it. Condense takes
+# every passage of 150 words or more the sources hold (420).
+CHAT_PROMPTS, CONDENSE_PROMPTS, PASSAGE_PROMPTS = 512, 420, 420
 
 # The wordings of condense and passage-question prompts: our own, kept apart from the
 # built-in workloads' instructions (tests/test_heads.py checks every template).
@@ -213,7 +216,8 @@ def passages(low: int = 90, high: int = 300, per_article: int = 8) -> tuple[Pass
     return tuple(p for i, p in enumerate(found) if i not in clean.hits)
 
 
-def training_prompts(chat: int = 480, condense: int = 220, passage_questions: int = 220, seed: int = 0) -> list[HumanPrompt]:
+def training_prompts(chat: int = CHAT_PROMPTS, condense: int = CONDENSE_PROMPTS, passage_questions: int = PASSAGE_PROMPTS,
+                     seed: int = 0) -> list[HumanPrompt]:
     """The corpus at the given sizes, seeded; every text decontaminated.
 
     Held-out documents get their share of each kind: the split is drawn
@@ -233,6 +237,8 @@ def training_prompts(chat: int = 480, condense: int = 220, passage_questions: in
     pool = list(passages())
     rng.shuffle(pool)
     long_ones = [p for p in pool if len(p.text.split()) >= 150]
+    if len(long_ones) < condense:
+        raise ValueError(f"only {len(long_ones)} passages of 150 words or more; asked for {condense} condense prompts")
     for i, passage in enumerate(long_ones[:condense]):
         text = rng.choice(CONDENSE_TEMPLATES).format(doc=passage.text)
         prompts.append(HumanPrompt(f"condense-{i:04d}", "condense", text, (passage.document,)))
