@@ -4,8 +4,9 @@
 
 writes ``<out>/<target>-<method>/`` (``config.json``, ``model.safetensors``,
 ``manifest.json``) in the format vLLM loads. The heads shipped with specbench
-were made by exactly this command with ``--out specbench/heads/shipped`` (see
-each ``manifest.json``); the same command and seed reproduce them.
+were made by this command with ``--out specbench/heads/shipped``: each
+``manifest.json`` holds its command and seed, and a warm-started head's also
+the earlier head's (under ``warm_start``), so the same commands reproduce them.
 """
 
 from __future__ import annotations
