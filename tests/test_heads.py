@@ -362,18 +362,23 @@ def test_eagle1_trains_at_a_lower_learning_rate():
     assert TrainSettings.for_method(EAGLE, lr=1.0).lr == 1.0
 
 
-def test_states_batched_by_length_equal_each_sequence_alone():
-    """Right-padding a batch changes no row's states: each equals its own unpadded forward pass,
-    with the final state post-norm (EAGLE-1's input) and the aux states after vLLM's EAGLE-3 layers."""
+def _tiny_llama() -> torch.nn.Module:
+    """A random Llama of the TINY shape in transformers: a real target to read states from."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from specbench.heads.features import states
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=TINY.vocab_size, hidden_size=TINY.hidden_size,
                          intermediate_size=TINY.intermediate_size, num_hidden_layers=TINY.num_layers,
                          num_attention_heads=TINY.num_heads, num_key_value_heads=TINY.num_kv_heads)
-    model = LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(config).eval()
+
+
+def test_states_batched_by_length_equal_each_sequence_alone():
+    """Right-padding a batch changes no row's states: each equals its own unpadded forward pass,
+    with the final state post-norm (EAGLE-1's input) and the aux states after vLLM's EAGLE-3 layers."""
+    from specbench.heads.features import states
+
+    model = _tiny_llama()
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10]]
     answers = [[11, 12, 13, 14], [15], [16, 17, 18, 19, 20, 21]]
     examples = states(model, prompts, answers, aux_layers=TINY.aux_layers(), batch_tokens=64)
@@ -397,15 +402,9 @@ def test_states_batched_by_length_equal_each_sequence_alone():
 def test_a_corpus_grown_in_one_kind_reuses_the_cached_chunks_of_the_others(tmp_path):
     """Chunks never span two kinds: adding prompts of the first kind answers only those, and the
     examples come back in the corpus's order, equal to the ones computed before."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from specbench.heads.features import cached_examples
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=TINY.vocab_size, hidden_size=TINY.hidden_size,
-                         intermediate_size=TINY.intermediate_size, num_hidden_layers=TINY.num_layers,
-                         num_attention_heads=TINY.num_heads, num_key_value_heads=TINY.num_kv_heads)
-    model = LlamaForCausalLM(config).eval()
+    model = _tiny_llama()
     answered: list[list[int]] = []
 
     def generate(prompts: list[list[int]]) -> list[list[int]]:

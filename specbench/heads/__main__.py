@@ -288,7 +288,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
         config = head_config(method, target_config, shape,
                              result.settings.draft_vocab_size if method == "eagle3" else None)
         save(out / name, head, config, manifest, getattr(torch, args.dtype))
-        digest = hashlib.sha256((out / name / "model.safetensors").read_bytes()).hexdigest()[:16]
+        digest = _file_sha256(out / name / "model.safetensors")[:16]
         print(f"{method}: held-out acceptance length {result.acceptance_length:.2f} at K={settings.eval_k} "
               f"(epoch {result.best_epoch}; per position {', '.join(f'{p:.2f}' for p in result.accepted_per_position)}); "
               f"trained in {result.seconds:.0f} s; wrote {out / name} (sha256 {digest})")
@@ -298,6 +298,10 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 def _settings_key(settings: TrainSettings, args: argparse.Namespace) -> str:
     """What makes a training run the same run (for resuming it): its settings and warm start."""
     return hashlib.sha256(json.dumps([settings.__dict__, args.warm_start], sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _warm_start_record(reference: str) -> dict[str, Any]:
@@ -314,7 +318,7 @@ def _warm_start_record(reference: str) -> dict[str, Any]:
     earlier = json.loads((folder / "manifest.json").read_text()) if (folder / "manifest.json").is_file() else {}
     return {
         "reference": reference,
-        "sha256": hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest(),
+        "sha256": _file_sha256(folder / "model.safetensors"),
         "command": earlier.get("command"),
         "data_fingerprint": earlier.get("data", {}).get("fingerprint"),
         "held_out_acceptance_length": earlier.get("held_out", {}).get("acceptance_length"),
