@@ -108,10 +108,11 @@ def test_unroll_drafts_each_chain_exactly_as_a_kv_cache_would(method):
     with torch.no_grad():
         for window in (0, 2, 4):  # chains from `window` on: step 0 still keys every index
             reads = unroll(head, embed, tokens, features, steps, window)
-            assert reads[0].shape[1] == n - 1 - window
+            assert reads[0].shape[1] == n - 1 and reads[1].shape[1] == n - 2 - window
             for start in range(window, n - 1 - steps):
                 chain = _draft_one_chain(head, embed, tokens[0], features[0], start, steps)
-                for s in range(steps):
+                torch.testing.assert_close(reads[0][0, start], chain[0], rtol=1e-9, atol=1e-9)
+                for s in range(1, steps):
                     torch.testing.assert_close(reads[s][0, start - window], chain[s], rtol=1e-9, atol=1e-9)
 
 
@@ -344,7 +345,9 @@ def test_training_is_seeded_and_learns(method):
     from specbench.heads.train import TrainSettings, train
 
     examples = _learnable_examples(24)
-    settings = TrainSettings.for_method(method, epochs=6, batch_tokens=96, draft_vocab_size=TINY.vocab_size, lr=1e-2)
+    # Random states make the prompt term noise on these sequences; the prompt term has its own test.
+    settings = TrainSettings.for_method(method, epochs=6, batch_tokens=96, draft_vocab_size=TINY.vocab_size, lr=1e-2,
+                                        prompt_weight=0.0)
     runs = [train(method, TINY, _tiny_target_state(), examples[:20], examples[20:], settings, log=lambda _: None)
             for _ in range(2)]
     (first, result), (second, _) = runs
@@ -439,6 +442,44 @@ def _examples_the_target_predicts(n: int, state: dict[str, torch.Tensor]) -> lis
     for example in examples:
         example.final = 8 * embedding[example.tokens[1:]]
     return examples
+
+
+@pytest.mark.parametrize("prompt_weight", [0.0, 0.5])
+def test_step_zero_is_trained_in_the_prompt_past_the_shared_template_only_with_a_prompt_weight(prompt_weight):
+    """Which target states the loss reads: the answers' always; the prompt's (past the shared preamble) with a weight."""
+    from specbench.heads.train import _collate, _loss, shared_prefix_length
+
+    head = _random_head(EAGLE3)
+    g = torch.Generator().manual_seed(3)
+    examples = []
+    for _ in range(2):
+        tokens = torch.cat([torch.tensor([1, 4, 7]), torch.randint(0, TINY.vocab_size, (13,), generator=g)])
+        examples.append(Example(tokens, 10, torch.randn(15, TINY.hidden_size, generator=g),
+                                torch.randn(15, 3 * TINY.hidden_size, generator=g)))
+    prompt_from = shared_prefix_length(examples)
+    assert prompt_from == 3
+    settings = TrainSettings.for_method(EAGLE3, steps=2, prompt_weight=prompt_weight)
+    embed = torch.nn.Embedding(TINY.vocab_size, TINY.hidden_size)
+    ranked = torch.tensor([1, 4, 7, 9, 20, 33])
+    to_index = torch.full((TINY.vocab_size,), -1)
+    to_index[ranked] = torch.arange(len(ranked))
+    tokens, features, targets, prompt_lens, lengths = _collate(examples, EAGLE3)
+    start = int(prompt_lens.min()) - 1
+    with torch.no_grad():
+        reads = unroll(head, embed, tokens, features, settings.steps, start)
+
+        def loss_with_state_moved(position: int) -> float:
+            moved = targets.clone()
+            moved[:, position] += 5.0
+            return float(_loss(head, reads, tokens, moved, prompt_lens, lengths, start, settings, to_index,
+                               embed.weight[ranked], prompt_from))
+
+        base = loss_with_state_moved(-1)  # past every label the loss reads
+        # targets[:, j] is the target's distribution for the token at j + 1, drafted by the chain at j - 1.
+        assert loss_with_state_moved(12) != pytest.approx(base)          # an answer token
+        assert loss_with_state_moved(3) == pytest.approx(base)           # drafted from the shared preamble
+        in_prompt = loss_with_state_moved(6)
+        assert (in_prompt != pytest.approx(base)) == (prompt_weight > 0)
 
 
 def test_the_soft_loss_learns_the_targets_distribution():

@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="EAGLE-3's reduced vocabulary (default: chosen by held-out coverage)")
     train.add_argument("--loss", choices=["hard", "soft"], default=TrainSettings.loss,
                        help="soft: cross-entropy against the target's distribution (SpecForge); hard: its greedy token")
+    train.add_argument("--prompt-weight", type=float, default=TrainSettings.prompt_weight,
+                       help="weight of step 0's loss in the prompts (the target's distribution at human-written text; "
+                            "0: answers only)")
     train.add_argument("--warm-start", default=None,
                        help="a head (folder or heads:<name>) whose weights start training (rows of a new draft vocabulary "
                             "from the target's embedding)")
@@ -247,7 +250,8 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
         if args.draft_vocab_size is not None:
             chosen["draft_vocab_size"] = args.draft_vocab_size
         settings = TrainSettings.for_method(method, steps=args.steps, eval_k=args.eval_k, epochs=args.epochs,
-                                            seed=args.seed, loss=args.loss, **chosen)
+                                            seed=args.seed, loss=args.loss,
+                                            prompt_weight=args.prompt_weight, **chosen)
         name = head_name(Path(folder).name, method)
         warm = _warm_start(args.warm_start, method) if args.warm_start else None
         state_dir = default_output_dir() / "training" / f"{name}-{data_fingerprint[:12]}-{_settings_key(settings, args)}"

@@ -207,16 +207,19 @@ def unroll(
         features: [B, L, f] the target's features at each position (EAGLE-1: the
             post-norm state; EAGLE-3: the three residual states concatenated).
         steps: chain length (K).
-        start: the first chain computed. Step 0 still runs at every index (its
-            keys are the head's KV cache over the whole request), but chains
+        start: the first chain whose later steps are computed. Step 0 runs at
+            every index (its keys are the head's KV cache over the whole
+            request, as vLLM's prefill of the head writes them), but chains
             that start in the prompt are never drafted in serving, and with
-            prompts several times longer than answers skipping them is most
-            of a training step's cost.
+            prompts several times longer than answers skipping their later
+            steps is most of a training step's cost.
 
     Returns:
-        For each step ``s``, the state the LM head reads, [B, L - 1 - s - start, h]:
-        row ``j`` drafts the token at position ``start + j + 2 + s`` from the
-        chain started after the target emitted token ``start + j + 1``.
+        For each step ``s``, the state the LM head reads: step 0 at every
+        index, [B, L - 1, h], row ``j`` drafting the token at ``j + 2``; step
+        ``s > 0`` from ``start`` on, [B, L - 1 - s - start, h], row ``j``
+        drafting the token at ``start + j + 2 + s`` from the chain started
+        after the target emitted token ``start + j + 1``.
     """
     b, n = tokens.shape
     layer = head.layer
@@ -241,7 +244,7 @@ def unroll(
         attn = _chain_attention(q, keys, values, head.shape, start if s else 0)
         attn = attn.transpose(1, 2).reshape(b, rows, -1)
         hidden, read = head.outputs(attn, residual)
-        heads_out.append(read[:, start:] if s == 0 else read)
+        heads_out.append(read)
     return heads_out
 
 

@@ -13,7 +13,9 @@ The recipe, scaled to a 135M target and two CPU cores:
   as SpecForge trains; or toward its greedy token); EAGLE-1 adds EAGLE's
   smooth-L1 regression of its output onto the target's next post-norm state
   (weight 0.1), which keeps its fed-back state in the distribution the
-  target's LM head reads;
+  target's LM head reads; with ``prompt_weight``, step 0 learns the target's
+  distribution in the prompts too (human-written text, 2.6 times the answers'
+  tokens, whose states are computed anyway);
 - EAGLE-3's draft vocabulary: the training answers' most frequent tokens, its
   size chosen by coverage of the held-out answers under a checkpoint size cap
   (:func:`choose_vocabulary`); EAGLE-1's cross-entropy runs over the tokens
@@ -68,6 +70,10 @@ class TrainSettings:
     feature_weight: float = 0.1
     ce_weight: float = 1.0        # EAGLE-1 cross-entropy term (EAGLE-3 uses 1 alone)
     step_decay: float = 0.8       # weight of chained step s: step_decay ** s
+    # Weight of step 0's loss in the prompt (a term of its own, beside the answer's steps): the target's
+    # distribution at human-written text, 2.6 times the answers' tokens, for about 30% more time per epoch.
+    # Measured (same warm start, data and seed): held-out acceptance 1.573 at 0, 1.594 at 0.5.
+    prompt_weight: float = 0.5
     # soft: cross-entropy against the target's distribution over the draft vocabulary (as SpecForge
     # trains); hard: against its greedy token alone.
     loss: str = "soft"
@@ -259,6 +265,7 @@ def train(
     to_index = _index_map(ranked, shape.vocab_size)
     ranked_weight = lm_head_weight[ranked]
 
+    prompt_from = shared_prefix_length(train_set)
     batches = _batches(train_set, settings.batch_tokens)
     total = settings.epochs * len(batches)
     optimiser = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -292,7 +299,7 @@ def train(
                 start = max(0, int(prompt_lens.min()) - 1)
                 reads = unroll(head, embed, tokens, features, settings.steps, start)
                 loss = _loss(head, reads, tokens, targets, prompt_lens, lengths, start, settings, to_index,
-                             ranked_weight)
+                             ranked_weight, prompt_from)
                 optimiser.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
@@ -353,6 +360,7 @@ def estimate_acceptance(
         alive = torch.ones(last - first + 1, dtype=torch.bool)
         accepted = torch.zeros_like(alive, dtype=torch.long)
         for s, read in enumerate(reads):
+            read = read[:, first:] if s == 0 else read
             logits = head_logits(head, read[0, : last - first + 1], lm_head_weight)
             guess = logits.argmax(-1)
             if head.method == EAGLE3:
@@ -420,6 +428,7 @@ def _loss(
     settings: TrainSettings,
     to_index: torch.Tensor,
     ranked_weight: torch.Tensor,
+    prompt_from: int = 0,
 ) -> torch.Tensor:
     """The chained steps' loss, weighted ``step_decay ** s``, over the chains vLLM drafts.
 
@@ -428,16 +437,26 @@ def _loss(
     drafts token ``i + 2 + s``, which must lie inside the sequence. Soft loss:
     cross-entropy against the target's own distribution over the ranked
     tokens, read from its post-norm state at ``i + 1 + s`` through its LM head.
+    With ``settings.prompt_weight``, step 0 is also trained in the prompt, from
+    index ``prompt_from`` (past the chat template every request shares) to
+    the prompt's end, as one more term of that weight: its states are
+    computed anyway, and there are about 2.6 prompt tokens to every answer token.
     """
+    # (the step's reads, the index of their first row, the step, whether the term is the prompt's, its weight)
+    terms = [(read[:, start:] if s == 0 else read, start, s, False, settings.step_decay**s)
+             for s, read in enumerate(reads)]
+    if settings.prompt_weight > 0:
+        terms.append((reads[0][:, prompt_from:], prompt_from, 0, True, settings.prompt_weight))
     total = torch.zeros(())
     weights = 0.0
-    for s, read in enumerate(reads):
+    for read, offset, s, in_prompt, w in terms:
         rows = read.shape[1] - 1  # the last index has no token two ahead
-        chain = start + torch.arange(rows)
-        first, last = 2 + s + start, 2 + s + start + rows
+        chain = offset + torch.arange(rows)
+        first, last = 2 + s + offset, 2 + s + offset + rows
         labels = tokens[:, first:last]
         index = to_index[labels]
-        valid = (chain[None, :] >= prompt_lens[:, None] - 1) & (chain[None, :] + 2 + s < lengths[:, None])
+        answered = chain[None, :] >= prompt_lens[:, None] - 1
+        valid = (~answered if in_prompt else answered) & (chain[None, :] + 2 + s < lengths[:, None])
         if settings.loss == "hard":
             valid &= index >= 0
         if not bool(valid.any()):
@@ -455,10 +474,20 @@ def _loss(
             step_loss = settings.feature_weight * F.smooth_l1_loss(chosen, state) + settings.ce_weight * ce
         else:
             step_loss = ce
-        w = settings.step_decay**s
         total = total + w * step_loss
         weights += w
     return total / max(weights, 1e-9)
+
+
+def shared_prefix_length(examples: list[Example]) -> int:
+    """How many leading tokens every example shares (the chat template's preamble): nothing to learn there."""
+    first = examples[0].tokens
+    length = min(len(e.tokens) for e in examples)
+    for example in examples[1:]:
+        differs = (example.tokens[:length] != first[:length]).nonzero()
+        if len(differs):
+            length = int(differs[0])
+    return length
 
 
 def checkpoint_tensors(head: DraftHead) -> dict[str, torch.Tensor]:
