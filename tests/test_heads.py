@@ -45,7 +45,7 @@ def _evaluation_prompts() -> list[str]:
 def test_the_human_corpus_as_generated_shares_no_8_word_phrase_with_the_workloads_or_spec_bench():
     """The shipped head's corpus, exactly as `heads train` builds it at its default sizes (no stand-in)."""
     prompts = human.training_prompts()
-    assert len(prompts) == 1352 and len({p.text for p in prompts}) == 1352
+    assert len(prompts) == 1864 and len({p.text for p in prompts}) == 1864
     found = decontamination.overlap([p.text for p in prompts] + human.template_texts())
     print(f"decontamination of the human corpus: {found.texts} texts, {found.shingles} distinct 8-word shingles "
           f"compared with {found.evaluation_shingles} of the evaluation sets, {len(found.hits)} texts with hits")

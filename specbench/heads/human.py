@@ -42,7 +42,7 @@ from specbench.heads import decontamination
 HELD_OUT_SHARE = 0.1  # of documents, by hash of their names
 # The shipped head's corpus (prompts of each kind); `heads train` defaults to it. Condense takes
 # every passage of 150 words or more the sources hold (420).
-CHAT_PROMPTS, CONDENSE_PROMPTS, PASSAGE_PROMPTS = 512, 420, 420
+CHAT_PROMPTS, CONDENSE_PROMPTS, PASSAGE_PROMPTS = 1024, 420, 420
 
 # The wordings of condense and passage-question prompts: our own, kept apart from the
 # built-in workloads' instructions (tests/test_heads.py checks every template).

@@ -248,6 +248,11 @@ def unroll(
     return heads_out
 
 
+def chains_from(reads: list[torch.Tensor], start: int) -> list[torch.Tensor]:
+    """``unroll``'s reads restricted to the chains from ``start`` on: step 0 sliced, later steps as they are."""
+    return [reads[0][:, start:], *reads[1:]]
+
+
 def _chain_attention(
     q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], shape: TargetShape, start: int
 ) -> torch.Tensor:
