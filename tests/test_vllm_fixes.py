@@ -82,3 +82,40 @@ def test_the_repair_restores_sampled_ngram_acceptance_on_this_vllm():
     assert found["applied"] == [fixes.CPU_EXPAND_KERNEL]
     # Unrepaired, the logits are divided by garbage: acceptance collapses (1.17-1.35 measured).
     assert found["unrepaired"] < 2.0
+
+
+class _CudaLikePlatform:
+    """A CUDA build's platform, as far as the probe asks. Simulated: this machine has no GPU, so the CUDA build's
+    Triton kernel cannot be made to reject CPU pointers here for real."""
+
+    device_type = "cuda"
+
+    @staticmethod
+    def is_cpu() -> bool:
+        return False
+
+
+def test_a_cuda_like_build_whose_expand_raises_for_another_reason_is_not_repaired(monkeypatch):
+    from vllm import platforms
+    from vllm.v1.sample import rejection_sampler
+
+    def triton_rejects_cpu_pointers(*args, **kwargs):
+        raise ValueError("Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)")
+
+    monkeypatch.setattr(platforms, "current_platform", _CudaLikePlatform())
+    monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", triton_rejects_cpu_pointers)
+    kernel = rejection_sampler._expand
+    assert fixes.apply() == ()
+    assert rejection_sampler._expand is kernel, "the GPU engine's own kernel stays in place"
+
+
+def test_on_the_cpu_build_a_stand_in_that_crashes_is_the_defect(monkeypatch):
+    from vllm import platforms
+    from vllm.v1.sample import rejection_sampler
+
+    def crashes(*args, **kwargs):
+        raise RuntimeError("expected scalar type Long but found Float")
+
+    assert platforms.current_platform.is_cpu()
+    monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", crashes)
+    assert fixes._expand_is_defective()

@@ -44,19 +44,30 @@ def apply() -> tuple[str, ...]:
 
 
 def _expand_is_defective() -> bool:
-    """Expand per-request temperatures and top-k values to draft tokens as the rejection sampler does; wrong values
-    (or a crash) mean the defect."""
+    """Expand per-request temperatures and top-k values to draft tokens as the rejection sampler does, on the
+    engine's own platform; wrong values (or a crash of the CPU build's stand-in) mean the defect.
+
+    The defect is the CPU build's: on any other platform the expand is vLLM's Triton kernel, which the
+    probe does not touch. (Probing it with CPU tensors, as an earlier version did, makes Triton reject
+    their pointers; that error read as the defect, and GPU engines were "repaired" with a host-synchronising
+    repeat_interleave and a false ``vllm_fixes`` line.)
+    """
     import torch
 
     try:
+        from vllm.platforms import current_platform
         from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
     except ImportError:  # a vLLM without this code path has nothing of this defect to repair
         return False
-    cumulative = torch.tensor([2, 5], dtype=torch.int32)
+    if not current_platform.is_cpu():
+        return False
+    cumulative = torch.tensor([2, 5], dtype=torch.int32, device=current_platform.device_type)
     try:
-        temperature = expand_batch_to_tokens(torch.tensor([0.7, 0.0]), cumulative, 5, replace_from=0, replace_to=1)
-        top_k = expand_batch_to_tokens(torch.tensor([50, 20], dtype=torch.int32), cumulative, 5)
-    except Exception:  # noqa: BLE001 - a kernel that cannot run is as defective as one that writes nothing
+        temperature = expand_batch_to_tokens(torch.tensor([0.7, 0.0], device=cumulative.device), cumulative, 5,
+                                             replace_from=0, replace_to=1)
+        top_k = expand_batch_to_tokens(torch.tensor([50, 20], dtype=torch.int32, device=cumulative.device),
+                                       cumulative, 5)
+    except Exception:  # noqa: BLE001 - on the CPU build, a stand-in kernel that cannot run is as defective as one that writes nothing
         return True
     return (temperature.tolist() != [torch.tensor(0.7).item()] * 2 + [1.0] * 3
             or top_k.tolist() != [50, 50, 20, 20, 20])
