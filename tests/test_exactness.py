@@ -51,11 +51,23 @@ def test_without_near_ties_recorded_a_divergence_is_a_mismatch():
     assert classify([[5, 6]], [[5, 8]], tolerance=1.0, margins=[[1.0, 0.3]])[0].kind == MISMATCH
 
 
-def test_the_control_excuses_a_position_where_plain_decoding_itself_parts():
-    found = classify([[5, 6, 7]], [[5, 6, 9]], tolerance=0.25, control_positions=[{2}])
-    assert found[0].kind == TIE and found[0].margin is None
-    # float32: no tolerance, so nothing is a tie, control or not.
-    assert classify([[5, 6, 7]], [[5, 6, 9]], tolerance=None, control_positions=[{2}])[0].kind == MISMATCH
+def test_a_divergence_is_a_tie_only_if_the_emitted_token_is_in_the_references_tied_set():
+    # Plain decoding at another batch size parts at position 2 as well, but the token emitted there (9) is not
+    # among the reference's near ties (7, 4): the position is fragile, the token is still wrong.
+    found = classify([[5, 6, 7]], [[5, 6, 9]], tolerance=1.0, margins=[[2.0, 2.0, 0.1]],
+                     near_ties=[[[5], [6], [7, 4]]])
+    assert found == [Divergence(0, 2, MISMATCH, 0.1)]
+    assert classify([[5, 6, 7]], [[5, 6, 4]], tolerance=1.0, near_ties=[[[5], [6], [7, 4]]])[0].kind == TIE
+
+
+def test_a_tie_share_far_above_the_controls_is_significant_and_a_like_one_is_not():
+    # The issue's example: 30 of 40 requests tie where plain decoding parts on 2 of 40.
+    assert exactness.tie_excess_p_value(30, 40, 2, 40) < 1e-9
+    assert exactness.tie_excess_p_value(3, 40, 2, 40) == pytest.approx(0.5)
+    # Exact hypergeometric tail: 2 of 2 against 0 of 2, C(2,2) C(2,0) / C(4,2) = 1/6.
+    assert exactness.tie_excess_p_value(2, 2, 0, 2) == pytest.approx(1 / 6)
+    with pytest.raises(ValueError, match="ties must lie"):
+        exactness.tie_excess_p_value(5, 4, 0, 4)
 
 
 def bf16_pair(tmp_path, name, base_tokens, spec_tokens, margins, near_ties, batch=1, engine_run=0):
@@ -86,24 +98,72 @@ def test_merge_counts_ties_as_a_caveat_and_flags_only_a_real_mismatch(tmp_path):
     assert bad["flagged"] and "clear winner" in bad["flag_reasons"][0]
 
 
-def test_baselines_at_a_larger_batch_are_compared_with_the_smallest_one(tmp_path):
-    # Plain decoding at batch 2 parts from batch 1 at position 1 of request 0 (a near tie
-    # there); the speculative cell at batch 2 parts from its baseline at that same
-    # position: the control excuses it although its own baseline's margin is wide.
+def _one_curve(tmp_path, ids):
     config = '{"workload": {"name": "summarize"}}'
+    for cell_id in ids:  # one curve: the same config but for the batch size
+        files = CellFiles(tmp_path, cell_id)
+        row = read_rows(files.row)[0] | {"config_json": config}
+        write_cell(tmp_path, row, files.read_tokens())
+
+
+def test_baselines_at_a_larger_batch_are_compared_with_the_smallest_one(tmp_path):
+    # Plain decoding at batch 2 parts from batch 1 at position 1 of request 0, at a near tie of batch 1's
+    # (tokens 2 and 8): the control's own divergence is a tie. The speculative cell at batch 2 parts from its
+    # own baseline there too, emitting 2, which its baseline's tied set ([8]: a wide margin) does not hold:
+    # a control position does not excuse a token the reference had no tie for (hand-edited mismatch caught).
     ids = []
     for batch, tokens in ((1, [[1, 2, 3], [4, 5, 6]]), (2, [[1, 8, 3], [4, 5, 6]])):
         margins = [[2.0, 0.1 if batch == 1 else 2.0, 2.0], [2.0] * 3]
         ids += bf16_pair(tmp_path, "c", tokens, [[1, 2, 3], [4, 5, 6]] if batch == 2 else None, margins,
                          [[[1], [2, 8] if batch == 1 else [8], [3]], [[4], [5], [6]]], batch=batch)
-    for cell_id in ids:  # one curve: the same config but for the batch size
-        files = CellFiles(tmp_path, cell_id)
-        row = read_rows(files.row)[0] | {"config_json": config}
-        write_cell(tmp_path, row, files.read_tokens())
+    _one_curve(tmp_path, ids)
     rows = {r["cell_id"]: r for r in merge(tmp_path, ids)}
     control = rows["bc2-p0"]
     assert control["exactness_reference"] == "bc1-p0"
     assert (control["exactness"], control["tie_requests"], control["differing_requests"]) == ("ties", 1, 1)
     assert rows["bc1-p0"]["exactness"] is None  # the smallest batch is the reference itself
     spec = rows["sc2-p0"]
-    assert spec["divergences"] == [{"request": 0, "position": 1, "kind": "tie", "margin": 2.0}]
+    assert spec["divergences"] == [{"request": 0, "position": 1, "kind": "mismatch", "margin": 2.0}]
+    assert spec["exactness"] == "mismatch" and spec["flagged"]
+
+
+def test_a_control_whose_own_divergence_is_a_mismatch_excuses_nothing(tmp_path):
+    # Plain decoding at batch 2 leaves batch 1 at position 1 with token 8, outside batch 1's tied set [2, 5]:
+    # the control itself mismatches there. A speculative cell at batch 1 that emits the same 8 at that
+    # position is a mismatch, not a tie.
+    ids = bf16_pair(tmp_path, "x", [[1, 2, 3]], [[1, 8, 3]], [[2.0, 0.1, 2.0]], [[[1], [2, 5], [3]]], batch=1)
+    ids += bf16_pair(tmp_path, "x", [[1, 8, 3]], None, [[2.0] * 3], [[[1], [8], [3]]], batch=2)
+    _one_curve(tmp_path, ids)
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ids)}
+    assert rows["bx2-p0"]["exactness"] == "mismatch"
+    spec = rows["sx1-p0"]
+    assert (spec["exactness"], spec["mismatched_requests"], spec["tie_requests"]) == ("mismatch", 1, 0)
+
+
+def test_a_cell_tying_far_more_often_than_plain_decoding_is_flagged(tmp_path):
+    # 12 requests. Plain decoding at batch 2 parts from batch 1 at a tie on 1 of them; the speculative cell
+    # parts at a tie (its token within the tolerance each time) on 10 of them: every divergence is a tie by
+    # the per-request rule, but far more of them than numerics give.
+    requests = 12
+    reference = [[1, 2, 3] for _ in range(requests)]
+    near = [[[1], [2, 9], [3]] for _ in range(requests)]
+    margins = [[2.0, 0.2, 2.0] for _ in range(requests)]
+    speculative = [[1, 9, 3] if i < 10 else [1, 2, 3] for i in range(requests)]
+    ids = bf16_pair(tmp_path, "e", reference, speculative, margins, near, batch=1)
+    plain = [[1, 9, 3] if i == 0 else [1, 2, 3] for i in range(requests)]
+    ids += bf16_pair(tmp_path, "e", plain, None, margins, near, batch=2)
+    _one_curve(tmp_path, ids)
+    spec = {r["cell_id"]: r for r in merge(tmp_path, ids)}["se1-p0"]
+    assert (spec["exactness"], spec["tie_requests"]) == ("ties", 10)
+    assert spec["flagged"]
+    assert any("ties on 10 of 12 requests where plain decoding at another batch size ties on 1 of 12" in reason
+               for reason in spec["flag_reasons"])
+    # The same ties on 1 request only: as often as plain decoding, a caveat and no flag.
+    for cell_id in ids:
+        CellFiles(tmp_path, cell_id).row.unlink()
+    speculative = [[1, 9, 3] if i == 5 else [1, 2, 3] for i in range(requests)]
+    ids = bf16_pair(tmp_path, "e", reference, speculative, margins, near, batch=1)
+    ids += bf16_pair(tmp_path, "e", plain, None, margins, near, batch=2)
+    _one_curve(tmp_path, ids)
+    spec = {r["cell_id"]: r for r in merge(tmp_path, ids)}["se1-p0"]
+    assert spec["exactness"] == "ties" and not spec["flagged"] and spec["caveats"]

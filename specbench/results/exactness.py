@@ -12,17 +12,25 @@ position:
 
 - a *tie* when both tokens taken there were within the dtype's tolerance
   (:func:`tie_tolerance`) of the top token, by the reference's own
-  log-probabilities (its near ties, the top one included), or when
-  plain decoding at another batch size leaves the reference at that very
-  position too (the control);
-- a *mismatch* otherwise: the target had a clear winner and the other output
-  did not emit it.
+  log-probabilities (its near ties, the top one included);
+- a *mismatch* otherwise: the target had a clear winner, or the token the
+  other output emitted was not among the near ties, or the near ties were
+  not recorded there, so nothing shows the token was a tie's.
 
-Only mismatches make a cell inexact for verdicts.
+Where plain decoding at another batch size also leaves the reference at that
+position (the control), that says the position is fragile, not that the
+token emitted there is right: the control excuses nothing by itself. Instead
+it gives the rate at which plain decoding meets ties on these requests, and
+a cell that ties on significantly more requests than that
+(:func:`tie_excess_p_value`) is flagged: a decoder that goes wrong only where
+the target is uncertain would otherwise read as "ties" everywhere.
+
+Only mismatches (and a significant excess of ties) make a cell inexact for verdicts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,15 +94,14 @@ def classify(
     tolerance: float | None,
     margins: Sequence[Sequence[float]] = (),
     near_ties: Sequence[Sequence[Sequence[int]]] = (),
-    control_positions: Sequence[set[int]] = (),
 ) -> list[Divergence]:
     """Every request whose ``other`` output differs from ``reference``, classified at its first divergence.
 
     ``margins`` and ``near_ties`` are the reference's per request and position
-    (:class:`specbench.measure.TopTokens`); ``control_positions`` per request the
-    positions where plain decoding at another batch size first left the
-    reference. With ``tolerance`` None (float32) every divergence is a mismatch.
-    A request present on one side only is a mismatch.
+    (:class:`specbench.measure.TopTokens`). A divergence is a tie only when the
+    token ``other`` emitted there and the reference's are both in the
+    reference's near ties at that position. With ``tolerance`` None (float32)
+    every divergence is a mismatch. A request present on one side only is a mismatch.
     """
     found: list[Divergence] = []
     for index in range(max(len(reference), len(other))):
@@ -112,8 +119,7 @@ def classify(
                 ties is not None and position < len(other[index]) and position < len(reference[index])
                 and other[index][position] in ties and reference[index][position] in ties
             )
-            control = index < len(control_positions) and position in control_positions[index]
-            kind = TIE if near_tie or control else MISMATCH
+            kind = TIE if near_tie else MISMATCH
         found.append(Divergence(index, position, kind, margin))
     return found
 
@@ -123,6 +129,27 @@ def verdict(divergences: Sequence[Divergence]) -> str:
     if not divergences:
         return "exact"
     return "mismatch" if any(d.kind == MISMATCH for d in divergences) else "ties"
+
+
+def tie_excess_p_value(cell_ties: int, cell_requests: int, control_ties: int, control_requests: int) -> float:
+    """One-sided p-value that a cell ties on a larger share of its requests than the control does.
+
+    Fisher's exact test on the 2 x 2 table (ties, other requests) x (cell,
+    control): the chance, with the total of ties fixed, that the cell gets
+    ``cell_ties`` or more of them if both share one rate (hypergeometric upper
+    tail). Example: 30 of 40 against 2 of 40 gives p = 3e-11; 3 of 40 against
+    2 of 40 gives p = 0.5.
+
+    Raises:
+        ValueError: on negative counts or more ties than requests.
+    """
+    if not (0 <= cell_ties <= cell_requests and 0 <= control_ties <= control_requests):
+        raise ValueError(f"ties must lie in [0, requests], got cell {cell_ties} of {cell_requests}, "
+                         f"control {control_ties} of {control_requests}")
+    ties, total = cell_ties + control_ties, cell_requests + control_requests
+    tail = sum(math.comb(cell_requests, x) * math.comb(control_requests, ties - x)
+               for x in range(cell_ties, min(ties, cell_requests) + 1))
+    return min(1.0, tail / math.comb(total, ties))
 
 
 def _at(values: Sequence[Sequence[Any]], request: int, position: int) -> Any:

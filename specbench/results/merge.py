@@ -96,8 +96,9 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
                 "engine runs disagree: " + ", ".join(f"{r:.2f}x" for r in row["speedup_per_engine_run"])
             ]
     _judge_distributions(rows)
+    _judge_tie_excess(rows)
     for row in rows:
-        for private in ("_within", "_baseline", "_disturbed"):
+        for private in ("_within", "_baseline", "_disturbed", "_tie_excess"):
             row.pop(private, None)
         row["flagged"] = bool(row.get("flag_reasons"))
     return rows
@@ -357,7 +358,7 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
         )
     caveats = [c for c in (_tie_caveat(columns), _loop_caveat(references, runs), _wave_caveat(runs)) if c]
     known_within = [w for w in within if w is not None]
-    return columns | {
+    return columns | _tie_excess(columns, bases, references) | {
         "speedup_per_engine_run": ratios,
         "_within": max(known_within, key=lambda w: w.se) if known_within else None,
         "_baseline": baseline_group,
@@ -450,7 +451,7 @@ class _References:
     def __init__(self, cells_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
         self._cells_dir = cells_dir
         self._tokens: dict[str, list[list[int]] | None] = {}
-        self._controls: dict[str, list[set[int]]] = {}
+        self._controls: dict[str, tuple[set[int], int] | None] = {}
         self._baselines: dict[tuple[str, Any], dict[int, dict[str, Any]]] = {}
         for row in rows:
             if row.get("method") == "baseline" and row.get("status") == "ok":
@@ -484,31 +485,37 @@ class _References:
                     found.setdefault(other["cell_id"], other)
         return list(found.values())
 
-    def _control_positions(self, base: dict[str, Any]) -> list[set[int]]:
-        """Per request, where plain decoding at another batch size first left this baseline's output.
+    def control_ties(self, base: dict[str, Any]) -> tuple[set[int], int] | None:
+        """Which of this baseline's requests plain decoding at another batch size leaves at a tie, and how
+        many requests it compared; None without a sibling (one batch size) or with an unreadable token file.
 
-        Worked out once per baseline: every method and K compared with it asks.
+        A request counts when any sibling parts from the baseline there at a tie (a sibling's mismatch is no
+        evidence of numerics). Worked out once per baseline: every method and K compared with it asks.
         """
         if base["cell_id"] not in self._controls:
-            self._controls[base["cell_id"]] = self._first_divergences(base)
+            self._controls[base["cell_id"]] = self._sibling_ties(base)
         return self._controls[base["cell_id"]]
 
-    def _first_divergences(self, base: dict[str, Any]) -> list[set[int]]:
-        mine = self.tokens(base["cell_id"]) or []
-        positions: list[set[int]] = [set() for _ in mine]
+    def _sibling_ties(self, base: dict[str, Any]) -> tuple[set[int], int] | None:
+        tied: set[int] = set()
+        compared = 0
         for batch, other in self._siblings(base).items():
-            theirs = self.tokens(other["cell_id"]) if batch != base["batch_size"] else None
-            for i in range(min(len(mine), len(theirs or []))):
-                if (position := exactness.first_divergence(mine[i], theirs[i])) is not None:  # type: ignore[index]
-                    positions[i].add(position)
-        return positions
+            if batch == base["batch_size"]:
+                continue
+            found = self.classify(base, other, control=True)
+            if found is None:
+                return None
+            theirs = self.tokens(other["cell_id"]) or []
+            compared = max(compared, min(len(self.tokens(base["cell_id"]) or []), len(theirs)))
+            tied |= {d.request for d in found if d.kind == exactness.TIE}
+        return (tied, compared) if compared else None
 
     def classify(self, base: dict[str, Any], other: dict[str, Any], *, control: bool = False
                  ) -> list[exactness.Divergence] | None:
         """``other``'s outputs against the baseline ``base``'s (None: a token file is unreadable).
 
         ``control``: ``other`` is plain decoding at another batch size, so only
-        the requests both decoded are compared and no further control applies.
+        the requests both decoded are compared.
         """
         reference, outputs = self.tokens(base["cell_id"]), self.tokens(other["cell_id"])
         if reference is None or outputs is None:
@@ -519,7 +526,6 @@ class _References:
         return exactness.classify(
             reference, outputs, tolerance=exactness.tie_tolerance(base.get("dtype")),
             margins=base.get("top2_margins") or [], near_ties=base.get("near_tie_tokens") or [],
-            control_positions=[] if control else self._control_positions(base),
         )
 
     def control(self, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -570,16 +576,58 @@ def _exactness_columns(
     }
 
 
+def _tie_excess(columns: Mapping[str, Any], bases: Sequence[dict[str, Any]], references: _References
+                ) -> dict[str, Any]:
+    """The cell's tie share held against the control's: ``_tie_excess`` (p-value, description) for
+    :func:`_judge_tie_excess`, or nothing when the cell has no ties or its baselines no control.
+
+    The control's tied requests are pooled over the cell's engine runs, as the cell's own ties are (a
+    request ties if it does in any engine run).
+    """
+    ties = columns.get("tie_requests")
+    if not ties or not bases:
+        return {}
+    tied: set[int] = set()
+    compared = 0
+    for base in bases:
+        control = references.control_ties(base)
+        if control is None:
+            return {}
+        tied |= control[0]
+        compared = max(compared, control[1])
+    requests = len(references.tokens(bases[0]["cell_id"]) or []) or int(bases[0].get("num_requests") or 0)
+    if requests < ties:
+        return {}
+    p_value = exactness.tie_excess_p_value(ties, requests, len(tied), compared)
+    return {"_tie_excess": (p_value, f"ties on {ties} of {requests} requests where plain decoding at another "
+                                     f"batch size ties on {len(tied)} of {compared}")}
+
+
+def _judge_tie_excess(rows: Sequence[dict[str, Any]]) -> None:
+    """Flag the cells that tie significantly more often than plain decoding does, Holm-adjusted over the
+    sweep's cells with ties (the chance of flagging any cell whose ties are numerics stays at most 0.05).
+
+    A decoder that goes wrong only where the target is uncertain passes the per-request tie rule on every
+    request it gets wrong; only its excess of ties over the control's rate shows it.
+    """
+    tested = [r for r in rows if r.get("_tie_excess") is not None]
+    for row, adjusted in zip(tested, distribution.holm([r["_tie_excess"][0] for r in tested])):
+        p_value, counts = row["_tie_excess"]
+        if adjusted < distribution.ALPHA:
+            row["flag_reasons"] = (row.get("flag_reasons") or []) + [
+                f"{counts} (one-sided Fisher p = {p_value:.2g}, Holm-adjusted over {len(tested)} cells "
+                f"{adjusted:.2g}): more ties than numerics explain, so some may be wrong tokens"
+            ]
+
+
 def _tie_caveat(columns: Mapping[str, Any]) -> str | None:
     ties = columns.get("tie_requests")
     if not ties:
         return None
     positions = ", ".join(str(d["position"]) for d in columns["divergences"] if d["kind"] == exactness.TIE)
-    # A tie found by the control alone has no tolerance to quote (None in float32 never gets here).
-    tolerance = columns.get("tie_tolerance")
-    near = f"within {tolerance:.2f} nats of the target's top token" if tolerance is not None else "tied"
+    # Ties exist only in a 16-bit dtype, which has a tolerance.
     return (f"{ties} request(s) part from the baseline at numerical ties (token positions {positions}): "
-            f"both tokens taken there were {near}, which rounding in this dtype can swap; "
+            f"both tokens taken there were within {columns['tie_tolerance']:.2f} nats of the target's top token, which rounding in this dtype can swap; "
             "the same work, not a fault")
 
 
