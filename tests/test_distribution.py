@@ -193,3 +193,76 @@ def test_the_reference_pools_the_baselines_draws_at_every_batch_size(tmp_path):
     assert row["distribution_power_tv"] == distribution.detectable_deviation(pooled, [len(s) for s in spec])
     alone = {r["cell_id"]: r for r in merge(tmp_path, ["base1", "spec"])}["spec"]
     assert alone["distribution_p_value"] == distribution.permutation_p_value(at_1, spec)
+
+
+def _sampled_cell(row, samples, **extra):
+    return row | {"temperature": 0.7, "distribution_samples": samples, "distribution_check_s": 0.5} | extra
+
+
+def test_the_merge_compares_every_token_the_check_drew(tmp_path):
+    # distribution_check.tokens=32: the cell agrees with its baseline on tokens 0-7 and is flat from token 8
+    # on. Compared on 8 tokens (as before), it would pass; on the 32 it drew, it fails.
+    from rows import cell_row, write_cell
+
+    from specbench.results.merge import merge
+
+    rng = np.random.default_rng(21)
+    flat = np.array([0.2, 0.2, 0.2, 0.2, 0.2])
+    base = draws(rng, P, tokens=32)
+    head, tail = draws(rng, P, tokens=8), draws(rng, flat, tokens=24)
+    spec = [[a + b for a, b in zip(p, q)] for p, q in zip(head, tail)]
+    write_cell(tmp_path, _sampled_cell(cell_row("base", "baseline", 10.0), base), [[1, 2], [3, 4]])
+    write_cell(tmp_path, _sampled_cell(cell_row("spec", "ngram", 5.0, baseline_id="base"), spec), [[1, 9], [3, 9]])
+    assert distribution.permutation_p_value(base, spec) > 0.05  # the first 8 tokens alone see nothing
+    row = {r["cell_id"]: r for r in merge(tmp_path, ["base", "spec"])}["spec"]
+    assert row["distribution_p_value"] == distribution.permutation_p_value(base, spec, tokens=32)
+    assert row["distribution_p_value"] < 0.01 and row["exactness"] == "mismatch"
+
+
+def test_power_is_stated_at_the_level_holm_applies_over_the_checked_cells(tmp_path):
+    from rows import cell_row, write_cell
+
+    from specbench.results.merge import merge
+
+    rng = np.random.default_rng(22)
+    base = draws(rng, P)
+    write_cell(tmp_path, _sampled_cell(cell_row("base", "baseline", 10.0), base), [[1, 2], [3, 4]])
+    ids = ["base"]
+    for k in (2, 3, 4, 5):
+        cell_id = f"spec{k}"
+        write_cell(tmp_path, _sampled_cell(cell_row(cell_id, "ngram", 5.0, baseline_id="base", k=k),
+                                           draws(rng, P)), [[1, 9], [3, 9]])
+        ids.append(cell_id)
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ids)}
+    at_holm = distribution.detectable_deviation(base, [64] * 4, alpha=0.05 / 4)
+    unadjusted = distribution.detectable_deviation(base, [64] * 4)
+    assert at_holm is not None and unadjusted is not None and at_holm > unadjusted
+    assert all(rows[f"spec{k}"]["distribution_power_tv"] == at_holm for k in (2, 3, 4, 5))
+
+
+def test_a_cell_whose_drafts_never_reached_verification_is_untested_not_passed(tmp_path):
+    from rows import cell_row, write_cell
+
+    from specbench.results.merge import merge
+
+    rng = np.random.default_rng(23)
+    base = _sampled_cell(cell_row("base", "baseline", 10.0), draws(rng, P), distribution_drafts=0)
+    idle = _sampled_cell(cell_row("idle", "ngram", 5.0, baseline_id="base"), draws(rng, P), distribution_drafts=0)
+    busy = _sampled_cell(cell_row("busy", "ngram", 5.0, baseline_id="base", k=4), draws(rng, P),
+                         distribution_drafts=40)
+    write_cell(tmp_path, base, [[1, 2], [3, 4]])
+    write_cell(tmp_path, idle, [[1, 9], [3, 9]])
+    write_cell(tmp_path, busy, [[1, 9], [3, 9]])
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ["base", "idle", "busy"])}
+    assert rows["idle"]["exactness"] == "untested" and rows["idle"]["distribution_p_value"] is None
+    assert any("not checked in distribution" in c for c in rows["idle"]["caveats"])
+    assert rows["busy"]["exactness"] == "distribution"
+    # The untested cell is no test: Holm adjusts over the one cell checked.
+    assert rows["busy"]["distribution_p_adjusted"] == rows["busy"]["distribution_p_value"]
+
+
+@pytest.mark.parametrize("cells", [1, 16, 100, 101, 500])
+def test_the_smallest_p_value_can_clear_holm_however_many_cells_are_checked(cells):
+    permutations = distribution.permutations_for(cells)
+    assert permutations >= distribution.PERMUTATIONS
+    assert 1 / (1 + permutations) <= distribution.ALPHA / cells / distribution.FLOOR_MARGIN

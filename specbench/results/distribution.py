@@ -23,7 +23,8 @@ compares them:
   distribution, hence exchangeable, and the test is valid whatever the
   dependence (up to the Monte Carlo error of its finite permutations);
 - its power (:func:`detectable_deviation`) is stated as the smallest
-  deviation it detects with 80% power at alpha 0.05: the total-variation
+  deviation it detects with 80% power at the level Holm's adjustment applies
+  to a lone deviating cell (alpha / m over m checked cells): the total-variation
   distance delta by which every position of the baseline's own empirical
   distribution is moved toward its most likely token (what a sampler biased
   toward the argmax, such as argmax drafting accepted without its
@@ -32,11 +33,16 @@ compares them:
 A sweep checks many cells, so :func:`holm` adjusts their p-values
 (Holm's step-down: the chance that any exact cell is called inexact stays
 at most alpha); a cell whose adjusted p-value is below :data:`ALPHA` fails.
+A permutation p-value cannot fall below 1 / (1 + permutations), so the
+permutations grow with the cells checked (:func:`permutations_for`): with a
+fixed 1,999, past 100 cells not even the smallest p-value could clear
+alpha / m, and the check could fail nothing.
 Pure: numpy only, no engine.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -58,6 +64,11 @@ PERMUTATIONS = 1999
 # Total-variation distances the power simulation tries, smallest first.
 DEVIATIONS = (0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
 POWER_SIMULATIONS = 200
+# The smallest attainable p-value, 1 / (1 + permutations), is kept this many times below the alpha / m
+# Holm needs for the most significant of m cells (and the power simulation this many runs beyond its quantile).
+FLOOR_MARGIN = 10
+# Power simulations run in blocks of this many, to bound their memory.
+SIMULATION_BLOCK = 1000
 # Tokens seen fewer times than this at a position (both groups) are counted as one (Cochran's rule).
 MIN_COUNT = 5
 # A sequence that ended before a position shows this token there.
@@ -146,11 +157,24 @@ def permutation_p_value(
     return (1 + extreme) / (1 + permutations)
 
 
+def permutations_for(cells: int) -> int:
+    """Permutations for a sweep that checks ``cells`` cells: at least :data:`PERMUTATIONS`, and enough that
+    the smallest p-value, 1 / (1 + permutations), is :data:`FLOOR_MARGIN` times below ``ALPHA / cells``
+    (Holm's threshold for the most significant cell). 16 cells: 3,199; 100 cells: 19,999."""
+    if cells < 1:
+        raise ValueError(f"cells must be >= 1, got {cells}")
+    return max(PERMUTATIONS, math.ceil(FLOOR_MARGIN * cells / ALPHA) - 1)
+
+
 def detectable_deviation(
     baseline: Samples, n_speculative: Sequence[int] | None = None, *, tokens: int = TOKENS,
-    simulations: int = POWER_SIMULATIONS, seed: int = 0,
+    alpha: float = ALPHA, simulations: int | None = None, seed: int = 0,
 ) -> float | None:
-    """The smallest total-variation distance (of :data:`DEVIATIONS`) the test detects with 80% power.
+    """The smallest total-variation distance (of :data:`DEVIATIONS`) the test detects with 80% power at ``alpha``.
+
+    ``alpha``: the level the cell is judged at; over m checked cells Holm judges a lone deviating cell
+    at ALPHA / m. ``simulations`` (default: :data:`POWER_SIMULATIONS`, or :data:`FLOOR_MARGIN` / alpha
+    where more are needed to put the null's 1 - alpha quantile inside the simulated values).
 
     Simulated from the baseline's own samples, per prompt: both groups are
     resampled from them (sizes: the baseline's and ``n_speculative``, default
@@ -165,6 +189,10 @@ def detectable_deviation(
     on the data). None when no deviation tried is detected that often, or
     when the baseline's samples are all alike (nothing to move).
     """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie strictly between 0 and 1, got {alpha}")
+    if simulations is None:
+        simulations = max(POWER_SIMULATIONS, math.ceil(FLOOR_MARGIN / alpha))
     rng = np.random.default_rng(seed)
     sizes = list(n_speculative) if n_speculative is not None else [len(a) for a in baseline]
     prompts = []
@@ -179,6 +207,10 @@ def detectable_deviation(
         return None
 
     def simulate(delta: float) -> np.ndarray:
+        return np.concatenate([simulate_block(delta, min(SIMULATION_BLOCK, simulations - start))
+                               for start in range(0, simulations, SIMULATION_BLOCK)])
+
+    def simulate_block(delta: float, simulations: int) -> np.ndarray:
         total = np.zeros(simulations)
         for codes, modes, shares, n_b in prompts:
             n_a = codes.shape[0]
@@ -200,7 +232,7 @@ def detectable_deviation(
                 total += n_a * n_b * terms.sum(axis=1)
         return total
 
-    critical = float(np.quantile(simulate(0.0), 1 - ALPHA))
+    critical = float(np.quantile(simulate(0.0), 1 - alpha))
     for delta in DEVIATIONS:
         if float(np.mean(simulate(delta) > critical)) >= POWER:
             return delta

@@ -21,6 +21,8 @@ from specbench.results.provenance import provenance_differences
 from specbench.results.rows import decode_speedup, speedup
 from specbench.results.schema import ResultsError, curve_key, read_rows, row_config
 
+# The exactness of a sampled cell whose distribution check exercised no draft: nothing was tested.
+UNTESTED = "untested"
 # A speculative cell is flagged when at least this share of its outputs loop.
 LOOPING_FLAG_SHARE = 0.1
 # A measurement is disturbed when other processes kept more than this share of
@@ -98,7 +100,7 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     _judge_distributions(rows)
     _judge_tie_excess(rows)
     for row in rows:
-        for private in ("_within", "_baseline", "_disturbed", "_tie_excess"):
+        for private in ("_within", "_baseline", "_disturbed", "_tie_excess", "_draws"):
             row.pop(private, None)
         row["flagged"] = bool(row.get("flag_reasons"))
     return rows
@@ -356,7 +358,8 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
             "requests where the target had a clear winner: greedy speculative decoding should be exact, "
             "so this speedup is not of the same work"
         )
-    caveats = [c for c in (_tie_caveat(columns), _loop_caveat(references, runs), _wave_caveat(runs)) if c]
+    caveats = [c for c in (_tie_caveat(columns), _untested_caveat(columns), _loop_caveat(references, runs),
+                           _wave_caveat(runs)) if c]
     known_within = [w for w in within if w is not None]
     return columns | _tie_excess(columns, bases, references) | {
         "speedup_per_engine_run": ratios,
@@ -393,25 +396,27 @@ def _pooled_draws(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _distribution_columns(bases: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """A sampled cell against its reference baselines (:meth:`_References.distribution_reference`): the
-    permutation test of their draws, each side pooled, and the smallest deviation it detects
-    (:mod:`specbench.results.distribution`).
+    """A sampled cell's draws against its reference baselines' (:meth:`_References.distribution_reference`),
+    each side pooled, set aside (``_draws``) for :func:`_judge_distributions`, which tests them once it
+    knows how many cells the sweep checks.
 
-    Exactness is "distribution" (no evidence against it) until :func:`_judge_distributions`
-    adjusts the sweep's p-values; unknown (None) without draws on both sides.
+    Exactness is "untested" when no draft of the cell's draws reached verification (the check then
+    compared the target with itself); unknown (None) without draws on both sides.
     """
-    mine, theirs = _pooled_draws(runs).get("distribution_samples"), _pooled_draws(bases).get("distribution_samples")
+    drawn = _pooled_draws(runs)
+    mine, theirs = drawn.get("distribution_samples"), _pooled_draws(bases).get("distribution_samples")
     unknown = {"exact_match": None, "exactness": None, "mismatched_requests": None,
                "exactness_reference": runs[0]["baseline_cell_id"]}
     if not mine or not theirs:
         return unknown
+    if drawn.get("distribution_drafts") == 0 and all(r.get("distribution_drafts") is not None for r in runs):
+        return unknown | {"exactness": UNTESTED}
     prompts = min(len(mine), len(theirs))
-    mine, theirs = mine[:prompts], theirs[:prompts]
-    return unknown | {
-        "exactness": "distribution",
-        "distribution_p_value": distribution.permutation_p_value(theirs, mine),
-        "distribution_power_tv": distribution.detectable_deviation(theirs, [len(s) for s in mine]),
-    }
+    # Every token drawn is compared: the draws are cut at distribution_check.tokens (or the workload's
+    # max_tokens), and a sequence that ended early is padded with its end.
+    tokens = max(distribution.FIRST_CHECKED_POSITION + 1,
+                 max(len(s) for side in (mine, theirs) for prompt in side[:prompts] for s in prompt))
+    return unknown | {"exactness": "distribution", "_draws": (theirs[:prompts], mine[:prompts], tokens)}
 
 
 def _check_settings(row: Mapping[str, Any]) -> Any:
@@ -420,15 +425,26 @@ def _check_settings(row: Mapping[str, Any]) -> Any:
 
 
 def _judge_distributions(rows: Sequence[dict[str, Any]]) -> None:
-    """Holm-adjust the distribution p-values of every checked cell of the sweep, and fail those below alpha.
+    """Test every checked cell of the sweep in distribution, Holm-adjust the p-values, and fail those below alpha.
 
     A sweep checks many sampled cells: at 0.05 each, one of sixteen exact ones
     would fail by chance more often than not. Holm's step-down keeps the chance
-    of failing any exact cell at most 0.05. A failed cell's exactness is
-    "mismatch": flagged, warned about and left out of verdicts as an inexact
-    greedy cell is.
+    of failing any exact cell at most 0.05. So the test runs with permutations
+    enough for m cells (:func:`distribution.permutations_for`), and its power
+    is stated at alpha / m, where Holm judges a lone deviating cell. A failed
+    cell's exactness is "mismatch": flagged, warned about and left out of
+    verdicts as an inexact greedy cell is.
     """
-    checked = [r for r in rows if r.get("distribution_p_value") is not None]
+    checked = [r for r in rows if r.get("_draws") is not None]
+    if not checked:
+        return
+    permutations = distribution.permutations_for(len(checked))
+    for row in checked:
+        theirs, mine, tokens = row.pop("_draws")
+        row["distribution_p_value"] = distribution.permutation_p_value(
+            theirs, mine, tokens=tokens, permutations=permutations)
+        row["distribution_power_tv"] = distribution.detectable_deviation(
+            theirs, [len(s) for s in mine], tokens=tokens, alpha=distribution.ALPHA / len(checked))
     for row, adjusted in zip(checked, distribution.holm([r["distribution_p_value"] for r in checked])):
         row["distribution_p_adjusted"] = adjusted
         if adjusted < distribution.ALPHA:
@@ -629,6 +645,13 @@ def _tie_caveat(columns: Mapping[str, Any]) -> str | None:
     return (f"{ties} request(s) part from the baseline at numerical ties (token positions {positions}): "
             f"both tokens taken there were within {columns['tie_tolerance']:.2f} nats of the target's top token, which rounding in this dtype can swap; "
             "the same work, not a fault")
+
+
+def _untested_caveat(columns: Mapping[str, Any]) -> str | None:
+    if columns.get("exactness") != UNTESTED:
+        return None
+    return ("not checked in distribution: no draft reached verification in the check's draws, so they "
+            "compared the target with itself and could not fail")
 
 
 def _loop_caveat(references: _References, runs: Sequence[Mapping[str, Any]]) -> str | None:
