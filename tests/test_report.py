@@ -19,6 +19,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -747,3 +748,17 @@ def test_temperature_gets_its_own_panels_figure_and_verdicts(tmp_path):
     assert plots.temperature_verdicts(df) == [
         "ngram K=4 on creative at batch 1: pays up to temperature 0, stops paying at 1 (not judged at 0.7: "
         "flagged or inexact)"]
+
+
+def test_the_spread_note_says_how_degrees_of_freedom_were_counted_and_what_each_engine_spread():
+    from specbench.report import tables
+
+    rows = [make_row(speedup_ci_method="pooled-t-log-95", speedup_df=2, speedup_log_sd=0.1,
+                     baseline_engine_log_sd=0.12, speculative_engine_log_sd=0.02)]
+    note = tables.spread_note(pd.DataFrame(rows))
+    assert note is not None and "2 degrees of freedom, counted in independent engines" in note
+    assert "0.120 for the baseline engine, 0.020 for a speculative one" in note
+    alone = tables.spread_note(pd.DataFrame([rows[0] | {"baseline_engine_log_sd": None}]))
+    assert alone is not None and "cannot be told apart" in alone
+    # Results of schema 11 and older carry no split: no note rather than a guess.
+    assert tables.spread_note(pd.DataFrame(rows).drop(columns=["baseline_engine_log_sd"])) is None

@@ -156,9 +156,12 @@ def test_merge_combines_passes_by_geometric_mean_ratio(tmp_path):
 
 
 def write_pair(cells, name, base_wall, spec_wall, p, **spec_extra):
-    write_cell(cells, cell_row(f"b{name}-p{p}", "baseline", base_wall, engine_run=p, config_hash=f"B{name}"), [[1]])
+    """A baseline and a speculative cell in engine run p, each pair on engines of its own (a model of its own)."""
+    model = {"model": f"m{name}"}
+    write_cell(cells, cell_row(f"b{name}-p{p}", "baseline", base_wall, engine_run=p, config_hash=f"B{name}") | model,
+               [[1]])
     row = cell_row(f"s{name}-p{p}", "ngram", spec_wall, baseline_id=f"b{name}-p{p}", engine_run=p,
-                   config_hash=f"S{name}") | spec_extra
+                   config_hash=f"S{name}") | model | spec_extra
     write_cell(cells, row, [[1]])
     return [f"b{name}-p{p}", f"s{name}-p{p}"]
 
@@ -295,10 +298,9 @@ def test_one_pass_of_one_repetition_has_no_interval_rather_than_a_zero_width_one
     assert rows["base"]["speedup_ci_low"] is None and rows["base"]["speedup"] == 1.0
 
 
-def test_shared_baselines_pool_the_cells_interaction_and_the_runs_separately(tmp_path):
-    # Two K values over one baseline, two engine runs each: the baseline's own deviation
-    # moves both cells alike (weight 2/(C+1)); the interaction is the speculative engines'
-    # own; C (R-1) = 2 degrees of freedom (stats.pooled_engine_run_spread).
+def test_shared_baselines_separate_the_baseline_engines_spread_from_the_speculative_ones(tmp_path):
+    # Two K values over one baseline, two engine runs each: the run means carry the baseline engine's
+    # deviation, the engines x runs interaction the speculative engines' own (stats.engine_run_spread).
     ids = []
     for p, (b, s2, s4) in enumerate([(2.0, 1.0, 1.1), (2.1, 1.0, 1.2)]):
         write_cell(tmp_path, cell_row(f"b-p{p}", "baseline", b, engine_run=p, config_hash="B"), [[1]])
@@ -309,17 +311,46 @@ def test_shared_baselines_pool_the_cells_interaction_and_the_runs_separately(tmp
         ids.append(f"b-p{p}")
     rows = [r for r in merge(tmp_path, ids) if r["method"] == "ngram"]
     logs = [[math.log(2.0 / 1.0), math.log(2.1 / 1.0)], [math.log(2.0 / 1.1), math.log(2.1 / 1.2)]]
-    grand = sum(map(sum, logs)) / 4
-    run_means = [(logs[0][r] + logs[1][r]) / 2 for r in range(2)]
-    cell_means = [sum(c) / 2 for c in logs]
-    interaction = sum((logs[c][r] - cell_means[c] - run_means[r] + grand) ** 2 for c in range(2) for r in range(2))
-    runs = 2 * sum((m - grand) ** 2 for m in run_means)
-    sd = math.sqrt((2 * interaction + 2 / 3 * runs) / 2)
-    t_df2 = 4.302652729911275
+    centred = [[x - sum(c) / 2 for x in c] for c in logs]
+    run_means = [(centred[0][r] + centred[1][r]) / 2 for r in range(2)]
+    ms_run = 2 * sum(m * m for m in run_means)  # E sum_r mean_r^2 over R-1 = 1
+    ms_engine = sum((centred[c][r] - run_means[r]) ** 2 for c in range(2) for r in range(2))  # over (E-1)(R-1) = 1
+    variance = ms_run / 2 + ms_engine / 2
+    df = int(variance**2 / ((ms_run / 2) ** 2 + (ms_engine / 2) ** 2))
     row = next(r for r in rows if r["num_speculative_tokens"] == 2)
-    assert (row["speedup_df"], row["speedup_log_sd"]) == (2, pytest.approx(sd))
+    assert (row["speedup_df"], row["speedup_log_sd"]) == (df, pytest.approx(math.sqrt(variance)))
+    assert row["baseline_engine_log_sd"] == pytest.approx(math.sqrt(max(0.0, ms_run - ms_engine) / 2))
+    assert row["speculative_engine_log_sd"] == pytest.approx(math.sqrt(ms_engine))
     centre = sum(logs[0]) / 2
-    assert row["speedup_ci_high"] == pytest.approx(math.exp(centre + t_df2 * sd / math.sqrt(2)))
+    t = stats.student_t_quantile(0.975, df)
+    assert row["speedup_ci_high"] == pytest.approx(math.exp(centre + t * math.sqrt(variance) / math.sqrt(2)))
+
+
+def test_cells_sharing_engines_count_the_engines_degrees_of_freedom_not_the_cells(tmp_path):
+    # The headline case: 4 configurations x 2 workloads x 3 batch sizes in 2 engine runs, the baseline engine
+    # 30% slower in run 1 (every cell moves alike), the speculative engines steady. Per baseline cell there
+    # are 4 cells, 6 such groups: counting cells claimed 24 df; the engines give about one.
+    ids = []
+    cells = [(w, b) for w in ("summarize", "creative") for b in (1, 2, 4)]
+    for p, slow in enumerate((1.0, 1.3)):
+        for w, b in cells:
+            base_id = f"b{w}{b}-p{p}"
+            shape = {"workload": w, "batch_size": b}
+            write_cell(tmp_path, cell_row(base_id, "baseline", 2.0 * b * slow, engine_run=p,
+                                          config_hash=f"B{w}{b}") | shape, [[1]])
+            ids.append(base_id)
+            for k in (2, 3, 4, 5):
+                wall = b * (1.0 + 0.1 * k) * (1.0 + 0.01 * ((k + b + p) % 3))
+                write_cell(tmp_path, cell_row(f"k{k}{w}{b}-p{p}", "ngram", wall, baseline_id=base_id, engine_run=p,
+                                              config_hash=f"K{k}{w}{b}", k=k) | shape, [[1]])
+                ids.append(f"k{k}{w}{b}-p{p}")
+    rows = [r for r in merge(tmp_path, ids) if r["method"] == "ngram"]
+    assert len(rows) == 24
+    assert {r["speedup_df"] for r in rows} <= {1, 2}
+    # The baseline engine's deviation dominates, and the split says so.
+    assert rows[0]["baseline_engine_log_sd"] > 5 * rows[0]["speculative_engine_log_sd"]
+    # With ~1 df the interval of a cell whose runs moved by the baseline's 30% spans that 30%.
+    assert all(r["speedup_ci_high"] / r["speedup_ci_low"] > 1.3 for r in rows)
 
 
 def test_an_exactness_mismatch_is_flagged_and_counted_once_per_request(tmp_path):
@@ -430,3 +461,57 @@ def test_disturbed_cells_stay_out_of_the_pooled_spread(tmp_path):
     assert rows["sx-p0"]["flagged"] and "other processes kept 35%" in rows["sx-p0"]["flag_reasons"][0]
     assert (rows["s0-p0"]["speedup_ci_low"], rows["s0-p0"]["speedup_ci_high"]) == pytest.approx(
         (steady["speedup_ci_low"], steady["speedup_ci_high"]))
+
+
+def test_a_speedup_compares_time_per_output_token_where_outputs_differ_in_length(tmp_path):
+    # Sampled: the speculative engine's outputs stop elsewhere, 7% more tokens in the same 1.07 s per
+    # repetition. Per output token it is twice as fast as its baseline; the wall-time ratio would say 1.87x.
+    ids = []
+    for p in range(2):
+        base = cell_row(f"b-p{p}", "baseline", 2.0, engine_run=p, config_hash="B") | {"temperature": 0.7}
+        spec = cell_row(f"s-p{p}", "ngram", 1.07, baseline_id=f"b-p{p}", engine_run=p, config_hash="S") | {
+            "temperature": 0.7, "output_tokens": 107}
+        write_cell(tmp_path, base, [[1]])
+        write_cell(tmp_path, spec, [[1]])
+        ids += [f"b-p{p}", f"s-p{p}"]
+    row = {r["cell_id"]: r for r in merge(tmp_path, ids)}["s-p0"]
+    assert row["speedup"] == pytest.approx(2.0)
+    assert row["speedup_per_engine_run"] == pytest.approx([2.0, 2.0])
+    assert row["output_token_ratio"] == pytest.approx(1.07)
+
+
+def test_equal_outputs_keep_the_wall_time_ratio_and_a_token_ratio_of_one(tmp_path):
+    ids = write_pair(tmp_path, "e", 2.0, 1.25, 0)
+    row = {r["cell_id"]: r for r in merge(tmp_path, ids)}["se-p0"]
+    assert row["speedup"] == pytest.approx(1.6) and row["output_token_ratio"] == 1.0
+
+
+def test_a_disturbed_lone_baseline_still_gives_its_cells_an_engine_run_interval(tmp_path):
+    # One workload and batch size; run 0's baseline was disturbed, so no undisturbed cell measured the
+    # spread. The cell's own runs (1.05x and 1.40x) are all there is, and they beat a +-4% interval from
+    # one engine's repetitions, which would know nothing of engine runs.
+    from specbench.report.tables import simultaneous_ci
+
+    ids = write_pair(tmp_path, "d", 2.1, 2.0, 0) + write_pair(tmp_path, "d", 2.8, 2.0, 1)
+    base = read_rows(tmp_path / "bd-p0.parquet")[0] | {"other_cpu_share": 0.35}
+    write_cell(tmp_path, base, [[1]])
+    row = {r["cell_id"]: r for r in merge(tmp_path, ids)}["sd-p0"]
+    assert row["flagged"]
+    assert row["speedup_ci_method"] == "pooled-t-log-95" and row["speedup_df"] == 1
+    assert row["speedup_ci_low"] < 1.05 and row["speedup_ci_high"] > 1.40
+    # The report rebuilds the interval from its ingredients: over one cell it is the cell's own, never narrower.
+    assert simultaneous_ci(row, 1) == pytest.approx((row["speedup_ci_low"], row["speedup_ci_high"]))
+    assert simultaneous_ci(row, 3)[1] > row["speedup_ci_high"]
+
+
+def test_the_within_engine_interval_allows_for_a_median_of_three(tmp_path):
+    # One engine run of three repetitions each side: the speedup is a ratio of two medians of three,
+    # each varying 1.346 times as much as a mean of three would.
+    ids = write_pair(tmp_path, "w", 2.0, 1.0, 0)
+    base, spec = (read_rows(tmp_path / f"{c}.parquet")[0] for c in ("bw-p0", "sw-p0"))
+    row = {r["cell_id"]: r for r in merge(tmp_path, ids)}["sw-p0"]
+    se = math.sqrt(stats.median_variance_factor(3) * (base["wall_time_s_cv"] ** 2 + spec["wall_time_s_cv"] ** 2) / 3)
+    half = stats.student_t_quantile(0.975, 4) * se
+    assert row["speedup_ci_method"] == "within-only-t-95"
+    assert row["speedup_ci_high"] == pytest.approx(2.0 * math.exp(half))
+    assert row["speedup_log_sd"] == pytest.approx(se)

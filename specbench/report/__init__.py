@@ -79,6 +79,7 @@ def render_report(results_path: Path) -> str:
         plots=[_draw(figure, df, encoding) for figure in (*plots.FIGURES, memory.memory_cost)],
         best_configs=tables.best_configs(df),
         has_confirmation=tables.has_confirmation(df),
+        spread_note=tables.spread_note(df),
         memory_rows=memory.memory_table(df),
         break_even=tables.break_even(df),
         has_model=tables.has_predictions(df),

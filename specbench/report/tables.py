@@ -425,6 +425,25 @@ CONFIRMATION = "confirmation_speedup"
 """The best configurations' speedup re-measured at the end of a sweep, where the results carry it."""
 
 
+def spread_note(df: pd.DataFrame) -> str | None:
+    """How the speedup intervals' degrees of freedom were counted, and the engine-to-engine spread behind them;
+    None for results written before it was measured (schema 11 and older) or without a pooled spread."""
+    if "baseline_engine_log_sd" not in df.columns or "speedup_df" not in df.columns:
+        return None
+    pooled = df[df.get("speedup_ci_method", pd.Series(dtype=str)).astype(str).str.startswith("pooled")]
+    if pooled.empty:
+        return None
+    first = pooled.iloc[0]
+    note = (f"Speedup intervals: {int(first['speedup_df'])} degrees of freedom, counted in independent engines (one "
+            "engine serves every workload, batch size and temperature of its configuration in an engine run, so "
+            "its cells share its deviations). The baseline engine's own spread is estimated, not assumed equal "
+            "to a speculative engine's (Satterthwaite's degrees of freedom)")
+    base, spec = first.get("baseline_engine_log_sd"), first.get("speculative_engine_log_sd")
+    if base is None or spec is None or pd.isna(base) or pd.isna(spec):
+        return note + ": with one speculative configuration per baseline the two cannot be told apart here."
+    return note + f": sd of log speed {base:.3f} for the baseline engine, {spec:.3f} for a speculative one."
+
+
 def has_confirmation(df: pd.DataFrame) -> bool:
     """Whether the results carry confirmation speedups (:data:`CONFIRMATION`) to show beside the selected ones."""
     return CONFIRMATION in df.columns and bool(df[CONFIRMATION].notna().any())

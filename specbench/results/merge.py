@@ -18,8 +18,8 @@ from specbench.results import distribution, exactness
 from specbench.results.files import CellFiles
 from specbench.results.metrics import REPETITIVE_SHARE, median_known
 from specbench.results.provenance import provenance_differences
-from specbench.results.rows import decode_speedup, speedup
-from specbench.results.schema import ResultsError, curve_key, read_rows, row_config
+from specbench.results.rows import decode_speedup, output_token_ratio, speedup
+from specbench.results.schema import ResultsError, curve_key, engine_key, read_rows, row_config
 
 # The exactness of a sampled cell whose distribution check exercised no draft: nothing was tested.
 UNTESTED = "untested"
@@ -38,9 +38,11 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     same engine run, provided both were measured with the same schema, software and
     requests (:func:`provenance_differences`); otherwise the comparison fails
     with the reason and no speedup. The speedup is the geometric mean of the
-    per-run ratios. Its intervals use the engine-to-engine spread of log
-    ratios pooled over every cell of the sweep (``stats.pooled_engine_run_spread``,
-    which separates each baseline's shared deviation from the cells' own); with
+    per-run ratios of time per output token (:func:`rows.speedup`: equal work
+    where outputs differ in length; ``output_token_ratio`` records by how much). Its intervals use the
+    engine-to-engine spread of log ratios pooled over every cell of the sweep, with degrees of
+    freedom counted in independent engines (``stats.engine_run_spread``: cells of one engine
+    share its deviations, and the baseline engine's are estimated apart from the speculative ones'); with
     one engine run everywhere only the within-engine spread of the repetitions is
     known, and the method tag says so; with one repetition as well there is no interval.
 
@@ -71,21 +73,22 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
         group.sort(key=lambda r: r.get("engine_run") or 0)
         rows.append(_combine_engine_runs(cells_dir, group, references))
     speculative = [r for r in rows if r.get("method") != "baseline" and r.get("speedup_per_engine_run")]
-    # The machine's engine-to-engine spread, from the cells that measured it: one whose
-    # baseline or engine another process disturbed, or that ran on other hardware, measured
-    # something else, and would widen every other cell's interval (it is flagged itself).
-    pooled = [r for r in speculative if not r.get("_disturbed")]
-    spread = stats.pooled_engine_run_spread(
-        [r["speedup_per_engine_run"] for r in pooled], groups=[r["_baseline"] for r in pooled]
-    )
+    spread = _engine_spread(speculative)
+    compared = sum(len(r["speedup_per_engine_run"]) > 1 for r in speculative)
     for row in speculative:
         within = row.pop("_within", None)
-        interval = stats.speedup_interval(row["speedup_per_engine_run"], spread, within)
-        # The interval's ingredients, in the terms exp(m +- t_df sd / sqrt(engine runs)).
-        sd, df = (spread.sd, spread.df) if spread.df else (within.se, within.df) if within else (None, None)
+        ratios = row["speedup_per_engine_run"]
+        others = _engine_spread([r for r in speculative if r is not row]) if len(ratios) > 1 else None
+        interval = stats.speedup_interval(ratios, spread, within, cells=max(compared, 1), others=others)
+        # The interval's ingredients, in the terms exp(m +- t_df sd / sqrt(engine runs)); a within-engine
+        # interval exp(m +- t se) stores se sqrt(engine runs), so that rebuilding it gives the same width.
+        sd, df = ((spread.sd, spread.df) if spread.df else (within.se * math.sqrt(len(ratios)), within.df)
+                  if within else (None, None))
         row |= {
             "speedup_log_sd": sd if interval.ci_low is not None else None,
             "speedup_df": df if interval.ci_low is not None else None,
+            "baseline_engine_log_sd": spread.baseline_sd,
+            "speculative_engine_log_sd": spread.engine_sd,
             "speedup": interval.point,
             "speedup_ci_low": interval.ci_low,
             "speedup_ci_high": interval.ci_high,
@@ -95,15 +98,33 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
         }
         if interval.engine_runs_disagree:
             row["flag_reasons"] = (row.get("flag_reasons") or []) + [
-                "engine runs disagree: " + ", ".join(f"{r:.2f}x" for r in row["speedup_per_engine_run"])
+                "engine runs disagree: " + ", ".join(f"{r:.2f}x" for r in ratios)
+                + f" (beyond the other cells' engine-to-engine spread, Bonferroni over {compared} cells)"
             ]
     _judge_distributions(rows)
     _judge_tie_excess(rows)
     for row in rows:
-        for private in ("_within", "_baseline", "_disturbed", "_tie_excess", "_draws"):
+        for private in ("_within", "_baseline", "_engine", "_runs", "_disturbed", "_tie_excess", "_draws"):
             row.pop(private, None)
         row["flagged"] = bool(row.get("flag_reasons"))
     return rows
+
+
+def _engine_spread(speculative: Sequence[dict[str, Any]]) -> stats.EngineRunSpread:
+    """The machine's engine-to-engine spread (:func:`stats.engine_run_spread`), from the cells that measured it.
+
+    A cell whose baseline or engine another process disturbed, or that ran on other hardware, measured
+    something else, and would widen every other cell's interval (it is flagged itself). Where no
+    undisturbed cell has two engine runs, the disturbed ones are all there is: their own spread, however
+    wide, beats an interval from the repetitions of one engine, which knows nothing of engine runs.
+    """
+    for cells in ([r for r in speculative if not r.get("_disturbed")], list(speculative)):
+        spread = stats.engine_run_spread([dict(zip(r["_runs"], r["speedup_per_engine_run"])) for r in cells],
+                                         engines=[r["_engine"] for r in cells],
+                                         baselines=[r["_baseline"] for r in cells])
+        if spread.df:
+            return spread
+    return spread
 
 
 def _combine_engine_runs(cells_dir: Path, runs: list[dict[str, Any]], references: _References) -> dict[str, Any]:
@@ -305,7 +326,7 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
     the baseline's are classified (:mod:`specbench.results.exactness`): only
     mismatches flag the cell; ties and looping outputs are caveats.
     """
-    ratios, decode_ratios, within = [], [], []
+    ratios, decode_ratios, within, token_ratios, engine_runs = [], [], [], [], []
     missing, incomparable, reasons = [], [], []
     divergences: list[list[exactness.Divergence]] = []
     bases: list[dict[str, Any]] = []
@@ -323,8 +344,10 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
         if differences:
             incomparable.append(f"{spec['cell_id']} against {base['cell_id']}: {'; '.join(differences)}")
             continue
-        baseline_group = baseline_group or base.get("config_hash") or base["cell_id"]
+        baseline_group = baseline_group or engine_key(base)
         ratios.append(speedup(base, spec))
+        token_ratios.append(output_token_ratio(base, spec))
+        engine_runs.append(spec.get("engine_run") or 0)
         if base.get("machine") != spec.get("machine"):
             reasons.append(f"baseline ran on {base.get('machine')}, this cell on {spec.get('machine')}")
         reasons += [
@@ -363,8 +386,11 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
     known_within = [w for w in within if w is not None]
     return columns | _tie_excess(columns, bases, references) | {
         "speedup_per_engine_run": ratios,
+        "output_token_ratio": _geometric_mean(token_ratios),
         "_within": max(known_within, key=lambda w: w.se) if known_within else None,
         "_baseline": baseline_group,
+        "_engine": engine_key(runs[0]),
+        "_runs": engine_runs,
         "_disturbed": disturbed,
         "flag_reasons": reasons,
         "caveats": caveats,
@@ -695,13 +721,17 @@ def _wave_caveat(runs: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def _within_noise(base: Mapping[str, Any], spec: Mapping[str, Any]) -> stats.WithinNoise | None:
-    """The repetitions' noise on a ratio of two medians; None when a side has one repetition."""
+    """The repetitions' noise on a ratio of two medians; None when a side has one repetition.
+
+    A median of n varies more than a mean of n (by :func:`stats.median_variance_factor`: 1.35 times
+    the variance for n = 3), and each side's speedup is a median of its repetitions.
+    """
     variance, df = 0.0, 0
     for side in (base, spec):
         cv, n = side.get("wall_time_s_cv"), len(side.get("wall_time_s_reps") or [])
         if cv is None or n < 2:
             return None
-        variance += cv * cv / n
+        variance += stats.median_variance_factor(n) * cv * cv / n
         df += n - 1
     return stats.WithinNoise(se=math.sqrt(variance), df=df)
 

@@ -131,12 +131,27 @@ def memory_columns(
 
 
 def speedup(baseline: Mapping[str, Any], cell: Mapping[str, Any]) -> float:
-    """A speculative cell's speedup in one engine run: its baseline's median wall time over its own.
+    """A speculative cell's speedup in one engine run, at equal work: its baseline's time per output token
+    over its own (median wall time over the output tokens of a repetition).
 
-    Both sides ran the same requests, so the ratio of wall times is the
-    ratio of throughputs.
+    Where both produced the same number of tokens (greedy decoding, exact) this
+    is the ratio of wall times. Where they need not (sampling: the outputs,
+    hence where requests stop, differ; 16-bit cells that part at ties), a wall-time
+    ratio would compare different amounts of work, and because each request's
+    seed repeats in every engine run the bias would be the same in every run,
+    invisible to the interval: 7% more output tokens would understate the
+    speedup by 7%. (The prompts' prefill is the same on both sides; spread over
+    more output tokens it makes the longer side look slightly cheaper per token.)
     """
-    return baseline["wall_time_s"] / cell["wall_time_s"]
+    return baseline["wall_time_s"] / cell["wall_time_s"] * output_token_ratio(baseline, cell)
+
+
+def output_token_ratio(baseline: Mapping[str, Any], cell: Mapping[str, Any]) -> float:
+    """A cell's output tokens over its baseline's, in one engine run: 1 where the outputs are equal in length."""
+    if not baseline.get("output_tokens") or not cell.get("output_tokens"):
+        raise ValueError(f"output_tokens must be positive to compare work: baseline {baseline.get('output_tokens')!r}, "
+                         f"cell {cell.get('output_tokens')!r}")
+    return cell["output_tokens"] / baseline["output_tokens"]
 
 
 def decode_speedup(baseline: Mapping[str, Any], cell: Mapping[str, Any]) -> float | None:

@@ -43,7 +43,11 @@ from specbench import methods, sampling
 #     (distribution_samples, its cost, p-value, Holm-adjusted p-value and power)
 # 11: vllm_fixes (the repairs of known vLLM defects applied to the cell's engine, comma-separated;
 #     empty: none; specbench.engine.fixes)
-SCHEMA_VERSION = 11
+# 12: like-for-like speedups (the ratio of time per output token; output_token_ratio, the cell's output
+#     tokens over its baseline's); speedup_df counts independent engines, and the spread's split into
+#     the baseline engine's own and a speculative engine's (baseline_engine_log_sd, speculative_engine_log_sd);
+#     exactness "untested" (a distribution check whose draws reached no verification)
+SCHEMA_VERSION = 12
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
 # at batch 1) and why: "tie" when the reference's own top-two log-probabilities there are within the
@@ -135,7 +139,7 @@ SCHEMA = pa.schema(
         ("distribution_power_tv", _F),  # total-variation distance detected with 80% power (null: none tried)
         ("repetitive_requests", _INT),  # outputs caught in a loop (REPETITIVE_SHARE of 4-grams repeated); max over engine runs
         # --- comparison with the baseline (results.parquet only) ---------------
-        ("speedup", _F),  # baseline wall time / this cell's: geometric mean over engine runs
+        ("speedup", _F),  # baseline time per output token / this cell's (wall time where outputs are equal): geometric mean over engine runs
         ("speedup_ci_low", _F),  # null when there is no interval (speedup_ci_method says why)
         ("speedup_ci_high", _F),
         ("speedup_ci_method", _STR),
@@ -145,12 +149,17 @@ SCHEMA = pa.schema(
         # The interval's ingredients, so that any other interval (simultaneous over m cells, another
         # confidence) can be rebuilt: sd of one engine run's log speedup, and its degrees of freedom.
         ("speedup_log_sd", _F),
-        ("speedup_df", _INT),
+        ("speedup_df", _INT),  # counted in independent engines (stats.engine_run_spread)
+        # The spread split into the baseline engine's own deviation and a speculative engine's (sd of log
+        # speed, pooled over the sweep; null where one speculative engine per baseline cannot tell them apart).
+        ("baseline_engine_log_sd", _F),
+        ("speculative_engine_log_sd", _F),
+        ("output_token_ratio", _F),  # this cell's output tokens / its baseline's (geometric mean over engine runs)
         ("decode_speedup", _F),  # baseline tpot_s_mean / this cell's: decode time ratio, prefill excluded
         ("exact_match", _BOOL),  # token for token (the check as it is for float32)
         # Speculative cells against their baseline; a baseline at batch B against plain decoding at
         # batch 1 (the control: how often plain decoding disagrees with itself).
-        ("exactness", _STR),  # exact | ties | mismatch; null when unknown
+        ("exactness", _STR),  # exact | ties | mismatch; sampled: distribution | untested | mismatch; null when unknown
         ("differing_requests", _INT),  # requests whose tokens differ in any engine run
         ("tie_requests", _INT),  # ... first diverging at a numerical tie
         ("mismatched_requests", _INT),  # ... first diverging where the reference had a clear winner
@@ -336,6 +345,18 @@ def curve_key(row: Mapping[str, Any], *, across_k: bool = False) -> str:
     # Sampling decides acceptance (alpha falls as the target's distribution flattens): rows at
     # another temperature are another curve. Greedy rows (and rows written before these keys) add nothing.
     key |= sampling.identity_keys(cfg)
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def engine_key(row: Mapping[str, Any]) -> str:
+    """What decides the engine a row's cell ran on, but for the engine run: its :func:`curve_key` without the
+    workload and the sampling settings. One engine of each key serves every workload, batch size and
+    temperature of an engine run, so cells with equal keys share that engine's deviations."""
+    cfg = row_config(row)
+    key = json.loads(curve_key(row))
+    for name in ("workload", *sampling.identity_keys(cfg)):
+        key.pop(name, None)
+    key["seed"] = row.get("seed")
     return json.dumps(key, sort_keys=True, default=str)
 
 

@@ -120,8 +120,10 @@ def compare_sweeps(first: Path, second: Path, overrides: list[str]) -> None:
     print(f"speculative cells compared: {len(spec[0])} + {len(spec[1])} in the two runs, {runs} engine runs each")
     for i, frame in enumerate(spec):
         methods = frame["speedup_ci_method"].unique()
-        spread = stats.pooled_engine_run_spread(list(frame["speedup_per_engine_run"]))
-        print(f"run {i + 1}: pass-to-pass sd of log speedup {spread.sd:.3f}; interval methods {', '.join(methods)}")
+        first = frame.iloc[0]
+        print(f"run {i + 1}: engine-run sd of log speedup {first['speedup_log_sd']:.3f} on {first['speedup_df']} df "
+              f"(baseline engine {first['baseline_engine_log_sd']}, speculative engine "
+              f"{first['speculative_engine_log_sd']}); interval methods {', '.join(methods)}")
     diffs = (spec[0]["speedup"] / spec[1]["speedup"]).dropna().apply(lambda x: abs(x - 1))
     print(f"run 1 vs run 2 speedup: median |difference| {statistics.median(diffs):.1%}, max {diffs.max():.1%}")
     report("1 pass (within-engine interval)", one_pass, "speedup_ci_low", "speedup_ci_high")
