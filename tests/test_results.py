@@ -515,3 +515,19 @@ def test_the_within_engine_interval_allows_for_a_median_of_three(tmp_path):
     assert row["speedup_ci_method"] == "within-only-t-95"
     assert row["speedup_ci_high"] == pytest.approx(2.0 * math.exp(half))
     assert row["speedup_log_sd"] == pytest.approx(se)
+
+
+def test_an_engine_key_spans_workloads_batch_sizes_and_temperatures_but_not_k_or_engine_settings():
+    import json
+
+    from specbench.results.schema import engine_key
+
+    def row(k=4, workload="summarize", batch=1, temperature=0.0, dtype="float32"):
+        config = {"method": {"name": "ngram"}, "workload": {"name": workload}, "temperature": temperature,
+                  "engine": {"dtype": dtype}, "model": {"name": "m"}}
+        return {"model": "m", "method": "ngram", "num_speculative_tokens": k, "batch_size": batch, "seed": 0,
+                "config_json": json.dumps(config)}
+
+    same = engine_key(row())
+    assert engine_key(row(workload="creative", batch=8, temperature=0.7)) == same
+    assert engine_key(row(k=2)) != same and engine_key(row(dtype="bfloat16")) != same
