@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -338,8 +339,8 @@ def engine_run_spread(
     as independent claimed 24 and intervals about 26% too narrow.)
 
     Baseline engines are separate experiments: their variances are pooled,
-    weighted by their df, which add. Only cells measured in every engine run
-    of their baseline engine enter the estimate. ``baseline_sd`` is
+    weighted by their df, which add. Only cells measured in the engine runs
+    most of their baseline engine's cells share enter the estimate. ``baseline_sd`` is
     sqrt(max(0, MS_run - MS_engine) / E) and ``engine_sd``
     sqrt(max(0, MS_engine - mean 1/C_e MS_cell)), pooled alike, where E >= 2.
     """
@@ -380,11 +381,13 @@ def _baseline_group_spread(
     cells: Sequence[tuple[Hashable, Mapping[int, float]]],
 ) -> tuple[list[_MeanSquare], list[float], dict[str, float]] | None:
     """One baseline engine's mean squares (run, engine, cell), their weights in one run's variance, and the
-    variance components they separate; None with fewer than two engine runs in common."""
-    runs = sorted({r for _, ratios in cells for r in ratios})
-    complete = [(e, ratios) for e, ratios in cells if all(r in ratios for r in runs)]
-    if len(runs) < 2 or not complete:
-        return None
+    variance components they separate; None with fewer than two engine runs in common.
+
+    The engine runs are those most of its cells were measured in (a cell that failed in one run leaves
+    the estimate; one measured in an extra run enters with the common runs only)."""
+    shared = Counter(frozenset(ratios) for _, ratios in cells).most_common(1)[0][0]
+    runs = sorted(shared)
+    complete = [(e, ratios) for e, ratios in cells if shared <= set(ratios)]
     by_engine: dict[Hashable, list[np.ndarray]] = {}
     for engine, ratios in complete:
         logs = _finite_array([math.log(ratios[r]) for r in runs], "ratios")

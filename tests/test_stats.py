@@ -245,6 +245,12 @@ class TestEngineRunSpread:
         assert spread.df == 1 + 2
         assert spread.sd == pytest.approx(math.sqrt(2 * math.log(1.1) ** 2 / 3))
 
+    def test_a_cell_measured_in_an_extra_engine_run_enters_with_the_runs_the_others_share(self) -> None:
+        runs = [{0: 1.0, 1: 1.21}, {0: 2.0, 1: 2.42, 2: 9.0}]
+        spread = engine_run_spread(runs, ["a", "a"], ["b", "b"])
+        # Runs 0 and 1 only: both cells moved by ln 1.21 (one engine, one df), the extra run's 9.0 ignored.
+        assert spread.df == 1 and spread.sd == pytest.approx(math.log(1.21) / math.sqrt(2))
+
     def test_no_cell_with_two_passes_means_unknown_spread(self) -> None:
         assert _spread([[1.2], [0.9]]) == EngineRunSpread(sd=0.0, df=0)
 
