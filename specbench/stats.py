@@ -45,6 +45,7 @@ __all__ = [
     "repeated_ngram_share",
     "speedup_interval",
     "student_t_quantile",
+    "student_t_quantile_real",
     "summarize",
 ]
 
@@ -274,6 +275,27 @@ def student_t_quantile(p: float, df: int) -> float:
     return 0.5 * (low + high)
 
 
+def student_t_quantile_real(p: float, df: float) -> float:
+    """The p-quantile of Student's t for real df >= 1 (Satterthwaite's degrees of freedom are not integers).
+
+    Exact (:func:`student_t_quantile`) at integer df; between two integers,
+    interpolated linearly in 1/df, the classical rule for t tables. The
+    quantile is convex in 1/df, so this errs wide: t(0.975, 1.5) = 7.10
+    against an exact 6.02, t(0.975, 1.81) = 5.19 against 4.77, t(0.975, 2.5)
+    = 3.63 against 3.58 (still far from flooring to 1 df, 12.7).
+
+    Raises:
+        ValueError: if p is not strictly between 0 and 1 or df is not a finite number >= 1.
+    """
+    if isinstance(df, bool) or not isinstance(df, numbers.Real) or not math.isfinite(df) or df < 1:
+        raise ValueError(f"df must be a finite number >= 1, got {df!r}")
+    low = math.floor(df)
+    if df == low:
+        return student_t_quantile(p, int(low))
+    weight = (1.0 / df - 1.0 / (low + 1)) / (1.0 / low - 1.0 / (low + 1))
+    return weight * student_t_quantile(p, low) + (1.0 - weight) * student_t_quantile(p, low + 1)
+
+
 @dataclass(frozen=True)
 class EngineRunSpread:
     """Engine-to-engine spread of log speedups, pooled over a sweep's cells.
@@ -289,7 +311,7 @@ class EngineRunSpread:
     """
 
     sd: float
-    df: int
+    df: float
     baseline_sd: float | None = None
     engine_sd: float | None = None
 
@@ -330,8 +352,8 @@ def engine_run_spread(
     One engine run's log ratio varies by Var u + Var v + Var e =
     MS_run / E + (1 - 1/E) MS_engine + (1 - mean 1/C_e) MS_cell, a sum of mean
     squares with positive weights whose degrees of freedom are Satterthwaite's,
-    (sum w_i M_i)^2 / sum (w_i M_i)^2 / df_i, rounded down: between the fewest
-    of any term and their sum. When the baseline's deviation dominates the df
+    (sum w_i M_i)^2 / sum (w_i M_i)^2 / df_i, a real number between the fewest
+    of any term and their sum (:func:`student_t_quantile_real` takes it). When the baseline's deviation dominates the df
     fall towards R - 1, the baseline engine's own; with one speculative engine
     they are R - 1 (its cells share every deviation). Four configurations x 2
     workloads x 3 batch sizes in 2 engine runs give at most 1 + 3 + 20 = 24,
@@ -372,8 +394,7 @@ def engine_run_spread(
         weight = sum(d for _, d in parts)
         return math.sqrt(sum(v * d for v, d in parts) / weight) if parts and weight else None
 
-    # Rounded down: the t quantile takes integer df, and fewer df only widen the interval.
-    return EngineRunSpread(sd=math.sqrt(variance / df), df=max(1, int(df + 1e-9)),
+    return EngineRunSpread(sd=math.sqrt(variance / df), df=df,
                            baseline_sd=pooled(split["baseline"]), engine_sd=pooled(split["engine"]))
 
 
@@ -523,11 +544,11 @@ def speedup_interval(
     tag = _confidence_tag(confidence)
     disagree = False
     if spread.df > 0:
-        t = student_t_quantile(tail, spread.df)
+        t = student_t_quantile_real(tail, spread.df)
         ci_half = t * spread.sd / math.sqrt(logs.size)
         rerun_half = t * spread.sd * math.sqrt(2.0 / logs.size)
         judge = others if others is not None and others.df > 0 else spread
-        t_cells = student_t_quantile(1.0 - (1.0 - confidence) / (2 * cells), judge.df)
+        t_cells = student_t_quantile_real(1.0 - (1.0 - confidence) / (2 * cells), judge.df)
         disagree = logs.size > 1 and float(logs.max() - logs.min()) > t_cells * judge.sd * math.sqrt(2.0)
         method = f"pooled-t-log-{tag}"
     elif within is not None and within.df > 0 and within.se > 0.0:

@@ -756,7 +756,7 @@ def test_the_spread_note_says_how_degrees_of_freedom_were_counted_and_what_each_
     rows = [make_row(speedup_ci_method="pooled-t-log-95", speedup_df=2, speedup_log_sd=0.1,
                      baseline_engine_log_sd=0.12, speculative_engine_log_sd=0.02)]
     note = tables.spread_note(pd.DataFrame(rows))
-    assert note is not None and "2 degrees of freedom, counted in independent engines" in note
+    assert note is not None and "2.0 degrees of freedom, counted in independent engines" in note
     assert "0.120 for the baseline engine, 0.020 for a speculative one" in note
     alone = tables.spread_note(pd.DataFrame([rows[0] | {"baseline_engine_log_sd": None}]))
     assert alone is not None and "cannot be told apart" in alone

@@ -316,13 +316,13 @@ def test_shared_baselines_separate_the_baseline_engines_spread_from_the_speculat
     ms_run = 2 * sum(m * m for m in run_means)  # E sum_r mean_r^2 over R-1 = 1
     ms_engine = sum((centred[c][r] - run_means[r]) ** 2 for c in range(2) for r in range(2))  # over (E-1)(R-1) = 1
     variance = ms_run / 2 + ms_engine / 2
-    df = int(variance**2 / ((ms_run / 2) ** 2 + (ms_engine / 2) ** 2))
+    df = variance**2 / ((ms_run / 2) ** 2 + (ms_engine / 2) ** 2)
     row = next(r for r in rows if r["num_speculative_tokens"] == 2)
-    assert (row["speedup_df"], row["speedup_log_sd"]) == (df, pytest.approx(math.sqrt(variance)))
+    assert (row["speedup_df"], row["speedup_log_sd"]) == (pytest.approx(df), pytest.approx(math.sqrt(variance)))
     assert row["baseline_engine_log_sd"] == pytest.approx(math.sqrt(max(0.0, ms_run - ms_engine) / 2))
     assert row["speculative_engine_log_sd"] == pytest.approx(math.sqrt(ms_engine))
     centre = sum(logs[0]) / 2
-    t = stats.student_t_quantile(0.975, df)
+    t = stats.student_t_quantile_real(0.975, df)
     assert row["speedup_ci_high"] == pytest.approx(math.exp(centre + t * math.sqrt(variance) / math.sqrt(2)))
 
 
@@ -346,7 +346,7 @@ def test_cells_sharing_engines_count_the_engines_degrees_of_freedom_not_the_cell
                 ids.append(f"k{k}{w}{b}-p{p}")
     rows = [r for r in merge(tmp_path, ids) if r["method"] == "ngram"]
     assert len(rows) == 24
-    assert {r["speedup_df"] for r in rows} <= {1, 2}
+    assert all(1 <= r["speedup_df"] < 2 for r in rows)
     # The baseline engine's deviation dominates, and the split says so.
     assert rows[0]["baseline_engine_log_sd"] > 5 * rows[0]["speculative_engine_log_sd"]
     # With ~1 df the interval of a cell whose runs moved by the baseline's 30% spans that 30%.
@@ -497,7 +497,7 @@ def test_a_disturbed_lone_baseline_still_gives_its_cells_an_engine_run_interval(
     write_cell(tmp_path, base, [[1]])
     row = {r["cell_id"]: r for r in merge(tmp_path, ids)}["sd-p0"]
     assert row["flagged"]
-    assert row["speedup_ci_method"] == "pooled-t-log-95" and row["speedup_df"] == 1
+    assert row["speedup_ci_method"] == "pooled-t-log-95" and row["speedup_df"] == pytest.approx(1)
     assert row["speedup_ci_low"] < 1.05 and row["speedup_ci_high"] > 1.40
     # The report rebuilds the interval from its ingredients: over one cell it is the cell's own, never narrower.
     assert simultaneous_ci(row, 1) == pytest.approx((row["speedup_ci_low"], row["speedup_ci_high"]))

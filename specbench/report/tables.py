@@ -33,7 +33,7 @@ from specbench.results.schema import (
     recommendable,
     row_config,
 )
-from specbench.stats import student_t_quantile
+from specbench.stats import student_t_quantile_real
 
 PANEL = "panel"
 """Derived column: the workload, prefixed by the model when a file holds several models."""
@@ -165,9 +165,9 @@ def simultaneous_ci(row: Mapping[str, Any], cells: int, confidence: float = 0.95
     speedup, sd, dof, runs = (row.get(c) for c in ("speedup", "speedup_log_sd", "speedup_df", "engine_runs"))
     if speedup is None or sd is None or dof is None or runs is None or cells < 1:
         return None
-    if speedup <= 0 or int(dof) < 1 or int(runs) < 1:
+    if speedup <= 0 or float(dof) < 1 or int(runs) < 1:
         return None
-    half = student_t_quantile(1.0 - (1.0 - confidence) / (2 * cells), int(dof)) * sd / math.sqrt(int(runs))
+    half = student_t_quantile_real(1.0 - (1.0 - confidence) / (2 * cells), float(dof)) * sd / math.sqrt(int(runs))
     return speedup * math.exp(-half), speedup * math.exp(half)
 
 
@@ -434,7 +434,7 @@ def spread_note(df: pd.DataFrame) -> str | None:
     if pooled.empty:
         return None
     first = pooled.iloc[0]
-    note = (f"Speedup intervals: {int(first['speedup_df'])} degrees of freedom, counted in independent engines (one "
+    note = (f"Speedup intervals: {first['speedup_df']:.1f} degrees of freedom, counted in independent engines (one "
             "engine serves every workload, batch size and temperature of its configuration in an engine run, so "
             "its cells share its deviations). The baseline engine's own spread is estimated, not assumed equal "
             "to a speculative engine's (Satterthwaite's degrees of freedom)")

@@ -46,7 +46,7 @@ from specbench import methods, sampling
 # 12: like-for-like speedups (the ratio of time per output token; output_token_ratio, the cell's output
 #     tokens over its baseline's); speedup_df counts independent engines, and the spread's split into
 #     the baseline engine's own and a speculative engine's (baseline_engine_log_sd, speculative_engine_log_sd);
-#     exactness "untested" (a distribution check whose draws reached no verification)
+#     speedup_df a real number (Satterthwaite's); exactness "untested" (a distribution check whose draws reached no verification)
 SCHEMA_VERSION = 12
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
@@ -149,7 +149,7 @@ SCHEMA = pa.schema(
         # The interval's ingredients, so that any other interval (simultaneous over m cells, another
         # confidence) can be rebuilt: sd of one engine run's log speedup, and its degrees of freedom.
         ("speedup_log_sd", _F),
-        ("speedup_df", _INT),  # counted in independent engines (stats.engine_run_spread)
+        ("speedup_df", _F),  # counted in independent engines (stats.engine_run_spread; Satterthwaite's, not whole)
         # The spread split into the baseline engine's own deviation and a speculative engine's (sd of log
         # speed, pooled over the sweep; null where one speculative engine per baseline cannot tell them apart).
         ("baseline_engine_log_sd", _F),
