@@ -67,7 +67,8 @@ def _expand_is_defective() -> bool:
                                              replace_from=0, replace_to=1)
         top_k = expand_batch_to_tokens(torch.tensor([50, 20], dtype=torch.int32, device=cumulative.device),
                                        cumulative, 5)
-    except Exception:  # noqa: BLE001 - on the CPU build, a stand-in kernel that cannot run is as defective as one that writes nothing
+    # On the CPU build, a stand-in kernel that cannot run is as defective as one that writes nothing.
+    except Exception:  # noqa: BLE001
         return True
     return (temperature.tolist() != [torch.tensor(0.7).item()] * 2 + [1.0] * 3
             or top_k.tolist() != [50, 50, 20, 20, 20])

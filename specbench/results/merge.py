@@ -669,8 +669,8 @@ def _tie_caveat(columns: Mapping[str, Any]) -> str | None:
     positions = ", ".join(str(d["position"]) for d in columns["divergences"] if d["kind"] == exactness.TIE)
     # Ties exist only in a 16-bit dtype, which has a tolerance.
     return (f"{ties} request(s) part from the baseline at numerical ties (token positions {positions}): "
-            f"both tokens taken there were within {columns['tie_tolerance']:.2f} nats of the target's top token, which rounding in this dtype can swap; "
-            "the same work, not a fault")
+            f"both tokens taken there were within {columns['tie_tolerance']:.2f} nats of the target's top token, "
+            "which rounding in this dtype can swap; the same work, not a fault")
 
 
 def _untested_caveat(columns: Mapping[str, Any]) -> str | None:

@@ -46,7 +46,8 @@ from specbench import methods, sampling
 # 12: like-for-like speedups (the ratio of time per output token; output_token_ratio, the cell's output
 #     tokens over its baseline's); speedup_df counts independent engines, and the spread's split into
 #     the baseline engine's own and a speculative engine's (baseline_engine_log_sd, speculative_engine_log_sd);
-#     speedup_df a real number (Satterthwaite's); exactness "untested" (a distribution check whose draws reached no verification)
+#     speedup_df a real number (Satterthwaite's); exactness "untested" (a distribution check whose draws
+#     reached no verification)
 SCHEMA_VERSION = 12
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
@@ -139,7 +140,9 @@ SCHEMA = pa.schema(
         ("distribution_power_tv", _F),  # total-variation distance detected with 80% power (null: none tried)
         ("repetitive_requests", _INT),  # outputs caught in a loop (REPETITIVE_SHARE of 4-grams repeated); max over engine runs
         # --- comparison with the baseline (results.parquet only) ---------------
-        ("speedup", _F),  # baseline time per output token / this cell's (wall time where outputs are equal): geometric mean over engine runs
+        # Baseline time per output token / this cell's (the wall-time ratio where outputs are equal in
+        # length): geometric mean over engine runs.
+        ("speedup", _F),
         ("speedup_ci_low", _F),  # null when there is no interval (speedup_ci_method says why)
         ("speedup_ci_high", _F),
         ("speedup_ci_method", _STR),
