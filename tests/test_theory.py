@@ -220,7 +220,7 @@ def test_hardware_from_mapping_names_the_bad_key() -> None:
 
 def test_ridge_point(qwen: ModelProfile, h200: HardwareProfile) -> None:
     n_star = ridge_point(qwen, h200)
-    assert n_star == pytest.approx(989e12 / 4800e9 * qwen.weight_bytes / qwen.flops_per_token)
+    assert n_star == pytest.approx(989e12 / 4800e9 * qwen.streamed_weight_bytes / qwen.flops_per_token)
     assert 150 < n_star < 300
 
 
@@ -229,18 +229,20 @@ def test_ridge_point(qwen: ModelProfile, h200: HardwareProfile) -> None:
 
 def test_step_time_memory_bound_then_compute_bound(smol: ModelProfile) -> None:
     hw = HardwareProfile("toy", 1e12, 1e14, 1e-4, "vendor")
-    # n = 1: reading 269 MB takes 269 us, computing 0.27 GFLOP takes 2.7 us.
+    # n = 1: reading 269 MB takes 269 us, computing 0.27 GFLOP takes 2.7 us; each token's
+    # activations move through the multiplies at the same bandwidth.
+    act = smol.activation_bytes_per_token
     assert step_time(smol, hw, num_tokens=1, num_seqs=1, context_len=0) == pytest.approx(
-        smol.weight_bytes / 1e12 + 1e-4
+        smol.streamed_weight_bytes / 1e12 + act / 1e12 + 1e-4
     )
     assert step_time(smol, hw, num_tokens=4096, num_seqs=64, context_len=0) == pytest.approx(
-        4096 * smol.flops_per_token / 1e14 + 1e-4
+        4096 * smol.flops_per_token / 1e14 + 4096 * act / 1e12 + 1e-4
     )
     # The KV cache is read on top of the weights, at the same bandwidth on a GPU profile.
     kv = 8 * 1000 * smol.kv_bytes_per_token
     attention = 4 * 8 * 1000 * 30 * 9 * 64
     assert step_time(smol, hw, num_tokens=8, num_seqs=8, context_len=1000) == pytest.approx(
-        smol.weight_bytes / 1e12 + kv / 1e12 + attention / 1e14 + 1e-4
+        smol.streamed_weight_bytes / 1e12 + 8 * act / 1e12 + kv / 1e12 + attention / 1e14 + 1e-4
     )
 
 
@@ -252,8 +254,8 @@ def test_step_time_prices_each_kernel_at_its_own_rate(smol: ModelProfile) -> Non
         linear = tokens * smol.flops_per_token
         kv = seqs * context * smol.kv_bytes_per_token
         attention = 4 * tokens * context * 30 * 9 * 64
-        expected = (15e-3 + 1e-3 * seqs + max(smol.weight_bytes / 30e9, linear / 0.3e12)
-                    + kv / 10e9 + attention / 0.05e12)
+        expected = (15e-3 + 1e-3 * seqs + max(smol.streamed_weight_bytes / 30e9, linear / 0.3e12)
+                    + tokens * smol.activation_bytes_per_token / 30e9 + kv / 10e9 + attention / 0.05e12)
         assert step_time(smol, hw, num_tokens=tokens, num_seqs=seqs, context_len=context) == pytest.approx(expected)
     # A verify pass of 32 sequences x 9 tokens pays the per-sequence cost once per sequence, not per token.
     verify = verify_step(smol, hw, 32, 8, 1000)
@@ -262,7 +264,7 @@ def test_step_time_prices_each_kernel_at_its_own_rate(smol: ModelProfile) -> Non
     # An unmeasurable cost (a fitted rate of inf) is free.
     free = replace(hw, kv_bandwidth=math.inf, attention_flops=math.inf)
     assert step_time(smol, free, num_tokens=1, num_seqs=1, context_len=5000) == pytest.approx(
-        16e-3 + smol.weight_bytes / 30e9)
+        16e-3 + (smol.streamed_weight_bytes + smol.activation_bytes_per_token) / 30e9)
 
 
 def test_plain_and_verify_steps(qwen: ModelProfile, h200: HardwareProfile) -> None:
@@ -391,11 +393,14 @@ def test_free_draft_speedup_equals_e_at_batch_one(
 ) -> None:
     e = expected_tokens_per_pass(0.7, 4)
     hw = no_overhead(h200)
-    # Memory-bound at 1 and 5 tokens: both passes read the same bytes, so S = E exactly.
+    # Memory-bound at 1 and 5 tokens: both passes read the same weights; the verify pass moves
+    # four more tokens' activations (0.2% of the weights), so S is E less that.
     speedup = predicted_decode_speedup(
         method="ngram", k=4, batch_size=1, tokens_per_pass=e, target=qwen, hw=hw, context_len=0
     )
-    assert speedup == pytest.approx(e, rel=1e-12)
+    weights, act = qwen.streamed_weight_bytes, qwen.activation_bytes_per_token
+    assert speedup == pytest.approx(e * (weights + act) / (weights + 5 * act), rel=1e-12)
+    assert speedup == pytest.approx(e, rel=3e-3)
 
 
 def test_draft_model_speedup_matches_leviathan(
@@ -403,10 +408,13 @@ def test_draft_model_speedup_matches_leviathan(
 ) -> None:
     e = expected_tokens_per_pass(0.8, 3)
     hw = no_overhead(h200)
-    c = smol.weight_bytes / qwen.weight_bytes
+    # Every pass memory-bound: each costs the bytes it streams (weights, and its tokens' activations).
+    def pass_bytes(model: ModelProfile, tokens: int) -> float:
+        return model.streamed_weight_bytes + tokens * model.activation_bytes_per_token
+    c = pass_bytes(smol, 1) / pass_bytes(qwen, 1)
     speedup = predicted_decode_speedup(method="draft_model", k=3, batch_size=1, tokens_per_pass=e,
                                 target=qwen, hw=hw, context_len=0, draft=smol)
-    assert speedup == pytest.approx(e / (3 * c + 1), rel=1e-12)
+    assert speedup == pytest.approx(e / (3 * c + pass_bytes(qwen, 4) / pass_bytes(qwen, 1)), rel=1e-12)
 
 
 def test_baseline_and_k0_speedup_is_one(qwen: ModelProfile, h200: HardwareProfile) -> None:
@@ -559,12 +567,13 @@ def test_fit_memory_bound_samples_pick_the_smallest_consistent_peak(qwen: ModelP
               (16, 16, 300, None), (3, 3, 50, None)]
     profile, residuals = fit_hardware_profile(synthetic(qwen, truth, shapes), qwen, name="fit")
     assert max(abs(r) for r in residuals) < 1e-9
-    # Every sample reads the same weights: their time and the fixed overhead are one constant,
-    # which the fit attributes to the weights.
-    assert profile.fixed_overhead_s + qwen.weight_bytes / profile.memory_bandwidth == pytest.approx(
-        truth.fixed_overhead_s + qwen.weight_bytes / truth.memory_bandwidth, rel=1e-6)
+    # Every sample reads the same weights, but each token's activations stream at the same
+    # bandwidth: the growth with tokens tells weight reads from the fixed overhead.
+    assert profile.memory_bandwidth == pytest.approx(truth.memory_bandwidth, rel=1e-6)
+    assert profile.fixed_overhead_s == pytest.approx(truth.fixed_overhead_s, rel=1e-4)
+    assert math.isinf(profile.overlap_exponent)
     # The peak is only bounded below: the fit puts the most compute-heavy sample on the ridge.
-    intensity = max(n * qwen.flops_per_token / qwen.weight_bytes for n, _, _, _ in shapes)
+    intensity = max(n * qwen.flops_per_token / qwen.streamed_weight_bytes for n, _, _, _ in shapes)
     assert profile.peak_flops == pytest.approx(intensity * profile.memory_bandwidth, rel=1e-6)
     assert profile.peak_flops < truth.peak_flops
 
