@@ -27,8 +27,8 @@ not a GPU.
 
 ``fit`` reads such a table (this command's, or the shared H200 one) and fits
 :func:`specbench.analytic.profile_fit.fit_hardware_profile` bounded by the
-measured rates, with attention at the matmul rate, and the draft-step
-overhead apart; it prints the fit, its warnings, and writes the profile.
+measured rates, with attention at the matmul rate and the fixed cost per
+layer, and the draft-step overhead apart; it prints the fit, its warnings, and writes the profile.
 
 Only torch is imported (lazily, by ``time``); never vLLM.
 """
@@ -321,7 +321,7 @@ def fit_table(
     )
     samples = [profile_fit.StepSample(p["B"] * p["q"], p["B"], p["C"], p["median_s"]) for p in table["passes"]]
     profile, residuals = profile_fit.fit_hardware_profile(samples, model, name=name, bounds=bounds,
-                                                          shared_attention=True)
+                                                          shared_attention=True, per_layer_fixed=True)
     if head_steps:
         head = drafting.eagle_head_profile(model, "eagle3", profiles.ModelProfile.from_config_json(
             dict(shape.config(), num_hidden_layers=1, draft_vocab_size=draft_vocab), dtype=dtype, name="head"))
@@ -342,6 +342,7 @@ def profile_document(
         "memory_bandwidth_gbps": round(profile.memory_bandwidth / 1e9, 2),
         "peak_tflops": round(profile.peak_flops / 1e12, 2),
         "fixed_overhead_ms": round(profile.fixed_overhead_s * 1e3, 4),
+        "per_layer_overhead_ms": round(profile.per_layer_overhead_s * 1e3, 5),
         "per_sequence_overhead_ms": round(profile.per_seq_overhead_s * 1e3, 5),
         "kv_bandwidth_gbps": round(profile.kv_read_bandwidth / 1e9, 2),
         "overlap_exponent": profile.overlap_exponent,
@@ -371,7 +372,7 @@ def format_fit(profile: profiles.HardwareProfile, residuals: Sequence[float], wa
         f"weights {profile.memory_bandwidth / 1e9:.0f} GB/s (device copy {bounds.copy_bandwidth / 1e9:.0f}), "
         f"matmul {profile.peak_flops / 1e12:.1f} TFLOP/s (device {bounds.matmul_flops / 1e12:.1f}), "
         f"KV reads {profile.kv_read_bandwidth / 1e9:.0f} GB/s, overlap exponent {profile.overlap_exponent:g}, "
-        f"fixed {profile.fixed_overhead_s * 1e3:.3f} ms per pass"
+        f"fixed {profile.per_layer_overhead_s * 1e3:.4f} ms per layer and pass"
         + ("" if profile.draft_overhead_s is None else f", {profile.draft_overhead_s * 1e3:.3f} ms per draft step"),
         f"residuals over {len(residuals)} passes: median {statistics.median(abs_res):.1%}, max {abs_res[-1]:.1%}",
     ]

@@ -70,7 +70,9 @@ def smol() -> ModelProfile:
 
 @pytest.fixture(scope="module")
 def h200() -> HardwareProfile:
-    return load_hardware("h200")
+    """The H200's datasheet figures (4.8 TB/s, 989 TFLOP/s, 0.1 ms per step, a plain max()
+    roofline): the theory's closed forms need round numbers, not conf/hardware/h200.yaml's fit."""
+    return HardwareProfile("h200", 4800e9, 989e12, 1e-4, "vendor", kv_bandwidth=4800e9, attention_flops=989e12)
 
 
 def no_overhead(hw: HardwareProfile) -> HardwareProfile:
@@ -197,12 +199,16 @@ def test_profile_from_path_and_folder(tmp_path: Path) -> None:
 )
 def test_hardware_yaml_loads(name: str, bandwidth: float, peak: float) -> None:
     raw = yaml.safe_load((HARDWARE_DIR / f"{name}.yaml").read_text())
-    assert raw["memory_gb"] > 0 and "vendor" in raw["notes"].lower()
+    assert raw["memory_gb"] > 0 and "datasheet" in raw["sources"]
     profile = HardwareProfile.from_mapping(raw)
-    assert profile.name == name and profile.source == "vendor"
-    assert profile.memory_bandwidth == pytest.approx(bandwidth)
-    assert profile.peak_flops == pytest.approx(peak)
-    assert 0.0 < profile.fixed_overhead_s < 1e-3
+    assert profile.name == name
+    # Effective rates: what the kernels reach, below the datasheet (bandwidth, peak), never above.
+    assert 0.5 * bandwidth < profile.memory_bandwidth < bandwidth
+    assert 0.3 * peak < profile.peak_flops < peak
+    assert profile.kv_read_bandwidth <= profile.memory_bandwidth
+    assert 1.0 < profile.overlap_exponent < math.inf
+    # The fixed cost of a 28-layer pass is milliseconds (kernel latency per layer), not the 0.1 ms once assumed.
+    assert 1e-3 < 28 * profile.per_layer_overhead_s + profile.fixed_overhead_s < 5e-3
 
 
 def test_hardware_from_mapping_names_the_bad_key() -> None:

@@ -154,6 +154,7 @@ def fit_hardware_profile(
     name: str,
     bounds: DeviceBounds | None = None,
     shared_attention: bool = False,
+    per_layer_fixed: bool = False,
 ) -> tuple[HardwareProfile, list[float]]:
     """Effective hardware profile under which step_time reproduces measured passes.
 
@@ -181,6 +182,10 @@ def fit_hardware_profile(
     two contexts cannot tell attention FLOPs from KV reads well enough to
     carry P_att to other contexts (fitted at 512 tokens alone, a free P_att
     of 61 TFLOP/s overprices the H200's 2048-token passes by 23%).
+    ``per_layer_fixed`` fits the fixed cost per decoder layer
+    (per_layer_overhead_s, c / num_layers) instead of per pass: the same fit
+    for one model, but it carries to models of other depths and to one-layer
+    draft heads (a GPU's kernel latency; see steps.roofline_time).
 
     The terms separate only if the samples vary them independently: plain
     decode steps alone move linear FLOPs and sequences together, and KV bytes
@@ -217,7 +222,8 @@ def fit_hardware_profile(
         shared = 1.0 if shared_attention else 0.0
         rows = [[(overlap(rho * w.weight_bytes, w.linear_flops, p) + rho * w.activation_bytes
                   + shared * w.attention_flops) / t,
-                 w.kv_bytes / t, (1.0 - shared) * w.attention_flops / t, 1.0 / t, w.num_seqs / t]
+                 w.kv_bytes / t, (1.0 - shared) * w.attention_flops / t,
+                 (w.num_layers if per_layer_fixed else 1.0) / t, w.num_seqs / t]
                 for w, t in zip(work, seconds)]
         # v = 1 / P is at least 1 / P_max, and 1 / W = v * rho at least 1 / W_max.
         lower = [max(min_per_flop, min_per_byte / rho), min_per_byte, (1.0 - shared) * min_per_flop, 0.0, 0.0]
@@ -252,7 +258,8 @@ def fit_hardware_profile(
         name=name,
         memory_bandwidth=1.0 / (v * math.exp(log_rho)),
         peak_flops=1.0 / v,
-        fixed_overhead_s=c,
+        fixed_overhead_s=0.0 if per_layer_fixed else c,
+        per_layer_overhead_s=c if per_layer_fixed else 0.0,
         per_seq_overhead_s=per_seq,
         kv_bandwidth=1.0 / per_kv_byte if per_kv_byte > 0.0 else math.inf,
         attention_flops=None if shared_attention else (

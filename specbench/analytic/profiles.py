@@ -47,7 +47,10 @@ class HardwareProfile:
     a GPU the same memory and the same units (None: memory_bandwidth and
     peak_flops), on a CPU attention kernels that run at their own rates.
     fixed_overhead_s is paid once per engine step (kernel launch, scheduler,
-    sampler time that does not scale with work), per_seq_overhead_s once per
+    sampler time that does not scale with work), per_layer_overhead_s once
+    per decoder layer of every pass, draft passes included (on a GPU, the
+    latency of each layer's small kernels, CUDA graphs or not: it moves with
+    the model's depth, not its width), per_seq_overhead_s once per
     sequence in it (sampling over the vocabulary, per-request bookkeeping:
     negligible on a GPU, a millisecond on a CPU).
     draft_overhead_s is the fixed cost of a draft pass (an EAGLE head's or a
@@ -70,8 +73,10 @@ class HardwareProfile:
     kv_bandwidth: float | None = None
     attention_flops: float | None = None
     overlap_exponent: float = math.inf
+    per_layer_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
+        check_real("per_layer_overhead_s", self.per_layer_overhead_s, 0.0)
         check_real("memory_bandwidth", self.memory_bandwidth, 0.0, low_open=True)
         if not (isinstance(self.overlap_exponent, numbers.Real) and not isinstance(self.overlap_exponent, bool)
                 and self.overlap_exponent >= 1.0):
@@ -113,6 +118,7 @@ class HardwareProfile:
         peak_tflops (1e12 FLOP/s), fixed_overhead_ms (milliseconds); optional:
         per_sequence_overhead_ms, draft_overhead_ms (milliseconds),
         kv_bandwidth_gbps (GB/s), attention_tflops (TFLOP/s; .inf: free),
+        per_layer_overhead_ms (milliseconds per decoder layer and pass),
         overlap_exponent (>= 1; absent or .inf: reads and compute overlap
         fully, the max() of a plain roofline), notes. Other keys (e.g.
         memory_gb, the sources) are ignored.
@@ -141,6 +147,7 @@ class HardwareProfile:
             per_seq_overhead_s=optional("per_sequence_overhead_ms", 1e-3, low_open=False) or 0.0,
             kv_bandwidth=optional("kv_bandwidth_gbps", 1e9, low_open=True),
             attention_flops=optional("attention_tflops", 1e12, low_open=True),
+            per_layer_overhead_s=optional("per_layer_overhead_ms", 1e-3, low_open=False) or 0.0,
             overlap_exponent=math.inf if d.get("overlap_exponent") is None else (
                 math.inf if d["overlap_exponent"] == math.inf
                 else check_real("overlap_exponent", d["overlap_exponent"], 1.0)),

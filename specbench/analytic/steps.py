@@ -22,6 +22,7 @@ class PassWork(NamedTuple):
     attention_flops: float
     num_seqs: float
     activation_bytes: float = 0.0
+    num_layers: float = 0.0
 
 
 def overlap(read_s: float, compute_s: float, exponent: float) -> float:
@@ -43,9 +44,14 @@ def roofline_time(hw: HardwareProfile, work: PassWork, *, draft: bool = False) -
     table in tests/data/gpu_h200.py, and against this project's CPU
     calibration):
 
-    - The fixed cost is real and large: about 2 ms per pass at batch 1 even
-      with the whole pass in one CUDA graph (28 layers' worth of small
-      kernels, norms, rotary, argmax), 18 ms on 2 CPU cores.
+    - The fixed cost is real and large: about 2.4 ms per pass of a 28-layer
+      model on the H200 even with the whole pass in one CUDA graph, 8 ms on
+      2 CPU cores. On a GPU it is the kernels' own latency (a dozen small
+      kernels per layer that each ramp up and drain), so it is charged per
+      layer (per_layer_overhead_s): 0.087 ms a layer on the H200, and an
+      EAGLE-3 head step, one layer, measures 0.265 ms of which its work
+      explains 0.19. On a CPU it is vLLM's per-step host work, charged per
+      step (fixed_overhead_s).
     - The multiplies do not switch sharply from weight-bound to compute-bound
       at the ridge. Measured on the H200, a pass of 128 tokens (two thirds of
       the ridge, ~200 tokens at the measured 4.26 TB/s and 796 TFLOP/s) costs
@@ -62,6 +68,7 @@ def roofline_time(hw: HardwareProfile, work: PassWork, *, draft: bool = False) -
     """
     overhead = (hw.draft_pass_overhead_s if draft
                 else hw.fixed_overhead_s + hw.per_seq_overhead_s * work.num_seqs)
+    overhead += hw.per_layer_overhead_s * work.num_layers
     return (
         overhead
         + overlap(work.weight_bytes / hw.memory_bandwidth, work.linear_flops / hw.peak_flops,
@@ -88,6 +95,7 @@ def pass_work(
         attention_flops=num_tokens * context_len * per_context_token,
         num_seqs=num_seqs,
         activation_bytes=num_tokens * model.activation_bytes_per_token,
+        num_layers=model.num_layers,
     )
 
 
