@@ -278,6 +278,8 @@ def profile_document(
         "attention_tflops": _rounded_rate(profile.attention_peak_flops / 1e12),
         "overlap_exponent": profile.overlap_exponent,
     }
+    if profile.per_layer_overhead_s:
+        doc["per_layer_overhead_ms"] = round(profile.per_layer_overhead_s * 1e3, 5)
     if profile.draft_overhead_s is not None:
         doc["draft_overhead_ms"] = round(profile.draft_overhead_s * 1e3, 4)
     memory = _host_memory_gb()
@@ -340,7 +342,8 @@ def format_fit(profile: profiles.HardwareProfile, records: Sequence[dict[str, An
         f"KV reads {profile.kv_read_bandwidth / 1e9:.2f} GB/s, "
         f"attention {profile.attention_peak_flops / 1e12:.4f} TFLOP/s, "
         f"overhead {profile.fixed_overhead_s * 1e3:.2f} ms per step + "
-        f"{profile.per_seq_overhead_s * 1e3:.3f} ms per sequence",
+        f"{profile.per_seq_overhead_s * 1e3:.3f} ms per sequence, "
+        f"overlap exponent {profile.overlap_exponent:g}",
         f"{'step':>7} {'batch':>5} {'prompt':>6} {'context':>8} {'measured ms':>12} {'model ms':>9} {'residual':>9}",
     ]
     for r in records:

@@ -410,18 +410,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _time(args: argparse.Namespace) -> int:
+    grid = DEFAULT_GRID if args.grid is None else _grid(args.grid)
+    tokens_per_seq = _ints(args.tokens_per_seq, "--tokens-per-seq")
+    if args.dtype not in (None, "bfloat16", "float16", "float32"):
+        raise ValueError(f"--dtype must be bfloat16, float16 or float32; got {args.dtype!r}")
+    if args.reps < 1:
+        raise ValueError(f"--reps must be a positive integer; got {args.reps}")
+    shape = Shape.from_config(_model_config(args.model))
     import torch
 
-    cfg = _model_config(args.model)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    if dtype not in ("bfloat16", "float16", "float32"):
-        raise ValueError(f"--dtype must be bfloat16, float16 or float32; got {dtype!r}")
-    grid = DEFAULT_GRID if args.grid is None else _grid(args.grid)
     if not device.startswith("cuda"):
         print("no CUDA device: timing eagerly on the CPU (no CUDA graphs, default attention kernel)")
-    table = time_passes(Shape.from_config(cfg), device=device, dtype=dtype, grid=grid,
-                        tokens_per_seq=_ints(args.tokens_per_seq, "--tokens-per-seq"),
+    table = time_passes(shape, device=device, dtype=dtype, grid=grid, tokens_per_seq=tokens_per_seq,
                         head_grid=grid, reps=args.reps)
     table["name"] = args.model
     args.out.write_text(json.dumps(table, indent=1))

@@ -680,3 +680,67 @@ def test_end_to_end_speedup_pays_each_sides_tail() -> None:
     assert end_to_end_speedup(2.0, 0.0, 10.0, plain_tail=1.2, speculative_tail=1.2) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="speculative_tail"):
         end_to_end_speedup(2.0, 1.0, 1.0, speculative_tail=0.5)
+
+
+# --------------------------------------------------------------------------- overlap, per-layer cost, bounds
+
+
+def test_overlap_blends_reads_and_compute_between_sum_and_max() -> None:
+    from specbench.analytic.steps import overlap
+
+    assert overlap(3.0, 1.0, math.inf) == 3.0
+    assert overlap(3.0, 4.0, 1.0) == pytest.approx(7.0)
+    assert overlap(3.0, 4.0, 2.0) == pytest.approx(5.0)
+    assert overlap(4.0, 3.0, 2.5) == pytest.approx(overlap(3.0, 4.0, 2.5))
+    # Between max and sum, and closer to max the larger the exponent; huge exponents do not overflow.
+    assert 4.0 < overlap(3.0, 4.0, 2.5) < overlap(3.0, 4.0, 1.5) < 7.0
+    assert overlap(3e-3, 4e-3, 400.0) == pytest.approx(4e-3)
+    assert overlap(0.0, 0.0, 2.0) == 0.0
+
+
+def test_fit_recovers_a_blended_roofline_with_a_per_layer_cost(qwen: ModelProfile) -> None:
+    truth = HardwareProfile("truth", 4.0e12, 600e12, 0.0, "calibrated", per_layer_overhead_s=9e-5,
+                            kv_bandwidth=2.5e12, overlap_exponent=2.5)
+    shapes = [(b * q, b, c, None) for c in (512, 2048) for b in (1, 8, 64, 256) for q in (1, 3, 9)]
+    profile, residuals = fit_hardware_profile(synthetic(qwen, truth, shapes), qwen, name="fit",
+                                              shared_attention=True, per_layer_fixed=True)
+    assert max(abs(r) for r in residuals) < 1e-6
+    assert profile.overlap_exponent == 2.5 and profile.fixed_overhead_s == 0.0
+    assert profile.per_layer_overhead_s == pytest.approx(9e-5, rel=1e-4)
+    assert profile.memory_bandwidth == pytest.approx(4.0e12, rel=1e-4)
+    assert profile.peak_flops == pytest.approx(600e12, rel=1e-4)
+    # A one-layer draft head pays one layer's latency; a 28-layer pass 28 of them.
+    head = eagle_head_profile(qwen, "eagle3")
+    free = replace(truth, draft_overhead_s=0.0, per_layer_overhead_s=0.0)
+    assert draft_time("eagle3", hw=replace(truth, draft_overhead_s=0.0), batch_size=1, k=1, context_len=0,
+                      draft=head, target=qwen) - draft_time("eagle3", hw=free, batch_size=1, k=1, context_len=0,
+                                                            draft=head, target=qwen) == pytest.approx(9e-5)
+
+
+def test_draft_step_overhead_is_what_the_head_steps_leave_unexplained(qwen: ModelProfile) -> None:
+    from specbench.analytic.profile_fit import fit_draft_step_overhead
+
+    hw = HardwareProfile("gpu", 4.0e12, 600e12, 0.0, "calibrated", per_layer_overhead_s=9e-5, draft_overhead_s=0.0)
+    head = eagle_head_profile(qwen, "eagle3")
+    steps = [StepSample(b, b, c, draft_time("eagle3", hw=hw, batch_size=b, k=1, context_len=c, draft=head,
+                                              target=qwen) + 5e-5) for b, c in ((1, 512), (16, 512), (64, 2048))]
+    overhead, residuals = fit_draft_step_overhead(steps, method="eagle3", target=qwen, head=head, hw=hw)
+    assert overhead == pytest.approx(5e-5) and max(abs(r) for r in residuals) < 1e-9
+    with pytest.raises(ValueError, match="EAGLE"):
+        fit_draft_step_overhead(steps, method="ngram", target=qwen, head=head, hw=hw)
+
+
+def test_device_bounds_and_overlap_exponent_refuse_bad_values() -> None:
+    from specbench.analytic.profile_fit import DeviceBounds
+
+    with pytest.raises(ValueError, match="copy_bandwidth"):
+        DeviceBounds(copy_bandwidth=0.0, matmul_flops=1e12)
+    with pytest.raises(ValueError, match="overlap_exponent"):
+        HardwareProfile("x", 1e9, 1e12, 0.0, "vendor", overlap_exponent=0.5)
+    good = {"name": "x", "source": "vendor", "memory_bandwidth_gbps": 1000, "peak_tflops": 100,
+            "fixed_overhead_ms": 0.1}
+    assert math.isinf(HardwareProfile.from_mapping(good).overlap_exponent)
+    assert HardwareProfile.from_mapping({**good, "overlap_exponent": 2.5, "per_layer_overhead_ms": 0.08}
+                                        ).per_layer_overhead_s == pytest.approx(8e-5)
+    with pytest.raises(ValueError, match="overlap_exponent"):
+        HardwareProfile.from_mapping({**good, "overlap_exponent": 0.9})
