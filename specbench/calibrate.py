@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = replace(profile, draft_overhead_s=overhead)
         draft_records = [dict(r, residual=res) for (_, r), res in zip(pairs, residuals)]
         print(format_draft_fit(draft_method, overhead, draft_records))
-    warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds)
+    warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds, _labels(records))
     print(format_warnings(warnings))
     doc = profile_document(
         profile, records,
@@ -527,6 +527,10 @@ def format_warnings(warnings: Sequence[str]) -> str:
     if not warnings:
         return "fit: every rate below its device bound, every residual within 10%"
     return "\n".join(f"WARNING: {w}" for w in warnings)
+
+
+def _labels(records: Sequence[dict[str, Any]]) -> list[str]:
+    return [f"{r.get('kind', 'decode')} batch {r['batch_size']} x {r['prompt_tokens']} tokens" for r in records]
 
 
 def _on_gpu() -> bool:
@@ -603,7 +607,7 @@ def _refit(path: Path, out: Path, given: profile_fit.DeviceBounds | None) -> int
         profile = replace(profile, draft_overhead_s=overhead)
         draft_records = [dict(r, residual=res) for r, res in zip(draft_records, residuals)]
         print(format_draft_fit(draft["method"], overhead, draft_records))
-    warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds)
+    warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds, _labels(records))
     print(format_warnings(warnings))
     write_profile(profile_document(
         profile, records, model=doc["model"], device=doc.get("device", ""), measured_at=doc.get("measured_at", ""),

@@ -329,7 +329,8 @@ def fit_table(
             [profile_fit.StepSample(s["B"], s["B"], s["C"], s["median_s"]) for s in head_steps],
             method="eagle3", target=model, head=head, hw=profile)
         profile = replace(profile, draft_overhead_s=overhead)
-    return profile, residuals, profile_fit.fit_warnings(profile, residuals, bounds), bounds
+    labels = [f"B={p['B']} q={p['q']} C={p['C']}" for p in table["passes"]]
+    return profile, residuals, profile_fit.fit_warnings(profile, residuals, bounds, labels), bounds
 
 
 def profile_document(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -105,7 +106,7 @@ def summary(errors: dict) -> tuple[float, float]:
     return statistics.median(values), max(values)
 
 
-def off_cliff(errors: dict, tokens: callable) -> dict:
+def off_cliff(errors: dict, tokens: Callable[[tuple], int]) -> dict:
     return {k: e for k, e in errors.items() if tokens(k) != CLIFF_TOKENS}
 
 

@@ -276,8 +276,14 @@ def fit_hardware_profile(
 RESIDUAL_WARNING = 0.10
 
 
-def fit_warnings(profile: HardwareProfile, residuals: Sequence[float], bounds: DeviceBounds | None) -> list[str]:
+def fit_warnings(
+    profile: HardwareProfile, residuals: Sequence[float], bounds: DeviceBounds | None,
+    labels: Sequence[str] | None = None,
+) -> list[str]:
     """What makes a fitted profile suspect, one sentence each (empty: nothing).
+
+    ``labels`` name the samples (e.g. "B=64 q=3 C=512") in the residual
+    warning; default: their index.
 
     A rate at its bound (within 0.1%) means the samples wanted a faster device
     than this one: another term (often the fixed cost) is mispriced, and the
@@ -298,7 +304,7 @@ def fit_warnings(profile: HardwareProfile, residuals: Sequence[float], bounds: D
     if worst is not None and abs(residuals[worst]) > RESIDUAL_WARNING:
         count = sum(abs(r) > RESIDUAL_WARNING for r in residuals)
         out.append(f"{count} of {len(residuals)} samples off by more than {RESIDUAL_WARNING:.0%} "
-                   f"(worst: sample {worst}, {residuals[worst]:+.1%})")
+                   f"(worst: {labels[worst] if labels else f'sample {worst}'}, {residuals[worst]:+.1%})")
     return out
 
 
