@@ -40,26 +40,29 @@ def overlap(read_s: float, compute_s: float, exponent: float) -> float:
 def roofline_time(hw: HardwareProfile, work: PassWork, *, draft: bool = False) -> float:
     """Seconds of one pass (see :class:`HardwareProfile`); a draft pass pays only draft_pass_overhead_s.
 
-    Why this form (held against a 7B model's passes timed on an H200, the
-    table in tests/data/gpu_h200.py, and against this project's CPU
-    calibration):
+    Why this form. It was chosen on two data sets: 50 passes of a 7B model
+    timed on an H200 (tests/data/gpu-h200/, held in tests/test_gpu_h200.py)
+    and this project's CPU calibration (SmolLM2-135M on 2 cores):
 
     - The fixed cost is real and large: about 2.4 ms per pass of a 28-layer
       model on the H200 even with the whole pass in one CUDA graph, 8 ms on
       2 CPU cores. On a GPU it is the kernels' own latency (a dozen small
       kernels per layer that each ramp up and drain), so it is charged per
-      layer (per_layer_overhead_s): 0.087 ms a layer on the H200, and an
-      EAGLE-3 head step, one layer, measures 0.265 ms of which its work
+      layer (per_layer_overhead_s): 0.087 ms a layer on the H200; an
+      EAGLE-3 head step, one layer, measures 0.265 ms, of which its work
       explains 0.19. On a CPU it is vLLM's per-step host work, charged per
       step (fixed_overhead_s).
     - The multiplies do not switch sharply from weight-bound to compute-bound
-      at the ridge. Measured on the H200, a pass of 128 tokens (two thirds of
-      the ridge, ~200 tokens at the measured 4.26 TB/s and 796 TFLOP/s) costs
-      1.34x a batch-1 step, where max() says 1.0x: small-M tiles leave SMs idle (occupancy, wave
-      quantisation) and the weight stream and the tensor cores only partly
-      overlap. One exponent p blends the two, (read^p + compute^p)^(1/p);
-      it is a property of the device's kernels, not of a regime, and the
-      fit finds p ~ 2.4 on the H200 (p = 1 would be no overlap at all).
+      at the ridge. On the H200 a pass of 128 tokens (two thirds of the
+      ridge, ~200 tokens at the measured 4.26 TB/s and 796 TFLOP/s) costs
+      1.34x a batch-1 step, where max() says 1.0x: small-M tiles leave SMs
+      idle and the weight stream and the tensor cores only partly overlap.
+      One exponent p blends the two, (read^p + compute^p)^(1/p): a property
+      of the device's kernels, the same in every regime. The fit finds 2.5
+      on the H200 and 1.25 on the CPU (1 would be no overlap at all).
+      Quantising the tokens to GEMM tiles (32 to 128) was tried and fitted
+      worse; what no smooth form follows is the H200's cuBLAS kernel switch
+      between 160 and 192 tokens (1.45x the time for 1.2x the tokens).
     - Activations add traffic that grows with the tokens (each multiply
       reads its input and writes its output): priced at the weights'
       bandwidth, no rate of its own.
