@@ -17,7 +17,14 @@ prefill steps, many tokens per sequence, can. The grid is measured in
 shared with other work, interference only ever adds time.
 :func:`specbench.analytic.profile_fit.fit_hardware_profile` then fits the profile's rates
 (weight and KV bandwidth, linear and attention FLOP/s, overhead per step and
-per sequence) to those samples.
+per sequence, the overlap of weight reads and compute) to those samples.
+Before the engine starts, torch times the machine's copy bandwidth and
+matmul rate (:func:`measure_device_rates`; ``--device-rates`` gives them
+instead): no fitted rate may pass them by more than 5%, since weight reads
+and fixed cost are otherwise interchangeable in a decode grid (the fit once
+reported 68 GB/s on cores that copy at 20). A rate at its bound, or a
+residual beyond 10%, is printed as a warning and written as ``fit_warnings``.
+``--refit PROFILE.yaml`` fits an earlier calibration's samples again.
 
 A draft pass (an EAGLE head's forward inside the engine step) skips the
 scheduler and sampler that make up most of a step's fixed cost here, so it
