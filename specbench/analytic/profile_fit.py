@@ -109,7 +109,7 @@ def _nonnegative_least_squares(
 
 # The overlap exponents the fit tries (see steps.roofline_time): from no
 # overlap (1) to a plain roofline's max() (inf). The H200 table's optimum
-# (~2.4) and the CPU's lie inside; steps of 0.25 move its step times < 1%.
+# (2.5) and the CPU's (1.25) lie inside; steps of 0.25 move its step times < 1%.
 OVERLAP_EXPONENTS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, math.inf)
 
 
@@ -120,7 +120,7 @@ class DeviceBounds:
     copy_bandwidth (bytes/s) bounds the weight and KV-cache bandwidth,
     matmul_flops (FLOP/s, dense, at the model's dtype) the matmul and
     attention rates; each is measured on the device (a large tensor copy,
-    a large matmul: :mod:`specbench.device_rates`) or taken from a
+    a large matmul: :func:`specbench.gpu_timing.device_rates`) or taken from a
     datasheet, as ``source`` says. A read-only stream runs a little faster
     than a copy (which also writes), so the bound on bandwidths is
     copy_bandwidth x (1 + slack); matmul_flops x (1 + slack) likewise.
