@@ -17,7 +17,14 @@ prefill steps, many tokens per sequence, can. The grid is measured in
 shared with other work, interference only ever adds time.
 :func:`specbench.analytic.profile_fit.fit_hardware_profile` then fits the profile's rates
 (weight and KV bandwidth, linear and attention FLOP/s, overhead per step and
-per sequence) to those samples.
+per sequence, the overlap of weight reads and compute) to those samples.
+Before the engine starts, torch times the machine's copy bandwidth and
+matmul rate (:func:`measure_device_rates`; ``--device-rates`` gives them
+instead): no fitted rate may pass them by more than 5%, since weight reads
+and fixed cost are otherwise interchangeable in a decode grid (the fit once
+reported 68 GB/s on cores that copy at 20). A rate at its bound, or a
+residual beyond 10%, is printed as a warning and written as ``fit_warnings``.
+``--refit PROFILE.yaml`` fits an earlier calibration's samples again.
 
 A draft pass (an EAGLE head's forward inside the engine step) skips the
 scheduler and sampler that make up most of a step's fixed cost here, so it
@@ -237,9 +244,13 @@ def fit(
     records: Sequence[dict[str, Any]],
     model: profiles.ModelProfile,
     name: str,
+    bounds: profile_fit.DeviceBounds | None = None,
+    shared_attention: bool = False,
 ) -> tuple[profiles.HardwareProfile, list[dict[str, Any]]]:
-    """Fit the profile; each record gains predicted_seconds and residual (predicted / measured - 1)."""
-    profile, residuals = profile_fit.fit_hardware_profile(samples, model, name=name)
+    """Fit the profile (rates capped by ``bounds``, attention at the matmul rate if ``shared_attention``);
+    each record gains predicted_seconds and residual (predicted / measured - 1)."""
+    profile, residuals = profile_fit.fit_hardware_profile(
+        samples, model, name=name, bounds=bounds, shared_attention=shared_attention)
     out = []
     for sample, record, residual in zip(samples, records, residuals):
         out.append(dict(record, predicted_seconds=sample.seconds * (1.0 + residual), residual=residual))
@@ -257,8 +268,11 @@ def profile_document(
     settings: dict[str, Any],
     draft_records: Sequence[dict[str, Any]] = (),
     draft_method: str | None = None,
+    bounds: profile_fit.DeviceBounds | None = None,
+    warnings: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The YAML document: conf/hardware keys, then the evidence behind them."""
+    """The YAML document: conf/hardware keys, then the evidence behind them
+    (the device rates that bounded the fit, and what makes it suspect)."""
     residuals = [r["residual"] for r in records]
     doc: dict[str, Any] = {
         "name": profile.name,
@@ -269,7 +283,10 @@ def profile_document(
         "per_sequence_overhead_ms": round(profile.per_seq_overhead_s * 1e3, 4),
         "kv_bandwidth_gbps": _rounded_rate(profile.kv_read_bandwidth / 1e9),
         "attention_tflops": _rounded_rate(profile.attention_peak_flops / 1e12),
+        "overlap_exponent": profile.overlap_exponent,
     }
+    if profile.per_layer_overhead_s:
+        doc["per_layer_overhead_ms"] = round(profile.per_layer_overhead_s * 1e3, 5)
     if profile.draft_overhead_s is not None:
         doc["draft_overhead_ms"] = round(profile.draft_overhead_s * 1e3, 4)
     memory = _host_memory_gb()
@@ -282,6 +299,10 @@ def profile_document(
             "figures for this engine and model, not datasheet values."
         ),
         "device": device,
+        "device_rates": None if bounds is None else {
+            "copy_bandwidth_gbps": round(bounds.copy_bandwidth / 1e9, 3),
+            "matmul_tflops": round(bounds.matmul_flops / 1e12, 5), "source": bounds.source},
+        "fit_warnings": list(warnings),
         "model": model,
         "measured_at": measured_at,
         "vllm_version": vllm_version,
@@ -328,7 +349,8 @@ def format_fit(profile: profiles.HardwareProfile, records: Sequence[dict[str, An
         f"KV reads {profile.kv_read_bandwidth / 1e9:.2f} GB/s, "
         f"attention {profile.attention_peak_flops / 1e12:.4f} TFLOP/s, "
         f"overhead {profile.fixed_overhead_s * 1e3:.2f} ms per step + "
-        f"{profile.per_seq_overhead_s * 1e3:.3f} ms per sequence",
+        f"{profile.per_seq_overhead_s * 1e3:.3f} ms per sequence, "
+        f"overlap exponent {profile.overlap_exponent:g}",
         f"{'step':>7} {'batch':>5} {'prompt':>6} {'context':>8} {'measured ms':>12} {'model ms':>9} {'residual':>9}",
     ]
     for r in records:
@@ -405,7 +427,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="stream vLLM's log here instead of to the log file beside the profile")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"where to write the profile (default: {prediction.calibrated_path()})")
+    parser.add_argument("--device-rates", default=None, metavar="GBPS,TFLOPS",
+                        help="the ceilings of the fitted rates: copy bandwidth (GB/s) and matmul rate (TFLOP/s), "
+                             "e.g. from a datasheet (default: timed here with torch before the engine starts)")
+    parser.add_argument("--refit", type=Path, default=None, metavar="PROFILE.yaml",
+                        help="refit the samples an earlier calibration wrote, without starting an engine")
     args = parser.parse_args(argv)
+    try:
+        given_rates = None if args.device_rates is None else _device_rates(args.device_rates)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.refit is not None:
+        return _refit(args.refit, args.out or args.refit, given_rates)
 
     from transformers import AutoTokenizer  # heavy: imported once the arguments are good
 
@@ -428,6 +462,10 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or prediction.calibrated_path()
     engine_log = out.with_suffix(".log")
+    bounds = given_rates or measure_device_rates(dtype)
+    print(f"device rates ({bounds.source}): copy {bounds.copy_bandwidth / 1e9:.1f} GB/s, "
+          f"matmul {bounds.matmul_flops / 1e12:.4f} TFLOP/s: no fitted rate may exceed them by more than "
+          f"{bounds.slack:.0%}")
     if not args.verbose:
         print(f"engine log: {engine_log}")
     print(f"calibrating with {len(points)} samples of {model_cfg['name']} ({dtype}), "
@@ -451,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                              [t for m in measured[p] for t in m.rep_output_tokens]) for p in points]
         pairs += [prefill_sample(p, [m.ttft_s for m in measured[p]]) for p in points]
         profile, records = fit([s for s, _ in pairs], [r for _, r in pairs], model,
-                               args.name or _slug(worker.info.machine))
+                               args.name or _slug(worker.info.machine), bounds, shared_attention=_on_gpu())
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -475,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
         profile = replace(profile, draft_overhead_s=overhead)
         draft_records = [dict(r, residual=res) for (_, r), res in zip(pairs, residuals)]
         print(format_draft_fit(draft_method, overhead, draft_records))
+    warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds, _labels(records))
+    print(format_warnings(warnings))
     doc = profile_document(
         profile, records,
         model={"name": model_cfg["name"], "path": model_cfg["path"], "dtype": dtype},
@@ -482,9 +522,104 @@ def main(argv: list[str] | None = None) -> int:
         vllm_version=worker.info.vllm_version,
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": overrides},
-        draft_records=draft_records, draft_method=draft_method,
+        draft_records=draft_records, draft_method=draft_method, bounds=bounds, warnings=warnings,
     )
     write_profile(doc, out)
+    print(f"profile: {out}")
+    return 0
+
+
+def format_warnings(warnings: Sequence[str]) -> str:
+    """The fit's warnings, one line each, or a line saying there are none."""
+    if not warnings:
+        return "fit: every rate below its device bound, every residual within 10%"
+    return "\n".join(f"WARNING: {w}" for w in warnings)
+
+
+def _labels(records: Sequence[dict[str, Any]]) -> list[str]:
+    return [f"{r.get('kind', 'decode')} batch {r['batch_size']} x {r['prompt_tokens']} tokens" for r in records]
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def measure_device_rates(dtype: str) -> profile_fit.DeviceBounds:
+    """This machine's copy bandwidth and matmul rate at ``dtype``, timed with torch
+    (:func:`specbench.gpu_timing.device_rates`): the best of 3 tries, since other
+    work on the machine only ever slows them."""
+    from specbench.gpu_timing import device_rates
+
+    device = "cuda" if _on_gpu() else "cpu"
+    tries = [device_rates(device, dtype) for _ in range(3)]
+    return profile_fit.DeviceBounds(
+        copy_bandwidth=max(b for b, _ in tries), matmul_flops=max(f for _, f in tries),
+        source=f"measured here with torch ({device}, {dtype}, {now_iso()})")
+
+
+def _device_rates(text: str) -> profile_fit.DeviceBounds:
+    parts = text.split(",")
+    try:
+        bandwidth, flops = (float(v) for v in parts)
+    except ValueError:
+        raise ValueError(f"--device-rates must be GBPS,TFLOPS (two positive numbers); got {text!r}") from None
+    if bandwidth <= 0 or flops <= 0:
+        raise ValueError(f"--device-rates must be GBPS,TFLOPS (two positive numbers); got {text!r}")
+    return profile_fit.DeviceBounds(bandwidth * 1e9, flops * 1e12, source="given with --device-rates")
+
+
+def samples_from_document(doc: dict[str, Any]) -> tuple[list[profile_fit.StepSample], list[dict[str, Any]]]:
+    """The step samples and their records that an earlier calibration wrote (its ``samples`` key)."""
+    records = doc.get("samples")
+    if not isinstance(records, list) or not records or not isinstance(records[0], dict):
+        raise ValueError("the profile has no 'samples' records to refit (written by an older calibrate?)")
+    samples = []
+    for r in records:
+        if r.get("kind", "decode") == "prefill":
+            samples.append(profile_fit.StepSample(r["batch_size"] * r["prompt_tokens"], r["batch_size"],
+                                                  r["context_len"], r["seconds"], logits=r["batch_size"]))
+        else:
+            samples.append(profile_fit.StepSample(r["batch_size"], r["batch_size"], r["context_len"], r["seconds"]))
+    # The earlier fit's predictions go; fit() adds today's.
+    return samples, [{k: v for k, v in r.items() if k not in ("predicted_seconds", "residual")} for r in records]
+
+
+def _refit(path: Path, out: Path, given: profile_fit.DeviceBounds | None) -> int:
+    """Refit an earlier calibration's samples with today's step model; write the profile to ``out``."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+        samples, records = samples_from_document(doc)
+        rates = doc.get("device_rates")
+        bounds = given or (profile_fit.DeviceBounds(rates["copy_bandwidth_gbps"] * 1e9, rates["matmul_tflops"] * 1e12,
+                                                    source=rates["source"])
+                           if rates else measure_device_rates(doc["model"]["dtype"]))
+        model = prediction.model_profile(doc["model"]["path"], doc["model"]["dtype"], doc["model"]["name"])
+        profile, records = fit(samples, records, model, doc["name"], bounds,
+                               shared_attention=not str(doc.get("device", "")).startswith("CPU"))
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 1
+    print(format_fit(profile, records))
+    draft = doc.get("draft_samples") or {}
+    draft_records = [dict(r) for r in draft.get("samples") or []]
+    if draft_records:
+        draft_cell, _ = _draft_cell(list((doc.get("settings") or {}).get("overrides") or []))
+        method = draft_cell.identity["method"] if draft_cell is not None else {"name": draft["method"]}
+        head = prediction.drafter_profile(method, model, doc["model"]["dtype"])
+        overhead, residuals = profile_fit.fit_draft_overhead(
+            [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"])
+             for r in draft_records], method=draft["method"], target=model, head=head, hw=profile)
+        profile = replace(profile, draft_overhead_s=overhead)
+        draft_records = [dict(r, residual=res) for r, res in zip(draft_records, residuals)]
+        print(format_draft_fit(draft["method"], overhead, draft_records))
+    warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds, _labels(records))
+    print(format_warnings(warnings))
+    write_profile(profile_document(
+        profile, records, model=doc["model"], device=doc.get("device", ""), measured_at=doc.get("measured_at", ""),
+        vllm_version=doc.get("vllm_version"), settings=dict(doc.get("settings") or {}, refit_from=str(path)),
+        draft_records=draft_records, draft_method=draft.get("method"), bounds=bounds, warnings=warnings), out)
     print(f"profile: {out}")
     return 0
 

@@ -156,3 +156,50 @@ def test_the_engine_prefills_every_grid_batch_in_one_step_unless_told_otherwise(
     assert calibrate.engine_overrides(["model=x"], 16384) == ["model=x", "engine.max_num_batched_tokens=16384"]
     mine = ["engine.max_num_batched_tokens=8192"]
     assert calibrate.engine_overrides(mine, 16384) == mine
+
+
+def test_device_bounds_cap_the_fit_and_a_rate_at_its_bound_is_said(tmp_path):
+    samples, records = _synthetic_samples()
+    # A device that can stream at most 10 GB/s cannot be TRUE's 20: the fit sits at the ceiling and says so.
+    slow = profile_fit.DeviceBounds(copy_bandwidth=10e9 / 1.05, matmul_flops=1e12, source="given")
+    profile, fitted = calibrate.fit(samples, records, MODEL, "capped", slow)
+    assert profile.memory_bandwidth == pytest.approx(slow.max_bandwidth, rel=1e-6)
+    assert profile.kv_read_bandwidth <= slow.max_bandwidth * (1 + 1e-9)
+    warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in fitted], slow)
+    assert any(w.startswith("weight bandwidth") and "sits at its bound" in w for w in warnings)
+    assert any("off by more than 10%" in w for w in warnings)
+    # Room above TRUE's rates: the fit finds them, and nothing is said.
+    roomy = profile_fit.DeviceBounds(copy_bandwidth=40e9, matmul_flops=1e12)
+    profile, fitted = calibrate.fit(samples, records, MODEL, "free", roomy)
+    assert profile.memory_bandwidth == pytest.approx(TRUE.memory_bandwidth, rel=1e-3)
+    assert profile_fit.fit_warnings(profile, [r["residual"] for r in fitted], roomy) == []
+    assert "every rate below its device bound" in calibrate.format_warnings([])
+
+
+def test_refit_reads_an_earlier_calibration_and_writes_its_bounds_and_warnings(tmp_path, monkeypatch):
+    samples, records = _synthetic_samples()
+    profile, fitted = calibrate.fit(samples, records, MODEL, "my-cpu")
+    doc = calibrate.profile_document(
+        profile, fitted, model={"name": "m", "path": "embedded:x", "dtype": "float32"}, device="CPU Test",
+        measured_at="2026-01-01T00:00:00+00:00", vllm_version="0.32.0", settings={"overrides": []})
+    old = tmp_path / "old.yaml"
+    calibrate.write_profile(doc, old)
+    # The refit samples are the ones written; their records lose the old fit's predictions.
+    read, read_records = calibrate.samples_from_document(yaml.safe_load(old.read_text()))
+    assert read == samples and all("residual" not in r for r in read_records)
+    monkeypatch.setattr(prediction, "model_profile", lambda path, dtype, name: MODEL)
+    out = tmp_path / "new.yaml"
+    assert calibrate.main(["--refit", str(old), "--out", str(out), "--device-rates", "15,1"]) == 0
+    new = yaml.safe_load(out.read_text())
+    assert new["device_rates"]["copy_bandwidth_gbps"] == 15.0
+    assert new["memory_bandwidth_gbps"] == pytest.approx(15 * 1.05, rel=1e-4)
+    assert any("sits at its bound" in w for w in new["fit_warnings"])
+    assert prediction.load_hardware_file(out).profile.memory_bandwidth == pytest.approx(15.75e9, rel=1e-4)
+    with pytest.raises(ValueError, match="no 'samples'"):
+        calibrate.samples_from_document({"name": "x"})
+
+
+@pytest.mark.parametrize("bad", ["15", "15,x", "0,1", "-1,2"])
+def test_bad_device_rates_are_refused_before_anything_runs(bad, capsys):
+    assert calibrate.main([f"--device-rates={bad}"]) == 2
+    assert "--device-rates must be GBPS,TFLOPS" in capsys.readouterr().err

@@ -305,6 +305,7 @@ def eagle_head_work(
         linear_flops=num_tokens * 2.0 * (matmul_params - lm_params) + logits * 2.0 * lm_params,
         attention_flops=num_tokens * 4.0 * context_len * head.num_attention_heads * head.head_dim,
         num_seqs=num_seqs,
+        num_layers=1,
     )
 
 

@@ -102,6 +102,8 @@ class HardwareSchema:
     attention_tflops: Optional[float] = None
     per_sequence_overhead_ms: Optional[float] = None
     draft_overhead_ms: Optional[float] = None
+    per_layer_overhead_ms: Optional[float] = None  # per decoder layer and pass (a GPU's kernel latency)
+    overlap_exponent: Optional[float] = None  # how fully matmul reads and compute overlap (inf: max())
     memory_bytes: Optional[int] = None  # a GPU's memory as the driver reports it
     memory_gb: Optional[float] = None
     max_num_batched_tokens: Optional[int] = None  # vLLM's default step budget on it
@@ -117,6 +119,9 @@ class HardwareSchema:
     samples: Any = None
     samples_measured: Any = None
     draft_samples: Any = None
+    sources: Any = None  # where each figure of a datasheet profile came from
+    device_rates: Any = None  # the copy bandwidth and matmul rate that bounded the fit
+    fit_warnings: Any = None  # rates at their bound, residuals beyond 10%
 
 
 @dataclass(frozen=True)

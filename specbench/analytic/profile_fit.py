@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from specbench.analytic.checks import check_int, check_real
 from specbench.analytic.drafting import EAGLE_FC_INPUTS, cost_model, draft_time
 from specbench.analytic.profiles import HardwareProfile, ModelProfile
-from specbench.analytic.steps import check_step, pass_work, roofline_time, verify_step
+from specbench.analytic.steps import check_step, overlap, pass_work, roofline_time, verify_step
 
 
 @dataclass(frozen=True)
@@ -71,62 +71,132 @@ def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
     return x
 
 
-def _nonnegative_least_squares(rows: Sequence[Sequence[float]], required: int) -> tuple[float, list[float]]:
-    """min sum_i (rows_i . x - 1)^2 over x >= 0 with x[required] > 0, by trying every support.
+def _nonnegative_least_squares(
+    rows: Sequence[Sequence[float]], required: int, lower: Sequence[float] | None = None
+) -> tuple[float, list[float]]:
+    """min sum_i (rows_i . x - 1)^2 over x >= lower with x[required] > lower[required], by trying every support.
 
-    Columns are scaled to unit norm first, so that bytes, FLOPs and counts
-    (1e9 apart) solve alike. Few columns (<= 5) make the 2^n supports cheap,
-    and the best feasible support is the exact optimum; a support whose
-    columns are parallel is skipped (a smaller one fits as well). Returns the
-    loss and x.
+    ``lower`` (default 0) bounds each coefficient below: x = lower + y with
+    y >= 0 turns it into a non-negative problem. Columns are scaled to unit
+    norm first, so that bytes, FLOPs and counts (1e9 apart) solve alike. Few
+    columns (<= 5) make the 2^n supports cheap, and the best feasible support
+    is the exact optimum; a support whose columns are parallel is skipped (a
+    smaller one fits as well). Returns the loss and x.
     """
     n = len(rows[0])
+    lower = [0.0] * n if lower is None else list(lower)
+    rhs = [1.0 - sum(r[j] * lower[j] for j in range(n)) for r in rows]
     norms = [math.sqrt(sum(r[j] ** 2 for r in rows)) or 1.0 for j in range(n)]
     scaled = [[r[j] / norms[j] for j in range(n)] for r in rows]
     gram = [[sum(r[i] * r[j] for r in scaled) for j in range(n)] for i in range(n)]
-    moment = [sum(r[i] for r in scaled) for i in range(n)]
+    moment = [sum(r[i] * y for r, y in zip(scaled, rhs)) for i in range(n)]
     best: tuple[float, list[float]] = (math.inf, [0.0] * n)
     for mask in range(1 << n):
         support = [j for j in range(n) if mask >> j & 1]
-        if required not in support:
+        if required not in support and lower[required] <= 0.0:
             continue
-        x_support = _solve([[gram[i][j] for j in support] for i in support], [moment[i] for i in support])
-        if x_support is None or min(x_support) < 0.0:
+        y_support = _solve([[gram[i][j] for j in support] for i in support], [moment[i] for i in support])
+        if y_support is None or (support and min(y_support) < 0.0):
             continue
-        x = [0.0] * n
-        for j, value in zip(support, x_support):
-            x[j] = value
-        loss = sum((sum(r[j] * x[j] for j in support) - 1.0) ** 2 for r in scaled)
+        y = [0.0] * n
+        for j, value in zip(support, y_support):
+            y[j] = value
+        loss = sum((sum(r[j] * y[j] for j in support) - t) ** 2 for r, t in zip(scaled, rhs))
         if loss < best[0]:
-            best = (loss, x)
-    return best[0], [x / norms[j] for j, x in enumerate(best[1])]
+            best = (loss, y)
+    return best[0], [lower[j] + y / norms[j] for j, y in enumerate(best[1])]
+
+
+# The overlap exponents the fit tries (see steps.roofline_time): from no
+# overlap (1) to a plain roofline's max() (inf). The H200 table's optimum
+# (2.5) and the CPU's (1.25) lie inside; steps of 0.25 move its step times < 1%.
+OVERLAP_EXPONENTS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, math.inf)
+
+
+@dataclass(frozen=True)
+class DeviceBounds:
+    """What the device can do at most, the ceiling of every fitted rate.
+
+    copy_bandwidth (bytes/s) bounds the weight and KV-cache bandwidth,
+    matmul_flops (FLOP/s, dense, at the model's dtype) the matmul and
+    attention rates; each is measured on the device (a large tensor copy,
+    a large matmul: :func:`specbench.gpu_timing.device_rates`) or taken from a
+    datasheet, as ``source`` says. A read-only stream runs a little faster
+    than a copy (which also writes), so the bound on bandwidths is
+    copy_bandwidth x (1 + slack); matmul_flops x (1 + slack) likewise.
+    """
+
+    copy_bandwidth: float
+    matmul_flops: float
+    source: str = "measured"
+    slack: float = 0.05
+
+    def __post_init__(self) -> None:
+        check_real("copy_bandwidth", self.copy_bandwidth, 0.0, low_open=True)
+        check_real("matmul_flops", self.matmul_flops, 0.0, low_open=True)
+        check_real("slack", self.slack, 0.0)
+
+    @property
+    def max_bandwidth(self) -> float:
+        """The largest bandwidth a fit may report, bytes/s."""
+        return self.copy_bandwidth * (1.0 + self.slack)
+
+    @property
+    def max_flops(self) -> float:
+        """The largest FLOP rate a fit may report, FLOP/s."""
+        return self.matmul_flops * (1.0 + self.slack)
 
 
 def fit_hardware_profile(
-    samples: Sequence[StepSample], model: ModelProfile, *, name: str
+    samples: Sequence[StepSample],
+    model: ModelProfile,
+    *,
+    name: str,
+    bounds: DeviceBounds | None = None,
+    shared_attention: bool = False,
+    per_layer_fixed: bool = False,
 ) -> tuple[HardwareProfile, list[float]]:
     """Effective hardware profile under which step_time reproduces measured passes.
 
-    Fits the six rates of :class:`HardwareProfile` (memory bandwidth W, peak
-    P, KV bandwidth W_kv, attention rate P_att, overheads c and s per
-    sequence) in
-    t_i = c + s * n_i + max(B_i / W, F_i / P) + K_i / W_kv + A_i / P_att
-    (B_i weight bytes, F_i linear FLOPs, K_i KV bytes and A_i attention FLOPs
-    that step_time charges sample i, n_i its sequences) by minimising
-    sum_i (t_i / seconds_i - 1)^2. With v = 1 / P and rho = P / W (the ridge
-    intensity, FLOP/byte) t_i is linear in (v, 1/W_kv, 1/P_att, c, s) for
-    fixed rho: those come from a non-negative least-squares solve, and only
-    log(rho) is searched (a 201-point grid, then golden section). A rate
-    whose cost the samples cannot see (its coefficient 0) comes back as inf.
+    Fits the rates of :class:`HardwareProfile` (memory bandwidth W, peak P,
+    KV bandwidth W_kv, attention rate P_att, overheads c and s per sequence,
+    overlap exponent p) in
+    t_i = c + s * n_i + ((B_i / W)^p + (F_i / P)^p)^(1/p) + X_i / W + K_i / W_kv + A_i / P_att
+    (B_i weight bytes, F_i linear FLOPs, X_i activation bytes, K_i KV bytes
+    and A_i attention FLOPs that step_time charges sample i, n_i its
+    sequences) by minimising sum_i (t_i / seconds_i - 1)^2. With v = 1 / P
+    and rho = P / W (the ridge intensity, FLOP/byte) t_i is linear in
+    (v, 1/W_kv, 1/P_att, c, s) for fixed rho and p: those come from a
+    non-negative least-squares solve, and log(rho) is searched (a 121-point
+    grid, then golden section) for each p of :data:`OVERLAP_EXPONENTS`. A
+    rate whose cost the samples cannot see (its coefficient 0) comes back
+    as inf, or at its bound when ``bounds`` are given.
+
+    ``bounds`` (the device's measured copy bandwidth and matmul rate) cap
+    every rate: W and W_kv at bounds.max_bandwidth, P and P_att at
+    bounds.max_flops. Without them a fit trades weight reads for fixed cost
+    freely (both are constant over the batch) and reports bandwidths no
+    device has. :func:`fit_warnings` says when a rate sits at its bound.
+    ``shared_attention`` prices attention FLOPs at P instead of fitting
+    P_att: on a GPU they run on the same tensor cores, and a grid at one or
+    two contexts cannot tell attention FLOPs from KV reads well enough to
+    carry P_att to other contexts (fitted at 512 tokens alone, a free P_att
+    of 61 TFLOP/s overprices the H200's 2048-token passes by 23%).
+    ``per_layer_fixed`` fits the fixed cost per decoder layer
+    (per_layer_overhead_s, c / num_layers) instead of per pass: the same fit
+    for one model, but it carries to models of other depths and to one-layer
+    draft heads (a GPU's kernel latency; see steps.roofline_time).
 
     The terms separate only if the samples vary them independently: plain
     decode steps alone move linear FLOPs and sequences together, and KV bytes
     and attention FLOPs together. Prefill steps (many tokens per sequence,
-    logits at one) break both ties; :mod:`specbench.calibrate` measures both.
+    logits at one) or verify passes (several tokens per sequence) break both
+    ties; :mod:`specbench.calibrate` measures them.
 
     rho is searched only between the smallest and largest sample intensity
-    F_i / B_i: beyond either end every sample sits on one side of the ridge
-    and the loss is flat. So when all samples are memory-bound, where P is only
+    F_i / B_i (widened by a factor 4 each way when p is finite, where the
+    blend reaches past the ridge): beyond that the loss is flat. Ties go to
+    the largest rho: when all samples are memory-bound, where P is only
     bounded below, the fit reports the smallest peak that keeps every sample
     memory-bound; likewise the smallest bandwidth when all are compute-bound.
 
@@ -144,25 +214,42 @@ def fit_hardware_profile(
         logits = None if s.logits is None else check_real(f"samples[{i}].logits", s.logits, 1.0, num_tokens)
         work.append(pass_work(model, num_tokens, num_seqs, context_len, logits=logits))
         seconds.append(check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True))
+    min_per_byte = 0.0 if bounds is None else 1.0 / bounds.max_bandwidth
+    min_per_flop = 0.0 if bounds is None else 1.0 / bounds.max_flops
 
-    def solve(log_rho: float) -> tuple[float, list[float]]:
+    def solve(log_rho: float, p: float) -> tuple[float, list[float]]:
         rho = math.exp(log_rho)
-        rows = [[max(rho * w.weight_bytes, w.linear_flops) / t, w.kv_bytes / t, w.attention_flops / t,
-                 1.0 / t, w.num_seqs / t] for w, t in zip(work, seconds)]
-        return _nonnegative_least_squares(rows, required=0)
+        shared = 1.0 if shared_attention else 0.0
+        rows = [[(overlap(rho * w.weight_bytes, w.linear_flops, p) + rho * w.activation_bytes
+                  + shared * w.attention_flops) / t,
+                 w.kv_bytes / t, (1.0 - shared) * w.attention_flops / t,
+                 (w.num_layers if per_layer_fixed else 1.0) / t, w.num_seqs / t]
+                for w, t in zip(work, seconds)]
+        # v = 1 / P is at least 1 / P_max, and 1 / W = v * rho at least 1 / W_max.
+        lower = [max(min_per_flop, min_per_byte / rho), min_per_byte, (1.0 - shared) * min_per_flop, 0.0, 0.0]
+        return _nonnegative_least_squares(rows, required=0, lower=lower)
 
     intensities = [math.log(w.linear_flops / w.weight_bytes) for w in work]
-    low, high = min(intensities), max(intensities)
-    grid = [low + (high - low) * j / 200 for j in range(201)]
-    losses = [solve(x)[0] for x in grid]
-    # Ties (samples that cannot tell weight reads from fixed cost, e.g. all memory-bound)
-    # go to the largest ridge: the smallest peak that still explains every sample.
-    j = max(j for j, loss in enumerate(losses) if loss <= min(losses) + 1e-12)
-    refined = _golden_section(
-        lambda x: solve(x)[0], grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)], tol=1e-9
-    )
-    log_rho = refined if solve(refined)[0] < losses[j] - 1e-12 else grid[j]
-    loss, (v, per_kv_byte, per_attention_flop, c, per_seq) = solve(log_rho)
+    best: tuple[float, float, float] | None = None  # loss, log_rho, p
+    # Ties go to the larger exponent: the plain roofline unless the samples show otherwise.
+    for p in reversed(OVERLAP_EXPONENTS):
+        widen = 0.0 if math.isinf(p) else math.log(4.0)
+        low, high = min(intensities) - widen, max(intensities) + widen
+        grid = [low + (high - low) * j / 120 for j in range(121)]
+        losses = [solve(x, p)[0] for x in grid]
+        # Ties (samples that cannot tell weight reads from fixed cost, e.g. all memory-bound)
+        # go to the largest ridge: the smallest peak that still explains every sample.
+        j = max(j for j, loss in enumerate(losses) if loss <= min(losses) + 1e-12)
+        refined = _golden_section(
+            lambda x: solve(x, p)[0], grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)], tol=1e-9
+        )
+        log_rho = refined if solve(refined, p)[0] < losses[j] - 1e-12 else grid[j]
+        loss = solve(log_rho, p)[0]
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, log_rho, p)
+    assert best is not None
+    _, log_rho, p = best
+    loss, (v, per_kv_byte, per_attention_flop, c, per_seq) = solve(log_rho, p)
     if not math.isfinite(loss) or v <= 0.0:
         raise ValueError(
             "samples do not show step time growing with work; bandwidth and peak cannot be fitted"
@@ -171,15 +258,54 @@ def fit_hardware_profile(
         name=name,
         memory_bandwidth=1.0 / (v * math.exp(log_rho)),
         peak_flops=1.0 / v,
-        fixed_overhead_s=c,
+        fixed_overhead_s=0.0 if per_layer_fixed else c,
+        per_layer_overhead_s=c if per_layer_fixed else 0.0,
         per_seq_overhead_s=per_seq,
         kv_bandwidth=1.0 / per_kv_byte if per_kv_byte > 0.0 else math.inf,
-        attention_flops=1.0 / per_attention_flop if per_attention_flop > 0.0 else math.inf,
+        attention_flops=None if shared_attention else (
+            1.0 / per_attention_flop if per_attention_flop > 0.0 else math.inf),
+        overlap_exponent=p,
         source="calibrated",
         notes=f"fitted to {len(samples)} step-time samples of {model.name}",
     )
     residuals = [roofline_time(profile, w) / t - 1.0 for w, t in zip(work, seconds)]
     return profile, residuals
+
+
+# Residuals beyond this, or a rate at its bound, make a calibration say the profile is suspect.
+RESIDUAL_WARNING = 0.10
+
+
+def fit_warnings(
+    profile: HardwareProfile, residuals: Sequence[float], bounds: DeviceBounds | None,
+    labels: Sequence[str] | None = None,
+) -> list[str]:
+    """What makes a fitted profile suspect, one sentence each (empty: nothing).
+
+    ``labels`` name the samples (e.g. "B=64 q=3 C=512") in the residual
+    warning; default: their index.
+
+    A rate at its bound (within 0.1%) means the samples wanted a faster device
+    than this one: another term (often the fixed cost) is mispriced, and the
+    rate is a ceiling, not a measurement. A residual beyond
+    :data:`RESIDUAL_WARNING` means the step model does not describe a sample.
+    """
+    out = []
+    if bounds is not None:
+        rates = (("weight bandwidth", profile.memory_bandwidth, bounds.max_bandwidth, 1e9, "GB/s"),
+                 ("KV bandwidth", profile.kv_read_bandwidth, bounds.max_bandwidth, 1e9, "GB/s"),
+                 ("matmul rate", profile.peak_flops, bounds.max_flops, 1e12, "TFLOP/s"),
+                 ("attention rate", profile.attention_peak_flops, bounds.max_flops, 1e12, "TFLOP/s"))
+        for label, value, bound, unit, unit_name in rates:
+            if value >= bound * (1.0 - 1e-3):
+                out.append(f"{label} {value / unit:.4g} {unit_name} sits at its bound ({bounds.source} "
+                           f"{bound / unit:.4g} {unit_name}): a ceiling, not a measurement")
+    worst = max(range(len(residuals)), key=lambda i: abs(residuals[i]), default=None)
+    if worst is not None and abs(residuals[worst]) > RESIDUAL_WARNING:
+        count = sum(abs(r) > RESIDUAL_WARNING for r in residuals)
+        out.append(f"{count} of {len(residuals)} samples off by more than {RESIDUAL_WARNING:.0%} "
+                   f"(worst: {labels[worst] if labels else f'sample {worst}'}, {residuals[worst]:+.1%})")
+    return out
 
 
 @dataclass(frozen=True)
@@ -229,3 +355,32 @@ def fit_draft_overhead(
     overhead = max(statistics.median((seconds - base) / k for k, seconds, base in priced), 0.0)
     residuals = [(base + k * overhead) / seconds - 1.0 for k, seconds, base in priced]
     return overhead, residuals
+
+
+def fit_draft_step_overhead(
+    samples: Sequence[StepSample],
+    *,
+    method: str,
+    target: ModelProfile,
+    head: ModelProfile | None,
+    hw: HardwareProfile,
+) -> tuple[float, list[float]]:
+    """Per-draft-pass fixed cost from draft steps timed on their own (one head pass each).
+
+    Each sample is one head pass over num_seqs sequences (one token each) at
+    context_len; with the target's profile ``hw`` fitted, d_i = seconds_i -
+    the head's priced work, and d is their median, floored at 0. Returns d
+    in seconds and each sample's relative residual under it.
+    """
+    cost_model(method)
+    if method not in EAGLE_FC_INPUTS:
+        raise ValueError(f"method must be an EAGLE head ({', '.join(EAGLE_FC_INPUTS)}); got {method!r}")
+    if not samples:
+        raise ValueError("samples must not be empty")
+    free = replace(hw, draft_overhead_s=0.0)
+    priced = [(check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True),
+               draft_time(method, hw=free, batch_size=check_int(f"samples[{i}].num_seqs", s.num_seqs, 1), k=1,
+                          context_len=s.context_len, draft=head, target=target))
+              for i, s in enumerate(samples)]
+    overhead = max(statistics.median(seconds - base for seconds, base in priced), 0.0)
+    return overhead, [(base + overhead) / seconds - 1.0 for seconds, base in priced]

@@ -30,8 +30,15 @@ class HardwareProfile:
     A pass (:func:`step_time`) costs, in seconds,
 
         fixed_overhead_s + per_seq_overhead_s * num_seqs
-        + max(weight bytes / memory_bandwidth, linear FLOPs / peak_flops)
+        + overlap(weight bytes / memory_bandwidth, linear FLOPs / peak_flops)
+        + activation bytes / memory_bandwidth
         + KV-cache bytes / kv_bandwidth + attention FLOPs / attention_flops
+
+    where overlap(a, b) = (a^p + b^p)^(1/p) with p = overlap_exponent: how
+    fully the matrix multiplies hide their weight reads behind their compute
+    (p = inf: max(a, b), perfect overlap; p = 1: a + b, none; see
+    :func:`specbench.analytic.steps.roofline_time` for why measured GPUs sit
+    near p = 2.5).
 
     memory_bandwidth in bytes/s and peak_flops in FLOP/s (dense, at the dtype
     the model runs in) price the weight-bound and compute-bound matrix
@@ -40,7 +47,10 @@ class HardwareProfile:
     a GPU the same memory and the same units (None: memory_bandwidth and
     peak_flops), on a CPU attention kernels that run at their own rates.
     fixed_overhead_s is paid once per engine step (kernel launch, scheduler,
-    sampler time that does not scale with work), per_seq_overhead_s once per
+    sampler time that does not scale with work), per_layer_overhead_s once
+    per decoder layer of every pass, draft passes included (on a GPU, the
+    latency of each layer's small kernels, CUDA graphs or not: it moves with
+    the model's depth, not its width), per_seq_overhead_s once per
     sequence in it (sampling over the vocabulary, per-request bookkeeping:
     negligible on a GPU, a millisecond on a CPU).
     draft_overhead_s is the fixed cost of a draft pass (an EAGLE head's or a
@@ -62,9 +72,15 @@ class HardwareProfile:
     per_seq_overhead_s: float = 0.0
     kv_bandwidth: float | None = None
     attention_flops: float | None = None
+    overlap_exponent: float = math.inf
+    per_layer_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
+        check_real("per_layer_overhead_s", self.per_layer_overhead_s, 0.0)
         check_real("memory_bandwidth", self.memory_bandwidth, 0.0, low_open=True)
+        if not (isinstance(self.overlap_exponent, numbers.Real) and not isinstance(self.overlap_exponent, bool)
+                and self.overlap_exponent >= 1.0):
+            raise ValueError(f"overlap_exponent must be a number >= 1 or inf, got {self.overlap_exponent!r}")
         check_real("peak_flops", self.peak_flops, 0.0, low_open=True)
         check_real("fixed_overhead_s", self.fixed_overhead_s, 0.0)
         check_real("per_seq_overhead_s", self.per_seq_overhead_s, 0.0)
@@ -102,7 +118,10 @@ class HardwareProfile:
         peak_tflops (1e12 FLOP/s), fixed_overhead_ms (milliseconds); optional:
         per_sequence_overhead_ms, draft_overhead_ms (milliseconds),
         kv_bandwidth_gbps (GB/s), attention_tflops (TFLOP/s; .inf: free),
-        notes. Other keys (e.g. memory_gb) are ignored.
+        per_layer_overhead_ms (milliseconds per decoder layer and pass),
+        overlap_exponent (>= 1; absent or .inf: reads and compute overlap
+        fully, the max() of a plain roofline), notes. Other keys (e.g.
+        memory_gb, the sources) are ignored.
         """
         for key in ("name", "source", "memory_bandwidth_gbps", "peak_tflops", "fixed_overhead_ms"):
             if key not in d:
@@ -128,6 +147,10 @@ class HardwareProfile:
             per_seq_overhead_s=optional("per_sequence_overhead_ms", 1e-3, low_open=False) or 0.0,
             kv_bandwidth=optional("kv_bandwidth_gbps", 1e9, low_open=True),
             attention_flops=optional("attention_tflops", 1e12, low_open=True),
+            per_layer_overhead_s=optional("per_layer_overhead_ms", 1e-3, low_open=False) or 0.0,
+            overlap_exponent=math.inf if d.get("overlap_exponent") is None else (
+                math.inf if d["overlap_exponent"] == math.inf
+                else check_real("overlap_exponent", d["overlap_exponent"], 1.0)),
         )
 
 
@@ -153,8 +176,12 @@ class ModelProfile:
     kv_bytes_per_element: float
     # An EAGLE-3 head's reduced LM-head vocabulary (config.json's draft_vocab_size); None: vocab_size.
     draft_vocab_size: int | None = None
+    # Bytes of an input-embedding table apart from the LM head (untied): a pass gathers a
+    # row per token from it instead of streaming it, so it is not read. 0: tied, or unknown.
+    input_embedding_bytes: float = 0.0
 
     def __post_init__(self) -> None:
+        check_real("input_embedding_bytes", self.input_embedding_bytes, 0.0)
         for field in (
             "num_params", "num_layers", "hidden_size", "intermediate_size",
             "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size",
@@ -167,6 +194,11 @@ class ModelProfile:
     def weight_bytes(self) -> float:
         """Bytes read per forward pass for the weights: num_params * bytes_per_weight."""
         return self.num_params * self.bytes_per_weight
+
+    @property
+    def streamed_weight_bytes(self) -> float:
+        """Bytes of weights a forward pass reads: weight_bytes less an untied input-embedding table."""
+        return self.weight_bytes - self.input_embedding_bytes
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -183,6 +215,23 @@ class ModelProfile:
         """
         heads = self.num_attention_heads + self.num_kv_heads
         return self.hidden_size * (2 * heads * self.head_dim + 3 * self.intermediate_size)
+
+    @property
+    def activation_bytes_per_token(self) -> float:
+        """Bytes of activations one token moves through the matrix multiplies, in bytes/token.
+
+        Each multiply reads its input and writes its output once, at the
+        activation width kv_bytes_per_element (weights may be quantized,
+        activations are not): per layer q/k/v (in: hidden; out: (heads + 2 *
+        kv_heads) * head_dim), o (in: heads * head_dim; out: hidden), gate/up
+        (in: hidden; out: 2 * intermediate), down (in: intermediate; out:
+        hidden), and the LM head's logits (vocab). For a 7B model about 4.7
+        MB per token: at a few hundred tokens per pass a tenth of the weights.
+        """
+        q_out = self.num_attention_heads * self.head_dim
+        qkv_out = (self.num_attention_heads + 2 * self.num_kv_heads) * self.head_dim
+        per_layer = 4 * self.hidden_size + qkv_out + q_out + 3 * self.intermediate_size
+        return (self.num_layers * per_layer + self.vocab_size) * self.kv_bytes_per_element
 
     @property
     def flops_per_token(self) -> float:
@@ -285,8 +334,12 @@ class ModelProfile:
             total_bytes = layer_linears * per_linear + (num_params - layer_linears) * _HALF_BYTES
             bytes_per_weight = total_bytes / num_params
         draft_vocab = cfg.get("draft_vocab_size")
+        # Embeddings stay 16-bit in AWQ/GPTQ checkpoints, at the dtype width otherwise.
+        embedding_width = _HALF_BYTES if quant is not None else _DTYPE_BYTES[dtype]
+        untied_embedding = 0 if cfg.get("tie_word_embeddings", False) else vocab * hidden
         return replace(
             shape, num_params=num_params, bytes_per_weight=bytes_per_weight,
+            input_embedding_bytes=untied_embedding * embedding_width,
             draft_vocab_size=None if draft_vocab is None else check_int("draft_vocab_size", draft_vocab, 1),
         )
 
@@ -313,4 +366,4 @@ def ridge_point(model: ModelProfile, hw: HardwareProfile) -> float:
     tokens. KV-cache traffic and attention FLOPs are left out: this is the
     short-context ridge; long contexts move the real one outwards.
     """
-    return hw.peak_flops * model.weight_bytes / (hw.memory_bandwidth * model.flops_per_token)
+    return hw.peak_flops * model.streamed_weight_bytes / (hw.memory_bandwidth * model.flops_per_token)
