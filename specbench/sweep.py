@@ -47,10 +47,11 @@ from specbench.logs import LOG_FILE
 from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep
 from specbench.measure import WARMUP_MAX_TOKENS
 from specbench.grid import PlannedCell
-from specbench.results.files import CellFiles, write_results
+from specbench.results.files import CellFiles, write_atomic, write_results
 from specbench.results.merge import merge
-from specbench.results.schema import results_path
-from specbench.job import completed_row
+from specbench.results.provenance import provenance_differences
+from specbench.results.schema import ResultsError, read_rows, results_path
+from specbench.job import completed_row, current_provenance
 from specbench.workloads import check_source, estimated_requests
 
 log = logging.getLogger(__name__)
@@ -117,11 +118,68 @@ def waves_line(planned: Sequence[PlannedCell]) -> str | None:
             f"them in waves, fewer requests at a time than batch_size (largest: {largest})")
 
 
-def write_plan(sweep_dir: Path, planned: Sequence[PlannedCell]) -> None:
-    """Record which cells make up this sweep, for the merge."""
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    plan = [{"cell_id": p.cell.cell_id, "overrides": list(p.overrides)} for p in planned]
-    (sweep_dir / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
+def write_plan(sweep_dir: Path, planned: Sequence[PlannedCell]) -> list[str]:
+    """Record which cells make up this sweep, for the merge, atomically; return lines for the terminal.
+
+    A grid run into a directory that holds an earlier grid's plan adds to it:
+    the plan becomes the union, so ``results.parquet`` and the report cover
+    both grids. An earlier cell stays only while its stored row would pass a
+    resume (:func:`earlier_cells`); the lines name those left out and why.
+    """
+    planned_ids = {p.cell.cell_id for p in planned}
+    earlier, left_out = earlier_cells(sweep_dir, planned_ids)
+    plan = earlier + [{"cell_id": p.cell.cell_id, "overrides": list(p.overrides)} for p in planned]
+    text = (json.dumps(plan, indent=1) + "\n").encode()
+    write_atomic(sweep_dir / PLAN_FILE, lambda f: f.write(text))
+    lines = [f"  + {len(earlier)} cell(s) of earlier grids in this directory, merged with these"] if earlier else []
+    return lines + [f"  left out of the merge: {line} (run its grid again to measure it)" for line in left_out]
+
+
+def earlier_cells(sweep_dir: Path, planned_ids: set[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The plan entries of earlier grids in ``sweep_dir`` that still stand, and why the others do not.
+
+    An earlier cell stands when its stored row is complete and was measured
+    by this run's setup (schema, vLLM, torch, git commit, prompt file and
+    requests: :func:`specbench.results.provenance.provenance_differences`),
+    as a resume requires; otherwise merging it would compare measurements of
+    different software. Cells of the current grid are not earlier cells.
+    """
+    path = sweep_dir / PLAN_FILE
+    if not path.is_file():
+        return [], []
+    try:
+        entries = json.loads(path.read_text())
+    except ValueError as exc:
+        return [], [f"{path} cannot be read ({exc})"]
+    kept: list[dict[str, Any]] = []
+    left_out: list[str] = []
+    for entry in entries:
+        if entry["cell_id"] in planned_ids:
+            continue
+        why = _earlier_cell_problem(CellFiles(sweep_dir / "cells", entry["cell_id"]))
+        if why is None:
+            kept.append(entry)
+        else:
+            left_out.append(f"{entry['cell_id']}: {why}")
+    return kept, left_out
+
+
+def _earlier_cell_problem(files: CellFiles) -> str | None:
+    """Why an earlier grid's stored cell cannot join this sweep's merge, or None when it can."""
+    if not files.row.exists():
+        return "never measured"
+    try:
+        row = read_rows(files.row)[0]
+    except (ResultsError, IndexError) as exc:
+        return f"its file cannot be read ({exc})"
+    if row.get("status") != "ok":
+        return f"it failed ({row.get('error')})"
+    try:
+        # The row's own resolved config rebuilds the cell whose requests it measured.
+        stale = provenance_differences(row, current_provenance(cell_from_config(json.loads(row["config_json"]))))
+    except Exception as exc:  # noqa: BLE001 - a row that cannot be checked is not merged
+        return f"it cannot be checked against this run ({type(exc).__name__}: {exc})"
+    return f"stale (stored vs now: {'; '.join(stale)})" if stale else None
 
 
 def engine_starts(planned: Sequence[PlannedCell]) -> int:
@@ -205,13 +263,14 @@ class CellSweeper(BasicSweeper):
             refuse(exc)
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        write_plan(sweep_dir, planned)
+        earlier = write_plan(sweep_dir, planned)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cells_dir = sweep_dir / "cells"
         todo = [p for p in planned if completed_row(CellFiles(cells_dir, p.cell.cell_id), p.cell) is None]
         plan = describe_plan(sweep_dir, planned, todo, len(jobs), bool(self.config.get("verbose")), estimate_time(todo))
         if (waves := waves_line(planned)) is not None:
             plan += f"\n  {waves}"
+        plan += "".join(f"\n{line}" for line in earlier)
         log.info("%s", plan)
         print(plan, flush=True)
         # By name: Hydra's plugin scan re-executes core plugin modules, so the

@@ -97,13 +97,30 @@ def test_rerun_into_the_same_directory_resumes(reference_sweep):
     assert "0 to run on 0 engine(s), 10 already complete" in again.stdout + again.stderr
 
 
-def test_single_run_measures_the_cell_with_its_baseline(tmp_path):
-    run_dir = tmp_path / "run"
-    done = specbench("method=ngram", "num_speculative_tokens=2", "workload=creative", "workload.num_prompts=2",
-                     "workload.max_tokens=8", "repetitions=1", "engine_runs=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+def test_single_run_measures_the_cell_with_its_baseline_where_a_sweep_does_and_a_grid_adds_to_it(tmp_path):
+    """A single run writes to outputs/<sweep_name>/ and resumes there; a grid run into the same
+    directory adds its cells to the plan, so the results and report cover both."""
+    small = ["workload=creative", "workload.num_prompts=2", "workload.max_tokens=8", "repetitions=1",
+             "engine_runs=1", "sweep_name=shared"]
+    run_dir = tmp_path / "outputs" / "shared"
+    done = specbench("method=ngram", "num_speculative_tokens=2", *small, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     results = pd.read_parquet(run_dir / "results.parquet")
     assert sorted(results["method"]) == ["baseline", "ngram"]
     assert sorted(results["method_label"]) == ["baseline", "ngram K=2"]
     assert results["exact_match"].all() and (results["status"] == "ok").all()
     assert (run_dir / "report.html").is_file()
+
+    grid = specbench("-m", "method=ngram", "num_speculative_tokens=3", *small, cwd=tmp_path)
+    assert grid.returncode == 0, grid.stderr[-4000:]
+    assert "1 already complete" in grid.stdout  # the shared baseline
+    assert "+ 1 cell(s) of earlier grids in this directory" in grid.stdout
+    both = pd.read_parquet(run_dir / "results.parquet")
+    assert sorted(both["method_label"]) == ["baseline", "ngram K=2", "ngram K=3"]
+    assert both.loc[both["method"] == "ngram", "speedup"].notna().all()
+    assert "ngram K=2" in (run_dir / "report.html").read_text()
+
+    again = specbench("method=ngram", "num_speculative_tokens=2", *small, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "0 to run on 0 engine(s), 2 already complete" in again.stdout
+    assert sorted(pd.read_parquet(run_dir / "results.parquet")["method_label"]) == ["baseline", "ngram K=2", "ngram K=3"]

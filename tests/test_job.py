@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -185,3 +186,90 @@ def test_requests_fingerprint_covers_prompt_tokens_and_max_tokens():
     assert plan.fingerprint == same.fingerprint
     assert plan.fingerprint != CellPlan(prompts=((1, 2), (4,)), batch_size=1, max_tokens=8, repetitions=1).fingerprint
     assert plan.fingerprint != CellPlan(prompts=((1, 2), (3,)), batch_size=1, max_tokens=9, repetitions=1).fingerprint
+
+
+def _stored_with_config(resumable, **changed):
+    """The fixture's stored row, as a real cell file holds it: with its resolved config (and ``changed`` columns)."""
+    from specbench.results.files import CellFiles
+
+    cell, files, row, _ = resumable
+    CellFiles(files.cells_dir, cell.cell_id).write(
+        row | {"config_json": json.dumps(cell.config, sort_keys=True)} | changed, [], [])
+    return cell, files.cells_dir.parent
+
+
+def test_a_second_grid_into_the_same_directory_plans_the_union_of_both(resumable):
+    from specbench.grid import PlannedCell
+    from specbench.sweep import read_plan, write_plan
+
+    first, sweep_dir = _stored_with_config(resumable)
+    assert write_plan(sweep_dir, [PlannedCell(("method=baseline",), first)]) == []
+    second = first.in_engine_run(1)  # a cell the first grid did not have
+    lines = write_plan(sweep_dir, [PlannedCell(("method=baseline", "engine_run=1"), second)])
+    assert read_plan(sweep_dir) == [first.cell_id, second.cell_id]
+    assert lines == ["  + 1 cell(s) of earlier grids in this directory, merged with these"]
+    # The second grid again (a resume) keeps the union as it is, each cell once.
+    write_plan(sweep_dir, [PlannedCell(("method=baseline", "engine_run=1"), second)])
+    assert read_plan(sweep_dir) == [first.cell_id, second.cell_id]
+    assert json.loads((sweep_dir / "plan.json").read_text())[0]["overrides"] == ["method=baseline"]
+
+
+@pytest.mark.parametrize(
+    ("changed", "why"),
+    [({"git_commit": "0123abc"}, "stale (stored vs now: git_commit 0123abc vs "),
+     ({"schema_version": 2}, "stale (stored vs now: schema_version 2 vs "),
+     ({"status": "failed", "error": "EngineError: boom"}, "it failed (EngineError: boom)")],
+)
+def test_a_second_grid_leaves_out_earlier_cells_a_resume_would_measure_again(resumable, changed, why):
+    from specbench.grid import PlannedCell
+    from specbench.sweep import read_plan, write_plan
+
+    first, sweep_dir = _stored_with_config(resumable, **changed)
+    write_plan(sweep_dir, [PlannedCell((), first)])
+    second = first.in_engine_run(1)
+    lines = write_plan(sweep_dir, [PlannedCell((), second)])
+    assert read_plan(sweep_dir) == [second.cell_id]
+    assert len(lines) == 1 and lines[0].startswith(f"  left out of the merge: {first.cell_id}: {why}")
+
+
+def test_an_earlier_cell_never_measured_is_left_out_of_the_union(resumable):
+    from specbench.grid import PlannedCell
+    from specbench.sweep import read_plan, write_plan
+
+    first, sweep_dir = _stored_with_config(resumable)
+    unmeasured = first.in_engine_run(2)
+    write_plan(sweep_dir, [PlannedCell((), first), PlannedCell((), unmeasured)])
+    lines = write_plan(sweep_dir, [PlannedCell((), first.in_engine_run(1))])
+    assert read_plan(sweep_dir) == [first.cell_id, first.in_engine_run(1).cell_id]
+    assert f"{unmeasured.cell_id}: never measured" in "\n".join(lines)
+
+
+def test_the_plan_is_written_atomically(resumable, monkeypatch):
+    from specbench.grid import PlannedCell
+    from specbench.sweep import write_plan
+
+    first, sweep_dir = _stored_with_config(resumable)
+    write_plan(sweep_dir, [PlannedCell((), first)])
+    before = (sweep_dir / "plan.json").read_bytes()
+
+    def disk_full(fd: int) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)  # the write fails after the new plan's bytes went out
+    with pytest.raises(OSError, match="No space left"):
+        write_plan(sweep_dir, [PlannedCell((), first.in_engine_run(1))])
+    assert (sweep_dir / "plan.json").read_bytes() == before
+    assert not [p.name for p in sweep_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_single_run_writes_where_a_sweep_of_the_same_name_does():
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
+            cfg = compose(config_name="config", overrides=["sweep_name=mine"], return_hydra_config=True)
+            assert cfg.hydra.run.dir == cfg.hydra.sweep.dir == "outputs/mine"
+    finally:
+        GlobalHydra.instance().clear()

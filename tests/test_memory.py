@@ -202,7 +202,7 @@ def _plain(cfg: DictConfig) -> dict:
     return plain
 
 
-# The grid issue 26 found refused: ngram K=2,8 x batch 1,8,32 on 32 summaries of 48 tokens.
+# A grid once refused although it fits: ngram K=2,8 x batch 1,8,32 on 32 summaries of 48 tokens.
 SUMMARIES_AT_BATCH_32 = ["hardware=cpu-amd-epyc-2-cores", "method=ngram", "num_speculative_tokens=8",
                          "batch_size=32", "workload=summarize", "workload.num_prompts=32", "workload.max_tokens=48"]
 

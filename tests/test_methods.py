@@ -16,7 +16,7 @@ from specbench.analytic import drafting, prediction, profiles, steps
 from specbench.results.schema import method_label, method_variant
 
 TOY_YAML = """\
-# Prompt lookup over longer n-grams: a toy method added the way the README says.
+# Prompt lookup over longer n-grams: a toy method added the way docs/architecture.md says.
 name: toy
 speculative_config:
   method: ngram

@@ -57,7 +57,7 @@ def _row(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft_tokens
 
 
 def _theory(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=None, drafted=None):
-    """(decode, end-to-end) speedup of such a row, straight from the theory module."""
+    """(decode, end-to-end) speedup of such a row, straight from the analytic model."""
     profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     draft_profile = profiles.ModelProfile.from_config_json(draft, dtype="float32") if draft else None
     context = PROMPT_LEN + OUTPUT_LEN / 2

@@ -7,7 +7,7 @@ wrong sampler, vLLM's own CPU build before specbench repairs it, is tested in te
 issue's finer control, 0.7 against 0.8 (a drift of ~0.08 in total variation per position on these
 prompts), is below what the default check size detects (~0.15, its distribution_power_tv); it
 needs distribution_check.samples=256, minutes on this CPU, so it is measured outside the suite
-(README, "Sampling").
+(docs/methodology.md, "Sampling").
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def test_ngram_samples_from_the_targets_distribution(sweep):
     # At 1.0 ngram passes (p = 0.51 on 2026-12-02, after the repair of vllm#55005).
     assert spec.loc[1.0, "exactness"] == "distribution" and spec.loc[1.0, "distribution_p_adjusted"] > 0.05
     # At 0.4 this draw gives p = 0.0175 (Holm 0.035: flagged), and 0.056 with 256 samples; the
-    # samples' likelihood under the target matches the baseline's (README, "Sampling: what the check
-    # detects"). Asserted here: no gross failure, such as the unrepaired engine's collapse.
+    # samples' likelihood under the target matches the baseline's (docs/results/2026-12-02-sampling-check.md,
+    # "Open"). Asserted here: no gross failure, such as the unrepaired engine's collapse.
     assert spec.loc[0.4, "distribution_p_value"] > 0.001
 
 

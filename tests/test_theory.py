@@ -1,4 +1,4 @@
-"""Hand-computed checks for specbench.analytic.theory, the analytic roofline-decay model."""
+"""Hand-computed checks for the analytic roofline-decay model (specbench.analytic)."""
 
 from __future__ import annotations
 

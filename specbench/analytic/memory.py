@@ -1,6 +1,6 @@
 """What a cell costs in memory: the fit check before launch, and memory beside every row.
 
-The memory model itself is :mod:`specbench.analytic.theory` (``engine_memory``,
+The memory model itself is :mod:`specbench.analytic.footprint` (``engine_memory``,
 ``memory_problems``); this module prices a cell's config with it:
 
 - **budget**: the hardware profile (``conf/hardware``; the sweep's

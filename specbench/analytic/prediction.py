@@ -1,7 +1,7 @@
 """The analytic model beside every measurement: predicted speedups for merged rows.
 
 For each measured row, :func:`with_predicted_speedups` prices the row's own cell with
-:mod:`specbench.analytic.theory`:
+the model's modules in :mod:`specbench.analytic`:
 
 - hardware: the profile the sweep's config names (``hardware=<name>``, from
   ``conf/hardware``), else the calibrated profile of this machine that

@@ -4,8 +4,8 @@ Each repair probes the running engine for its defect and is applied only where
 the probe finds it, so a vLLM that has the upstream fix is measured untouched.
 The names of the repairs applied are recorded in every row (``vllm_fixes``),
 and ``engine.vllm_fixes=false`` measures the installed vLLM as it is: that is
-how the report's distribution check is shown catching the defect (README,
-"Sampling: what the check detects").
+how the report's distribution check is shown catching the defect
+(docs/results/2026-12-02-sampling-check.md).
 
 Runs inside an engine worker, after ``LLM()`` has registered the platform's
 kernels (the CPU build registers its C++ stand-ins for vLLM's Triton kernels

@@ -5,8 +5,9 @@
 runs :func:`specbench.measure.measure` on each plan it receives. Around vLLM:
 hooks that count what vLLM's metrics leave out (drafts per position, tokens
 cut from a request's last pass), the memory an engine holds, and the near ties
-of greedy decoding. This module and :mod:`specbench.engine.preload` are the
-only ones that import vLLM, and this one only inside its functions, so the
+of greedy decoding. This module, :mod:`specbench.engine.preload` and
+:mod:`specbench.engine.fixes` are the only ones that import vLLM, and this one
+only inside its functions, so the
 fork server can preload it and the sweep process can name :func:`serve`.
 """
 

@@ -1,0 +1,26 @@
+"""``python -m specbench --help``: Hydra's help, configured for a user (conf/config.yaml, hydra.help)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+
+def test_help_names_the_app_examples_groups_and_companion_commands_and_no_internal_keys(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "specbench", "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert text.startswith("specbench: ")
+    assert len(re.findall(r"^  python -m specbench (?:-m )?\S+=", text, flags=re.MULTILINE)) == 4  # the examples
+    assert "python -m specbench -m method=ngram,eagle num_speculative_tokens=2,4,8" in text
+    # The config groups, listed by Hydra from conf/: every method included.
+    assert "method: baseline, controlled, draft_model, eagle, eagle3, ngram" in text
+    assert re.search(r"^sweep: .*cpu_demo", text, flags=re.MULTILINE)
+    for module in ("specbench.plan", "specbench.calibrate", "specbench.analytic.recommend",
+                   "specbench.report", "specbench.heads"):
+        assert f"python -m {module} " in text
+    # Neither the composed config nor Hydra's boilerplate.
+    for internal in ("engine_run:", "passes:", "${", "powered by Hydra", "__main__"):
+        assert internal not in text
