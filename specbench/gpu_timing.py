@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -333,6 +334,11 @@ def fit_table(
     return profile, residuals, profile_fit.fit_warnings(profile, residuals, bounds, labels), bounds
 
 
+def _significant(value: float, digits: int = 4) -> float:
+    """``value`` to ``digits`` significant figures: a CPU's 0.09 TFLOP/s must not round up past its bound."""
+    return value if not math.isfinite(value) or value == 0.0 else float(f"{value:.{digits}g}")
+
+
 def profile_document(
     profile: profiles.HardwareProfile, residuals: Sequence[float], warnings: Sequence[str],
     bounds: profile_fit.DeviceBounds, table: dict[str, Any], table_path: str,
@@ -340,12 +346,12 @@ def profile_document(
     """The YAML document: conf/hardware keys, then the evidence behind them."""
     doc: dict[str, Any] = {
         "name": profile.name, "source": "calibrated",
-        "memory_bandwidth_gbps": round(profile.memory_bandwidth / 1e9, 2),
-        "peak_tflops": round(profile.peak_flops / 1e12, 2),
+        "memory_bandwidth_gbps": _significant(profile.memory_bandwidth / 1e9),
+        "peak_tflops": _significant(profile.peak_flops / 1e12),
         "fixed_overhead_ms": round(profile.fixed_overhead_s * 1e3, 4),
         "per_layer_overhead_ms": round(profile.per_layer_overhead_s * 1e3, 5),
         "per_sequence_overhead_ms": round(profile.per_seq_overhead_s * 1e3, 5),
-        "kv_bandwidth_gbps": round(profile.kv_read_bandwidth / 1e9, 2),
+        "kv_bandwidth_gbps": _significant(profile.kv_read_bandwidth / 1e9),
         "overlap_exponent": profile.overlap_exponent,
     }
     if profile.draft_overhead_s is not None:
@@ -355,8 +361,8 @@ def profile_document(
                   f"({table.get('timing', 'CUDA graphs')}) on {table.get('gpu', table.get('device'))}; "
                   "attention at the matmul rate; vLLM's scheduler and sampler not included."),
         "device": table.get("gpu", table.get("device")),
-        "device_rates": {"copy_bandwidth_gbps": round(bounds.copy_bandwidth / 1e9, 2),
-                         "matmul_tflops": round(bounds.matmul_flops / 1e12, 2), "source": bounds.source},
+        "device_rates": {"copy_bandwidth_gbps": _significant(bounds.copy_bandwidth / 1e9),
+                         "matmul_tflops": _significant(bounds.matmul_flops / 1e12), "source": bounds.source},
         "fit_warnings": list(warnings),
         "rms_residual": (sum(r * r for r in residuals) / len(residuals)) ** 0.5,
         "residuals": [round(r, 4) for r in residuals],
