@@ -334,8 +334,8 @@ def fit_table(
     return profile, residuals, profile_fit.fit_warnings(profile, residuals, bounds, labels), bounds
 
 
-def _significant(value: float, digits: int = 4) -> float:
-    """``value`` to ``digits`` significant figures: a CPU's 0.09 TFLOP/s must not round up past its bound."""
+def _significant(value: float, digits: int = 8) -> float:
+    """``value`` to ``digits`` significant figures: rounding to decimals put a CPU's 0.09 TFLOP/s above its bound."""
     return value if not math.isfinite(value) or value == 0.0 else float(f"{value:.{digits}g}")
 
 
