@@ -19,8 +19,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from specbench import methods, models
+from specbench import load, methods, models
 from specbench.analytic import footprint, memory
+from specbench.load import ServingPlan
 from specbench.measure import CellPlan, DistributionPlan, Measurement
 from specbench.config import Cell
 from specbench.engine import EngineError, EnginePool, EngineSpec, describe_machine
@@ -33,7 +34,7 @@ from specbench.results.provenance import (
     provenance_differences,
     static_provenance,
 )
-from specbench.results import distribution
+from specbench.results import distribution, serving
 from specbench.results.exactness import TIE, classify, tie_tolerance
 from specbench.results.merge import DISTURBED_SHARE
 from specbench.results.schema import SCHEMA_VERSION, ResultsError, read_rows, results_path
@@ -166,9 +167,13 @@ def current_provenance(cell: Cell) -> dict[str, Any]:
     }
 
 
-def _requests(cell: Cell) -> tuple[Workload, CellPlan]:
-    """The cell's workload, tokenized with its model's tokenizer, and the requests it submits."""
+def _requests(cell: Cell) -> tuple[Workload, CellPlan | ServingPlan]:
+    """The cell's workload, tokenized with its model's tokenizer, and the requests it submits
+    (a serving cell's on their arrival schedule)."""
     workload = _workload(json.dumps(cell.workload, sort_keys=True), cell.identity["model"]["path"])
+    if cell.is_serving:
+        return workload, load.serving_plan(cell.identity["load"], workload.token_ids, cell.workload["max_tokens"],
+                                           cell.identity["seed"])
     return workload, _plan(cell, workload)
 
 
@@ -224,10 +229,15 @@ def _run_cell(
         files.write(row, [], [])
         return CellOutcome(cell.cell_id, "failed", error, f"{cell_label(cell)}: FAILED {error.splitlines()[0]}")
 
+    served = None
+    if isinstance(measurement, load.ServingMeasurement):
+        served, measurement = measurement, serving.as_measurement(measurement, plan)
     row = rows.measured_row(
         cell, engine_runs, provenance, measurement=measurement, info=worker.info, workload=workload, plan=plan,
         machine=machine_state(load_before), memory=memory_columns, other_cpu_share_per_attempt=shares,
     )
+    if served is not None:
+        row |= serving.cell_columns(served, cell.identity["load"])
     files.write(row, measurement.token_ids, workload.prompt_ids)
     log.info(
         "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",

@@ -64,6 +64,8 @@ class EngineSpec:
     max_num_batched_tokens: int | None = None
     # Repair the installed vLLM's known defects where this engine has them (specbench.engine.fixes).
     vllm_fixes: bool = True
+    # vLLM's async engine (AsyncLLM), for serving cells (specbench.engine.serving); False: the offline LLM.
+    serving: bool = False
 
     @property
     def speculative_config(self) -> dict[str, Any] | None:
@@ -216,8 +218,10 @@ class EngineWorker:
         self._conn, child_conn = ctx.Pipe()
         environment = worker_environment(spec)
         with patched_environ(environment):  # spawn copies os.environ at start; a forked worker applies it itself
+            # A serving engine starts its engine core in a child process, which a daemon may not have;
+            # the worker still dies with the sweep (worker._exit_with) and takes the core with it.
             self._process = ctx.Process(
-                target=serve, args=(child_conn, spec, log_path, environment, os.getpid()), daemon=True
+                target=serve, args=(child_conn, spec, log_path, environment, os.getpid()), daemon=not spec.serving
             )
             self._process.start()
         child_conn.close()

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from specbench.logs import LOG_FILE
-from specbench.report import memory, plots, tables
+from specbench.report import memory, plots, serving, tables
 from specbench.results.files import write_atomic
 from specbench.results.schema import ResultsError, results_path
 
@@ -66,8 +66,11 @@ def render_report(results_path: Path) -> str:
     Hydra's ``multirun.yaml`` (or a single run's ``.hydra/overrides.yaml``)
     beside the results supplies the command that reproduces the sweep.
     """
-    df, missing_columns = tables.load_frame(results_path)
-    encoding = plots.Encoding.for_frame(df)
+    full, missing_columns = tables.load_frame(results_path)
+    encoding = plots.Encoding.for_frame(full)
+    # Serving cells have their own section: the offline figures and tables read batch size as the axis.
+    df, served = serving.split(full)
+    figures = (*plots.FIGURES, memory.memory_cost) if not df.empty or served.empty else ()
     multirun, run_overrides, config_note = _saved_config(results_path.parent)
     command = tables.reproduce_command(multirun, run_overrides, df)
     template = _environment().get_template("report.html.j2")
@@ -76,7 +79,11 @@ def render_report(results_path: Path) -> str:
         results_path=str(results_path),
         generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         summary=tables.summary(df, missing_columns),
-        plots=[_draw(figure, df, encoding) for figure in (*plots.FIGURES, memory.memory_cost)],
+        plots=[_draw(figure, df, encoding) for figure in figures]
+        + [_draw(figure, served, encoding) for figure in (serving.FIGURES if not served.empty else ())],
+        serving_rows=serving.table(served) if not served.empty else [],
+        serving_verdicts=serving.verdicts(served) if not served.empty else [],
+        saturated_share=serving.SATURATED_SHARE,
         best_configs=tables.best_configs(df),
         has_confirmation=tables.has_confirmation(df),
         memory_rows=memory.memory_table(df),
