@@ -195,3 +195,51 @@ def test_speedups_pair_each_engine_run_with_its_baseline_and_the_verdict_stops_a
     reach = serving.highest_paying_rate(speculative)
     assert reach == (2.0 if rows["ngram-rate2"]["serving_pays"] else 1.0)
     assert serving.highest_paying_rate([r for r in speculative if r["load_request_rate"] == 4.0]) is None
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def _serving_row(method: str, rate: float, *, speedup: float | None = None, achieved: float | None = None,
+                 exactness: str | None = "exact") -> dict:
+    from rows import make_row
+
+    baseline = method == "baseline"
+    row = make_row(method, 4, speedup=1.0 if baseline else 1.0)
+    tag = f"-rate{rate:g}"
+    row |= {
+        "cell_id": row["cell_id"].replace("-r0", f"{tag}-r0"),
+        "baseline_cell_id": None if baseline else row["baseline_cell_id"].replace("-r0", f"{tag}-r0"),
+        "load_request_rate": rate, "load_burstiness": 1.0, "served_requests": 8,
+        "achieved_request_rate": achieved if achieved is not None else rate * 0.95,
+        "running_batch_mean": 1.0 + rate, "running_batch_p90": 2.0 + rate, "running_batch_max": 3 + int(rate),
+        "running_batch_t_s": [0.0, 1.0, 2.0], "running_batch": [1, 2, 1],
+        "queue_s_p50": 0.01 * rate, "ttft_s_p50": 0.1 * rate, "ttft_s_p90": 0.2 * rate,
+        "exactness": None if baseline else exactness,
+    }
+    if not baseline and speedup is not None:
+        row |= {f"serving_speedup_{n}": speedup for n in ("tpot_p50", "e2e_p50", "e2e_p90")}
+        row |= {"serving_speedup_e2e_p50_ci_low": speedup * 0.9, "serving_speedup_e2e_p50_ci_high": speedup * 1.1,
+                "serving_predicted_speedup": speedup * 1.05}
+        row["serving_pays"] = serving.pays(row)
+    return row
+
+
+def test_the_report_draws_serving_cells_apart_and_names_where_each_configuration_stops_paying(tmp_path):
+    from rows import make_row, write_results
+
+    from specbench.report import write_report
+
+    rows = [make_row("baseline"), make_row("ngram", 4, speedup=1.4)]  # an offline pair beside them
+    for rate, speedup, achieved in ((0.5, 1.5, None), (2.0, 1.2, None), (6.0, 0.8, 3.0)):
+        rows += [_serving_row("baseline", rate, achieved=achieved), _serving_row("ngram", rate, speedup=speedup)]
+    write_results(tmp_path, rows)
+    page = write_report(tmp_path).read_text()
+    assert 'id="serving"' in page
+    for anchor in ("img-serving-speedup", "img-serving-latency", "img-serving-batch"):
+        assert anchor in page
+    assert "summarize, ngram K=4: pays up to 2 req/s" in page
+    assert "6 ▲" in page  # the baseline achieved 3 of 6 req/s offered: past saturation
+    assert "2 ▲" not in page
+    # The offline verdict still reads only offline cells: the serving cells' batch size 1 is not its axis.
+    assert "ngram K=4" in page and "1.40×" in page
