@@ -215,11 +215,13 @@ def _run_cell(
         worker = pool.get(cell.engine_spec(), engine_log)
         (measurement, engine_memory), shares = _least_disturbed(
             worker, plan, timeout_s, cell.config.get("attempts") or 1, cell_label(cell))
-        # A request of the cell at its longest: its longest prompt plus max_tokens.
-        request_tokens = footprint.request_kv_tokens(
-            max(len(p) for p in plan.prompts), plan.max_tokens, cell.k, engine_memory.kv_block_size)
-        memory_columns = rows.memory_columns(
-            engine_memory, request_tokens=request_tokens, checkpoint_bytes=_checkpoint_bytes(worker.spec))
+        memory_columns: dict[str, Any] = {}
+        if engine_memory is not None:
+            # A request of the cell at its longest: its longest prompt plus max_tokens.
+            request_tokens = footprint.request_kv_tokens(
+                max(len(p) for p in plan.prompts), plan.max_tokens, cell.k, engine_memory.kv_block_size)
+            memory_columns = rows.memory_columns(
+                engine_memory, request_tokens=request_tokens, checkpoint_bytes=_checkpoint_bytes(worker.spec))
     except Exception as exc:  # noqa: BLE001 - a failed cell is data, not a crash
         if isinstance(exc, EngineError):
             pool.discard()
@@ -252,13 +254,13 @@ DISTURBED_WAIT_S = 5.0
 
 
 def _least_disturbed(
-    worker: Any, plan: CellPlan, timeout_s: float | None, attempts: int, label: str
+    worker: Any, plan: CellPlan | ServingPlan, timeout_s: float | None, attempts: int, label: str
 ) -> tuple[tuple[Measurement, Any], list[float | None]]:
     """Measure ``plan`` until other processes leave the cores alone, at most ``attempts`` times.
 
     Each attempt runs on the same engine (warm-up included, memory peaks
     reset); the one that other processes disturbed least is kept with the
-    engine's memory read right after it, and every attempt's share of the
+    engine's memory read right after it (None for a serving engine), and every attempt's share of the
     cores taken by others is returned in order. A share that cannot be read
     (no /proc) ends the attempts: there is nothing to compare.
     """
@@ -273,7 +275,9 @@ def _least_disturbed(
         share = before.other_share(CpuTimes.now(worker.pid))
         shares.append(share)
         if best is None or (share is not None and share < best_share):
-            best, best_share = (measurement, worker.memory()), share if share is not None else math.inf
+            # A serving engine's memory lives in its engine core's process, which the worker cannot read.
+            memory = None if worker.spec.serving else worker.memory()
+            best, best_share = (measurement, memory), share if share is not None else math.inf
         if share is None or share <= DISTURBED_SHARE:
             break
         log.warning("%s: other processes kept %.0f%% of the cores busy (attempt %d of %d)%s", label,

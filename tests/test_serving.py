@@ -134,16 +134,19 @@ def test_goodput_counts_the_measured_requests_meeting_every_target():
 
 
 def test_the_running_batch_is_averaged_over_time_not_steps():
-    # 1 request for 3 s, then 4 for 1 s: 7/4 over the 4 s, though half the steps ran 4.
-    mean, p90 = serving.time_weighted([0.0, 3.0], [1, 4], end=4.0)
+    # A step reports what it ran as it ends: 1 request from 0 to 3 s, then 4 until 4 s: 7/4, though half
+    # the steps ran 4.
+    mean, p90 = serving.time_weighted([3.0, 4.0], [1, 4], start=0.0)
     assert mean == pytest.approx(1.75)
     assert p90 == 4
-    requests = (_request(0.0, [4.0], [1]), _request(0.0, [1.0, 4.0], [1, 1]), _request(0.0, [4.0], [1]))
-    steps = (EngineStep(0.5, 1, 0), EngineStep(3.0, 4, 2), EngineStep(9.0, 9, 0))  # the last is after the window
+    requests = (_request(0.0, [4.0], [1]), _request(0.5, [1.0, 4.0], [1, 1]), _request(0.5, [4.0], [1]))
+    steps = (EngineStep(0.5, 9, 0), EngineStep(1.5, 1, 0), EngineStep(4.0, 4, 2), EngineStep(9.0, 9, 0))
+    # The window opens with the first measured send (0.5 s) and closes with the last token (4 s).
     columns = serving.cell_columns(ServingMeasurement(requests, steps, 1), {"request_rate": 1.0, "burstiness": 1.0})
-    assert columns["running_batch"] == [1, 4]
-    assert columns["running_batch_mean"] == pytest.approx((2.5 * 1 + 1.0 * 4) / 3.5)
-    assert columns["running_batch_max"] == 4
+    assert columns["running_batch"] == [9, 1, 4]
+    assert columns["running_batch_t_s"] == pytest.approx([0.0, 1.0, 3.5])
+    assert columns["running_batch_mean"] == pytest.approx((1.0 * 1 + 2.5 * 4) / 3.5)
+    assert columns["running_batch_max"] == 9
     assert columns["queue_s_p50"] == pytest.approx(0.01)
 
 

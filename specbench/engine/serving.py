@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Any
 
-from specbench.engine import EngineMemory, EngineSpec
+from specbench.engine import EngineSpec
 from specbench.load import EngineStep, ServedRequest, ServingMeasurement, ServingPlan
 from specbench.sampling import GREEDY
 
@@ -74,21 +74,9 @@ class ServingEngine:
             return AsyncLLM.from_engine_args(arguments, stat_loggers=[_steps_recorder(self._steps, self._clock)])
 
         self.engine = self._loop.run_until_complete(start())
-        from specbench.engine.worker import _weights_and_kv
-
-        # Run by vLLM in the engine core's process, as for the offline engine.
-        self._static_memory: dict[str, int] = self._loop.run_until_complete(
-            self.engine.collective_rpc(_weights_and_kv))[0]
         # specbench.engine.fixes repairs sampled decoding only, and serving cells decode greedily
         # (specbench.load.validate); its patches would not reach the engine core's own process anyway.
         self.vllm_fixes: tuple[str, ...] = ()
-
-    def reset_peaks(self) -> None:
-        """Nothing to reset: the peaks of the engine core's process are not read (:meth:`memory`)."""
-
-    def memory(self) -> EngineMemory:
-        """Weights and KV cache as allocated at start; no peaks (they belong to the engine core's process)."""
-        return EngineMemory(**self._static_memory)
 
     def serve(self, plan: ServingPlan) -> ServingMeasurement:
         """Send ``plan``'s requests on its schedule; every request's chunks and every engine step."""

@@ -250,7 +250,7 @@ def running_batch_over_time(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot
             for colour, row in zip(palette, these.to_dict("records")):
                 rate = float(row["load_request_rate"])
                 name = f"{rate:g} req/s" if math.isfinite(rate) else "all at once"
-                ax.step(list(row["running_batch_t_s"]), list(row["running_batch"]), where="post", color=colour,
+                ax.step(list(row["running_batch_t_s"]), list(row["running_batch"]), where="pre", color=colour,
                         lw=1.2, label=name)
                 if row.get("running_batch_mean") is not None:
                     ax.axhline(row["running_batch_mean"], color=colour, ls="--", lw=0.8)

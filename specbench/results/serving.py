@@ -100,13 +100,16 @@ def running_batch(m: ServingMeasurement) -> tuple[list[float], list[int]]:
     return [s.at_s for s in inside], [s.running for s in inside]
 
 
-def time_weighted(times: Sequence[float], values: Sequence[int], end: float) -> tuple[float | None, float | None]:
-    """Mean and 90th percentile of a step function over time (each value holds until the next time, the
-    last until ``end``): the running batch as Little's law counts it, not per step (steps are not equally long)."""
+def time_weighted(times: Sequence[float], values: Sequence[int], start: float) -> tuple[float | None, float | None]:
+    """Mean and 90th percentile over time of what each engine step ran: the running batch as Little's law
+    counts it, not per step (steps are not equally long; a long prefill step weighs its seconds).
+
+    vLLM reports a step's scheduler state when the step ends, so ``values[i]`` held from the report
+    before it (``start`` for the first) to ``times[i]``.
+    """
     if not values:
         return None, None
-    edges = np.append(np.asarray(times, dtype=float), max(end, times[-1]))
-    durations = np.diff(edges)
+    durations = np.diff(np.concatenate([[min(start, times[0])], np.asarray(times, dtype=float)]))
     if durations.sum() <= 0:
         return float(np.mean(values)), float(np.percentile(values, 90))
     order = np.argsort(values, kind="stable")
@@ -125,7 +128,7 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any]) -> dict[str, An
     queues = [r.queue_s for r in measured if r.queue_s is not None]
     slo = {k: v for k, v in (load.get("slo") or {}).items() if v is not None}
     times, running = running_batch(m)
-    mean, p90 = time_weighted(times, running, end)
+    mean, p90 = time_weighted(times, running, start)
     return {
         "load_request_rate": float(load["request_rate"]),
         "load_burstiness": float(load["burstiness"]),
