@@ -102,7 +102,8 @@ def table(df: pd.DataFrame) -> list[ServingRow]:
                 predicted=fmt_speedup(row["serving_predicted_speedup"])
                 if row.get("serving_predicted_speedup") is not None and not pd.isna(row["serving_predicted_speedup"])
                 else "–",
-                pays="" if pays is None or pd.isna(pays) else ("pays" if pays else "does not pay"),
+                pays=("" if pays is None or pd.isna(pays) else ("pays" if pays else "does not pay"))
+                + (" (flagged)" if row.get("flagged") is True else ""),
                 exactness=str(row.get("exactness") or "–") if row["method"] != "baseline" else "reference",
             ))
     return out
@@ -119,16 +120,25 @@ def verdicts(df: pd.DataFrame) -> list[str]:
             lines.append(f"{panel}, {config}: not compared with a baseline at the same load")
             continue
         mismatched = [r for r in records if r.get("exactness") == "mismatch"]
+        flagged = [r for r in records if r.get("exactness") != "mismatch" and r.get("flagged")]
         judged = [r for r in records if r.get("exactness") != "mismatch" and not r.get("flagged")]
         reach = serving.highest_paying_rate(judged)
         by_rate = ", ".join(f"{r['load_request_rate']:g} req/s {fmt_speedup(r['serving_speedup_e2e_p50'])}"
                             for r in sorted(records, key=lambda r: r["load_request_rate"]))
-        left = f"; {len(mismatched)} rate(s) left out for mismatched outputs" if mismatched else ""
-        if reach is None:
+        left = "".join(
+            f"; {_rates(out)} req/s left out: {why}"
+            for out, why in ((mismatched, "mismatched outputs"), (flagged, "flagged (see Flagged cells)")) if out)
+        if not judged:
+            lines.append(f"{panel}, {config}: no verdict: every rate is left out (E2E p50 speedup: {by_rate}){left}")
+        elif reach is None:
             lines.append(f"{panel}, {config}: does not pay at any rate measured (E2E p50 speedup: {by_rate}){left}")
         else:
             lines.append(f"{panel}, {config}: pays up to {reach:g} req/s (E2E p50 speedup: {by_rate}){left}")
     return lines
+
+
+def _rates(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{r['load_request_rate']:g}" for r in rows)
 
 
 def _rates_axis(ax: Any, rates: list[float]) -> dict[float, float]:
