@@ -19,12 +19,14 @@ importing vLLM again.
 from __future__ import annotations
 
 import ast
+import atexit
 import functools
 import importlib.util
 import json
 import multiprocessing as mp
 import os
 import platform
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +227,12 @@ class EngineWorker:
             )
             self._process.start()
         child_conn.close()
+        if spec.serving:
+            # Python's exit joins every non-daemon child without a timeout, and does so before the
+            # pool's own exit handler when multiprocessing was imported after it: a live serving
+            # worker, waiting for its next plan, would hold the sweep forever. Registered now, after
+            # multiprocessing, this handler runs first and stops it.
+            atexit.register(self.close)
         self.info: EngineInfo = self._receive(start_timeout_s, "starting the engine")
 
     @property
@@ -276,9 +284,26 @@ class EngineWorker:
                 pass
             self._process.join(timeout=wait_s)
         if self._process.is_alive():
+            # A serving worker's engine core is its child and would outlive a killed worker.
+            for child in _children(self._process.pid):
+                try:
+                    os.kill(child, signal.SIGKILL)
+                except OSError:
+                    pass
             self._process.kill()
             self._process.join()
         self._conn.close()
+        if self.spec.serving:
+            atexit.unregister(self.close)
+
+
+def _children(pid: int | None) -> list[int]:
+    """A process's live children, from /proc (none where the kernel does not list them)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
 
 
 class EnginePool:
