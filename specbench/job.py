@@ -276,7 +276,7 @@ def _least_disturbed(
         shares.append(share)
         if best is None or (share is not None and share < best_share):
             # A serving engine's memory lives in its engine core's process, which the worker cannot read.
-            memory = None if worker.spec.serving else worker.memory()
+            memory = None if isinstance(plan, ServingPlan) else worker.memory()
             best, best_share = (measurement, memory), share if share is not None else math.inf
         if share is None or share <= DISTURBED_SHARE:
             break
