@@ -69,6 +69,12 @@ def test_offline_cells_keep_their_ids_and_serving_cells_name_their_load(compose_
     assert faster.config_hash != cell.config_hash
 
 
+def test_all_at_once_is_a_rate(compose_cell):
+    cell = cell_from_config(compose_cell(["load.request_rate=inf", "method=baseline"]))
+    assert cell.cell_id.startswith("baseline-k0-b1-summarize-rateinf-")
+    assert validate(compose_cell(["load.request_rate=inf", "load.burstiness=inf"])) == []
+
+
 def test_the_grid_gives_each_rate_its_own_baseline():
     job = ("method=ngram", "num_speculative_tokens=2", "load.request_rate=2", "workload=creative")
     assert grid.baseline_overrides(job) == ("load.request_rate=2", "workload=creative", "method=baseline")
