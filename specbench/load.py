@@ -49,11 +49,6 @@ class LoadSchema:
 OFFLINE_ONLY_METHODS = {"controlled": "it replays a plain pass of each batch, which needs fixed batches"}
 
 
-def is_serving(plain: Mapping[str, Any]) -> bool:
-    """Whether a cell's config (plain dict) is a serving cell: ``load.request_rate`` is set."""
-    return ((plain.get("load") or {}).get("request_rate")) is not None
-
-
 def identity(plain: Mapping[str, Any]) -> dict[str, Any]:
     """The load keys that join a serving cell's identity; {} for an offline cell (its id stays as it was)."""
     load = plain.get("load") or {}
@@ -167,11 +162,6 @@ class ServingPlan:
         canonical = json.dumps({"max_tokens": self.max_tokens, "prompts": self.prompts,
                                 "arrivals_s": [round(t, 9) for t in self.arrivals_s]}, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
-
-    @property
-    def timed_batches(self) -> int:
-        """Requests sent (the progress display counts them)."""
-        return len(self.prompts)
 
 
 def serving_plan(load: Mapping[str, Any], prompts: list[tuple[int, ...]], max_tokens: int, seed: int) -> ServingPlan:

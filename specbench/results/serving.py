@@ -32,18 +32,16 @@ from specbench import stats
 from specbench.analytic import recommend
 from specbench.load import ServedRequest, ServingMeasurement, ServingPlan
 from specbench.measure import GeneratedRequest, Measurement, SpecCounters
-from specbench.results.files import CellFiles
 from specbench.results.schema import ResultsError, read_rows
 
-# Per cell: the load it met and what it achieved (cells/<id>.parquet and results.parquet).
+# Per cell: the load it met and what it achieved (cells/<id>.parquet and results.parquet; also the
+# running batch at every step of the window, running_batch_t_s and running_batch).
 CELL_COLUMNS = (
     "load_request_rate", "load_burstiness", "load_max_concurrency", "load_warmup_requests",
     "served_requests", "serving_window_s", "achieved_request_rate", "achieved_output_tokens_per_s", "goodput",
     "itl_s_p50", "itl_s_p90", "itl_s_p99", "queue_s_p50", "queue_s_p90", "queue_s_p99", "queue_s_mean",
     "running_batch_mean", "running_batch_p90", "running_batch_max",
 )
-# Per cell and engine run: the running batch at every engine step of the window.
-SERIES_COLUMNS = ("running_batch_t_s", "running_batch")
 # The speedups against the baseline at the same offered load (results.parquet only), each with its interval.
 SPEEDUPS = {
     "tpot_p50": ("tpot_s_p50", False),
@@ -120,7 +118,7 @@ def time_weighted(times: Sequence[float], values: Sequence[int], start: float) -
 
 
 def cell_columns(m: ServingMeasurement, load: Mapping[str, Any]) -> dict[str, Any]:
-    """A serving cell's own columns (:data:`CELL_COLUMNS`, :data:`SERIES_COLUMNS`) for one engine run."""
+    """A serving cell's own columns (:data:`CELL_COLUMNS` and the running-batch series) for one engine run."""
     measured = _measured(m)
     start, end = window(m)
     span = end - start
