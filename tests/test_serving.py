@@ -252,3 +252,23 @@ def test_the_report_draws_serving_cells_apart_and_names_where_each_configuration
     assert "2 ▲" not in page
     # The offline verdict still reads only offline cells: the serving cells' batch size 1 is not its axis.
     assert "ngram K=4" in page and "1.40×" in page
+
+
+def test_offline_beside_serving_pairs_each_rate_with_the_nearest_offline_batch(tmp_path):
+    from rows import make_row, write_results
+
+    offline = [make_row("ngram", 4, batch=b, speedup=s, decode_speedup=s, predicted_decode_speedup=s + 0.1,
+                        method_label="ngram K=4")
+               for b, s in ((1, 2.0), (4, 1.5), (16, 1.1))]
+    served = [_serving_row("ngram", rate, speedup=sp) for rate, sp in ((0.5, 1.9), (2.0, 1.4))]  # batches 1.5, 3
+    served = [dict(r, method_label="ngram K=4") for r in served]
+    table = serving.offline_beside_serving(offline, served)
+    assert [(t["request_rate"], t["offline_batch"], t["offline_decode_speedup"]) for t in table] == [
+        (0.5, 1, 2.0), (2.0, 4, 1.5)]  # 1.5 is nearer 1 than 4 on a log scale; 3 nearer 4
+    assert table[1]["offline_predicted"] == pytest.approx(1.6)
+    assert table[1]["serving_tpot_speedup"] == 1.4
+    (tmp_path / "offline").mkdir()
+    (tmp_path / "serving").mkdir()
+    write_results(tmp_path / "offline", offline)
+    write_results(tmp_path / "serving", [_serving_row("baseline", 0.5), *served])
+    assert serving.main([str(tmp_path / "offline"), str(tmp_path / "serving")]) == 0

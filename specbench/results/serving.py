@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -344,3 +345,57 @@ def with_serving_predictions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]
         tpot = base.get("tpot_s_p50")
         row["serving_predicted_tpot_s"] = tpot / predicted if predicted and tpot else None
     return rows
+
+
+def offline_beside_serving(offline: Sequence[Mapping[str, Any]], served: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each speculative serving cell beside the offline cell of its configuration and workload at the batch
+    size nearest (on a log scale) to the mean running batch its load induced, with the model's figure for each.
+
+    The offline figure is the decode speedup (the ratio of TPOTs, which the batch size decides), held
+    against the serving TPOT p50 speedup; None where no offline cell of that configuration was measured.
+    """
+    table = []
+    for row in served:
+        batch = row.get("running_batch_mean")
+        if row.get("method") == "baseline" or row.get(f"serving_speedup_{PAYS_ON}") is None or not batch:
+            continue
+        peers = [o for o in offline if o.get("method_label") == row.get("method_label")
+                 and o.get("workload") == row.get("workload") and o.get("decode_speedup") is not None]
+        peer = min(peers, key=lambda o: abs(math.log(o["batch_size"] / batch)), default=None)
+        table.append({
+            "workload": row.get("workload"), "config": row.get("method_label"),
+            "request_rate": row.get("load_request_rate"), "running_batch_mean": batch,
+            "serving_tpot_speedup": row.get("serving_speedup_tpot_p50"),
+            "serving_predicted": row.get("serving_predicted_speedup"),
+            "offline_batch": peer and peer["batch_size"],
+            "offline_decode_speedup": peer and peer["decode_speedup"],
+            "offline_predicted": peer and peer.get("predicted_decode_speedup"),
+        })
+    return table
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m specbench.results.serving OFFLINE SERVING``: the offline speedup at the batch size each
+    rate induced beside the serving speedup at that rate, and what the model predicts for both."""
+    import argparse
+
+    import pandas as pd
+
+    from specbench.results.schema import results_path
+
+    parser = argparse.ArgumentParser(prog="python -m specbench.results.serving", description=main.__doc__)
+    parser.add_argument("offline", help="an offline sweep directory (or its results.parquet)")
+    parser.add_argument("serving", help="a serving sweep directory (or its results.parquet)")
+    args = parser.parse_args(argv)
+    offline = [r for r in read_rows(results_path(args.offline)) if not is_serving_row(r) and r.get("status") == "ok"]
+    served = [r for r in read_rows(results_path(args.serving)) if is_serving_row(r) and r.get("status") == "ok"]
+    table = offline_beside_serving(offline, served)
+    if not table:
+        print("no speculative serving cell compared with its baseline", file=sys.stderr)
+        return 1
+    print(pd.DataFrame(table).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
