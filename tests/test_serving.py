@@ -245,6 +245,7 @@ def test_the_report_draws_serving_cells_apart_and_names_where_each_configuration
     write_results(tmp_path, rows)
     page = write_report(tmp_path).read_text()
     assert 'id="serving"' in page
+    assert "<dt>Cells</dt><dd>8</dd>" in page  # the counts are the whole sweep's
     for anchor in ("img-serving-speedup", "img-serving-latency", "img-serving-batch"):
         assert anchor in page
     assert "summarize, ngram K=4: pays up to 2 req/s" in page
