@@ -20,7 +20,7 @@ from typing import Any, Mapping, NoReturn, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from specbench import methods, models, sampling
+from specbench import load, methods, models, sampling
 from specbench.sampling import Sampling
 from specbench.analytic import memory, prediction
 from specbench.engine import EngineSpec, speculative_sampling_choices
@@ -122,6 +122,7 @@ class ConfigSchema:
     sweep_name: str = MISSING
     verbose: bool = MISSING
     engine: EngineSchema = field(default_factory=EngineSchema)
+    load: load.LoadSchema = field(default_factory=load.LoadSchema)
 
 
 ConfigStore.instance().store(name="specbench_schema", node=ConfigSchema)
@@ -188,6 +189,11 @@ class Cell:
         return sampling.from_config(self.identity)
 
     @property
+    def is_serving(self) -> bool:
+        """True for a serving cell (``load.request_rate`` set): requests sent on an arrival schedule."""
+        return "load" in self.identity
+
+    @property
     def is_baseline(self) -> bool:
         """True for plain decoding."""
         return self.method == "baseline"
@@ -202,11 +208,12 @@ class Cell:
     @property
     def cell_id(self) -> str:
         """File-name-safe, human-readable and unique: method, K, batch, workload, temperature
-        (sampled cells only: a greedy cell's id is what it was before), digest, engine run."""
+        (sampled cells only: a greedy cell's id is what it was before), request rate and concurrency cap
+        (serving cells only), digest, engine run."""
         temperature = "" if self.sampling.greedy else f"-t{self.sampling.temperature:g}"
         return (
             f"{self.method}-k{self.k}-b{self.batch_size}-{self.workload['name']}{temperature}"
-            f"-{self.config_hash}-r{self.engine_run}"
+            f"{load.id_part(self.identity.get('load'))}-{self.config_hash}-r{self.engine_run}"
         )
 
     def in_engine_run(self, engine_run: int) -> Cell:
@@ -247,6 +254,7 @@ class Cell:
             instance=self.engine_run,
             worker_env=self._worker_env(),
             vllm_fixes=engine.get("vllm_fixes", True),
+            serving=self.is_serving,
         )
 
 
@@ -293,6 +301,8 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
            if sampling.identity_keys(plain) and plain.get("distribution_check") else {}),
         "engine": engine,
         "engine_run": plain["engine_run"],
+        # Serving cells only: an offline cell keeps the identity (and id) it had before load.* existed.
+        **load.identity(plain),
     }
     if baseline:
         plain = dict(plain, method=dict(_BASELINE_METHOD), num_speculative_tokens=0)
@@ -352,6 +362,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     if not (isinstance(attempts, int) and attempts >= 1):
         errors.append(f"attempts={attempts!r} must be an integer >= 1 (measurements of a disturbed cell)")
     errors += sampling.validate(plain)
+    errors += load.validate(plain)
     if plain.get("remeasure") not in REMEASURE:
         errors.append(f"remeasure={plain.get('remeasure')!r} must be one of: "
                       + ", ".join("null" if r is None else r for r in REMEASURE))

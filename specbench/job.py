@@ -19,8 +19,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from specbench import methods, models
+from specbench import load, methods, models
 from specbench.analytic import footprint, memory
+from specbench.load import ServingPlan
 from specbench.measure import CellPlan, DistributionPlan, Measurement
 from specbench.config import Cell
 from specbench.engine import EngineError, EnginePool, EngineSpec, describe_machine
@@ -33,7 +34,7 @@ from specbench.results.provenance import (
     provenance_differences,
     static_provenance,
 )
-from specbench.results import distribution
+from specbench.results import distribution, serving
 from specbench.results.exactness import TIE, classify, tie_tolerance
 from specbench.results.merge import DISTURBED_SHARE
 from specbench.results.schema import SCHEMA_VERSION, ResultsError, read_rows, results_path
@@ -166,9 +167,13 @@ def current_provenance(cell: Cell) -> dict[str, Any]:
     }
 
 
-def _requests(cell: Cell) -> tuple[Workload, CellPlan]:
-    """The cell's workload, tokenized with its model's tokenizer, and the requests it submits."""
+def _requests(cell: Cell) -> tuple[Workload, CellPlan | ServingPlan]:
+    """The cell's workload, tokenized with its model's tokenizer, and the requests it submits
+    (a serving cell's on their arrival schedule)."""
     workload = _workload(json.dumps(cell.workload, sort_keys=True), cell.identity["model"]["path"])
+    if cell.is_serving:
+        return workload, load.serving_plan(cell.identity["load"], workload.token_ids, cell.workload["max_tokens"],
+                                           cell.identity["seed"])
     return workload, _plan(cell, workload)
 
 
@@ -210,11 +215,13 @@ def _run_cell(
         worker = pool.get(cell.engine_spec(), engine_log)
         (measurement, engine_memory), shares = _least_disturbed(
             worker, plan, timeout_s, cell.config.get("attempts") or 1, cell_label(cell))
-        # A request of the cell at its longest: its longest prompt plus max_tokens.
-        request_tokens = footprint.request_kv_tokens(
-            max(len(p) for p in plan.prompts), plan.max_tokens, cell.k, engine_memory.kv_block_size)
-        memory_columns = rows.memory_columns(
-            engine_memory, request_tokens=request_tokens, checkpoint_bytes=_checkpoint_bytes(worker.spec))
+        memory_columns: dict[str, Any] = {}
+        if engine_memory is not None:
+            # A request of the cell at its longest: its longest prompt plus max_tokens.
+            request_tokens = footprint.request_kv_tokens(
+                max(len(p) for p in plan.prompts), plan.max_tokens, cell.k, engine_memory.kv_block_size)
+            memory_columns = rows.memory_columns(
+                engine_memory, request_tokens=request_tokens, checkpoint_bytes=_checkpoint_bytes(worker.spec))
     except Exception as exc:  # noqa: BLE001 - a failed cell is data, not a crash
         if isinstance(exc, EngineError):
             pool.discard()
@@ -224,10 +231,15 @@ def _run_cell(
         files.write(row, [], [])
         return CellOutcome(cell.cell_id, "failed", error, f"{cell_label(cell)}: FAILED {error.splitlines()[0]}")
 
+    served = None
+    if isinstance(measurement, load.ServingMeasurement):
+        served, measurement = measurement, serving.as_measurement(measurement, plan)
     row = rows.measured_row(
         cell, engine_runs, provenance, measurement=measurement, info=worker.info, workload=workload, plan=plan,
         machine=machine_state(load_before), memory=memory_columns, other_cpu_share_per_attempt=shares,
     )
+    if served is not None:
+        row |= serving.cell_columns(served, cell.identity["load"])
     files.write(row, measurement.token_ids, workload.prompt_ids)
     log.info(
         "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",
@@ -242,13 +254,13 @@ DISTURBED_WAIT_S = 5.0
 
 
 def _least_disturbed(
-    worker: Any, plan: CellPlan, timeout_s: float | None, attempts: int, label: str
+    worker: Any, plan: CellPlan | ServingPlan, timeout_s: float | None, attempts: int, label: str
 ) -> tuple[tuple[Measurement, Any], list[float | None]]:
     """Measure ``plan`` until other processes leave the cores alone, at most ``attempts`` times.
 
     Each attempt runs on the same engine (warm-up included, memory peaks
     reset); the one that other processes disturbed least is kept with the
-    engine's memory read right after it, and every attempt's share of the
+    engine's memory read right after it (None for a serving engine), and every attempt's share of the
     cores taken by others is returned in order. A share that cannot be read
     (no /proc) ends the attempts: there is nothing to compare.
     """
@@ -263,7 +275,9 @@ def _least_disturbed(
         share = before.other_share(CpuTimes.now(worker.pid))
         shares.append(share)
         if best is None or (share is not None and share < best_share):
-            best, best_share = (measurement, worker.memory()), share if share is not None else math.inf
+            # A serving engine's memory lives in its engine core's process, which the worker cannot read.
+            memory = None if isinstance(plan, ServingPlan) else worker.memory()
+            best, best_share = (measurement, memory), share if share is not None else math.inf
         if share is None or share <= DISTURBED_SHARE:
             break
         log.warning("%s: other processes kept %.0f%% of the cores busy (attempt %d of %d)%s", label,

@@ -48,6 +48,7 @@ from specbench.analytic.prediction import TimeEstimate, generation_estimate, pre
 from specbench.measure import WARMUP_MAX_TOKENS
 from specbench.grid import PlannedCell
 from specbench.results.files import CellFiles, write_atomic, write_results
+from specbench.results import serving
 from specbench.results.merge import merge
 from specbench.results.provenance import provenance_differences
 from specbench.results.schema import ResultsError, read_rows, results_path
@@ -310,8 +311,9 @@ class FinishSweep(Callback):
 
 def finish(sweep_dir: Path) -> list[dict[str, Any]]:
     """Merge, price with the analytic model (specbench.analytic.prediction), report, summarise; exit non-zero naming failed cells."""
-    rows, calibrate_hint = predict_sweep(merge(sweep_dir / "cells", read_plan(sweep_dir)))
-    rows = memory.with_predicted_memory(rows)
+    merged = serving.with_serving_comparison(merge(sweep_dir / "cells", read_plan(sweep_dir)), sweep_dir / "cells")
+    rows, calibrate_hint = predict_sweep(merged)
+    rows = memory.with_predicted_memory(serving.with_serving_predictions(rows))
     if calibrate_hint:
         print(calibrate_hint)
     results = results_path(sweep_dir)

@@ -21,13 +21,16 @@ EXPECTED = {
     "k_sweep": (4 * 8 * 3 * 1, 3 * 1, 2),
     "k_schedule_cpu": (1 * 3 * 2 * 4, 2 * 4, 2),
     "sampling": (2 * 3 * 2 * 2, 3 * 2 * 2, 2),
+    # Serving: a baseline per workload and rate (the same offered load).
+    "serving_cpu": (2 * 2 * 3, 2 * 3, 2),
+    "serving_4090": (2 * 2 * 3 * 4, 3 * 4, 2),
 }
 # The machine each preset is written for: the memory check prices it there, not
 # on whatever this machine's calibrated profile says (a CPU's 2 GiB KV pool
 # refuses the Qwen grids, as it should).
 HARDWARE = {"cpu_demo": "cpu-amd-epyc-2-cores", "full_grid": "h200", "batch_decay": "h200", "k_sweep": "h200",
             "k_schedule_cpu": "cpu-amd-epyc-2-cores",
-            "sampling": "cpu-amd-epyc-2-cores"}
+            "sampling": "cpu-amd-epyc-2-cores", "serving_cpu": "cpu-amd-epyc-2-cores", "serving_4090": "rtx4090"}
 
 
 def test_every_preset_is_listed():

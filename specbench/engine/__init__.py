@@ -19,12 +19,14 @@ importing vLLM again.
 from __future__ import annotations
 
 import ast
+import atexit
 import functools
 import importlib.util
 import json
 import multiprocessing as mp
 import os
 import platform
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +66,8 @@ class EngineSpec:
     max_num_batched_tokens: int | None = None
     # Repair the installed vLLM's known defects where this engine has them (specbench.engine.fixes).
     vllm_fixes: bool = True
+    # vLLM's async engine (AsyncLLM), for serving cells (specbench.engine.serving); False: the offline LLM.
+    serving: bool = False
 
     @property
     def speculative_config(self) -> dict[str, Any] | None:
@@ -216,11 +220,19 @@ class EngineWorker:
         self._conn, child_conn = ctx.Pipe()
         environment = worker_environment(spec)
         with patched_environ(environment):  # spawn copies os.environ at start; a forked worker applies it itself
+            # A serving engine starts its engine core in a child process, which a daemon may not have;
+            # the worker still dies with the sweep (worker._exit_with) and takes the core with it.
             self._process = ctx.Process(
-                target=serve, args=(child_conn, spec, log_path, environment, os.getpid()), daemon=True
+                target=serve, args=(child_conn, spec, log_path, environment, os.getpid()), daemon=not spec.serving
             )
             self._process.start()
         child_conn.close()
+        if spec.serving:
+            # Python's exit joins every non-daemon child without a timeout, and does so before the
+            # pool's own exit handler when multiprocessing was imported after it: a live serving
+            # worker, waiting for its next plan, would hold the sweep forever. Registered now, after
+            # multiprocessing, this handler runs first and stops it.
+            atexit.register(self.close)
         self.info: EngineInfo = self._receive(start_timeout_s, "starting the engine")
 
     @property
@@ -272,9 +284,26 @@ class EngineWorker:
                 pass
             self._process.join(timeout=wait_s)
         if self._process.is_alive():
+            # A serving worker's engine core is its child and would outlive a killed worker.
+            for child in _children(self._process.pid):
+                try:
+                    os.kill(child, signal.SIGKILL)
+                except OSError:
+                    pass
             self._process.kill()
             self._process.join()
         self._conn.close()
+        if self.spec.serving:
+            atexit.unregister(self.close)
+
+
+def _children(pid: int | None) -> list[int]:
+    """A process's live children, from /proc (none where the kernel does not list them)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
 
 
 class EnginePool:

@@ -387,7 +387,12 @@ def serve(
 
     try:
         start = time.perf_counter()
-        engine = VllmEngine(spec)
+        if spec.serving:
+            from specbench.engine.serving import ServingEngine
+
+            engine: Any = ServingEngine(spec)
+        else:
+            engine = VllmEngine(spec)
         import torch
         import transformers
         import vllm
@@ -414,6 +419,12 @@ def serve(
             except BaseException:  # noqa: BLE001
                 conn.send(("error", traceback.format_exc()))
             continue
+        if spec.serving:
+            try:
+                conn.send(("ok", engine.serve(plan)))
+            except BaseException:  # noqa: BLE001
+                conn.send(("error", traceback.format_exc()))
+            continue
         try:
             engine.reset_peaks()  # before the warm-up: the cell's peaks, not an earlier cell's
             # tqdm stays silent when stderr is not a terminal (logs, CI).
@@ -421,7 +432,10 @@ def serve(
                 conn.send(("ok", measure(engine, plan, on_batch=bar.update)))
         except BaseException:  # noqa: BLE001
             conn.send(("error", traceback.format_exc()))
-    engine.llm.llm_engine.engine_core.shutdown()
+    if spec.serving:
+        engine.shutdown()
+    else:
+        engine.llm.llm_engine.engine_core.shutdown()
 
 
 def loaded_drafter_parameters(spec: EngineSpec) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from the command line.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -27,7 +28,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from specbench.logs import LOG_FILE
-from specbench.report import memory, plots, tables
+from specbench.report import memory, plots, serving, tables
 from specbench.results.files import write_atomic
 from specbench.results.schema import ResultsError, results_path
 
@@ -66,17 +67,29 @@ def render_report(results_path: Path) -> str:
     Hydra's ``multirun.yaml`` (or a single run's ``.hydra/overrides.yaml``)
     beside the results supplies the command that reproduces the sweep.
     """
-    df, missing_columns = tables.load_frame(results_path)
-    encoding = plots.Encoding.for_frame(df)
+    full, missing_columns = tables.load_frame(results_path)
+    encoding = plots.Encoding.for_frame(full)
+    # Serving cells have their own section: the offline figures and tables read batch size as the axis.
+    df, served = serving.split(full)
+    figures = (*plots.FIGURES, memory.memory_cost) if not df.empty or served.empty else ()
     multirun, run_overrides, config_note = _saved_config(results_path.parent)
-    command = tables.reproduce_command(multirun, run_overrides, df)
+    command = tables.reproduce_command(multirun, run_overrides, full)
+    summary = tables.summary(df, missing_columns)
+    if not served.empty:
+        # The counts are the whole sweep's; an offline part that is absent is not missing.
+        summary = dataclasses.replace(summary, cells=len(full), failed=int(tables.failed_mask(full).sum()),
+                                      missing=summary.missing if not df.empty else [])
     template = _environment().get_template("report.html.j2")
     return template.render(
         title=f"specbench report: {results_path.parent.name}",
         results_path=str(results_path),
         generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        summary=tables.summary(df, missing_columns),
-        plots=[_draw(figure, df, encoding) for figure in (*plots.FIGURES, memory.memory_cost)],
+        summary=summary,
+        plots=[_draw(figure, df, encoding) for figure in figures]
+        + [_draw(figure, served, encoding) for figure in (serving.FIGURES if not served.empty else ())],
+        serving_rows=serving.table(served) if not served.empty else [],
+        serving_verdicts=serving.verdicts(served) if not served.empty else [],
+        saturated_share=serving.SATURATED_SHARE,
         best_configs=tables.best_configs(df),
         has_confirmation=tables.has_confirmation(df),
         spread_note=tables.spread_note(df),
@@ -84,11 +97,12 @@ def render_report(results_path: Path) -> str:
         break_even=tables.break_even(df),
         has_model=tables.has_predictions(df),
         schedules=tables.schedules(df),
-        exactness=tables.exactness(df),
-        flagged=tables.flagged(df, missing_columns, command, results_path.parent),
-        failed=tables.failed(df),
-        all_cells=tables.all_cells(df),
-        provenance=tables.provenance(df) + _log_file(results_path.parent),
+        # Every cell, serving or offline: exactness, flags, failures, the cell list, provenance.
+        exactness=tables.exactness(full),
+        flagged=tables.flagged(full, missing_columns, command, results_path.parent),
+        failed=tables.failed(full),
+        all_cells=tables.all_cells(full),
+        provenance=tables.provenance(full) + _log_file(results_path.parent),
         command=command,
         config_note=config_note,
     )

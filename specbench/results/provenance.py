@@ -113,10 +113,13 @@ class CpuTimes:
             busy = (sum(fields[:8]) - fields[3] - fields[4]) / tick
             own = sum(os.times()[:2])
             if worker_pid is not None:
-                with open(f"/proc/{worker_pid}/stat") as f:
-                    # Fields after the command name: utime and stime are the 12th and 13th.
-                    stat = f.read().rsplit(")", 1)[1].split()
-                own += (int(stat[11]) + int(stat[12])) / tick
+                # The worker and its live children: a serving engine's core runs in one (specbench.engine.serving).
+                own += _cpu_seconds(worker_pid, tick)
+                for child in _children(worker_pid):
+                    try:
+                        own += _cpu_seconds(child, tick)
+                    except OSError:  # it exited between the listing and the reading
+                        pass
         except (OSError, ValueError, IndexError):
             return cls(time.monotonic(), None, None)
         return cls(time.monotonic(), busy, own)
@@ -127,6 +130,23 @@ class CpuTimes:
             return None
         other = (later.busy_s - self.busy_s) - (later.own_s - self.own_s)  # type: ignore[operator]
         return min(max(other / ((later.wall_s - self.wall_s) * (os.cpu_count() or 1)), 0.0), 1.0)
+
+
+def _cpu_seconds(pid: int, tick: int) -> float:
+    """A process's user and system CPU seconds so far, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        # Fields after the command name: utime and stime are the 12th and 13th.
+        stat = f.read().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / tick
+
+
+def _children(pid: int) -> list[int]:
+    """A process's live children, from /proc (none where the kernel does not list them)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def machine_state(load_before: float) -> dict[str, Any]:

@@ -48,11 +48,14 @@ from specbench import methods, sampling
 #     the baseline engine's own and a speculative engine's (baseline_engine_log_sd, speculative_engine_log_sd);
 #     speedup_df a real number (Satterthwaite's); exactness "untested" (a distribution check whose draws
 #     reached no verification)
-SCHEMA_VERSION = 12
+# 13: serving cells (load.request_rate; specbench.results.serving): the load met, achieved throughput,
+#     goodput, ITL and queueing-delay percentiles, the running batch over time, and (results.parquet)
+#     speedups at the same offered load with their intervals, whether the cell pays, the model's prediction
+SCHEMA_VERSION = 13
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
-# at batch 1) and why: "tie" when the reference's own top-two log-probabilities there are within the
-# dtype's tolerance (or plain decoding at another batch size leaves it there too), else "mismatch".
+# at batch 1) and why: "tie" when the token emitted there is in the reference's own tied set (its
+# near-top tokens within the dtype's tolerance), else "mismatch".
 DIVERGENCE = pa.struct([("request", _INT), ("position", _INT), ("kind", _STR), ("margin", _F)])
 SCHEMA = pa.schema(
     [
@@ -207,6 +210,47 @@ SCHEMA = pa.schema(
         ("predicted_kv_bytes_per_token", _INT),
         ("predicted_kv_cache_tokens", _INT),
         ("predicted_peak_bytes", _INT),
+        # --- serving cells only (load.request_rate set; specbench.results.serving) ------------
+        # Latency columns above hold the client's figures over the measured requests (warm-up left
+        # out), and wall_time_s the measured window (first measured send to last measured token).
+        ("load_request_rate", _F),  # offered, requests/s (inf: all at once)
+        ("load_burstiness", _F),
+        ("load_max_concurrency", _INT),
+        ("load_warmup_requests", _INT),
+        ("served_requests", _INT),  # measured requests (after the warm-up)
+        ("serving_window_s", _F),
+        ("achieved_request_rate", _F),
+        ("achieved_output_tokens_per_s", _F),
+        ("goodput", _F),  # measured requests per second meeting every load.slo.* target; null without a target
+        ("itl_s_p50", _F),  # gaps between streamed chunks, pooled over requests
+        ("itl_s_p90", _F),
+        ("itl_s_p99", _F),
+        ("queue_s_p50", _F),  # the engine's queueing delay: queued to first scheduled
+        ("queue_s_p90", _F),
+        ("queue_s_p99", _F),
+        ("queue_s_mean", _F),
+        ("running_batch_mean", _F),  # time-weighted over the window's engine steps (scheduler stats)
+        ("running_batch_p90", _F),
+        ("running_batch_max", _INT),
+        ("running_batch_t_s", pa.list_(_F)),  # each step, seconds from the window's start (merged: engine run 0)
+        ("running_batch", pa.list_(_INT)),
+        # Against the baseline at the same offered load (same arrival times, same prompts), results.parquet only.
+        ("serving_speedup_tpot_p50", _F),
+        ("serving_speedup_tpot_p50_ci_low", _F),
+        ("serving_speedup_tpot_p50_ci_high", _F),
+        ("serving_speedup_e2e_p50", _F),
+        ("serving_speedup_e2e_p50_ci_low", _F),
+        ("serving_speedup_e2e_p50_ci_high", _F),
+        ("serving_speedup_e2e_p90", _F),
+        ("serving_speedup_e2e_p90_ci_low", _F),
+        ("serving_speedup_e2e_p90_ci_high", _F),
+        ("serving_speedup_goodput", _F),
+        ("serving_speedup_goodput_ci_low", _F),
+        ("serving_speedup_goodput_ci_high", _F),
+        ("serving_pays", _BOOL),  # E2E p50 speedup's interval above 1 (specbench.results.serving.pays)
+        # The analytic model at the measured mean running batch (specbench.analytic.prediction).
+        ("serving_predicted_speedup", _F),
+        ("serving_predicted_tpot_s", _F),
         # --- provenance --------------------------------------------------------
         ("specbench_version", _STR),
         ("git_commit", _STR),

@@ -1,0 +1,273 @@
+"""The report's serving section: speedup and latency against request rate, the running batch, verdicts.
+
+Serving cells (``load.request_rate`` set; :mod:`specbench.results.serving`)
+are kept out of the offline figures and tables, whose axis is the batch size
+a cell chose; here the axis is the offered request rate, and the batch is
+what the load made it. A rate is marked *saturated* when the baseline's
+achieved request rate falls below :data:`SATURATED_SHARE` of the offered one:
+from there on the queue grows and TTFT measures waiting, not the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from specbench.report import plots
+from specbench.report.tables import CONFIG, PANEL, VARIANT, fmt_ci, fmt_number, fmt_speedup
+from specbench.results import serving
+
+# Achieved below this share of the offered rate: the engine no longer keeps up (saturation).
+SATURATED_SHARE = 0.85
+
+
+def split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The results frame's offline rows and its serving rows."""
+    if "load_request_rate" not in df.columns:
+        return df, df.iloc[0:0]
+    mask = df["load_request_rate"].notna()
+    return df[~mask], df[mask]
+
+
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["status"] == "ok"]
+
+
+def saturation_rate(panel_rows: pd.DataFrame) -> float | None:
+    """The lowest finite offered rate at which one workload's baseline falls behind the load; None: never."""
+    base = _ok(panel_rows)
+    base = base[(base["method"] == "baseline") & np.isfinite(base["load_request_rate"].astype(float))]
+    behind = base[base["achieved_request_rate"] < SATURATED_SHARE * base["load_request_rate"]]
+    return float(behind["load_request_rate"].min()) if not behind.empty else None
+
+
+@dataclass(frozen=True)
+class ServingRow:
+    """One line of the serving table: a configuration at one rate on one workload."""
+
+    panel: str
+    config: str
+    rate: str
+    saturated: bool
+    running_batch: str
+    achieved: str
+    tpot_p50_ms: str
+    tpot_p90_ms: str
+    queue_p50_ms: str
+    tpot_speedup: str
+    e2e_p50_speedup: str
+    e2e_p90_speedup: str
+    goodput_speedup: str
+    predicted: str
+    pays: str
+    exactness: str
+
+
+def _ms(value: Any) -> str:
+    return fmt_number(value * 1000.0, 1) if value is not None and not pd.isna(value) else "–"
+
+
+def _speedup(row: Mapping[str, Any], name: str) -> str:
+    point = row.get(f"serving_speedup_{name}")
+    if point is None or pd.isna(point):
+        return "–"
+    return f"{fmt_speedup(point)} {fmt_ci(row.get(f'serving_speedup_{name}_ci_low'), row.get(f'serving_speedup_{name}_ci_high'))}"
+
+
+def table(df: pd.DataFrame) -> list[ServingRow]:
+    """Every measured serving cell, by workload, configuration and rate (baselines first)."""
+    rows = _ok(df)
+    out = []
+    for panel, panel_rows in rows.groupby(PANEL, sort=True):
+        knee = saturation_rate(panel_rows)
+        ordered = panel_rows.assign(_base=panel_rows["method"] != "baseline").sort_values(
+            ["_base", CONFIG, "load_request_rate"])
+        for row in ordered.to_dict("records"):
+            rate = float(row["load_request_rate"])
+            pays = row.get("serving_pays")
+            out.append(ServingRow(
+                panel=str(panel), config=str(row[CONFIG]), rate=f"{rate:g}",
+                saturated=knee is not None and rate >= knee,
+                running_batch=fmt_number(row.get("running_batch_mean"), 2),
+                achieved=fmt_number(row.get("achieved_request_rate"), 2),
+                tpot_p50_ms=_ms(row.get("tpot_s_p50")), tpot_p90_ms=_ms(row.get("tpot_s_p90")),
+                queue_p50_ms=_ms(row.get("queue_s_p50")),
+                tpot_speedup=_speedup(row, "tpot_p50"), e2e_p50_speedup=_speedup(row, "e2e_p50"),
+                e2e_p90_speedup=_speedup(row, "e2e_p90"), goodput_speedup=_speedup(row, "goodput"),
+                predicted=fmt_speedup(row["serving_predicted_speedup"])
+                if row.get("serving_predicted_speedup") is not None and not pd.isna(row["serving_predicted_speedup"])
+                else "–",
+                pays=("" if pays is None or pd.isna(pays) else ("pays" if pays else "does not pay"))
+                + (" (flagged)" if row.get("flagged") is True else ""),
+                exactness=str(row.get("exactness") or "–") if row["method"] != "baseline" else "reference",
+            ))
+    return out
+
+
+def verdicts(df: pd.DataFrame) -> list[str]:
+    """One line per workload and configuration: the highest rate at which it still pays, by the one rule."""
+    rows = _ok(df)
+    lines = []
+    for (panel, config), group in rows[rows["method"] != "baseline"].groupby([PANEL, CONFIG], sort=True):
+        records = [r for r in group.to_dict("records") if r.get("serving_speedup_e2e_p50") is not None
+                   and not pd.isna(r["serving_speedup_e2e_p50"])]
+        if not records:
+            lines.append(f"{panel}, {config}: not compared with a baseline at the same load")
+            continue
+        mismatched = [r for r in records if r.get("exactness") == "mismatch"]
+        flagged = [r for r in records if r.get("exactness") != "mismatch" and r.get("flagged")]
+        judged = [r for r in records if r.get("exactness") != "mismatch" and not r.get("flagged")]
+        reach = serving.highest_paying_rate(judged)
+        by_rate = ", ".join(f"{r['load_request_rate']:g} req/s {fmt_speedup(r['serving_speedup_e2e_p50'])}"
+                            for r in sorted(records, key=lambda r: r["load_request_rate"]))
+        left = "".join(
+            f"; {_rates(out)} req/s left out: {why}"
+            for out, why in ((mismatched, "mismatched outputs"), (flagged, "flagged (see Flagged cells)")) if out)
+        if not judged:
+            lines.append(f"{panel}, {config}: no verdict: every rate is left out (E2E p50 speedup: {by_rate}){left}")
+        elif reach is None:
+            lines.append(f"{panel}, {config}: does not pay at any rate measured (E2E p50 speedup: {by_rate}){left}")
+        else:
+            lines.append(f"{panel}, {config}: pays up to {reach:g} req/s (E2E p50 speedup: {by_rate}){left}")
+    return lines
+
+
+def _rates(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{r['load_request_rate']:g}" for r in rows)
+
+
+def _rates_axis(ax: Any, rates: list[float]) -> dict[float, float]:
+    """Rates on a log-2 axis; ``inf`` (all at once) drawn one step past the highest finite rate, labelled so."""
+    finite = sorted(r for r in rates if math.isfinite(r))
+    top = (finite[-1] * 2) if finite else 1.0
+    where = {r: (r if math.isfinite(r) else top) for r in rates}
+    ticks = sorted(set(where.values()))
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(plots.FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(plots.NullLocator())
+    ax.set_xticklabels([f"{t:g}" if any(r == t and math.isfinite(r) for r in rates) else "all" for t in ticks])
+    ax.set_xlim(ticks[0] / 1.5, ticks[-1] * 1.5)
+    ax.set_xlabel("offered request rate (req/s)")
+    return where
+
+
+def _mark_saturation(ax: Any, knee: float | None, where: Mapping[float, float]) -> None:
+    if knee is not None and knee in where:
+        ax.axvspan(where[knee] / 1.2, ax.get_xlim()[1], color="0.9", zorder=0)
+        ax.text(where[knee], ax.get_ylim()[1], " saturated", va="top", ha="left", fontsize=8, color="0.35")
+
+
+def speedup_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+    """Serving speedup against request rate, with intervals, the model's prediction and saturation marked."""
+    plot = plots.Plot(
+        anchor="serving-speedup", title="Serving: speedup against request rate",
+        caption=("Speedup at the same offered load (same arrival times and prompts as the baseline) on the "
+                 "median end-to-end latency (filled, with 95% intervals across engine runs) and the median time "
+                 "per output token (hollow); dashed: the analytic model's decode speedup at the measured mean "
+                 "running batch. Grey: past saturation, where the baseline falls behind the offered rate."))
+    rows = _ok(df)
+    comp = rows[(rows["method"] != "baseline") & rows.get("serving_speedup_e2e_p50", pd.Series(dtype=float)).notna()]
+    if comp.empty:
+        return plots._without(plot, "No serving cell was compared with a baseline at the same load.")
+    panels = sorted(comp[PANEL].unique())
+    with plots._style():
+        fig, axes = plots._facets(panels)
+        for ax, panel in zip(axes, panels):
+            these = comp[comp[PANEL] == panel]
+            where = _rates_axis(ax, [float(r) for r in rows[rows[PANEL] == panel]["load_request_rate"]])
+            for (label, variant, k), s in these.groupby([CONFIG, VARIANT, "num_speculative_tokens"], sort=True):
+                s = s.sort_values("load_request_rate")
+                x = np.array([where[float(r)] for r in s["load_request_rate"]])
+                y = s["serving_speedup_e2e_p50"].to_numpy(dtype=float)
+                low = (y - s["serving_speedup_e2e_p50_ci_low"].to_numpy(dtype=float, na_value=np.nan)).clip(min=0)
+                high = (s["serving_speedup_e2e_p50_ci_high"].to_numpy(dtype=float, na_value=np.nan) - y).clip(min=0)
+                colour = enc.colour(str(variant))
+                ax.errorbar(x, y, yerr=np.nan_to_num([low, high]), color=colour, marker=enc.marker(int(k)),
+                            ms=6, lw=1.6, capsize=3, elinewidth=1)
+                ax.plot(x, s["serving_speedup_tpot_p50"].to_numpy(dtype=float), color=colour,
+                        marker=enc.marker(int(k)), mfc="white", ls=":", lw=1)
+                if "serving_predicted_speedup" in s and s["serving_predicted_speedup"].notna().any():
+                    ax.plot(x, s["serving_predicted_speedup"].to_numpy(dtype=float), color=colour, ls="--", lw=1)
+            ax.axhline(1.0, color="0.3", ls=":", lw=1)
+            ax.set_ylabel("speedup (×)")
+            _mark_saturation(ax, saturation_rate(rows[rows[PANEL] == panel]), where)
+        variants = sorted(comp[VARIANT].unique())
+        plots._legend(fig, enc.legend(variants, sorted(int(k) for k in comp["num_speculative_tokens"].unique())))
+        return plots.replace(plot, image=plots._png(fig))
+
+
+def latency_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+    """TPOT and TTFT percentiles against request rate, baseline and each configuration, saturation marked."""
+    plot = plots.Plot(
+        anchor="serving-latency", title="Serving: TPOT and TTFT against request rate",
+        caption=("Time per output token (top) and time to first token (bottom), p50 solid and p90 dashed, per "
+                 "configuration; the dotted grey line under TTFT is the baseline's median queueing delay (arrival "
+                 "to first scheduling), the part of TTFT that is waiting. Grey: past saturation."))
+    rows = _ok(df)
+    if rows.empty:
+        return plots._without(plot, "No serving cell was measured.")
+    panels = sorted(rows[PANEL].unique())
+    with plots._style():
+        fig = plots.Figure(figsize=(max(plots._PANEL_W * len(panels), plots._MIN_WIDTH), plots._PANEL_H * 2),
+                           layout="constrained")
+        grid = fig.subplots(2, len(panels), squeeze=False)
+        for col, panel in enumerate(panels):
+            these = rows[rows[PANEL] == panel]
+            knee = saturation_rate(these)
+            for row_index, (figure, label) in enumerate((("tpot_s", "TPOT (ms)"), ("ttft_s", "TTFT (ms)"))):
+                ax = grid[row_index][col]
+                where = _rates_axis(ax, [float(r) for r in these["load_request_rate"]])
+                for (config, variant, k), s in these.groupby([CONFIG, VARIANT, "num_speculative_tokens"], sort=True):
+                    s = s.sort_values("load_request_rate")
+                    x = np.array([where[float(r)] for r in s["load_request_rate"]])
+                    colour = enc.colour(str(variant))
+                    ax.plot(x, 1000 * s[f"{figure}_p50"].to_numpy(dtype=float), color=colour,
+                            marker=enc.marker(int(k)), lw=1.6)
+                    ax.plot(x, 1000 * s[f"{figure}_p90"].to_numpy(dtype=float), color=colour, ls="--", lw=1)
+                    if figure == "ttft_s" and variant == "baseline":
+                        ax.plot(x, 1000 * s["queue_s_p50"].to_numpy(dtype=float), color="0.55", ls=":", lw=1.2)
+                ax.set_yscale("log")
+                ax.set_ylabel(label)
+                ax.set_title(plots._text(panel) if row_index == 0 else "")
+                _mark_saturation(ax, knee, where)
+        variants = sorted(rows[VARIANT].unique())
+        plots._legend(fig, enc.legend(variants, sorted(int(k) for k in rows["num_speculative_tokens"].unique())))
+        return plots.replace(plot, image=plots._png(fig))
+
+
+def running_batch_over_time(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+    """The running batch over time: the baseline's cell at each rate (engine run 0), per workload."""
+    plot = plots.Plot(
+        anchor="serving-batch", title="Serving: running batch over time",
+        caption=("Requests the engine ran at each step (vLLM's scheduler statistics) over each baseline cell's "
+                 "measured window, one line per offered rate; the dashed level is the time-weighted mean, the "
+                 "batch size the offline axis stands for at that rate (Little's law)."))
+    rows = _ok(df)
+    base = rows[(rows["method"] == "baseline") & rows["running_batch"].notna()] if "running_batch" in rows else rows[0:0]
+    if base.empty:
+        return plots._without(plot, "No serving baseline recorded its running batch.")
+    panels = sorted(base[PANEL].unique())
+    with plots._style():
+        fig, axes = plots._facets(panels)
+        for ax, panel in zip(axes, panels):
+            these = base[base[PANEL] == panel].sort_values("load_request_rate")
+            palette = plots.sns.color_palette("rocket_r", len(these))
+            for colour, row in zip(palette, these.to_dict("records")):
+                rate = float(row["load_request_rate"])
+                name = f"{rate:g} req/s" if math.isfinite(rate) else "all at once"
+                ax.step(list(row["running_batch_t_s"]), list(row["running_batch"]), where="pre", color=colour,
+                        lw=1.2, label=name)
+                if row.get("running_batch_mean") is not None:
+                    ax.axhline(row["running_batch_mean"], color=colour, ls="--", lw=0.8)
+            ax.set_xlabel("seconds into the measured window")
+            ax.set_ylabel("running requests")
+            ax.legend(frameon=False, fontsize=7)
+        return plots.replace(plot, image=plots._png(fig))
+
+
+FIGURES = (speedup_vs_rate, latency_vs_rate, running_batch_over_time)
