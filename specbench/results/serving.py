@@ -33,7 +33,7 @@ from specbench import stats
 from specbench.analytic import recommend
 from specbench.load import ServedRequest, ServingMeasurement, ServingPlan
 from specbench.measure import GeneratedRequest, Measurement, SpecCounters
-from specbench.results.schema import ResultsError, read_rows
+from specbench.results.schema import ResultsError, engine_key, read_rows
 
 # Per cell: the load it met and what it achieved (cells/<id>.parquet and results.parquet; also the
 # running batch at every step of the window, running_batch_t_s and running_batch).
@@ -234,25 +234,29 @@ def with_serving_comparison(rows: list[dict[str, Any]], cells_dir: Path) -> list
         if mine:
             row["running_batch_t_s"], row["running_batch"] = mine[0].get("running_batch_t_s"), mine[0].get("running_batch")
     by_id = {r["cell_id"]: r for group in runs.values() for r in group}
-    ratios: dict[str, dict[str, list[float]]] = {}
+    # Per speedup, per cell: engine run -> ratio, and the engines whose deviations it shares.
+    ratios: dict[str, dict[str, dict[int, float]]] = {}
+    engines: dict[str, tuple[str, str]] = {}
     for row in serving:
         if row.get("method") == "baseline":
             continue
         for name, (column, higher_better) in SPEEDUPS.items():
-            per_run = []
+            per_run: dict[int, float] = {}
             for run in runs.get(row["config_hash"], []):
                 base = by_id.get(run.get("baseline_cell_id") or "")
                 ratio = _ratio(base, run, column, higher_better)
                 if ratio is not None:
-                    per_run.append(ratio)
+                    per_run[int(run.get("engine_run") or 0)] = ratio
+                    engines[row["cell_id"]] = (engine_key(run), engine_key(base or {}))
             if per_run:
                 ratios.setdefault(name, {})[row["cell_id"]] = per_run
     for name, cells in ratios.items():
-        groups = [_baseline_group(rows, cell_id) for cell_id in cells]
-        spread = stats.pooled_engine_run_spread(list(cells.values()), groups=groups)
+        # One engine serves every rate of its configuration in an engine run: its cells repeat its deviations.
+        spread = stats.engine_run_spread(list(cells.values()), engines=[engines[c][0] for c in cells],
+                                         baselines=[engines[c][1] for c in cells])
         for row in serving:
             if row["cell_id"] in cells:
-                interval = stats.speedup_interval(cells[row["cell_id"]], spread, None)
+                interval = stats.speedup_interval(list(cells[row["cell_id"]].values()), spread, None)
                 row[f"serving_speedup_{name}"] = interval.point
                 row[f"serving_speedup_{name}_ci_low"] = interval.ci_low
                 row[f"serving_speedup_{name}_ci_high"] = interval.ci_high
@@ -260,11 +264,6 @@ def with_serving_comparison(rows: list[dict[str, Any]], cells_dir: Path) -> list
         if row.get(f"serving_speedup_{PAYS_ON}") is not None:
             row["serving_pays"] = pays(row)
     return rows
-
-
-def _baseline_group(rows: Sequence[Mapping[str, Any]], cell_id: str) -> str:
-    row = next(r for r in rows if r["cell_id"] == cell_id)
-    return str(row.get("baseline_cell_id"))
 
 
 def _ratio(base: Mapping[str, Any] | None, cell: Mapping[str, Any], column: str, higher_better: bool) -> float | None:
