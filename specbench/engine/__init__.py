@@ -8,8 +8,9 @@ never the sweep; all memory an engine held comes back when its process exits
 cannot happen. Cells that share an :class:`EngineSpec` reuse one worker
 through :class:`EnginePool`.
 
-The worker (:mod:`specbench.engine.worker`; with :mod:`specbench.engine.preload`
-and :mod:`specbench.engine.fixes` the only modules that import vLLM) runs :func:`specbench.measure.measure`
+The worker (:mod:`specbench.engine.worker`; with :mod:`specbench.engine.preload`,
+:mod:`specbench.engine.fixes` and :mod:`specbench.engine.serving` the only modules that import vLLM) runs
+:func:`specbench.measure.measure`
 itself, so the timed region contains only vLLM calls, never inter-process
 traffic. Workers are forked from a fork server that has imported vLLM once
 (:func:`worker_context`), so an engine start costs building the engine, not
