@@ -70,6 +70,7 @@ from specbench import models
 from specbench.analytic import prediction, profile_fit, profiles
 from specbench.config import ConfigError, cell_from_config
 from specbench.engine import EngineError, EngineWorker
+from specbench.gpu_timing import positive_ints
 from specbench.measure import CellPlan
 from specbench.results.files import write_atomic
 from specbench.results.provenance import now_iso
@@ -445,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides = engine_overrides(args.overrides, args.max_step_tokens)
     try:
-        points = grid(_ints(args.batch_sizes), _ints(args.prompt_lengths), args.max_step_tokens)
+        points = grid(positive_ints(args.batch_sizes, "--batch-sizes"),
+                      positive_ints(args.prompt_lengths, "--prompt-lengths"), args.max_step_tokens)
         cell = cell_from_config(_compose(overrides))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -685,16 +687,6 @@ def _step_line(m: Any) -> str:
 def _draft_line(m: Any) -> str:
     per_pass = m.decode_s / m.counters.drafts * 1e3 if m.counters.drafts else float("nan")
     return f"{per_pass:.2f} ms per speculative pass"
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as exc:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from exc
-    if not values or min(values) < 1:
-        raise ValueError(f"expected positive integers, got {text!r}")
-    return values
 
 
 if __name__ == "__main__":

@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _time(args: argparse.Namespace) -> int:
     grid = DEFAULT_GRID if args.grid is None else _grid(args.grid)
-    tokens_per_seq = _ints(args.tokens_per_seq, "--tokens-per-seq")
+    tokens_per_seq = positive_ints(args.tokens_per_seq, "--tokens-per-seq")
     if args.dtype not in (None, "bfloat16", "float16", "float32"):
         raise ValueError(f"--dtype must be bfloat16, float16 or float32; got {args.dtype!r}")
     if args.reps < 1:
@@ -480,13 +480,14 @@ def _grid(text: str) -> tuple[tuple[int, tuple[int, ...]], ...]:
     for part in text.split(";"):
         context, _, batches = part.partition(":")
         try:
-            out.append((int(context), tuple(_ints(batches, "--grid"))))
+            out.append((int(context), tuple(positive_ints(batches, "--grid"))))
         except ValueError:
             raise ValueError(f"--grid must look like '512:1,4,16;2048:1,8'; got {text!r}") from None
     return tuple(out)
 
 
-def _ints(text: str, key: str) -> list[int]:
+def positive_ints(text: str, key: str) -> list[int]:
+    """A command-line list such as ``1,4,16`` as positive integers; ValueError naming ``key`` otherwise."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
