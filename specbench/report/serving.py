@@ -11,7 +11,7 @@ from there on the queue grows and TTFT measures waiting, not the engine.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,6 +162,22 @@ def _mark_saturation(ax: Any, knee: float | None, where: Mapping[float, float]) 
         ax.text(where[knee], ax.get_ylim()[1], " saturated", va="top", ha="left", fontsize=8, color="0.35")
 
 
+def _configurations(
+    cells: pd.DataFrame, where: Mapping[float, float],
+) -> Iterator[tuple[str, int, pd.DataFrame, np.ndarray]]:
+    """Each configuration's cells in order of rate: its variant, K, the cells and their positions on the rate axis."""
+    for (_, variant, k), s in cells.groupby([CONFIG, VARIANT, "num_speculative_tokens"], sort=True):
+        s = s.sort_values("load_request_rate")
+        yield str(variant), int(k), s, np.array([where[float(r)] for r in s["load_request_rate"]])
+
+
+def _with_legend(plot: plots.Plot, fig: Any, cells: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+    """The plot with its figure, under the legend of the configurations drawn (variant colours, K markers)."""
+    ks = sorted(int(k) for k in cells["num_speculative_tokens"].unique())
+    plots._legend(fig, enc.legend(sorted(cells[VARIANT].unique()), ks))
+    return plots.replace(plot, image=plots._png(fig))
+
+
 def speedup_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
     """Serving speedup against request rate, with intervals, the model's prediction and saturation marked."""
     plot = plots.Plot(
@@ -180,25 +196,21 @@ def speedup_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
         for ax, panel in zip(axes, panels):
             these = comp[comp[PANEL] == panel]
             where = _rates_axis(ax, [float(r) for r in rows[rows[PANEL] == panel]["load_request_rate"]])
-            for (label, variant, k), s in these.groupby([CONFIG, VARIANT, "num_speculative_tokens"], sort=True):
-                s = s.sort_values("load_request_rate")
-                x = np.array([where[float(r)] for r in s["load_request_rate"]])
+            for variant, k, s, x in _configurations(these, where):
                 y = s["serving_speedup_e2e_p50"].to_numpy(dtype=float)
                 low = (y - s["serving_speedup_e2e_p50_ci_low"].to_numpy(dtype=float, na_value=np.nan)).clip(min=0)
                 high = (s["serving_speedup_e2e_p50_ci_high"].to_numpy(dtype=float, na_value=np.nan) - y).clip(min=0)
-                colour = enc.colour(str(variant))
-                ax.errorbar(x, y, yerr=np.nan_to_num([low, high]), color=colour, marker=enc.marker(int(k)),
+                colour = enc.colour(variant)
+                ax.errorbar(x, y, yerr=np.nan_to_num([low, high]), color=colour, marker=enc.marker(k),
                             ms=6, lw=1.6, capsize=3, elinewidth=1)
                 ax.plot(x, s["serving_speedup_tpot_p50"].to_numpy(dtype=float), color=colour,
-                        marker=enc.marker(int(k)), mfc="white", ls=":", lw=1)
+                        marker=enc.marker(k), mfc="white", ls=":", lw=1)
                 if "serving_predicted_speedup" in s and s["serving_predicted_speedup"].notna().any():
                     ax.plot(x, s["serving_predicted_speedup"].to_numpy(dtype=float), color=colour, ls="--", lw=1)
             ax.axhline(1.0, color="0.3", ls=":", lw=1)
             ax.set_ylabel("speedup (×)")
             _mark_saturation(ax, saturation_rate(rows[rows[PANEL] == panel]), where)
-        variants = sorted(comp[VARIANT].unique())
-        plots._legend(fig, enc.legend(variants, sorted(int(k) for k in comp["num_speculative_tokens"].unique())))
-        return plots.replace(plot, image=plots._png(fig))
+        return _with_legend(plot, fig, comp, enc)
 
 
 def latency_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
@@ -222,12 +234,10 @@ def latency_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
             for row_index, (figure, label) in enumerate((("tpot_s", "TPOT (ms)"), ("ttft_s", "TTFT (ms)"))):
                 ax = grid[row_index][col]
                 where = _rates_axis(ax, [float(r) for r in these["load_request_rate"]])
-                for (config, variant, k), s in these.groupby([CONFIG, VARIANT, "num_speculative_tokens"], sort=True):
-                    s = s.sort_values("load_request_rate")
-                    x = np.array([where[float(r)] for r in s["load_request_rate"]])
-                    colour = enc.colour(str(variant))
+                for variant, k, s, x in _configurations(these, where):
+                    colour = enc.colour(variant)
                     ax.plot(x, 1000 * s[f"{figure}_p50"].to_numpy(dtype=float), color=colour,
-                            marker=enc.marker(int(k)), lw=1.6)
+                            marker=enc.marker(k), lw=1.6)
                     ax.plot(x, 1000 * s[f"{figure}_p90"].to_numpy(dtype=float), color=colour, ls="--", lw=1)
                     if figure == "ttft_s" and variant == "baseline":
                         ax.plot(x, 1000 * s["queue_s_p50"].to_numpy(dtype=float), color="0.55", ls=":", lw=1.2)
@@ -235,9 +245,7 @@ def latency_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
                 ax.set_ylabel(label)
                 ax.set_title(plots._text(panel) if row_index == 0 else "")
                 _mark_saturation(ax, knee, where)
-        variants = sorted(rows[VARIANT].unique())
-        plots._legend(fig, enc.legend(variants, sorted(int(k) for k in rows["num_speculative_tokens"].unique())))
-        return plots.replace(plot, image=plots._png(fig))
+        return _with_legend(plot, fig, rows, enc)
 
 
 def running_batch_over_time(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
