@@ -12,6 +12,7 @@ import atexit
 import json
 import logging
 import math
+import multiprocessing.util
 import os
 import time
 from dataclasses import dataclass
@@ -45,6 +46,11 @@ log = logging.getLogger(__name__)
 # One per process: with Hydra's basic launcher every job of a sweep runs in
 # this process, so consecutive cells that share an engine reuse it.
 POOL = EnginePool()
+# atexit runs its handlers last-registered first. multiprocessing's own exit handler (registered when
+# multiprocessing.util is first imported, above) terminates daemonic workers with SIGTERM: run before
+# this one, it would kill the last engine before it could stop, leaving its semaphores to the
+# resource tracker's "leaked semaphore objects" warning after the sweep. Registered after it, the pool
+# stops the engine first.
 atexit.register(POOL.discard)
 
 

@@ -83,6 +83,10 @@ def test_terminal_shows_the_plan_and_cells_and_the_log_file_the_rest(reference_s
     assert sum(": " in line and " engine run 0: " in line and not line.startswith("WARNING")
                for line in terminal) == 10
     assert f"log: {log}" in terminal and any(line.startswith("report: ") for line in terminal)
+    # The report is the last line: the engines stopped before Python's exit handlers could kill them, so
+    # none left a semaphore for the resource tracker to warn about after the sweep.
+    assert done.stdout.splitlines()[-1].startswith("report: "), done.stdout[-500:]
+    assert "leaked semaphore" not in done.stderr, done.stderr[-1000:]
     # vLLM's INFO lines went to the log file, not the terminal.
     assert not any(line.startswith(("INFO", "(EngineCore", "[20")) for line in terminal), terminal
     assert len(terminal) < 40, terminal

@@ -274,3 +274,37 @@ def test_offline_beside_serving_pairs_each_rate_with_the_nearest_offline_batch(t
     write_results(tmp_path / "offline", offline)
     write_results(tmp_path / "serving", [_serving_row("baseline", 0.5), *served])
     assert serving.main([str(tmp_path / "offline"), str(tmp_path / "serving")]) == 0
+
+
+def test_the_report_sets_offline_beside_serving_and_answers_whether_offline_predicts_it(tmp_path):
+    from rows import make_row, write_results
+
+    from specbench.report import serving as report_serving
+    from specbench.report import write_report
+    from specbench.report.tables import load_frame
+
+    # Offline ngram K=4 at batch 1 and 4; serving at 0.5 and 3 req/s induces mean running batches 1.5 and 4.
+    offline = [make_row("baseline", batch=b) for b in (1, 4)] + [
+        make_row("ngram", 4, batch=b, speedup=s, decode_speedup=s, predicted_decode_speedup=p)
+        for b, s, p in ((1, 2.0, 2.2), (4, 1.5, 1.5))]
+    rows = list(offline)
+    for rate, speedup in ((0.5, 1.6), (3.0, 1.5)):
+        rows += [_serving_row("baseline", rate), _serving_row("ngram", rate, speedup=speedup)]
+    write_results(tmp_path, rows)
+
+    frame, _ = load_frame(tmp_path / "results.parquet")  # as the report reads it: configurations labelled
+    off, served = report_serving.split(frame)
+    pairs, answer = report_serving.offline_beside(off, served)
+    assert [(p.rate, p.offline_batch, p.offline, p.serving) for p in pairs] == [
+        ("0.5", "1", "2.00×", "1.60×"), ("3", "4", "1.50×", "1.50×")]
+    # Offline against serving: |2.0/1.6 - 1| = 25% and 0%: median 12%, worst 25%, higher in 1 of 2.
+    assert "within 12% of the serving TPOT p50 speedup at the median and 25% at worst" in answer
+    assert "higher of the two in 1 of 2" in answer
+    # The model against the offline cells: 10% and 0%.
+    assert "off the offline speedup by 5% at the median (10% at worst)" in answer
+
+    page = write_report(tmp_path).read_text()
+    assert 'id="offline-beside-serving"' in page and answer in page
+
+    # Without offline cells of the configuration there is nothing to pair, and no section.
+    assert report_serving.offline_beside(off[off["method"] == "baseline"], served) == ([], None)

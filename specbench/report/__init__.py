@@ -79,6 +79,7 @@ def render_report(results_path: Path) -> str:
         # The counts are the whole sweep's; an offline part that is absent is not missing.
         summary = dataclasses.replace(summary, cells=len(full), failed=int(tables.failed_mask(full).sum()),
                                       missing=summary.missing if not df.empty else [])
+    offline_beside, offline_answer = serving.offline_beside(df, served) if not served.empty else ([], None)
     template = _environment().get_template("report.html.j2")
     return template.render(
         title=f"specbench report: {results_path.parent.name}",
@@ -89,6 +90,8 @@ def render_report(results_path: Path) -> str:
         + [_draw(figure, served, encoding) for figure in (serving.FIGURES if not served.empty else ())],
         serving_rows=serving.table(served) if not served.empty else [],
         serving_verdicts=serving.verdicts(served) if not served.empty else [],
+        offline_beside=offline_beside,
+        offline_beside_answer=offline_answer,
         saturated_share=serving.SATURATED_SHARE,
         best_configs=tables.best_configs(df),
         has_confirmation=tables.has_confirmation(df),

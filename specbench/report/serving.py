@@ -137,6 +137,63 @@ def verdicts(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class OfflinePair:
+    """One line of the offline-beside-serving table: a serving cell and the offline cell nearest its batch."""
+
+    panel: str
+    config: str
+    rate: str
+    running_batch: str
+    serving: str
+    serving_model: str
+    offline_batch: str
+    offline: str
+    offline_model: str
+    left_out: bool
+
+
+def _relative_errors(pairs: list[tuple[Any, Any]]) -> list[float]:
+    """|a / b - 1| for each pair where both are known and b is positive."""
+    return [abs(a / b - 1.0) for a, b in pairs
+            if a is not None and b is not None and not pd.isna(a) and not pd.isna(b) and b > 0]
+
+
+def offline_beside(offline: pd.DataFrame, served: pd.DataFrame) -> tuple[list[OfflinePair], str | None]:
+    """Each speculative serving cell beside the offline cell of its configuration and workload at the batch
+    size nearest its mean running batch (:func:`specbench.results.serving.offline_beside_serving`), and the
+    answer the data give: does the offline speedup at batch B predict the serving speedup at the rate whose
+    mean running batch is B? ``([], None)`` where the results hold no offline cell to pair with.
+    """
+    table = serving.offline_beside_serving(_ok(offline).to_dict("records"), _ok(served).to_dict("records"))
+    table = [t for t in table if t["offline_decode_speedup"] is not None]
+    if not table:
+        return [], None
+    rows = [OfflinePair(
+        panel=str(t["workload"]), config=str(t["config"]), rate=f"{float(t['request_rate']):g}",
+        running_batch=fmt_number(t["running_batch_mean"], 2), serving=fmt_speedup(t["serving_tpot_speedup"]),
+        serving_model=fmt_speedup(t["serving_predicted"]), offline_batch=str(int(t["offline_batch"])),
+        offline=fmt_speedup(t["offline_decode_speedup"]), offline_model=fmt_speedup(t["offline_predicted"]),
+        left_out=bool(t["left_out"]),
+    ) for t in sorted(table, key=lambda t: (str(t["workload"]), str(t["config"]), float(t["request_rate"])))]
+    judged = [t for t in table if not t["left_out"]]
+    offline_error = _relative_errors([(t["offline_decode_speedup"], t["serving_tpot_speedup"]) for t in judged])
+    if not offline_error:
+        return rows, None
+    above = sum(t["offline_decode_speedup"] > t["serving_tpot_speedup"] for t in judged)
+    answer = (f"Over {len(offline_error)} serving cells, the offline decode speedup at the batch size nearest the "
+              f"mean running batch is within {np.median(offline_error):.0%} of the serving TPOT p50 speedup at the "
+              f"median and {max(offline_error):.0%} at worst; it is the higher of the two in {above} of "
+              f"{len(judged)}.")
+    for name, errors in (
+        ("offline", _relative_errors([(t["offline_predicted"], t["offline_decode_speedup"]) for t in judged])),
+        ("serving", _relative_errors([(t["serving_predicted"], t["serving_tpot_speedup"]) for t in judged])),
+    ):
+        if errors:
+            answer += f" The model is off the {name} speedup by {np.median(errors):.0%} at the median ({max(errors):.0%} at worst)."
+    return rows, answer
+
+
 def _rates(rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{r['load_request_rate']:g}" for r in rows)
 

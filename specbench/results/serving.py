@@ -369,6 +369,8 @@ def offline_beside_serving(offline: Sequence[Mapping[str, Any]], served: Sequenc
             "offline_batch": peer and peer["batch_size"],
             "offline_decode_speedup": peer and peer["decode_speedup"],
             "offline_predicted": peer and peer.get("predicted_decode_speedup"),
+            # A flagged or mismatched serving cell stays in the table but out of any verdict drawn from it.
+            "left_out": bool(row.get("flagged")) or row.get("exactness") == "mismatch",
         })
     return table
 
