@@ -296,7 +296,10 @@ def cell_label(cell: Cell) -> str:
     """A cell as a reader names it: its method label (the variant and K, as plots and tables
     name it), batch size, workload, engine run."""
     label = methods.label(cell.config["method"], cell.k)
-    return f"{label} batch {cell.batch_size} {cell.workload['name']} engine run {cell.engine_run}"
+    rate = (cell.config.get("load") or {}).get("request_rate")
+    # A serving cell's batch is what its load makes it: its offered rate names it instead.
+    load_point = f"batch {cell.batch_size}" if rate is None else f"at {float(rate):g} req/s"
+    return f"{label} {load_point} {cell.workload['name']} engine run {cell.engine_run}"
 
 
 def cell_summary(cell: Cell, row: dict[str, Any], cells_dir: Path) -> str:
@@ -349,7 +352,11 @@ def _versus(
     (:mod:`specbench.results.exactness`); the merge adds the control of other
     batch sizes, so a mismatch here may still turn out a tie there.
     """
-    speedup = f"{rows.speedup(base, spec):.2f}x"
+    if serving.is_serving_row(spec) and spec.get("e2e_s_p50") and base.get("e2e_s_p50"):
+        # At the same offered load the figure that decides whether it pays (serving.pays), not a wall time.
+        speedup = f"E2E p50 {base['e2e_s_p50'] / spec['e2e_s_p50']:.2f}x"
+    else:
+        speedup = f"{rows.speedup(base, spec):.2f}x"
     if spec.get("temperature"):
         return speedup, None  # sampled outputs differ by design; the merge checks their distribution
     mine, theirs = spec_files.read_tokens(), base_files.read_tokens()

@@ -49,3 +49,6 @@ def test_a_serving_sweep_records_latencies_the_running_batch_and_exact_outputs(t
     assert ngram["exactness"] in ("exact", "ties"), ngram["divergences"]
     report = (tmp_path / "sweep" / "report.html").read_text()
     assert 'id="serving"' in report and "img-serving-batch" in report
+    # The terminal names a serving cell by its offered rate and gives the speedup the verdict reads.
+    ngram_line = next(line for line in done.stdout.splitlines() if line.startswith("ngram K=2 at 4 req/s summarize"))
+    assert "E2E p50 " in ngram_line and ngram_line.endswith(("exact", "tie(s)")), ngram_line
