@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_help_names_the_app_examples_groups_and_companion_commands_and_no_internal_keys(tmp_path):
@@ -24,3 +25,13 @@ def test_help_names_the_app_examples_groups_and_companion_commands_and_no_intern
     # Neither the composed config nor Hydra's boilerplate.
     for internal in ("engine_run:", "passes:", "${", "powered by Hydra", "__main__"):
         assert internal not in text
+
+
+def test_the_defaults_help_states_are_the_configs(compose_cell):
+    """Each "(default N)" in the help text (conf/config.yaml, hydra.help) is the composed config's value."""
+    source = (Path(__file__).resolve().parents[1] / "conf" / "config.yaml").read_text()
+    stated = dict(re.findall(r"^\s+(\w+)\s+.*\(default (\d+)\)\s*$", source, flags=re.MULTILINE))
+    assert {"repetitions", "engine_runs", "num_speculative_tokens", "batch_size"} <= set(stated)
+    cfg = compose_cell([])
+    for key, value in stated.items():
+        assert int(cfg[key]) == int(value), f"--help says {key} defaults to {value}; the config says {cfg[key]}"
