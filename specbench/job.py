@@ -296,9 +296,8 @@ def cell_label(cell: Cell) -> str:
     """A cell as a reader names it: its method label (the variant and K, as plots and tables
     name it), batch size, workload, engine run."""
     label = methods.label(cell.config["method"], cell.k)
-    rate = (cell.config.get("load") or {}).get("request_rate")
     # A serving cell's batch is what its load makes it: its offered rate names it instead.
-    load_point = f"batch {cell.batch_size}" if rate is None else f"at {float(rate):g} req/s"
+    load_point = f"at {cell.identity['load']['request_rate']:g} req/s" if cell.is_serving else f"batch {cell.batch_size}"
     return f"{label} {load_point} {cell.workload['name']} engine run {cell.engine_run}"
 
 
@@ -352,9 +351,9 @@ def _versus(
     (:mod:`specbench.results.exactness`); the merge adds the control of other
     batch sizes, so a mismatch here may still turn out a tie there.
     """
-    if serving.is_serving_row(spec) and spec.get("e2e_s_p50") and base.get("e2e_s_p50"):
+    if serving.is_serving_row(spec) and (paying := serving.run_speedup(base, spec, serving.PAYS_ON)) is not None:
         # At the same offered load the figure that decides whether it pays (serving.pays), not a wall time.
-        speedup = f"E2E p50 {base['e2e_s_p50'] / spec['e2e_s_p50']:.2f}x"
+        speedup = f"E2E p50 {paying:.2f}x"
     else:
         speedup = f"{rows.speedup(base, spec):.2f}x"
     if spec.get("temperature"):

@@ -240,11 +240,11 @@ def with_serving_comparison(rows: list[dict[str, Any]], cells_dir: Path) -> list
     for row in serving:
         if row.get("method") == "baseline":
             continue
-        for name, (column, higher_better) in SPEEDUPS.items():
+        for name in SPEEDUPS:
             per_run: dict[int, float] = {}
             for run in runs.get(row["config_hash"], []):
                 base = by_id.get(run.get("baseline_cell_id") or "")
-                ratio = _ratio(base, run, column, higher_better)
+                ratio = run_speedup(base, run, name)
                 if ratio is not None:
                     per_run[int(run.get("engine_run") or 0)] = ratio
                     engines[row["cell_id"]] = (engine_key(run), engine_key(base or {}))
@@ -266,9 +266,12 @@ def with_serving_comparison(rows: list[dict[str, Any]], cells_dir: Path) -> list
     return rows
 
 
-def _ratio(base: Mapping[str, Any] | None, cell: Mapping[str, Any], column: str, higher_better: bool) -> float | None:
+def run_speedup(base: Mapping[str, Any] | None, cell: Mapping[str, Any], name: str) -> float | None:
+    """One engine run's speedup ``name`` (a key of :data:`SPEEDUPS`) against its baseline at the same
+    load; None where either side failed or lacks the figure."""
     if base is None or base.get("status") != "ok" or cell.get("status") != "ok":
         return None
+    column, higher_better = SPEEDUPS[name]
     b, c = base.get(column), cell.get(column)
     if not b or not c or not (math.isfinite(b) and math.isfinite(c)):
         return None
