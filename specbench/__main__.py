@@ -51,6 +51,8 @@ def main(cfg: DictConfig) -> None:
     todo = [p for p in planned if completed_row(CellFiles(run_dir / "cells", p.cell.cell_id), p.cell) is None]
     print("\n".join([describe_plan(run_dir, planned, todo, 1, cfg.verbose), *earlier]), flush=True)
     job.PROGRESS = job.SweepProgress(len(planned))
+    if todo:
+        job.start_engine_server(engine_log)
     try:
         for p in planned:
             run_cell(p.cell, run_dir / "cells", engine_runs=cfg.engine_runs, timeout_s=timeout, engine_log=engine_log)

@@ -25,7 +25,7 @@ from specbench.analytic import footprint, memory
 from specbench.load import ServingPlan
 from specbench.measure import CellPlan, DistributionPlan, Measurement
 from specbench.config import Cell
-from specbench.engine import EngineError, EnginePool, EngineSpec, describe_machine
+from specbench.engine import EngineError, EnginePool, EngineSpec, describe_machine, worker_context
 from specbench.results.files import CellFiles
 from specbench.results import rows
 from specbench.results.provenance import (
@@ -52,6 +52,13 @@ POOL = EnginePool()
 # resource tracker's "leaked semaphore objects" warning after the sweep. Registered after it, the pool
 # stops the engine first.
 atexit.register(POOL.discard)
+
+
+def start_engine_server(engine_log: Path | None) -> None:
+    """Start the engine workers' fork server now, so that its import of vLLM (9 s on 2 cores, 20 s
+    where Python caches no bytecode) runs while the first job prepares its prompts. Only for jobs that
+    run in this process; ``engine_log`` as :func:`run_cell` takes it."""
+    worker_context(engine_log)
 
 
 class SweepProgress:

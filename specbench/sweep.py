@@ -279,6 +279,8 @@ class CellSweeper(BasicSweeper):
         in_process = type(self.launcher).__name__ == "BasicLauncher"
         if in_process:
             job.PROGRESS = job.SweepProgress(len(todo))
+            if todo:
+                job.start_engine_server(None if self.config.get("verbose") else sweep_dir / LOG_FILE)
         returns = []
         batch_size = self.max_batch_size or len(todo) or 1
         for start in range(0, len(todo), batch_size):

@@ -234,6 +234,10 @@ def test_the_schema_keeps_engine_settings_as_vllm_reads_them(compose_cell):
         compose_cell(["engine.cpu_kvcache_space_gib=1.5"])
 
 
+# The defaults when the pinned cell ids below were computed; both are identity keys.
+THEN_DEFAULTS = ["repetitions=3", "engine.cpu_kvcache_space_gib=2"]
+
+
 def test_group_schemas_keep_cell_identities(compose_cell):
     # Cell files are named by identity, so a resumed sweep finds its cells only
     # if typing the groups added nothing to it: these ids were computed before
@@ -245,8 +249,8 @@ def test_group_schemas_keep_cell_identities(compose_cell):
         "eagle3-k4-b4-summarize-266d635ba36d-r0": ["method=eagle3", "batch_size=4"],
     }
     for cell_id, overrides in ids.items():
-        # repetitions=3: the default when these ids were computed (an identity key: another count is another cell).
-        assert cell_from_config(compose_cell([*overrides, "repetitions=3"])).cell_id == cell_id
+        # repetitions=3 and a 2 GiB CPU KV pool: the defaults when these ids were computed (identity keys).
+        assert cell_from_config(compose_cell([*overrides, *THEN_DEFAULTS])).cell_id == cell_id
 
 
 def test_a_source_key_is_in_the_identity_only_when_set(compose_cell):

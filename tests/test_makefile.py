@@ -73,3 +73,23 @@ def test_an_unknown_engine_is_refused(checkout):
     _gpu(checkout, False)
     done = _make(checkout, "setup", "ENGINE=tpu")
     assert done.returncode != 0 and "ENGINE=tpu: must be cpu or gpu" in done.stderr
+
+
+def test_the_targets_let_python_cache_the_bytecode_it_compiles(checkout):
+    """With PYTHONDONTWRITEBYTECODE set (as some images do), every process would compile vLLM again;
+    the targets' commands run without it. A stand-in python reports what it was given."""
+    _gpu(checkout, False)
+    bin_dir = checkout / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    python = bin_dir / "python"
+    python.write_text('#!/bin/sh\necho "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE-unset} $*"\n')
+    python.chmod(0o755)
+    (checkout / ".venv" / ".specbench-setup-cpu").touch()  # newer than the Makefile: nothing to set up
+    env = dict(os.environ, PATH=f"{checkout / 'bin'}:{os.environ['PATH']}", PYTHONDONTWRITEBYTECODE="1",
+               SPECBENCH_CACHE=str(checkout / "cache"))
+    env.pop("ENGINE", None)
+    done = subprocess.run(["make", "demo"], cwd=checkout, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    runs = [line for line in done.stdout.splitlines() if line.startswith("PYTHONDONTWRITEBYTECODE=")]
+    assert runs and all(line.startswith("PYTHONDONTWRITEBYTECODE=unset ") for line in runs), done.stdout
+    assert any("sweep=cpu_demo" in line for line in runs)

