@@ -16,9 +16,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from specbench import grid, job
+from specbench import grid, job, logs
 from specbench.config import ConfigError, cell_from_config, refuse
-from specbench.logs import LOG_FILE
 from specbench.results.files import CellFiles
 from specbench.job import completed_row, run_cell
 from specbench.sweep import describe_plan, write_plan
@@ -42,7 +41,7 @@ def main(cfg: DictConfig) -> None:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_cfg.sweep.dir if multirun else hydra_cfg.run.dir)
     # Engine output goes to the sweep's log file; verbose=true leaves it on the terminal.
-    engine_log = None if cfg.verbose else run_dir / LOG_FILE
+    engine_log = logs.engine_log(run_dir, cfg.verbose)
     if multirun:
         run_cell(cell, run_dir / "cells", engine_runs=cfg.engine_runs, timeout_s=timeout, engine_log=engine_log)
         return

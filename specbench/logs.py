@@ -23,6 +23,11 @@ LOG_FILE = "specbench.log"
 ENGINE_LOG_ENV = "SPECBENCH_ENGINE_LOG"
 
 
+def engine_log(run_dir: Path, verbose: bool) -> Path | None:
+    """Where a run's engine output goes: its log file, or None (the terminal) when ``verbose``."""
+    return None if verbose else run_dir / LOG_FILE
+
+
 class TerminalFilter(logging.Filter):
     """Lets warnings and errors through to the terminal; everything when ``verbose``."""
 

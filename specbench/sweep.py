@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench import grid, job
 from specbench.analytic import memory
 from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, refuse, validate
-from specbench.logs import LOG_FILE
+from specbench.logs import LOG_FILE, engine_log
 from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep
 from specbench.measure import WARMUP_MAX_TOKENS
 from specbench.grid import PlannedCell
@@ -280,7 +280,7 @@ class CellSweeper(BasicSweeper):
         if in_process:
             job.PROGRESS = job.SweepProgress(len(todo))
             if todo:
-                job.start_engine_server(None if self.config.get("verbose") else sweep_dir / LOG_FILE)
+                job.start_engine_server(engine_log(sweep_dir, bool(self.config.get("verbose"))))
         returns = []
         batch_size = self.max_batch_size or len(todo) or 1
         for start in range(0, len(todo), batch_size):

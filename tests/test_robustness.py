@@ -121,5 +121,3 @@ def test_submitit_local_launcher_runs_cells_and_merges(tmp_path):
     assert sorted(results["method"]) == ["baseline", "ngram"]
     assert (results["status"] == "ok").all() and results["exact_match"].all()
     assert (sweep / ".submitit").exists() or any(sweep.rglob("*_submitted.pkl"))
-
-
