@@ -143,20 +143,45 @@ def test_prefill_steps_follow_the_engines_max_num_batched_tokens(checkpoints):
     profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     context = PROMPT_LEN + OUTPUT_LEN / 2
     plain = (OUTPUT_LEN - 1) * steps.plain_decode_step(profile, HW, 8, context)
+    decode = _theory(target, batch=8, tokens_per_pass=3.0)[0]
+    assert default["predicted_decode_speedup"] == pytest.approx(decode)  # 4000 prompt tokens: one step
     for priced, step_tokens in ((default, prediction.DEFAULT_STEP_TOKENS), (chunked, 1000)):
         prefill = steps.prefill_time(profile, HW, 8, PROMPT_LEN, max_step_tokens=step_tokens)
-        assert priced["predicted_speedup"] == pytest.approx(
-            speedup.end_to_end_speedup(priced["predicted_decode_speedup"], prefill, plain))
+        assert priced["predicted_speedup"] == pytest.approx(speedup.end_to_end_speedup(decode, prefill, plain))
     assert chunked["predicted_speedup"] < default["predicted_speedup"]  # 4 steps' overhead, not 1
+
+
+def test_the_decode_speedup_is_priced_as_measured_a_tpot_ratio_beside_later_prefill_chunks(checkpoints):
+    # At 1000 tokens a step, 8 prompts of 500 tokens prefill in 4 steps: the requests done first
+    # decode beside the later chunks, and their TPOT (plain or speculative) carries them.
+    target, _ = checkpoints
+    row = _row(target, batch=8, tokens_per_pass=3.0)
+    cfg = json.loads(row["config_json"])
+    cfg["engine"]["max_num_batched_tokens"] = 1000
+    (chunked,) = prediction.with_predicted_speedups([dict(row, config_json=json.dumps(cfg))], CHOICE)
+    profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
+    context = PROMPT_LEN + OUTPUT_LEN / 2
+    chunk = steps.prefill_time(profile, HW, 8, PROMPT_LEN, max_step_tokens=1000) / 4
+    plain = speedup.tpot_beside_prefill(step_s=steps.plain_decode_step(profile, HW, 8, context), tokens_per_pass=1.0,
+                                        output_tokens=OUTPUT_LEN, prefill_steps=4, mixed_step_s=chunk)
+    speculative = speedup.tpot_beside_prefill(
+        step_s=speedup.speculative_step("ngram", target=profile, hw=HW, batch_size=8, k=4, context_len=context),
+        tokens_per_pass=3.0, output_tokens=OUTPUT_LEN, prefill_steps=4, mixed_step_s=chunk)
+    assert chunked["predicted_decode_speedup"] == pytest.approx(plain / speculative)
+    assert 1.0 < chunked["predicted_decode_speedup"] < _theory(target, batch=8, tokens_per_pass=3.0)[0]
 
 
 def test_verification_is_priced_for_the_tokens_actually_drafted(checkpoints):
     # ngram drafts only where its lookup matches: half-empty drafts verify
     # fewer tokens, which matters once the batch is past the ridge.
     target, _ = checkpoints
-    full, half = prediction.with_predicted_speedups(
-        [_row(target, batch=32, tokens_per_pass=2.0), _row(target, batch=32, tokens_per_pass=2.0,
-                                                           draft_tokens_per_pass=2.0)], CHOICE)
+    rows = [_row(target, batch=32, tokens_per_pass=2.0), _row(target, batch=32, tokens_per_pass=2.0,
+                                                             draft_tokens_per_pass=2.0)]
+    for row in rows:  # the batch's 16,000 prompt tokens in one step: decode alone
+        cfg = json.loads(row["config_json"])
+        cfg["engine"]["max_num_batched_tokens"] = 32 * PROMPT_LEN
+        row["config_json"] = json.dumps(cfg)
+    full, half = prediction.with_predicted_speedups(rows, CHOICE)
     assert half["predicted_decode_speedup"] == pytest.approx(
         _theory(target, batch=32, tokens_per_pass=2.0, drafted=2.0)[0])
     assert half["predicted_decode_speedup"] > full["predicted_decode_speedup"]
@@ -271,6 +296,9 @@ def test_accuracy_and_break_even_per_curve():
     assert acc["mdape_wall"] == pytest.approx((0.1 + 0.125) / 2)
     # Decode predictions are held against the decode speedup: |2.42/2 - 1| ... |0.77/0.8 - 1|.
     assert acc["mdape_decode"] == pytest.approx((0.1 + 0.175) / 2)
+    # The largest errors beside the medians: 0.9 for 1.2 (wall), 2.42 for 2.0 (decode).
+    assert (acc["max_wall"], acc["max_decode"]) == pytest.approx((0.25, 0.21))
+    assert "median (max)" in prediction.format_check(rows) and "11.3% (25.0%)" in prediction.format_check(rows)
     (curve,) = prediction.break_even(rows)
     assert curve["batch_sizes"] == [1, 2, 4, 8]
     assert curve["measured"] == pytest.approx(speedup.break_even_batch_size([1, 2, 4, 8], [2.0, 1.5, 1.2, 0.8]))

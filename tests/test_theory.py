@@ -15,7 +15,7 @@ from specbench.analytic.acceptance import expected_tokens_from_rates, expected_t
 from specbench.analytic.drafting import draft_prefill_time, draft_time, eagle_head_profile
 from specbench.analytic.profile_fit import DraftSample, StepSample, fit_draft_overhead, fit_hardware_profile
 from specbench.analytic.profiles import HardwareProfile, ModelProfile, ridge_point
-from specbench.analytic.speedup import batch_decode_time, batch_tail, best_k, break_even_batch_size, end_to_end_speedup, num_speculative_tokens_per_batch_size, predicted_decode_speedup
+from specbench.analytic.speedup import batch_decode_time, batch_tail, best_k, break_even_batch_size, end_to_end_speedup, num_speculative_tokens_per_batch_size, predicted_decode_speedup, tpot_beside_prefill
 from specbench.stats import fit_alpha
 from specbench.analytic.steps import plain_batch_time, plain_decode_step, prefill_time, step_time, verify_step
 
@@ -318,6 +318,26 @@ def test_a_plain_batch_is_its_prefill_then_one_step_per_token_after_the_first(sm
         prefill_time(smol, hw, 4, 500, max_step_tokens=4096))
     with pytest.raises(ValueError, match="output_tokens"):
         plain_batch_time(smol, hw, 4, 500, 0, max_step_tokens=4096)
+
+
+def test_tpot_carries_the_prefill_steps_that_run_beside_a_requests_decode() -> None:
+    tpot = lambda **kw: tpot_beside_prefill(**{"step_s": 0.1, "mixed_step_s": 1.0} | kw)  # noqa: E731
+    # One prefill step: no request decodes beside another's prefill.
+    assert tpot(tokens_per_pass=2.0, output_tokens=21, prefill_steps=1) == pytest.approx(0.05)
+    # Three steps: the requests whose prefill ends in step 1, 2, 3 decode beside 2, 1, 0 of them.
+    # 20 tokens after the first: plain, 20 passes of which 1 mixed on average ...
+    assert tpot(tokens_per_pass=1.0, output_tokens=21, prefill_steps=3) == pytest.approx((1.0 + 19 * 0.1) / 20)
+    # ... speculative at 2 tokens a pass, 10 passes of which 1 mixed.
+    assert tpot(tokens_per_pass=2.0, output_tokens=21, prefill_steps=3) == pytest.approx((1.0 + 9 * 0.1) / 20)
+    # A request cannot decode beside more steps than it has passes: 1 token after the first, 5 steps.
+    assert tpot(tokens_per_pass=1.0, output_tokens=2, prefill_steps=5) == pytest.approx(0.8 * 1.0 + 0.2 * 0.1)
+    # The shared steps dilute a TPOT ratio towards 1: 2x per pass becomes 1.53x.
+    ratio = tpot(tokens_per_pass=1.0, output_tokens=21, prefill_steps=3) / tpot(
+        tokens_per_pass=2.0, output_tokens=21, prefill_steps=3)
+    assert ratio == pytest.approx(2.9 / 1.9) and 1.0 < ratio < 2.0
+    assert tpot(tokens_per_pass=1.0, output_tokens=1, prefill_steps=3) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="prefill_steps"):
+        tpot(tokens_per_pass=1.0, output_tokens=21, prefill_steps=0)
 
 
 def test_end_to_end_speedup_is_decode_speedup_diluted_by_prefill() -> None:

@@ -161,7 +161,7 @@ SCHEMA = pa.schema(
         ("baseline_engine_log_sd", _F),
         ("speculative_engine_log_sd", _F),
         ("output_token_ratio", _F),  # this cell's output tokens / its baseline's (geometric mean over engine runs)
-        ("decode_speedup", _F),  # baseline tpot_s_mean / this cell's: decode time ratio, prefill excluded
+        ("decode_speedup", _F),  # baseline tpot_s_mean / this cell's: decode time ratio (own prefill excluded)
         ("exact_match", _BOOL),  # token for token (the check as it is for float32)
         # Speculative cells against their baseline; a baseline at batch B against plain decoding at
         # batch 1 (the control: how often plain decoding disagrees with itself).
