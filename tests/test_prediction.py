@@ -56,6 +56,13 @@ def _row(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft_tokens
             "config_json": json.dumps(cfg)} | extra
 
 
+def _step_budget(row, tokens):
+    """``row`` with its engine's max_num_batched_tokens set to ``tokens``."""
+    cfg = json.loads(row["config_json"])
+    cfg["engine"]["max_num_batched_tokens"] = tokens
+    return dict(row, config_json=json.dumps(cfg))
+
+
 def _theory(target, method="ngram", k=4, batch=1, tokens_per_pass=2.0, draft=None, drafted=None):
     """(decode, end-to-end) speedup of such a row, straight from the analytic model."""
     profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
@@ -137,9 +144,7 @@ def test_the_wall_time_waits_for_each_batchs_slowest_request(checkpoints):
 def test_prefill_steps_follow_the_engines_max_num_batched_tokens(checkpoints):
     target, _ = checkpoints
     row = _row(target, batch=8, tokens_per_pass=3.0)
-    cfg = json.loads(row["config_json"])
-    cfg["engine"]["max_num_batched_tokens"] = 1000
-    default, chunked = prediction.with_predicted_speedups([row, dict(row, config_json=json.dumps(cfg))], CHOICE)
+    default, chunked = prediction.with_predicted_speedups([row, _step_budget(row, 1000)], CHOICE)
     profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     context = PROMPT_LEN + OUTPUT_LEN / 2
     plain = (OUTPUT_LEN - 1) * steps.plain_decode_step(profile, HW, 8, context)
@@ -155,10 +160,8 @@ def test_the_decode_speedup_is_priced_as_measured_a_tpot_ratio_beside_later_pref
     # At 1000 tokens a step, 8 prompts of 500 tokens prefill in 4 steps: the requests done first
     # decode beside the later chunks, and their TPOT (plain or speculative) carries them.
     target, _ = checkpoints
-    row = _row(target, batch=8, tokens_per_pass=3.0)
-    cfg = json.loads(row["config_json"])
-    cfg["engine"]["max_num_batched_tokens"] = 1000
-    (chunked,) = prediction.with_predicted_speedups([dict(row, config_json=json.dumps(cfg))], CHOICE)
+    (chunked,) = prediction.with_predicted_speedups([_step_budget(_row(target, batch=8, tokens_per_pass=3.0), 1000)],
+                                                    CHOICE)
     profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     context = PROMPT_LEN + OUTPUT_LEN / 2
     chunk = steps.prefill_time(profile, HW, 8, PROMPT_LEN, max_step_tokens=1000) / 4
@@ -175,13 +178,10 @@ def test_verification_is_priced_for_the_tokens_actually_drafted(checkpoints):
     # ngram drafts only where its lookup matches: half-empty drafts verify
     # fewer tokens, which matters once the batch is past the ridge.
     target, _ = checkpoints
-    rows = [_row(target, batch=32, tokens_per_pass=2.0), _row(target, batch=32, tokens_per_pass=2.0,
-                                                             draft_tokens_per_pass=2.0)]
-    for row in rows:  # the batch's 16,000 prompt tokens in one step: decode alone
-        cfg = json.loads(row["config_json"])
-        cfg["engine"]["max_num_batched_tokens"] = 32 * PROMPT_LEN
-        row["config_json"] = json.dumps(cfg)
-    full, half = prediction.with_predicted_speedups(rows, CHOICE)
+    # The batch's 16,000 prompt tokens in one step: the decode speedup is decode alone.
+    full, half = prediction.with_predicted_speedups(
+        [_step_budget(_row(target, batch=32, tokens_per_pass=2.0, draft_tokens_per_pass=d), 32 * PROMPT_LEN)
+         for d in (None, 2.0)], CHOICE)
     assert half["predicted_decode_speedup"] == pytest.approx(
         _theory(target, batch=32, tokens_per_pass=2.0, drafted=2.0)[0])
     assert half["predicted_decode_speedup"] > full["predicted_decode_speedup"]

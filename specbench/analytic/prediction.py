@@ -358,20 +358,22 @@ def _predict(
     )
     output_len = max(row["output_tokens"] / requests, 1.0)
 
+    def plain_step(b: int) -> float:
+        return steps.plain_decode_step(target, hw, b, context)
+
     def speculative_step(b: int) -> float:
         return speedup.speculative_step(priced_as, target=target, hw=hw, batch_size=b, k=k, context_len=context,
                                         draft=draft, draft_tokens_per_pass=drafted)
 
-    plain_step = steps.plain_decode_step(target, hw, batch, context)
-    tails = _tails(row, batch, plain_step=lambda b: steps.plain_decode_step(target, hw, b, context),
-                   speculative_step=speculative_step)
-    end_to_end = speedup.end_to_end_speedup(decode, prefill, (output_len - 1.0) * plain_step, draft_prefill, **tails)
+    tails = _tails(row, batch, plain_step=plain_step, speculative_step=speculative_step)
+    end_to_end = speedup.end_to_end_speedup(
+        decode, prefill, (output_len - 1.0) * plain_step(batch), draft_prefill, **tails)
     # The measured decode speedup is a TPOT ratio, and TPOT carries the prefill chunks that
     # later requests' prompts add to early requests' decode (speedup.tpot_beside_prefill).
     prefill_steps, _ = steps.prefill_steps(batch, prompt_len, step_tokens)
     if prefill_steps > 1:
         plain_tpot = speedup.tpot_beside_prefill(
-            step_s=plain_step, tokens_per_pass=1.0, output_tokens=output_len,
+            step_s=plain_step(batch), tokens_per_pass=1.0, output_tokens=output_len,
             prefill_steps=prefill_steps, mixed_step_s=prefill / prefill_steps)
         speculative_tpot = speedup.tpot_beside_prefill(
             step_s=speculative_step(batch), tokens_per_pass=tokens_per_pass, output_tokens=output_len,
