@@ -497,6 +497,20 @@ class SpeedupInterval:
 NO_INTERVAL = "none: one engine run of one repetition"
 
 
+def lower_end(point: float, ci_low: float | None, ci_high: float | None) -> float:
+    """The lower end of a speedup's interval; its point estimate where it has none (a zero-width interval is none)."""
+    return ci_low if ci_low is not None and ci_high is not None and ci_low < ci_high else point
+
+
+def clears(point: float, ci_low: float | None, ci_high: float | None, threshold: float = 1.0) -> bool:
+    """Whether a speedup clears ``threshold``: the one rule of every "pays" (offline, serving, the K schedule).
+
+    Its whole 95% interval must lie above the threshold, so a win inside the
+    noise does not count; a speedup with no interval is judged on its point.
+    """
+    return lower_end(point, ci_low, ci_high) > threshold
+
+
 def speedup_interval(
     ratios: Sequence[float],
     spread: EngineRunSpread,

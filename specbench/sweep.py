@@ -44,7 +44,7 @@ from specbench import grid, job
 from specbench.analytic import memory
 from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, refuse, validate
 from specbench.logs import LOG_FILE, engine_log
-from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep
+from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep, with_serving_predictions
 from specbench.measure import WARMUP_MAX_TOKENS
 from specbench.grid import PlannedCell
 from specbench.results.files import CellFiles, write_atomic, write_results
@@ -315,7 +315,7 @@ def finish(sweep_dir: Path) -> list[dict[str, Any]]:
     """Merge, price with the analytic model (specbench.analytic.prediction), report, summarise; exit non-zero naming failed cells."""
     merged = serving.with_serving_comparison(merge(sweep_dir / "cells", read_plan(sweep_dir)), sweep_dir / "cells")
     rows, calibrate_hint = predict_sweep(merged)
-    rows = memory.with_predicted_memory(serving.with_serving_predictions(rows))
+    rows = memory.with_predicted_memory(with_serving_predictions(rows))
     if calibrate_hint:
         print(calibrate_hint)
     results = results_path(sweep_dir)

@@ -11,6 +11,7 @@ from specbench.stats import (
     NO_INTERVAL,
     EngineRunSpread,
     WithinNoise,
+    clears,
     engine_run_interval,
     median_interval,
     engine_run_spread,
@@ -409,3 +410,24 @@ class TestEngineRunInterval:
     def test_bad_input_rejected(self, runs: list[list[float]]) -> None:
         with pytest.raises(ValueError):
             engine_run_interval(runs)
+
+
+class TestClears:
+    """The one "pays" rule: the whole interval above the threshold, or the point where there is no interval."""
+
+    def test_interval_straddling_one_does_not_pay_however_high_the_point(self) -> None:
+        assert not clears(1.40, 0.98, 1.90)
+        assert clears(1.40, 1.02, 1.90)
+
+    def test_without_an_interval_the_point_decides(self) -> None:
+        assert clears(1.05, None, None)
+        assert not clears(0.99, None, None)
+
+    def test_a_zero_width_interval_is_no_interval(self) -> None:
+        # Equal ends: no interval could be built, so the point is judged, as with none.
+        assert clears(1.2, 0.9, 0.9)
+
+    def test_threshold_is_a_margin_over_one(self) -> None:
+        assert clears(1.3, 1.08, 1.5, threshold=1.05)
+        assert not clears(1.3, 1.04, 1.5, threshold=1.05)
+

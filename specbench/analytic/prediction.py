@@ -62,6 +62,7 @@ from omegaconf import MISSING
 from specbench import methods, models, paths
 from specbench.analytic import drafting, profiles, speedup, steps
 from specbench.results.schema import SCHEDULE_KEY, curve_key, method_label, results_path, row_config
+from specbench.results.serving import is_serving_row
 
 CALIBRATED_FILE = "calibrated.yaml"
 CALIBRATE_HINT = (
@@ -462,6 +463,35 @@ def predict_sweep(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     config_hardware = next((c["hardware"] for c in map(row_config, rows) if c.get("hardware")), None)
     choice = choose_hardware(config_hardware)
     return with_predicted_speedups(rows, choice), (CALIBRATE_HINT if choice is None else None)
+
+
+def with_serving_predictions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Serving rows with the analytic model's prediction at the batch size their load induced.
+
+    The model (:func:`predict_sweep`) prices each
+    speculative serving cell as an offline cell whose batch size is its
+    *measured* mean running batch, rounded (not estimated from the rate),
+    with its own acceptance. ``serving_predicted_speedup`` is its decode
+    speedup, held against the measured TPOT p50 speedup;
+    ``serving_predicted_tpot_s`` that speedup applied to the baseline's
+    measured TPOT p50. Without a hardware profile both stay null, as offline.
+    """
+    by_id = {r["cell_id"]: r for r in rows}
+    for row in rows:
+        if not is_serving_row(row) or row.get("method") == "baseline" or row.get("status") != "ok":
+            continue
+        batch = row.get("running_batch_mean")
+        base = by_id.get(row.get("baseline_cell_id") or "")
+        if batch is None or base is None:
+            continue
+        # Requests were not sent in fixed batches: the per-request tails of an offline batch do not apply.
+        as_offline = dict(row, batch_size=max(1, round(batch)), output_tokens_per_request=None,
+                          decode_passes_per_request=None)
+        predicted = predict_sweep([as_offline])[0][0].get("predicted_decode_speedup")
+        row["serving_predicted_speedup"] = predicted
+        tpot = base.get("tpot_s_p50")
+        row["serving_predicted_tpot_s"] = tpot / predicted if predicted and tpot else None
+    return rows
 
 
 @dataclass(frozen=True)

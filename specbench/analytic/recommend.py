@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from specbench import methods, sampling
+from specbench import methods, sampling, stats
 from specbench.analytic import speedup
 from specbench.results.schema import SCHEDULE_KEY, curve_key, method_variant, recommendable, results_path, row_config
 
@@ -232,16 +232,16 @@ def has_interval(row: Mapping[str, Any]) -> bool:
 
 def lower_bound(row: Mapping[str, Any]) -> float:
     """The lower end of a row's speedup interval; its point estimate when it has no interval."""
-    return row["speedup_ci_low"] if has_interval(row) else row["speedup"]
+    return stats.lower_end(row["speedup"], row.get("speedup_ci_low"), row.get("speedup_ci_high"))
 
 
 def pays(row: Mapping[str, Any], margin: float = 0.0) -> bool:
-    """Whether a row pays: its 95% interval's lower end exceeds 1 + margin.
+    """Whether a row pays: its 95% interval's lower end exceeds 1 + margin (:func:`specbench.stats.clears`).
 
-    The one rule of every "pays" (verdicts, best configuration, K schedule,
+    Used by every offline "pays" (verdicts, best configuration, K schedule,
     memory table). A row without an interval is judged on its point estimate.
     """
-    return lower_bound(row) > 1.0 + margin
+    return stats.clears(row["speedup"], row.get("speedup_ci_low"), row.get("speedup_ci_high"), 1.0 + margin)
 
 
 def best_row(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> tuple[Mapping[str, Any], bool] | None:

@@ -12,8 +12,8 @@ service").
 Across engine runs, each speedup is the geometric mean of the per-run
 ratios, with the interval of :func:`specbench.stats.speedup_interval` over
 the engine-to-engine spread pooled across the sweep's serving cells of that
-figure. One rule says whether a configuration pays at a rate
-(:func:`specbench.analytic.recommend.pays` on the E2E p50 speedup: its 95%
+figure. One rule says whether a configuration pays at a rate, the offline
+verdicts' (:func:`specbench.stats.clears` on the E2E p50 speedup: its 95%
 interval's lower end above 1, or its point estimate where there is no
 interval); the verdict names the highest rate at which it still pays.
 """
@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from specbench import stats
-from specbench.analytic import recommend
 from specbench.load import ServedRequest, ServingMeasurement, ServingPlan
 from specbench.measure import GeneratedRequest, Measurement, SpecCounters
 from specbench.results.schema import ResultsError, engine_key, read_rows
@@ -297,11 +296,8 @@ def _cell_runs(cells_dir: Path) -> dict[str, list[dict[str, Any]]]:
 
 def pays(row: Mapping[str, Any]) -> bool:
     """Whether a serving cell pays at its rate: the one rule of the verdicts, on the E2E p50 speedup."""
-    return recommend.pays({
-        "speedup": row[f"serving_speedup_{PAYS_ON}"],
-        "speedup_ci_low": row.get(f"serving_speedup_{PAYS_ON}_ci_low"),
-        "speedup_ci_high": row.get(f"serving_speedup_{PAYS_ON}_ci_high"),
-    })
+    return stats.clears(row[f"serving_speedup_{PAYS_ON}"], row.get(f"serving_speedup_{PAYS_ON}_ci_low"),
+                        row.get(f"serving_speedup_{PAYS_ON}_ci_high"))
 
 
 def highest_paying_rate(rows: Sequence[Mapping[str, Any]]) -> float | None:
@@ -316,37 +312,6 @@ def highest_paying_rate(rows: Sequence[Mapping[str, Any]]) -> float | None:
             break
         reach = row["load_request_rate"]
     return reach
-
-
-def with_serving_predictions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Serving rows with the analytic model's prediction at the batch size their load induced.
-
-    The model (:func:`specbench.analytic.prediction.predict_sweep`) prices each
-    speculative serving cell as an offline cell whose batch size is its
-    *measured* mean running batch, rounded (not estimated from the rate),
-    with its own acceptance. ``serving_predicted_speedup`` is its decode
-    speedup, held against the measured TPOT p50 speedup;
-    ``serving_predicted_tpot_s`` that speedup applied to the baseline's
-    measured TPOT p50. Without a hardware profile both stay null, as offline.
-    """
-    from specbench.analytic.prediction import predict_sweep
-
-    by_id = {r["cell_id"]: r for r in rows}
-    for row in rows:
-        if not is_serving_row(row) or row.get("method") == "baseline" or row.get("status") != "ok":
-            continue
-        batch = row.get("running_batch_mean")
-        base = by_id.get(row.get("baseline_cell_id") or "")
-        if batch is None or base is None:
-            continue
-        # Requests were not sent in fixed batches: the per-request tails of an offline batch do not apply.
-        as_offline = dict(row, batch_size=max(1, round(batch)), output_tokens_per_request=None,
-                          decode_passes_per_request=None)
-        predicted = predict_sweep([as_offline])[0][0].get("predicted_decode_speedup")
-        row["serving_predicted_speedup"] = predicted
-        tpot = base.get("tpot_s_p50")
-        row["serving_predicted_tpot_s"] = tpot / predicted if predicted and tpot else None
-    return rows
 
 
 def offline_beside_serving(offline: Sequence[Mapping[str, Any]], served: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
