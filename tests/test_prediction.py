@@ -128,17 +128,22 @@ def test_the_wall_time_waits_for_each_batchs_slowest_request(checkpoints):
     spread = _row(target, batch=4, output_tokens_per_request=outputs, decode_passes_per_request=[8, 23] * 4)
     unrecorded, even, spread = prediction.with_predicted_speedups([_row(target, batch=4), even, spread], CHOICE)
     assert even["predicted_speedup"] == pytest.approx(unrecorded["predicted_speedup"], rel=0.02)
-    assert spread["predicted_decode_speedup"] == even["predicted_decode_speedup"]  # the mean pass count is the same
     # Each batch pays its slowest requests' 23 passes, two of them at half the batch.
     profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     context = PROMPT_LEN + OUTPUT_LEN / 2
     step = lambda b: steps.verify_step(profile, HW, b, 4, context, 4.0)  # noqa: E731
+    # The same mean pass count, but the TPOT of the spread batch's stragglers is lower: they step at half the batch.
+    plain_tpot = steps.plain_decode_step(profile, HW, 4, context)
+    assert spread["predicted_decode_speedup"] == pytest.approx(
+        plain_tpot / speedup.mean_tpot([[8, 23, 8, 23]] * 2, [outputs[:4]] * 2, step))
+    assert spread["predicted_decode_speedup"] > even["predicted_decode_speedup"]
     tail = speedup.batch_decode_time([8, 23, 8, 23], step) / (15.5 * step(4))
     prefill = steps.prefill_time(profile, HW, 4, PROMPT_LEN, max_step_tokens=prediction.DEFAULT_STEP_TOKENS)
     plain = (OUTPUT_LEN - 1) * steps.plain_decode_step(profile, HW, 4, context)
     assert tail > 1.05  # less than 23 / 15.5: the last passes run at half the batch, and cost less
+    # Wall time: the mean request's decode speedup (a row without per-request counts), paid with the tail.
     assert spread["predicted_speedup"] == pytest.approx(speedup.end_to_end_speedup(
-        spread["predicted_decode_speedup"], prefill, plain, speculative_tail=tail))
+        unrecorded["predicted_decode_speedup"], prefill, plain, speculative_tail=tail))
 
 
 def test_prefill_steps_follow_the_engines_max_num_batched_tokens(checkpoints):
@@ -165,11 +170,14 @@ def test_the_decode_speedup_is_priced_as_measured_a_tpot_ratio_beside_later_pref
     profile = profiles.ModelProfile.from_config_json(target, dtype="float32")
     context = PROMPT_LEN + OUTPUT_LEN / 2
     chunk = steps.prefill_time(profile, HW, 8, PROMPT_LEN, max_step_tokens=1000) / 4
-    plain = speedup.tpot_beside_prefill(step_s=steps.plain_decode_step(profile, HW, 8, context), tokens_per_pass=1.0,
-                                        output_tokens=OUTPUT_LEN, prefill_steps=4, mixed_step_s=chunk)
-    speculative = speedup.tpot_beside_prefill(
-        step_s=speedup.speculative_step("ngram", target=profile, hw=HW, batch_size=8, k=4, context_len=context),
-        tokens_per_pass=3.0, output_tokens=OUTPUT_LEN, prefill_steps=4, mixed_step_s=chunk)
+    # No per-request counts in the row: 8 requests at the mean.
+    outputs = [[OUTPUT_LEN] * 8]
+    plain = speedup.mean_tpot([[OUTPUT_LEN - 1] * 8], outputs, lambda b: steps.plain_decode_step(profile, HW, b, context),
+                              prefill_steps=4, mixed_step_s=chunk)
+    speculative = speedup.mean_tpot(
+        [[(OUTPUT_LEN - 1) / 3.0] * 8], outputs,
+        lambda b: speedup.speculative_step("ngram", target=profile, hw=HW, batch_size=b, k=4, context_len=context),
+        prefill_steps=4, mixed_step_s=chunk)
     assert chunked["predicted_decode_speedup"] == pytest.approx(plain / speculative)
     assert 1.0 < chunked["predicted_decode_speedup"] < _theory(target, batch=8, tokens_per_pass=3.0)[0]
 

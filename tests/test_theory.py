@@ -15,7 +15,7 @@ from specbench.analytic.acceptance import expected_tokens_from_rates, expected_t
 from specbench.analytic.drafting import draft_prefill_time, draft_time, eagle_head_profile
 from specbench.analytic.profile_fit import DraftSample, StepSample, fit_draft_overhead, fit_hardware_profile
 from specbench.analytic.profiles import HardwareProfile, ModelProfile, ridge_point
-from specbench.analytic.speedup import batch_decode_time, batch_tail, best_k, break_even_batch_size, end_to_end_speedup, num_speculative_tokens_per_batch_size, predicted_decode_speedup, tpot_beside_prefill
+from specbench.analytic.speedup import batch_decode_time, batch_tail, best_k, break_even_batch_size, end_to_end_speedup, mean_tpot, num_speculative_tokens_per_batch_size, predicted_decode_speedup
 from specbench.stats import fit_alpha
 from specbench.analytic.steps import plain_batch_time, plain_decode_step, prefill_time, step_time, verify_step
 
@@ -321,23 +321,42 @@ def test_a_plain_batch_is_its_prefill_then_one_step_per_token_after_the_first(sm
 
 
 def test_tpot_carries_the_prefill_steps_that_run_beside_a_requests_decode() -> None:
-    tpot = lambda **kw: tpot_beside_prefill(**{"step_s": 0.1, "mixed_step_s": 1.0} | kw)  # noqa: E731
-    # One prefill step: no request decodes beside another's prefill.
-    assert tpot(tokens_per_pass=2.0, output_tokens=21, prefill_steps=1) == pytest.approx(0.05)
-    # Three steps: the requests whose prefill ends in step 1, 2, 3 decode beside 2, 1, 0 of them.
-    # 20 tokens after the first: plain, 20 passes of which 1 mixed on average ...
-    assert tpot(tokens_per_pass=1.0, output_tokens=21, prefill_steps=3) == pytest.approx((1.0 + 19 * 0.1) / 20)
+    tpot = lambda passes, outputs, s: mean_tpot(passes, outputs, lambda b: 0.1, prefill_steps=s,  # noqa: E731
+                                                mixed_step_s=1.0)
+    # One prefill step: no request decodes beside another's prefill. 20 tokens after the first in 10 passes.
+    assert tpot([[10.0] * 3], [[21] * 3], 1) == pytest.approx(0.05)
+    # Three steps: the three requests' prefills end in step 1, 2, 3, so they decode beside 2, 1, 0 of them.
+    # Plainly, 20 passes each, 1 of them mixed on average ...
+    assert tpot([[20.0] * 3], [[21] * 3], 3) == pytest.approx((1.0 + 19 * 0.1) / 20)
     # ... speculative at 2 tokens a pass, 10 passes of which 1 mixed.
-    assert tpot(tokens_per_pass=2.0, output_tokens=21, prefill_steps=3) == pytest.approx((1.0 + 9 * 0.1) / 20)
-    # A request cannot decode beside more steps than it has passes: 1 token after the first, 5 steps.
-    assert tpot(tokens_per_pass=1.0, output_tokens=2, prefill_steps=5) == pytest.approx(0.8 * 1.0 + 0.2 * 0.1)
+    assert tpot([[10.0] * 3], [[21] * 3], 3) == pytest.approx((1.0 + 9 * 0.1) / 20)
+    # A request cannot decode beside more steps than it has passes: 1 token after the first, 5 steps, 5 requests.
+    assert tpot([[1.0] * 5], [[2] * 5], 5) == pytest.approx(0.8 * 1.0 + 0.2 * 0.1)
     # The shared steps dilute a TPOT ratio towards 1: 2x per pass becomes 1.53x.
-    ratio = tpot(tokens_per_pass=1.0, output_tokens=21, prefill_steps=3) / tpot(
-        tokens_per_pass=2.0, output_tokens=21, prefill_steps=3)
+    ratio = tpot([[20.0] * 3], [[21] * 3], 3) / tpot([[10.0] * 3], [[21] * 3], 3)
     assert ratio == pytest.approx(2.9 / 1.9) and 1.0 < ratio < 2.0
-    assert tpot(tokens_per_pass=1.0, output_tokens=1, prefill_steps=3) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="prefill_steps"):
-        tpot(tokens_per_pass=1.0, output_tokens=21, prefill_steps=0)
+        tpot([[20.0] * 3], [[21] * 3], 0)
+
+
+def test_tpot_follows_the_batch_as_it_thins() -> None:
+    per_sequence = lambda b: 0.1 * b  # noqa: E731  (a step over b sequences)
+    # Two requests of 10 tokens after the first: one needs 5 passes, the other 10, the last 5 of them alone.
+    thinning = mean_tpot([[5.0, 10.0]], [[11, 11]], per_sequence)
+    assert thinning == pytest.approx((5 * 0.2 + (5 * 0.2 + 5 * 0.1)) / 20)
+    # Below the full-batch price of the mean request (7.5 passes at batch 2): the straggler steps alone.
+    assert thinning < 7.5 * per_sequence(2) / 10
+    # Equal passes: no thinning, every pass at the full batch.
+    assert mean_tpot([[7.5, 7.5]], [[11, 11]], per_sequence) == pytest.approx(7.5 * 0.2 / 10)
+    # Weighted by tokens, as the measured tpot_s_mean: total decode time over total tokens.
+    assert mean_tpot([[2.0], [8.0]], [[3], [9]], per_sequence) == pytest.approx((2 * 0.1 + 8 * 0.1) / 10)
+    # One-token requests have no TPOT and add nothing (nor do they decode beside the others); a batch of only
+    # those has no TPOT at all.
+    assert mean_tpot([[4.0, 0.0]], [[5, 1]], per_sequence) == pytest.approx(4 * 0.1 / 4)
+    with pytest.raises(ValueError, match="no TPOT"):
+        mean_tpot([[0.0]], [[1]], per_sequence)
+    with pytest.raises(ValueError, match="one pass count per request"):
+        mean_tpot([[1.0, 2.0]], [[3]], per_sequence)
 
 
 def test_end_to_end_speedup_is_decode_speedup_diluted_by_prefill() -> None:

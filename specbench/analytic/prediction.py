@@ -19,10 +19,12 @@ the model's modules in :mod:`specbench.analytic`:
 - context: mean prompt tokens per request plus half the mean output tokens
   per request (the average KV length a decode step attends to).
 
-``predicted_decode_speedup`` is :func:`speedup.predicted_decode_speedup`, to be held
-against the measured ``decode_speedup`` (TPOT ratio); where a batch's prompts
-take several prefill steps, both TPOTs carry the chunks prefilled beside the
-first requests' decode (:func:`speedup.tpot_beside_prefill`). ``predicted_speedup``
+``predicted_decode_speedup`` is held against the measured ``decode_speedup``,
+a ratio of mean TPOTs, and is priced as one: each request's TPOT as its batch
+thins (requests that accept much finish early, and the rest step at a
+smaller batch) and, where a batch's prompts take several prefill steps,
+beside the chunks prefilled after it (:func:`speedup.mean_tpot`); with every
+request at the mean, it is :func:`speedup.predicted_decode_speedup`. ``predicted_speedup``
 adds the prefill of each batch (:func:`steps.prefill_time`), which the
 target pays alike with and without speculation, and the drafter's own pass
 over the prompts (:func:`drafting.draft_prefill_time`: draft_model and EAGLE),
@@ -366,40 +368,39 @@ def _predict(
         return speedup.speculative_step(priced_as, target=target, hw=hw, batch_size=b, k=k, context_len=context,
                                         draft=draft, draft_tokens_per_pass=drafted)
 
-    tails = _tails(row, batch, plain_step=plain_step, speculative_step=speculative_step)
+    outputs, plain_passes, speculative_passes = _requests(row, batch, output_len, tokens_per_pass)
     end_to_end = speedup.end_to_end_speedup(
-        decode, prefill, (output_len - 1.0) * plain_step(batch), draft_prefill, **tails)
-    # The measured decode speedup is a TPOT ratio, and TPOT carries the prefill chunks that
-    # later requests' prompts add to early requests' decode (speedup.tpot_beside_prefill).
+        decode, prefill, (output_len - 1.0) * plain_step(batch), draft_prefill,
+        plain_tail=speedup.batch_tail(plain_passes, plain_step),
+        speculative_tail=speedup.batch_tail(speculative_passes, speculative_step))
+    # The measured decode speedup is a ratio of mean TPOTs: each request's TPOT carries the
+    # batch thinning around it and, where the prompts take several steps, the later chunks.
     prefill_steps, _ = steps.prefill_steps(batch, prompt_len, step_tokens)
-    if prefill_steps > 1:
-        plain_tpot = speedup.tpot_beside_prefill(
-            step_s=plain_step(batch), tokens_per_pass=1.0, output_tokens=output_len,
-            prefill_steps=prefill_steps, mixed_step_s=prefill / prefill_steps)
-        speculative_tpot = speedup.tpot_beside_prefill(
-            step_s=speculative_step(batch), tokens_per_pass=tokens_per_pass, output_tokens=output_len,
-            prefill_steps=prefill_steps, mixed_step_s=(prefill + draft_prefill) / prefill_steps)
-        decode = plain_tpot / speculative_tpot
-    return Prediction(decode, end_to_end)
+    plain_tpot = speedup.mean_tpot(plain_passes, outputs, plain_step, prefill_steps=prefill_steps,
+                                   mixed_step_s=prefill / prefill_steps)
+    speculative_tpot = speedup.mean_tpot(speculative_passes, outputs, speculative_step, prefill_steps=prefill_steps,
+                                         mixed_step_s=(prefill + draft_prefill) / prefill_steps)
+    return Prediction(plain_tpot / speculative_tpot, end_to_end)
 
 
-def _tails(
-    row: Mapping[str, Any], batch: int, *, plain_step: Callable[[int], float], speculative_step: Callable[[int], float]
-) -> dict[str, float]:
-    """Each side's :func:`speedup.batch_tail` from the row's per-request counts; none if it has none.
+def _requests(
+    row: Mapping[str, Any], batch: int, output_len: float, tokens_per_pass: float
+) -> tuple[list[list[float]], list[list[float]], list[list[float]]]:
+    """Per batch, in submission order: each request's output tokens, and its decode passes plain and speculative.
 
-    Requests are submitted in batches of ``batch``, in the order the lists
-    keep; without speculation, request i decodes in output_i - 1 passes.
+    From the row's per-request counts (requests are submitted in batches of
+    ``batch``, in the order the lists keep; plainly, request i decodes in
+    output_i - 1 passes); without them, one batch of the mean request.
     """
     outputs = row.get("output_tokens_per_request") or []
     passes = row.get("decode_passes_per_request") or []
     if not outputs or len(outputs) != len(passes) or any(v is None for v in (*outputs, *passes)):
-        return {}
+        return ([[output_len] * batch], [[output_len - 1.0] * batch],
+                [[(output_len - 1.0) / tokens_per_pass] * batch])
     chunks = range(0, len(outputs), batch)
-    plain = [[max(n - 1, 0) for n in outputs[i : i + batch]] for i in chunks]
-    speculative = [list(passes[i : i + batch]) for i in chunks]
-    return {"plain_tail": speedup.batch_tail(plain, plain_step),
-            "speculative_tail": speedup.batch_tail(speculative, speculative_step)}
+    return ([[float(n) for n in outputs[i : i + batch]] for i in chunks],
+            [[max(n - 1.0, 0.0) for n in outputs[i : i + batch]] for i in chunks],
+            [[float(p) for p in passes[i : i + batch]] for i in chunks])
 
 
 def with_predicted_speedups(

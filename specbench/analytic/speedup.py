@@ -7,6 +7,7 @@ tested without vLLM, torch or a GPU.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -105,41 +106,73 @@ def end_to_end_speedup(
     )
 
 
-def tpot_beside_prefill(
+def mean_tpot(
+    passes: Sequence[Sequence[float]],
+    output_tokens: Sequence[Sequence[float]],
+    step_s: Callable[[int], float],
     *,
-    step_s: float,
-    tokens_per_pass: float,
-    output_tokens: float,
-    prefill_steps: int,
-    mixed_step_s: float,
+    prefill_steps: int = 1,
+    mixed_step_s: float = 0.0,
 ) -> float:
-    """Mean time per output token (after the first) of a batch whose prefill spans several steps.
+    """The token-weighted mean TPOT of batches decoded one after another, as the measured ``tpot_s_mean``:
+    every request's time from its first token to its last, summed, over the tokens between, summed.
 
-    vLLM's TPOT is a request's time from its first token to its last over
-    the tokens between. When the batch's prompts do not fit one step
-    (``prefill_steps`` > 1, :func:`steps.prefill_steps`), the requests whose
-    prefill ends in step j of s start decoding while steps j+1 ... s prefill
-    the rest, and each of those steps costs ``mixed_step_s`` (a prefill
-    chunk, with the decoding requests riding along) instead of ``step_s``.
-    Their TPOT carries that, plain or speculative alike, so the measured TPOT
-    ratio is diluted towards 1: on 2 CPU cores a 4096-token step of
-    ~650-token summarize prompts takes seconds, a decode step tens of ms.
-    With the prefills ending evenly over the s steps and a request decoding
-    its output_tokens - 1 tokens in L = (output_tokens - 1) / tokens_per_pass
-    passes: TPOT = (m T_mixed + (L - m) T_step) / (output_tokens - 1), with
-    m = mean over j of min(s - j, L). One prefill step: step_s /
-    tokens_per_pass.
+    ``passes[i][r]`` and ``output_tokens[i][r]``: request r of batch i, in the
+    order it was submitted, decodes its output tokens after the first (which
+    its prefill emits) in that many passes; ``step_s(b)`` is one pass over b
+    sequences. A request's TPOT is its time from first token to last over the
+    tokens between, and two things set it apart from step_s(B) / tokens per
+    pass:
+
+    - The batch thins. Requests finish after different numbers of passes
+      (under speculation they differ far more in passes than in tokens), and
+      the passes a request makes after others finished run at the smaller
+      batch, which steps faster: pass n runs at the requests still decoding
+      (:func:`batch_decode_time`). At batch 8 on ngram's summarize cells the
+      stragglers need six times the passes of the quickest.
+    - Prefill chunks. Where a batch's prompts take ``prefill_steps`` = s > 1
+      steps (:func:`steps.prefill_steps`), the request whose prefill ends in
+      step j (evenly over the s steps, in submission order) decodes its first
+      min(s - j, passes) passes beside the later chunks, each costing
+      ``mixed_step_s``. Plain or speculative alike, this dilutes the TPOT
+      ratio towards 1: on 2 CPU cores a 4096-token step of ~650-token
+      summarize prompts takes seconds, a decode step tens of ms.
+
+    Requests of one output token have no TPOT and add nothing.
     """
-    step_s = check_real("step_s", step_s, 0.0)
-    tokens_per_pass = check_real("tokens_per_pass", tokens_per_pass, 1.0)
     prefill_steps = check_int("prefill_steps", prefill_steps, 1)
     mixed_step_s = check_real("mixed_step_s", mixed_step_s, 0.0)
-    decoded = check_real("output_tokens", output_tokens, 1.0) - 1.0
+    step_s = functools.cache(step_s)
+    seconds, decoded = 0.0, 0.0
+    for batch_passes, batch_outputs in zip(passes, output_tokens, strict=True):
+        if len(batch_passes) != len(batch_outputs):
+            raise ValueError(f"one pass count per request: {len(batch_passes)} passes, {len(batch_outputs)} outputs")
+        counts = sorted(check_real("passes", p, 0.0) for p in batch_passes)
+        for position, (count, output) in enumerate(zip(batch_passes, batch_outputs)):
+            tokens = check_real("output_tokens", output, 1.0) - 1.0
+            if tokens == 0.0:
+                continue
+            ends_in = position * prefill_steps // len(batch_passes) + 1
+            beside_chunks = min(prefill_steps - ends_in, count)
+            seconds += beside_chunks * mixed_step_s + _thinning_time(counts, step_s, beside_chunks, count)
+            decoded += tokens
     if decoded == 0.0:
-        return step_s / tokens_per_pass
-    passes = decoded / tokens_per_pass
-    mixed = statistics.fmean(min(prefill_steps - j, passes) for j in range(1, prefill_steps + 1))
-    return (mixed * mixed_step_s + (passes - mixed) * step_s) / decoded
+        raise ValueError("no request with more than one output token: no TPOT")
+    return seconds / decoded
+
+
+def _thinning_time(counts: Sequence[float], step_s: Callable[[int], float], start: float, end: float) -> float:
+    """Seconds of passes start to end of a batch whose requests need ``counts`` passes (sorted): pass n runs
+    over the requests that need more than n."""
+    total, n = 0.0, start
+    for finished, count in enumerate(counts):
+        if count > n:
+            upto = min(count, end)
+            total += (upto - n) * step_s(len(counts) - finished)
+            n = upto
+        if n >= end:
+            break
+    return total
 
 
 def batch_decode_time(passes: Sequence[float], step_s: Callable[[int], float]) -> float:
@@ -152,11 +185,7 @@ def batch_decode_time(passes: Sequence[float], step_s: Callable[[int], float]) -
     plus its draft).
     """
     counts = sorted(check_real("passes", p, 0.0) for p in passes)
-    total, done = 0.0, 0.0
-    for finished, count in enumerate(counts):
-        total += (count - done) * step_s(len(counts) - finished)
-        done = count
-    return total
+    return _thinning_time(counts, step_s, 0.0, counts[-1]) if counts else 0.0
 
 
 def batch_tail(batches: Sequence[Sequence[float]], step_s: Callable[[int], float]) -> float:
