@@ -1,5 +1,6 @@
-"""Speedup and the decisions derived from it: the predicted decode speedup, its dilution by
-prefill in wall time, batch tails, the break-even batch size and the best K per batch size.
+"""Speedup and the decisions derived from it: the predicted decode speedup, the mean TPOT of a
+batch that thins, its dilution by prefill in wall time, batch tails, the break-even batch size
+and the best K per batch size.
 
 Units throughout: seconds, bytes, FLOPs, tokens. Standard library only: the model runs and is
 tested without vLLM, torch or a GPU.
