@@ -121,9 +121,8 @@ def mean_tpot(
     ``passes[i][r]`` and ``output_tokens[i][r]``: request r of batch i, in the
     order it was submitted, decodes its output tokens after the first (which
     its prefill emits) in that many passes; ``step_s(b)`` is one pass over b
-    sequences. A request's TPOT is its time from first token to last over the
-    tokens between, and two things set it apart from step_s(B) / tokens per
-    pass:
+    sequences. Two things set a request's TPOT apart from step_s(B) / tokens
+    per pass:
 
     - The batch thins. Requests finish after different numbers of passes
       (under speculation they differ far more in passes than in tokens), and
