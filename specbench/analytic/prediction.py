@@ -52,7 +52,7 @@ import math
 import os
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -469,10 +469,9 @@ def predict_sweep(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
 def with_serving_predictions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Serving rows with the analytic model's prediction at the batch size their load induced.
 
-    The model (:func:`predict_sweep`) prices each
-    speculative serving cell as an offline cell whose batch size is its
-    *measured* mean running batch, rounded (not estimated from the rate),
-    with its own acceptance. ``serving_predicted_speedup`` is its decode
+    The model (:func:`predict_sweep`) prices each speculative serving cell as
+    an offline cell whose batch size is its *measured* mean running batch,
+    rounded (not estimated from the rate), with its own acceptance. ``serving_predicted_speedup`` is its decode
     speedup, held against the measured TPOT p50 speedup;
     ``serving_predicted_tpot_s`` that speedup applied to the baseline's
     measured TPOT p50. Without a hardware profile both stay null, as offline.
