@@ -25,6 +25,7 @@ import numbers
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -35,10 +36,13 @@ __all__ = [
     "SpeedupInterval",
     "Summary",
     "WithinNoise",
+    "clears",
     "engine_run_interval",
     "engine_run_spread",
     "fit_alpha",
+    "is_interval",
     "latency_percentiles",
+    "lower_end",
     "median_interval",
     "median_variance_factor",
     "percentile",
@@ -497,9 +501,14 @@ class SpeedupInterval:
 NO_INTERVAL = "none: one engine run of one repetition"
 
 
+def is_interval(ci_low: float | None, ci_high: float | None) -> bool:
+    """Whether two ends make an interval: both known, and apart (a zero-width interval is none)."""
+    return ci_low is not None and ci_high is not None and ci_low < ci_high
+
+
 def lower_end(point: float, ci_low: float | None, ci_high: float | None) -> float:
-    """The lower end of a speedup's interval; its point estimate where it has none (a zero-width interval is none)."""
-    return ci_low if ci_low is not None and ci_high is not None and ci_low < ci_high else point
+    """The lower end of a speedup's interval; its point estimate where it has none (:func:`is_interval`)."""
+    return cast(float, ci_low) if is_interval(ci_low, ci_high) else point
 
 
 def clears(point: float, ci_low: float | None, ci_high: float | None, threshold: float = 1.0) -> bool:

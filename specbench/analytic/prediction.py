@@ -471,10 +471,11 @@ def with_serving_predictions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]
 
     The model (:func:`predict_sweep`) prices each speculative serving cell as
     an offline cell whose batch size is its *measured* mean running batch,
-    rounded (not estimated from the rate), with its own acceptance. ``serving_predicted_speedup`` is its decode
-    speedup, held against the measured TPOT p50 speedup;
-    ``serving_predicted_tpot_s`` that speedup applied to the baseline's
-    measured TPOT p50. Without a hardware profile both stay null, as offline.
+    rounded (not estimated from the rate), with its own acceptance.
+    ``serving_predicted_speedup`` is its decode speedup, held against the
+    measured TPOT p50 speedup; ``serving_predicted_tpot_s`` that speedup
+    applied to the baseline's measured TPOT p50. Without a hardware profile
+    both stay null, as offline.
     """
     by_id = {r["cell_id"]: r for r in rows}
     for row in rows:
@@ -718,6 +719,7 @@ __all__ = [
     "load_hardware_file",
     "model_profile",
     "predict_sweep",
+    "with_serving_predictions",
 ]
 
 

@@ -226,8 +226,7 @@ def _overrides(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
 
 def has_interval(row: Mapping[str, Any]) -> bool:
     """Whether a row's speedup has an interval (never a zero-width one: that is no interval)."""
-    low, high = row.get("speedup_ci_low"), row.get("speedup_ci_high")
-    return low is not None and high is not None and low < high
+    return stats.is_interval(row.get("speedup_ci_low"), row.get("speedup_ci_high"))
 
 
 def lower_bound(row: Mapping[str, Any]) -> float:
