@@ -33,6 +33,7 @@ __all__ = [
     "NO_INTERVAL",
     "EngineRunSpread",
     "EngineRunSummary",
+    "ShiftedBaseline",
     "SpeedupInterval",
     "Summary",
     "WithinNoise",
@@ -47,6 +48,7 @@ __all__ = [
     "median_variance_factor",
     "percentile",
     "repeated_ngram_share",
+    "shifted_baselines",
     "speedup_interval",
     "student_t_quantile",
     "student_t_quantile_real",
@@ -433,6 +435,125 @@ def _baseline_group_spread(
         "engine": max(0.0, engine.value - inverse_cells * cell.value),
     }
     return [run, engine, cell], weights, parts
+
+
+@dataclass(frozen=True)
+class ShiftedBaseline:
+    """A baseline cell one of whose engine runs moved every speculative cell measured against it.
+
+    ``run``: that engine run; ``shift``: its log ratio against the mean of the
+    other runs, common to the cells (positive: the baseline ran slower, so every
+    speedup of that run came out higher); ``cells``: the speculative cells that
+    saw it; ``tests``: the baseline cells judged at once (Bonferroni).
+    """
+
+    run: int
+    shift: float
+    cells: int
+    tests: int
+
+
+@dataclass(frozen=True)
+class _BaselineCell:
+    engine: Hashable
+    runs: list[int]
+    common: np.ndarray  # per run, the part of the centred log ratios common to the cells
+    cells: int
+
+
+def shifted_baselines(
+    ratios_by_cell: Sequence[Mapping[int, float]],
+    references: Sequence[Hashable],
+    baselines: Sequence[Hashable],
+    *,
+    confidence: float = 0.95,
+) -> dict[Hashable, ShiftedBaseline]:
+    """The baseline cells one of whose engine runs went off alone: beyond any speculative cell's spread,
+    and beyond the other cells of the same baseline engine in that run.
+
+    ``ratios_by_cell``: each speculative cell's speedup per engine run (engine
+    run index -> ratio); ``references``: the baseline cell it is measured
+    against (one per workload and batch size, the same in every run);
+    ``baselines``: that cell's baseline engine (:func:`engine_run_spread`).
+    A baseline cell serves several speculative cells (one per method and K),
+    so a baseline run that went slow while other processes' CPU time showed
+    nothing (a co-tenant's memory traffic, a throttled core) moves all their
+    ratios of that run together, where their own noise moves them apart. The
+    per-cell disagreement test of :func:`speedup_interval` misses it: the
+    shared shift inflates the pooled spread it judges by, and each cell looks
+    ordinary next to its neighbours.
+
+    Per baseline cell with E >= 2 speculative cells over R >= 2 common engine
+    runs: the log ratios, centred per cell over runs, split into the part
+    common to the cells, c_r, and the rest. The rest is the speculative
+    side's own run-to-run noise, in which the baseline's cancels: pooled over
+    baseline cells, its mean square s^2 has sum (E-1)(R-1) degrees of freedom.
+    A baseline cell that varied as a speculative one does would give c_r a
+    variance of s^2 (1 - 1/R)(1 + 1/E). A shift is flagged when both
+
+    - |c_r| exceeds t times that sd: the baseline moved more than a
+      speculative cell moves, and
+    - c_r less the median c_r of the same baseline engine's cells in that run
+      exceeds t times that sd, widened for the median's own variance (at
+      least two cells): the engine did not move as a whole. A whole baseline
+      engine's deviation is part of the engine-to-engine spread the intervals
+      carry (:func:`engine_run_spread` estimates it apart), not a disturbance,
+
+    with t at 1 - (1 - confidence) / (2 m), m the baseline cells tested (R
+    tests per cell, or 1 where R = 2: its two runs mirror each other).
+
+    Returns the shifted baseline cells by reference; empty when no baseline
+    cell has two speculative cells over two engine runs in common.
+    """
+    if not len(ratios_by_cell) == len(references) == len(baselines):
+        raise ValueError(f"{len(ratios_by_cell)} cells, {len(references)} references and {len(baselines)} baselines")
+    _check_confidence(confidence)
+    by_reference: dict[Hashable, list[Mapping[int, float]]] = {}
+    engine_of: dict[Hashable, Hashable] = {}
+    for ratios, reference, baseline in zip(ratios_by_cell, references, baselines):
+        if len(ratios) >= 2:
+            _positive(list(ratios.values()))
+            by_reference.setdefault(reference, []).append(ratios)
+            engine_of[reference] = baseline
+    measured: dict[Hashable, _BaselineCell] = {}
+    residual_ss, df = 0.0, 0
+    for reference, cells in by_reference.items():
+        shared = Counter(frozenset(ratios) for ratios in cells).most_common(1)[0][0]
+        runs = sorted(shared)
+        logs = [_finite_array([math.log(ratios[r]) for r in runs], "ratios")
+                for ratios in cells if shared <= set(ratios)]
+        if len(logs) < 2 or len(runs) < 2:
+            continue
+        centred = np.vstack(logs) - np.vstack(logs).mean(axis=1, keepdims=True)  # cells x runs
+        common = centred.mean(axis=0)
+        residual_ss += float(np.sum((centred - common) ** 2))
+        df += (len(logs) - 1) * (len(runs) - 1)
+        measured[reference] = _BaselineCell(engine_of[reference], runs, common, len(logs))
+    if not df:
+        return {}
+    by_engine_run: dict[tuple[Hashable, int], list[float]] = {}
+    for cell in measured.values():
+        for run, value in zip(cell.runs, cell.common):
+            by_engine_run.setdefault((cell.engine, run), []).append(float(value))
+    tests = sum(1 if len(cell.runs) == 2 else len(cell.runs) for cell in measured.values())
+    t = student_t_quantile(1.0 - (1.0 - confidence) / (2 * tests), df)
+    variance = residual_ss / df
+    shifted = {}
+    for reference, cell in measured.items():
+        count = len(cell.runs)
+        sd = math.sqrt(variance * (1.0 - 1.0 / count) * (1.0 + 1.0 / cell.cells))
+        # Two runs mirror each other: name the slower baseline run (positive part), the one to rerun.
+        order = np.argsort(-cell.common) if count == 2 else np.argsort(-np.abs(cell.common))
+        for i in (int(j) for j in order):
+            others = by_engine_run[cell.engine, cell.runs[i]]
+            if len(others) < 2 or abs(cell.common[i]) <= t * sd:
+                continue
+            spread = sd * math.sqrt(1.0 + median_variance_factor(len(others)) / len(others))
+            if abs(cell.common[i] - float(np.median(others))) > t * spread:
+                shift = float(cell.common[i]) * count / (count - 1)  # against the mean of the other runs
+                shifted[reference] = ShiftedBaseline(run=cell.runs[i], shift=shift, cells=cell.cells, tests=tests)
+                break
+    return shifted
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,6 +17,7 @@ from specbench.stats import (
     engine_run_spread,
     median_variance_factor,
     repeated_ngram_share,
+    shifted_baselines,
     speedup_interval,
     Summary,
     latency_percentiles,
@@ -276,6 +277,88 @@ class TestEngineRunSpread:
     def test_rejects_non_positive_ratio(self) -> None:
         with pytest.raises(ValueError, match="positive"):
             _spread([[1.0, 0.0]])
+
+
+# Speedup per engine run (0, 1) of ngram K=2, ngram K=4, EAGLE-3 K=2, EAGLE-3 K=4 against each baseline cell,
+# from `make demo` on a fresh clone (2 CPU cores, 2026-12-05). Other processes kept under 2% of the cores busy
+# throughout, yet in engine run 1 the batch-4 summarize baseline decoded 24.5 tok/s against 34.5 in run 0.
+DEMO = {
+    (1, "summarize"): [(1.6000, 1.6189), (1.9286, 1.9596), (0.9577, 1.0187), (0.9398, 0.9386)],
+    (4, "summarize"): [(1.1282, 1.5925), (1.1959, 1.7017), (0.9314, 1.2815), (0.8446, 1.2016)],
+    (1, "creative"): [(1.2070, 1.3550), (1.1814, 1.4588), (1.2540, 1.4734), (1.2602, 1.3754)],
+    (4, "creative"): [(0.9771, 0.9685), (0.9403, 0.9323), (0.8984, 0.8617), (0.7269, 0.7352)],
+}
+
+
+def _shifted(table: dict, baseline_engine=lambda reference: "b", **kwargs) -> dict:
+    """shifted_baselines over {reference: [per-cell ratios by run]}, the cells' engines in table order."""
+    ratios, references = [], []
+    for reference, cells in table.items():
+        ratios += [dict(enumerate(cell)) for cell in cells]
+        references += [reference] * len(cells)
+    return shifted_baselines(ratios, references, [baseline_engine(r) for r in references], **kwargs)
+
+
+def _sweep(rng, baseline_cells=4, engines=4, runs=2, cell_sd=0.02, engine_sd=0.02, baseline_engine_sd=0.02):
+    """Log-normal ratios: a baseline engine (u per run), baseline cells (w), speculative engines (v), cells (e)."""
+    u = rng.normal(0, baseline_engine_sd, runs)
+    v = rng.normal(0, engine_sd, (engines, runs))
+    table = {}
+    for g in range(baseline_cells):
+        w = rng.normal(0, cell_sd, runs)
+        table[g] = [np.exp(math.log(1.5) + u + w - v[e] + rng.normal(0, cell_sd, runs)).tolist() for e in range(engines)]
+    return table
+
+
+class TestShiftedBaselines:
+    def test_the_demo_baseline_that_went_slow_alone_is_found(self) -> None:
+        shifted = _shifted(DEMO)
+        assert list(shifted) == [(4, "summarize")]
+        found = shifted[4, "summarize"]
+        assert found.run == 1 and found.cells == 4 and found.tests == 4
+        # Every cell's run 1 over its run 0: 1.41, 1.42, 1.38, 1.42; the common part is their geometric mean.
+        assert math.exp(found.shift) == pytest.approx(1.41, abs=0.01)
+        # Batch 1 creative moved too (its cells by 1.09-1.23x), but half-way to the engine's other cells:
+        # within what the median of four cells leaves open, so it stays in (a conservative miss).
+
+    def test_a_whole_baseline_engine_that_moved_is_engine_spread_not_a_disturbance(self) -> None:
+        slow = {g: [(a, b * 1.33) for a, b in cells] for g, cells in DEMO.items() if g != (4, "summarize")}
+        assert _shifted(slow) == {}
+        # The same cells, each behind a baseline engine of its own, cannot tell the two apart: nothing is judged.
+        assert _shifted(slow, baseline_engine=lambda reference: reference) == {}
+
+    def test_one_speculative_cell_per_baseline_cell_cannot_tell_the_baseline_from_the_cell(self) -> None:
+        assert _shifted({g: cells[:1] for g, cells in DEMO.items()}) == {}
+
+    def test_with_three_runs_the_run_that_went_off_is_named(self) -> None:
+        rng = np.random.default_rng(5)
+        table = _sweep(rng, runs=3)
+        table[2] = [[a, b, c * 1.4] for a, b, c in table[2]]
+        found = _shifted(table)
+        assert list(found) == [2] and found[2].run == 2 and found[2].tests == 4 * 3
+        assert math.exp(found[2].shift) == pytest.approx(1.4, rel=0.05)
+
+    def test_sound_sweeps_rarely_lose_a_baseline_cell(self) -> None:
+        # Baseline cells that vary as speculative ones do, under a baseline engine that varies much more
+        # (as one measured here did): at most about the 5% the Bonferroni level allows.
+        rng = np.random.default_rng(17)
+        trials = 400
+        flagged = sum(bool(_shifted(_sweep(rng, baseline_engine_sd=0.15))) for _ in range(trials))
+        assert flagged / trials <= 0.05
+
+    def test_a_baseline_cell_28_percent_slower_in_one_run_is_found_almost_always(self) -> None:
+        # A cell's run-to-run difference varies by about 0.04 (log) here; a shift of 0.25 is six of those.
+        rng = np.random.default_rng(23)
+        trials, found = 200, 0
+        for _ in range(trials):
+            table = _sweep(rng, baseline_cells=6, engines=4)
+            table[0] = [[a, b * math.exp(0.25)] for a, b in table[0]]
+            found += list(_shifted(table)) == [0]
+        assert found / trials >= 0.95
+
+    def test_refuses_unequal_lengths(self) -> None:
+        with pytest.raises(ValueError, match="2 cells, 1 references and 2 baselines"):
+            shifted_baselines([{0: 1.0, 1: 1.1}] * 2, ["g"], ["b", "b"])
 
 
 class TestMedianVarianceFactor:

@@ -73,6 +73,7 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
         group.sort(key=lambda r: r.get("engine_run") or 0)
         rows.append(_combine_engine_runs(cells_dir, group, references))
     speculative = [r for r in rows if r.get("method") != "baseline" and r.get("speedup_per_engine_run")]
+    _judge_baselines(rows, speculative)
     spread = _engine_spread(speculative)
     compared = sum(len(r["speedup_per_engine_run"]) > 1 for r in speculative)
     for row in speculative:
@@ -104,10 +105,38 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     _judge_distributions(rows)
     _judge_tie_excess(rows)
     for row in rows:
-        for private in ("_within", "_baseline", "_engine", "_runs", "_disturbed", "_tie_excess", "_draws"):
+        for private in ("_within", "_baseline", "_reference", "_engine", "_runs", "_disturbed", "_tie_excess",
+                        "_draws"):
             row.pop(private, None)
         row["flagged"] = bool(row.get("flag_reasons"))
     return rows
+
+
+def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[str, Any]]) -> None:
+    """Flag every baseline cell one of whose engine runs moved all its speculative cells together
+    (:func:`stats.shifted_baselines`), and those cells: disturbed, they leave verdicts and the spread.
+
+    The baseline is flagged too, so that ``remeasure=flagged`` measures it again with its cells.
+    """
+    compared = [r for r in speculative if len(r["speedup_per_engine_run"]) > 1 and r.get("_reference")]
+    shifted = stats.shifted_baselines([dict(zip(r["_runs"], r["speedup_per_engine_run"])) for r in compared],
+                                      [r["_reference"] for r in compared], [r["_baseline"] for r in compared])
+    if not shifted:
+        return
+    baselines = [r for r in rows if r.get("method") == "baseline" and r.get("config_hash") in shifted]
+    for row, reference in [(r, r["_reference"]) for r in compared] + [(r, r["config_hash"]) for r in baselines]:
+        found = shifted.get(reference)
+        if found is None:
+            continue
+        # A ratio is baseline time over speculative time: the baseline's run took exp(shift) of its others.
+        pace = (f"{math.expm1(found.shift):.0%} slower" if found.shift >= 0
+                else f"{-math.expm1(found.shift):.0%} faster")
+        row["flag_reasons"] = (row.get("flag_reasons") or []) + [
+            f"engine run {found.run} of the baseline ran {pace} than its other runs, and its engine's other "
+            f"cells did not: all {found.cells} speculative cells measured against it moved together, beyond "
+            f"their own run-to-run spread (Bonferroni over {found.tests} baseline cells)"
+        ]
+        row["_disturbed"] = True
 
 
 def _engine_spread(speculative: Sequence[dict[str, Any]]) -> stats.EngineRunSpread:
@@ -389,6 +418,7 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
         "output_token_ratio": _geometric_mean(token_ratios),
         "_within": max(known_within, key=lambda w: w.se) if known_within else None,
         "_baseline": baseline_group,
+        "_reference": bases[0].get("config_hash") if bases else None,
         "_engine": engine_key(runs[0]),
         "_runs": engine_runs,
         "_disturbed": disturbed,
