@@ -325,9 +325,11 @@ def finish(sweep_dir: Path) -> list[dict[str, Any]]:
         print(f"log: {sweep_dir / LOG_FILE}")
     try:
         # Imported here: seaborn and matplotlib are needed once per sweep, not in every job.
-        from specbench.report import write_report
+        from specbench.report import verdict_lines, write_report
 
         print(f"report: {write_report(results)}")
+        for line in verdict_lines(results):
+            print(line)
     except Exception:  # the report is a view of the results: it must not lose them or hide failed cells
         log.exception("could not write the report for %s", results)
     for row in rows:

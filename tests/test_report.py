@@ -458,9 +458,14 @@ def test_finish_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[
 
     rows = finish(sweep_dir_with_cells(tmp_path))
     assert len(rows) == 2
-    assert f"report: {tmp_path / 'report.html'}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"report: {tmp_path / 'report.html'}" in out
     page = Page((tmp_path / "report.html").read_text())
     assert "Cells 2" in page.text("summary")
+    # The sweep ends with the page's verdict, in the terminal.
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict: "))
+    assert verdict.startswith("verdict: summarize: ngram K=2") and verdict.removeprefix("verdict: ") in page.text(
+        "summary")
     speedup = float(page.tables["best"][1][3].rstrip("×"))
     assert math.isclose(speedup, 1.5, rel_tol=0.01)
 
@@ -501,6 +506,16 @@ def test_best_configuration_and_verdict_skip_inexact_and_flagged_cells(tmp_path:
     assert "summarize: ngram K=2 pays at batch 1" in summary
     assert "(2 cell(s) left out: 1 with mismatched outputs, 1 flagged)" in summary
     assert ["summarize", "1", "ngram K=2", "1.50×", "[1.35, 1.65]", "–", "1.50×", ""] in page.tables["best"]
+    # The terminal's closing lines say the same, and how to measure the flagged cells again.
+    from specbench.report import verdict_lines
+
+    lines = verdict_lines(tmp_path)
+    assert lines[0] == ("verdict: summarize: ngram K=2 pays at batch 1, the only batch size measured (1.50×, "
+                        "CI [1.35, 1.65]) (2 cell(s) left out: 1 with mismatched outputs, 1 flagged)")
+    assert lines[0].removeprefix("verdict: ") in summary
+    assert lines[1].startswith("1 cell(s) flagged and left out of the verdicts (the report says why); "
+                               "to measure them again: python -m specbench")
+    assert lines[1].endswith("remeasure=flagged") and len(lines) == 2
 
 
 def test_page_and_cli_choose_k_by_the_same_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

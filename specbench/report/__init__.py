@@ -32,7 +32,7 @@ from specbench.report import memory, plots, serving, tables
 from specbench.results.files import write_atomic
 from specbench.results.schema import ResultsError, results_path
 
-__all__ = ["REPORT_FILE", "render_report", "write_report"]
+__all__ = ["REPORT_FILE", "render_report", "verdict_lines", "write_report"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,23 @@ def write_report(results: Path | str, out: Path | None = None) -> Path:
     html = render_report(path)
     write_atomic(target, lambda f: f.write(html.encode("utf-8")))
     return target
+
+
+def verdict_lines(results: Path | str) -> list[str]:
+    """The report's conclusions as terminal lines: each workload's verdict (offline, then serving), and
+    the flagged cells with the command that measures them again. The page's own rules decide them."""
+    path = results_path(results)
+    full, missing_columns = tables.load_frame(path)
+    df, served = serving.split(full)
+    lines = [f"verdict: {line}" for line in tables.summary(df, missing_columns).verdicts] if not df.empty else []
+    lines += [f"verdict under load: {line}" for line in serving.verdicts(served)] if not served.empty else []
+    multirun, run_overrides, _ = _saved_config(path.parent)
+    command = tables.reproduce_command(multirun, run_overrides, full)
+    flagged = tables.flagged(full, missing_columns, command, path.parent)
+    if flagged is not None and flagged.remeasure:
+        lines.append(f"{len(flagged.cells)} cell(s) flagged and left out of the verdicts (the report says why); "
+                     f"to measure them again: {flagged.remeasure}")
+    return lines
 
 
 def render_report(results_path: Path) -> str:
