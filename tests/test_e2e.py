@@ -83,9 +83,13 @@ def test_terminal_shows_the_plan_and_cells_and_the_log_file_the_rest(reference_s
     assert sum(": " in line and " engine run 0: " in line and not line.startswith("WARNING")
                for line in terminal) == 10
     assert f"log: {log}" in terminal and any(line.startswith("report: ") for line in terminal)
-    # The report is the last line: the engines stopped before Python's exit handlers could kill them, so
-    # none left a semaphore for the resource tracker to warn about after the sweep.
-    assert done.stdout.splitlines()[-1].startswith("report: "), done.stdout[-500:]
+    # The report and its verdicts close the output: the engines stopped before Python's exit handlers could
+    # kill them, so none left a semaphore for the resource tracker to warn about after the sweep.
+    out = done.stdout.splitlines()
+    closing = out[max(i for i, line in enumerate(out) if line.startswith("report: ")) + 1:]
+    assert closing[0].startswith("verdict: creative: "), done.stdout[-800:]
+    assert all(line.startswith("verdict: ") or " flagged and left out of the verdicts " in line
+               for line in closing), done.stdout[-800:]
     assert "leaked semaphore" not in done.stderr, done.stderr[-1000:]
     # vLLM's INFO lines went to the log file, not the terminal.
     assert not any(line.startswith(("INFO", "(EngineCore", "[20")) for line in terminal), terminal
