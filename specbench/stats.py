@@ -404,6 +404,16 @@ def engine_run_spread(
                            baseline_sd=pooled(split["baseline"]), engine_sd=pooled(split["engine"]))
 
 
+def _in_common_runs(cells: Sequence[Mapping[int, float]]) -> tuple[list[int], list[np.ndarray | None]]:
+    """The engine runs most of ``cells`` were measured in, and each cell's log ratios in them (None for a
+    cell missing one: it failed there). A cell measured in an extra run enters with the common runs only."""
+    shared = Counter(frozenset(ratios) for ratios in cells).most_common(1)[0][0]
+    runs = sorted(shared)
+    logs = [_finite_array([math.log(ratios[r]) for r in runs], "ratios") if shared <= set(ratios) else None
+            for ratios in cells]
+    return runs, logs
+
+
 def _baseline_group_spread(
     cells: Sequence[tuple[Hashable, Mapping[int, float]]],
 ) -> tuple[list[_MeanSquare], list[float], dict[str, float]] | None:
@@ -412,13 +422,11 @@ def _baseline_group_spread(
 
     The engine runs are those most of its cells were measured in (a cell that failed in one run leaves
     the estimate; one measured in an extra run enters with the common runs only)."""
-    shared = Counter(frozenset(ratios) for _, ratios in cells).most_common(1)[0][0]
-    runs = sorted(shared)
-    complete = [(e, ratios) for e, ratios in cells if shared <= set(ratios)]
+    runs, logs_by_cell = _in_common_runs([ratios for _, ratios in cells])
     by_engine: dict[Hashable, list[np.ndarray]] = {}
-    for engine, ratios in complete:
-        logs = _finite_array([math.log(ratios[r]) for r in runs], "ratios")
-        by_engine.setdefault(engine, []).append(logs - logs.mean())
+    for (engine, _), logs in zip(cells, logs_by_cell):
+        if logs is not None:
+            by_engine.setdefault(engine, []).append(logs - logs.mean())
     count = len(by_engine)
     engine_means = np.vstack([np.mean(c, axis=0) for c in by_engine.values()])  # engines x runs
     cell_ss = sum(float(np.sum((np.vstack(c) - m) ** 2)) for c, m in zip(by_engine.values(), engine_means))
@@ -518,10 +526,8 @@ def shifted_baselines(
     measured: dict[Hashable, _BaselineCell] = {}
     residual_ss, df = 0.0, 0
     for reference, cells in by_reference.items():
-        shared = Counter(frozenset(ratios) for ratios in cells).most_common(1)[0][0]
-        runs = sorted(shared)
-        logs = [_finite_array([math.log(ratios[r]) for r in runs], "ratios")
-                for ratios in cells if shared <= set(ratios)]
+        runs, logs_by_cell = _in_common_runs(cells)
+        logs = [cell_logs for cell_logs in logs_by_cell if cell_logs is not None]
         if len(logs) < 2 or len(runs) < 2:
             continue
         centred = np.vstack(logs) - np.vstack(logs).mean(axis=1, keepdims=True)  # cells x runs

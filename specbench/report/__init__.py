@@ -65,13 +65,11 @@ def verdict_lines(results: Path | str) -> list[str]:
     """The report's conclusions as terminal lines: each workload's verdict (offline, then serving), and
     the flagged cells with the command that measures them again. The page's own rules decide them."""
     path = results_path(results)
-    full, missing_columns = tables.load_frame(path)
-    df, served = serving.split(full)
+    sweep = _read_sweep(path)
+    df, served, missing_columns = sweep.offline, sweep.served, sweep.missing_columns
     lines = [f"verdict: {line}" for line in tables.summary(df, missing_columns).verdicts] if not df.empty else []
     lines += [f"verdict under load: {line}" for line in serving.verdicts(served)] if not served.empty else []
-    multirun, run_overrides, _ = _saved_config(path.parent)
-    command = tables.reproduce_command(multirun, run_overrides, full)
-    flagged = tables.flagged(full, missing_columns, command, path.parent)
+    flagged = tables.flagged(sweep.full, missing_columns, sweep.command, path.parent)
     if flagged is not None and flagged.remeasure:
         lines.append(f"{len(flagged.cells)} cell(s) flagged and left out of the verdicts (the report says why); "
                      f"to measure them again: {flagged.remeasure}")
@@ -84,13 +82,11 @@ def render_report(results_path: Path) -> str:
     Hydra's ``multirun.yaml`` (or a single run's ``.hydra/overrides.yaml``)
     beside the results supplies the command that reproduces the sweep.
     """
-    full, missing_columns = tables.load_frame(results_path)
+    sweep = _read_sweep(results_path)
+    full, df, served = sweep.full, sweep.offline, sweep.served
+    missing_columns, command = sweep.missing_columns, sweep.command
     encoding = plots.Encoding.for_frame(full)
-    # Serving cells have their own section: the offline figures and tables read batch size as the axis.
-    df, served = serving.split(full)
     figures = (*plots.FIGURES, memory.memory_cost) if not df.empty or served.empty else ()
-    multirun, run_overrides, config_note = _saved_config(results_path.parent)
-    command = tables.reproduce_command(multirun, run_overrides, full)
     summary = tables.summary(df, missing_columns)
     if not served.empty:
         # The counts are the whole sweep's; an offline part that is absent is not missing.
@@ -124,8 +120,30 @@ def render_report(results_path: Path) -> str:
         all_cells=tables.all_cells(full),
         provenance=tables.provenance(full) + _log_file(results_path.parent),
         command=command,
-        config_note=config_note,
+        config_note=sweep.config_note,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sweep:
+    """A results file as the page and the terminal read it."""
+
+    full: pd.DataFrame
+    offline: pd.DataFrame
+    served: pd.DataFrame
+    missing_columns: list[str]
+    command: tables.Command
+    config_note: str | None
+
+
+def _read_sweep(results_path: Path) -> _Sweep:
+    """The results, split into offline and serving cells (serving has its own section: the offline figures and
+    tables read batch size as the axis), and the command that reproduces the sweep (from Hydra's config)."""
+    full, missing_columns = tables.load_frame(results_path)
+    offline, served = serving.split(full)
+    multirun, run_overrides, config_note = _saved_config(results_path.parent)
+    command = tables.reproduce_command(multirun, run_overrides, full)
+    return _Sweep(full, offline, served, missing_columns, command, config_note)
 
 
 def _log_file(sweep_dir: Path) -> list[tuple[str, str]]:
