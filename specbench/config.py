@@ -77,6 +77,7 @@ class EngineSchema:
     cpu_kvcache_space_gib: int = MISSING  # VLLM_CPU_KVCACHE_SPACE: whole GiB
     cell_timeout_s: Optional[float] = None
     vllm_fixes: bool = True
+    async_scheduling: Optional[bool] = None
 
 
 @dataclass
@@ -255,6 +256,7 @@ class Cell:
             worker_env=self._worker_env(),
             vllm_fixes=engine.get("vllm_fixes", True),
             serving=self.is_serving,
+            async_scheduling=engine.get("async_scheduling"),
         )
 
 
@@ -279,9 +281,11 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
     plain = with_schedule(_to_plain(cfg))
     method = plain["method"]
     baseline = method["name"] == "baseline"
-    # The repairs join the identity only when turned off: a cell keeps the identity it had before them.
+    # The repairs join the identity only when turned off, async scheduling only when pinned: a cell
+    # keeps the identity it had before these keys existed.
     engine = {k: v for k, v in plain["engine"].items()
-              if k != "cell_timeout_s" and not (k == "vllm_fixes" and v is not False)}
+              if k != "cell_timeout_s" and not (k == "vllm_fixes" and v is not False)
+              and not (k == "async_scheduling" and v is None)}
     identity = {
         "model": {k: plain["model"][k] for k in ("name", "path", "dtype")},
         # A method's own keys that decide the measurement outside speculative_config
@@ -399,6 +403,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     step_tokens = engine.get("max_num_batched_tokens")
     if step_tokens is not None and not (isinstance(step_tokens, int) and step_tokens >= 1):
         errors.append(f"engine.max_num_batched_tokens={step_tokens!r} must be null or an integer >= 1")
+    errors += _engine_mode_problems(engine, (method.get("speculative_config") or {}).get("method"))
     workload = plain.get("workload") or {}
     errors += validate_workload_config(workload)
     max_len = engine.get("max_model_len")
@@ -413,6 +418,39 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         errors += memory.fit_problems(with_schedule(plain), batch_prompt_tokens(plain))
     if not errors:
         errors += _seeded_prefill_problems(plain)
+    return errors
+
+
+# vLLM 0.32's speculative methods that cannot run with async scheduling (config/vllm.py,
+# VllmConfig.__post_init__ keeps it only for the EAGLE and MTP family, ngram_gpu, draft_model, dspark
+# and dflash): it refuses async_scheduling=True with these, and left to itself turns it off.
+SYNC_SPECULATION = ("ngram", "medusa", "mlp_speculator", "suffix", "custom_class")
+
+
+def _engine_mode_problems(engine: Mapping[str, Any], vllm_method: Any) -> list[str]:
+    """``engine.async_scheduling`` and the speculative method against what the installed vLLM runs.
+
+    ``vllm_method`` is ``speculative_config.method`` (None for plain
+    decoding). Each refusal is one line naming the key, before any engine
+    loads; vLLM's own would come only as the engine starts.
+    """
+    errors = []
+    pinned = engine.get("async_scheduling")
+    if pinned is not None and not isinstance(pinned, bool):
+        errors.append(f"engine.async_scheduling={pinned!r} must be null (vLLM's choice for the method), "
+                      "true or false")
+    elif pinned is True and vllm_method in SYNC_SPECULATION:
+        hint = "; method=ngram_gpu is prompt lookup that runs async" if vllm_method == "ngram" else ""
+        errors.append(f"engine.async_scheduling=true with speculative_config.method={vllm_method}: vLLM 0.32 "
+                      f"refuses async scheduling for {vllm_method} at engine start{hint} "
+                      "(or leave engine.async_scheduling null, or set it false)")
+    if pinned is True and cpu_engine():
+        errors.append("engine.async_scheduling=true: the CPU build of vLLM turns async scheduling off whatever "
+                      "it is asked (vllm/platforms/cpu.py), so the pin would not hold; leave it null or false")
+    if vllm_method == "ngram_gpu" and cpu_engine():
+        errors.append("speculative_config.method=ngram_gpu cannot run on the CPU build of vLLM (its model runner "
+                      "allocates pinned memory for the GPU n-gram kernel and fails at engine start); "
+                      "use method=ngram on CPU")
     return errors
 
 

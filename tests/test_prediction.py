@@ -332,3 +332,54 @@ def test_default_step_budget_follows_vllms_default_for_the_hardware_the_row_ran_
     assert gpu["predicted_speedup"] == pytest.approx(
         speedup.end_to_end_speedup(gpu["predicted_decode_speedup"], prefill, plain))
     assert gpu["predicted_speedup"] != cpu["predicted_speedup"]
+
+
+def test_ngram_verifies_what_it_drafted_on_v1_and_k_drafts_on_v2(checkpoints):
+    # vLLM 0.32's CPU build (V1) verifies only the drafts ngram's lookup found; Model Runner V2, a
+    # GPU's, fills the unmatched slots and verifies K every step. One CPU-measured ngram row (half of
+    # its K drafted per pass) priced for a V1 and for a V2 profile of the same machine:
+    target, _ = checkpoints
+    row = _step_budget(_row(target, batch=32, tokens_per_pass=2.0, draft_tokens_per_pass=2.0), 32 * PROMPT_LEN)
+    v2 = HardwareChoice(profiles.HardwareProfile(**{**HW.__dict__, "model_runner": "V2"}), "test-gpu")
+    (on_v1,), (on_v2,) = (prediction.with_predicted_speedups([row], c) for c in (CHOICE, v2))
+    assert on_v1["predicted_decode_speedup"] == pytest.approx(
+        _theory(target, batch=32, tokens_per_pass=2.0, drafted=2.0)[0])
+    assert on_v2["predicted_decode_speedup"] == pytest.approx(
+        _theory(target, batch=32, tokens_per_pass=2.0, drafted=4.0)[0])
+    assert on_v2["predicted_decode_speedup"] < on_v1["predicted_decode_speedup"]
+    # controlled runs custom_class, which vLLM keeps on V1 on every device: nothing padded.
+    controlled = _step_budget(_row(target, "controlled", alpha=0.5, batch=32, tokens_per_pass=2.0,
+                                   draft_tokens_per_pass=2.0), 32 * PROMPT_LEN)
+    (c1,), (c2,) = (prediction.with_predicted_speedups([controlled], c) for c in (CHOICE, v2))
+    assert c1["predicted_decode_speedup"] == pytest.approx(c2["predicted_decode_speedup"])
+
+
+def test_padded_ngram_verification_costs_more_and_more_so_at_large_batch(checkpoints):
+    target, _ = checkpoints
+    model = profiles.ModelProfile.from_config_json(target, dtype="float32")
+    k, matched = 4, 1.0  # a lookup that drafts one token per pass on average
+
+    def step(batch: int, padded: bool) -> float:
+        drafted = drafting.verified_draft_tokens(k, matched, padded=padded)
+        return speedup.speculative_step("ngram", target=model, hw=HW, batch_size=batch, k=k,
+                                        context_len=PROMPT_LEN, draft_tokens_per_pass=drafted)
+
+    assert drafting.verified_draft_tokens(k, matched, padded=True) == 4.0
+    assert drafting.verified_draft_tokens(k, matched, padded=False) == 1.0
+    assert drafting.verified_draft_tokens(k, None, padded=False) == 4.0  # no figure: a full draft
+    extra = {b: step(b, True) - step(b, False) for b in (1, 64)}
+    assert extra[1] >= 0.0 and extra[64] > 10 * max(extra[1], 1e-9)
+
+
+def test_a_gpu_profile_runs_model_runner_v2_and_a_cpu_profile_v1():
+    from pathlib import Path
+
+    conf = Path(prediction.__file__).resolve().parents[1] / "conf" / "hardware"
+    runners = {p.stem: profiles.HardwareProfile.from_mapping(yaml.safe_load(p.read_text())).model_runner
+               for p in conf.glob("*.yaml")}
+    assert runners == {"a100": "V2", "h200": "V2", "rtx4090": "V2", "cpu-amd-epyc-2-cores": "V1"}
+    # A calibrated GPU profile names its device and states no memory_bytes; one may set the runner itself.
+    assert profiles.device_model_runner({"device": "NVIDIA H100 80GB HBM3"}) == "V2"
+    assert profiles.device_model_runner({}) == "V1"
+    with pytest.raises(ValueError, match="model_runner must be one of V1, V2"):
+        profiles.HardwareProfile(**{**HW.__dict__, "model_runner": "V3"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pyarrow as pa
@@ -558,3 +559,54 @@ def test_a_baseline_cell_that_went_slow_alone_flags_itself_and_its_cells_and_lea
     # The shifted cells leave the pooled spread: the others' intervals are as narrow as their own agreement.
     steady = rows["ngram", 2, 4]
     assert math.log(steady["speedup_ci_high"] / steady["speedup_ci_low"]) < 0.2
+
+
+# --- the engine's mode (schema 14) --------------------------------------------------------------------------
+
+# What vLLM 0.32 resolves on CUDA (config/vllm.py): V2 with async scheduling for plain decoding, async
+# scheduling off for method ngram; graphs captured up to 512 tokens.
+_GPU_MODE = {"engine_model_runner": "V2", "engine_async_scheduling": True, "engine_cudagraph_mode": "FULL_AND_PIECEWISE",
+             "engine_cudagraph_capture_sizes": [1, 2, 4, 8, 512], "engine_max_cudagraph_capture_size": 512,
+             "engine_max_num_batched_tokens": 8192, "engine_max_num_seqs": 256, "engine_prefix_caching": False}
+_NGRAM_CONFIG = json.dumps({"method": {"name": "ngram", "speculative_config": {"method": "ngram"}},
+                            "engine": {"async_scheduling": None}})
+
+
+def test_a_speedup_across_engine_modes_says_what_differs_in_its_row_and_on_the_report(tmp_path):
+    write_cell(tmp_path, cell_row("base", "baseline", 2.0) | _GPU_MODE, [[1], [2]])
+    write_cell(tmp_path, cell_row("spec", "ngram", 1.0, baseline_id="base") | _GPU_MODE
+               | {"engine_async_scheduling": False, "config_json": _NGRAM_CONFIG}, [[1], [2]])
+    write_cell(tmp_path, cell_row("alike", "ngram", 1.0, baseline_id="base", k=3) | _GPU_MODE
+               | {"config_json": _NGRAM_CONFIG}, [[1], [2]])
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ["base", "spec", "alike"])}
+    expected = "async_scheduling: baseline on, cell off (vLLM turns async scheduling off for method ngram)"
+    assert rows["spec"]["mode_mismatch"] == expected
+    assert any(expected in c and "engine.async_scheduling=false" in c for c in rows["spec"]["caveats"])
+    assert not rows["spec"]["flagged"]  # a caveat: what a user of ngram gets, judged but qualified
+    assert rows["alike"]["mode_mismatch"] is None and rows["base"]["mode_mismatch"] is None
+
+    from specbench.report import write_report
+    from rows import write_results
+
+    text = write_report(write_results(tmp_path, rows.values())).read_text()
+    start = text.index('id="mode-mismatch"')
+    section = text[start:text.index("</table>", start)]
+    assert expected in section and "spec" in section and "alike" not in section
+
+
+def test_mode_mismatch_compares_runner_graph_coverage_step_budget_and_prefix_caching():
+    from specbench.results.merge import mode_mismatch
+
+    base = {"batch_size": 64, "num_speculative_tokens": 0, **_GPU_MODE}
+    # batch 64 at K=8: 576-token verify steps, past the largest capture size (512).
+    cell = {"batch_size": 64, "num_speculative_tokens": 8, **_GPU_MODE, "engine_model_runner": "V1",
+            "engine_max_num_batched_tokens": 4096, "engine_prefix_caching": True,
+            "config_json": json.dumps({"method": {"speculative_config": {"method": "custom_class"}}})}
+    assert mode_mismatch(base, cell) == (
+        "model runner: baseline V2, cell V1 (vLLM 0.32 runs custom_class on V1); "
+        "cuda graphs: baseline's 64-token steps run a captured graph (largest capture size 512), "
+        "cell's 576-token steps run eager (largest capture size 512); "
+        "max_num_batched_tokens: baseline 8192, cell 4096; prefix caching: baseline off, cell on")
+    assert mode_mismatch(base, dict(base, num_speculative_tokens=4)) is None  # 320 tokens: captured
+    # Rows written before schema 14 carry no mode: nothing to compare.
+    assert mode_mismatch({"batch_size": 1}, {"batch_size": 1, "num_speculative_tokens": 2}) is None

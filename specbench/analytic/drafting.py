@@ -244,6 +244,24 @@ def draft_time(
     return cost.step_time(hw=hw, batch_size=batch_size, k=k, context_len=context_len, draft=draft, target=target)
 
 
+def verified_draft_tokens(k: int, drafted: float | None, *, padded: bool) -> float:
+    """Draft tokens per sequence the target verifies on one decode pass.
+
+    ``drafted``: what the drafter proposed per sequence and pass, in [0, k]
+    (None: a full draft, k); a lookup drafter that finds no match proposes
+    nothing, and vLLM's V1 model runner verifies only what was proposed.
+    ``padded``: the engine fills the slots the drafter left empty and
+    verifies k on every pass (vLLM 0.32's Model Runner V2 for n-gram lookup,
+    :attr:`specbench.methods.Method.pads_drafts`), so a miss costs a full
+    verification, and more so at large batch, where verification is
+    compute-bound.
+    """
+    k = check_int("k", k, 0)
+    if padded or drafted is None:
+        return float(k)
+    return check_real("drafted", drafted, 0.0, k)
+
+
 def eagle_head_profile(target: ModelProfile, method: str, head: ModelProfile | None = None) -> ModelProfile:
     """The EAGLE head as a one-layer profile of its own, for pricing and the memory model.
 

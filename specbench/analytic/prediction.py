@@ -36,7 +36,11 @@ passes than those that accept much; the row's per-request pass counts
 (``decode_passes_per_request``, ``output_tokens_per_request``) give it.
 
 ``controlled`` cells are priced like ``ngram``: their draft is a table
-lookup on the host, free next to a forward pass. A row the model cannot
+lookup on the host, free next to a forward pass. Each pass verifies the
+drafts the row's engine proposed, except where the profile's model runner
+pads a lookup drafter's misses (``ngram`` and ``ngram_gpu`` on Model Runner
+V2, a GPU profile's: :func:`drafting.verified_draft_tokens`), where it
+verifies K. A row the model cannot
 price gets nulls and a ``prediction_note`` saying why.
 
 :func:`accuracy` and :func:`break_even` hold the predictions against the
@@ -342,7 +346,10 @@ def _predict(
         raise _Unpriced(f"no model profile: {exc}") from exc
     batch = int(row["batch_size"])
     k = effective_k(speculative, int(row["num_speculative_tokens"]), batch)
-    drafted = min(acceptance.draft_tokens_per_pass, float(k))
+    # What the target verifies per pass: the drafts the row's engine proposed, or K on a model runner
+    # that pads a lookup drafter's misses (pricing a CPU-measured ngram row for a GPU profile).
+    drafted = drafting.verified_draft_tokens(k, min(acceptance.draft_tokens_per_pass, float(k)),
+                                             padded=methods.pads_drafts(method, hw.model_runner))
     tokens_per_pass = min(acceptance.tokens_per_pass, k + 1.0)
     decode = speedup.predicted_decode_speedup(
         method=priced_as, k=k, batch_size=batch, tokens_per_pass=tokens_per_pass, target=target, hw=hw,

@@ -60,6 +60,9 @@ class HardwareProfile:
     draft pass the full fixed_overhead_s, an upper bound.
     source is "vendor" (datasheet figures) or "calibrated" (fitted on the
     device by fit_hardware_profile).
+    model_runner is the vLLM model runner that device runs (:data:`MODEL_RUNNERS`):
+    vLLM 0.32 runs Model Runner V2 on CUDA and V1 on the CPU build, and the
+    two verify n-gram drafts differently (:func:`specbench.analytic.drafting.verified_draft_tokens`).
     """
 
     name: str
@@ -74,8 +77,11 @@ class HardwareProfile:
     attention_flops: float | None = None
     overlap_exponent: float = math.inf
     per_layer_overhead_s: float = 0.0
+    model_runner: str = "V1"
 
     def __post_init__(self) -> None:
+        if self.model_runner not in MODEL_RUNNERS:
+            raise ValueError(f"model_runner must be one of {', '.join(MODEL_RUNNERS)}, got {self.model_runner!r}")
         check_real("per_layer_overhead_s", self.per_layer_overhead_s, 0.0)
         check_real("memory_bandwidth", self.memory_bandwidth, 0.0, low_open=True)
         if not (isinstance(self.overlap_exponent, numbers.Real) and not isinstance(self.overlap_exponent, bool)
@@ -120,8 +126,9 @@ class HardwareProfile:
         kv_bandwidth_gbps (GB/s), attention_tflops (TFLOP/s; .inf: free),
         per_layer_overhead_ms (milliseconds per decoder layer and pass),
         overlap_exponent (>= 1; absent or .inf: reads and compute overlap
-        fully, the max() of a plain roofline), notes. Other keys (e.g.
-        memory_gb, the sources) are ignored.
+        fully, the max() of a plain roofline), notes, model_runner (absent:
+        :func:`device_model_runner`). Other keys (e.g. memory_gb, the
+        sources) are ignored.
         """
         for key in ("name", "source", "memory_bandwidth_gbps", "peak_tflops", "fixed_overhead_ms"):
             if key not in d:
@@ -151,7 +158,23 @@ class HardwareProfile:
             overlap_exponent=math.inf if d.get("overlap_exponent") is None else (
                 math.inf if d["overlap_exponent"] == math.inf
                 else check_real("overlap_exponent", d["overlap_exponent"], 1.0)),
+            model_runner=str(d.get("model_runner") or device_model_runner(d)),
         )
+
+
+MODEL_RUNNERS = ("V1", "V2")
+"""vLLM's model runners: V1 (the CPU build's, and CUDA's for custom_class proposers) and V2 (vLLM 0.32 on CUDA)."""
+
+
+def device_model_runner(d: Mapping) -> str:
+    """The model runner vLLM 0.32 runs on the device a profile mapping describes.
+
+    A GPU profile states its device memory (``memory_bytes``, a datasheet
+    profile) or names a device other than a CPU (``device``, as calibration
+    records it): V2. A CPU (a ``device`` starting "CPU", or neither key): V1.
+    """
+    device = str(d.get("device") or "")
+    return "V2" if d.get("memory_bytes") or (device and not device.startswith("CPU")) else "V1"
 
 
 @dataclass(frozen=True)

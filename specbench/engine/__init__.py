@@ -69,6 +69,8 @@ class EngineSpec:
     vllm_fixes: bool = True
     # vLLM's async engine (AsyncLLM), for serving cells (specbench.engine.serving); False: the offline LLM.
     serving: bool = False
+    # vLLM's async_scheduling; None keeps vLLM's choice for the method (off for ngram, on otherwise on CUDA).
+    async_scheduling: bool | None = None
 
     @property
     def speculative_config(self) -> dict[str, Any] | None:
@@ -93,6 +95,8 @@ class EngineSpec:
         ) | (
             {"max_num_batched_tokens": self.max_num_batched_tokens}
             if self.max_num_batched_tokens is not None else {}
+        ) | (
+            {"async_scheduling": self.async_scheduling} if self.async_scheduling is not None else {}
         ) | (
             # Each request's own acceptance; vLLM refuses it without speculation.
             {"per_request_spec_decode_metrics": "detailed"} if speculative else {}
@@ -137,6 +141,53 @@ class EngineError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class EngineMode:
+    """How vLLM resolved an engine's execution mode, read from the running engine's ``vllm_config``.
+
+    vLLM picks these itself from the platform and the method, and two engines
+    of one sweep can differ in them: on CUDA, vLLM 0.32 runs Model Runner V2
+    with async scheduling for plain decoding, but turns async scheduling off
+    for ``method: ngram`` and runs ``custom_class`` proposers on V1
+    (``config/vllm.py``). A speedup taken across such a difference measures
+    the mode as well as the method (:mod:`specbench.results.merge` says so).
+    """
+
+    model_runner: str  # "V1" or "V2" (VllmConfig.use_v2_model_runner; the CPU build runs V1)
+    async_scheduling: bool  # scheduler_config.async_scheduling as resolved
+    cudagraph_mode: str  # compilation_config.cudagraph_mode by name: NONE, PIECEWISE, FULL_AND_PIECEWISE, ...
+    cudagraph_capture_sizes: tuple[int, ...]  # step sizes (tokens) with a captured graph; empty: none
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    prefix_caching: bool
+
+    @property
+    def max_cudagraph_capture_size(self) -> int:
+        """The largest step (tokens) that runs a captured graph; 0 where none is captured."""
+        return max(self.cudagraph_capture_sizes, default=0)
+
+    def columns(self) -> dict[str, Any]:
+        """The row's ``engine_*`` columns."""
+        return {
+            "engine_model_runner": self.model_runner,
+            "engine_async_scheduling": self.async_scheduling,
+            "engine_cudagraph_mode": self.cudagraph_mode,
+            "engine_cudagraph_capture_sizes": list(self.cudagraph_capture_sizes),
+            "engine_max_cudagraph_capture_size": self.max_cudagraph_capture_size,
+            "engine_max_num_batched_tokens": self.max_num_batched_tokens,
+            "engine_max_num_seqs": self.max_num_seqs,
+            "engine_prefix_caching": self.prefix_caching,
+        }
+
+
+MODE_COLUMNS = (
+    "engine_model_runner", "engine_async_scheduling", "engine_cudagraph_mode", "engine_cudagraph_capture_sizes",
+    "engine_max_cudagraph_capture_size", "engine_max_num_batched_tokens", "engine_max_num_seqs",
+    "engine_prefix_caching",
+)
+"""The columns :meth:`EngineMode.columns` fills (null in rows of an engine that never started)."""
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     """What a started engine reports about itself (provenance and cost)."""
 
@@ -147,6 +198,8 @@ class EngineInfo:
     start_s: float
     # The repairs specbench.engine.fixes applied to this engine (empty: none needed, or turned off).
     vllm_fixes: tuple[str, ...] = ()
+    # The execution mode vLLM resolved for it; None where it was not read.
+    mode: EngineMode | None = None
 
 
 def worker_environment(spec: EngineSpec | None) -> dict[str, str]:
@@ -364,6 +417,7 @@ __all__ = [
     "EngineError",
     "EngineInfo",
     "EngineMemory",
+    "EngineMode",
     "EnginePool",
     "EngineSpec",
     "EngineWorker",

@@ -74,6 +74,10 @@ class ServingEngine:
             return AsyncLLM.from_engine_args(arguments, stat_loggers=[_steps_recorder(self._steps, self._clock)])
 
         self.engine = self._loop.run_until_complete(start())
+        from specbench.engine.worker import engine_mode
+
+        # The front end's copy of the config, resolved before the engine core started (its own process).
+        self.mode = engine_mode(self.engine.vllm_config)
         # specbench.engine.fixes repairs sampled decoding only, and serving cells decode greedily
         # (specbench.load.validate); its patches would not reach the engine core's own process anyway.
         self.vllm_fixes: tuple[str, ...] = ()

@@ -22,7 +22,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Sequence
 
-from specbench.engine import MEMORY_REQUEST, EngineInfo, EngineMemory, EngineSpec, describe_machine, fixes
+from specbench.engine import (
+    MEMORY_REQUEST, EngineInfo, EngineMemory, EngineMode, EngineSpec, describe_machine, fixes,
+)
 from specbench.measure import GeneratedRequest, SpecCounters, TopTokens
 from specbench.sampling import GREEDY, Sampling
 
@@ -101,6 +103,8 @@ class VllmEngine:
         self.vllm_fixes: tuple[str, ...] = fixes.apply() if spec.vllm_fixes else ()
         # In-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): one worker, this process.
         self._static_memory: dict[str, int] = self.llm.collective_rpc(_weights_and_kv)[0]
+        # The worker's own config: its model runner may still lower the graph mode as it starts.
+        self.mode: EngineMode = self.llm.collective_rpc(_worker_mode)[0]
         # False once the kernel refused to reset VmHWM: from then on it may be an earlier cell's peak.
         self._rss_peak_resets = True
 
@@ -191,6 +195,33 @@ class VllmEngine:
             ),
             drafted_per_pos=tuple(_DRAFTED_PER_POS),
         )
+
+
+def engine_mode(vllm_config: Any, use_v2_model_runner: bool | None = None) -> EngineMode:
+    """The execution mode vLLM resolved, from a running engine's ``VllmConfig``.
+
+    ``use_v2_model_runner``: what the worker chose when it built its model
+    runner (``GPUWorker.use_v2_model_runner``, which the CPU worker inherits);
+    None reads the config's property, which decides it from the same facts
+    (``VLLM_USE_V2_MODEL_RUNNER``, Triton, the speculative method).
+    """
+    scheduler, compilation = vllm_config.scheduler_config, vllm_config.compilation_config
+    v2 = vllm_config.use_v2_model_runner if use_v2_model_runner is None else use_v2_model_runner
+    graphs = compilation.cudagraph_mode
+    return EngineMode(
+        model_runner="V2" if v2 else "V1",
+        async_scheduling=bool(scheduler.async_scheduling),
+        cudagraph_mode=getattr(graphs, "name", str(graphs)),
+        cudagraph_capture_sizes=tuple(sorted(int(n) for n in compilation.cudagraph_capture_sizes or ())),
+        max_num_batched_tokens=int(scheduler.max_num_batched_tokens),
+        max_num_seqs=int(scheduler.max_num_seqs),
+        prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
+    )
+
+
+def _worker_mode(worker: Any) -> EngineMode:
+    """Run by vLLM inside its worker (collective_rpc): :func:`engine_mode` of the worker's config."""
+    return engine_mode(worker.vllm_config, getattr(worker, "use_v2_model_runner", None))
 
 
 def _weights_and_kv(worker: Any) -> dict[str, int]:
@@ -404,6 +435,7 @@ def serve(
             transformers_version=transformers.__version__,
             start_s=time.perf_counter() - start,
             vllm_fixes=engine.vllm_fixes,
+            mode=engine.mode,
         )
         conn.send(("ok", info))
     except BaseException:  # noqa: BLE001 - everything must reach the parent

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -722,6 +722,8 @@ class Flagged:
     cells: list[CellLine]
     remeasure: str | None  # None when no cell is flagged
     remeasured: list[CellLine]  # every cell measured more than once because other processes disturbed it
+    # Compared cells whose engine ran in another mode than their baseline's (the merge's mode_mismatch).
+    mode_mismatched: list[CellLine] = field(default_factory=list)
 
 
 def flagged(df: pd.DataFrame, missing_columns: Sequence[str], command: Command, run_dir: Path) -> Flagged | None:
@@ -747,11 +749,15 @@ def flagged(df: pd.DataFrame, missing_columns: Sequence[str], command: Command, 
     remeasure = None
     if len(rows):
         remeasure = f"{command.text} {command.dir_key}={shlex.quote(str(run_dir.absolute()))} remeasure=flagged"
+    modes = _sorted(ok[ok["mode_mismatch"].notna()]) if "mode_mismatch" in ok.columns else ok.iloc[:0]
     return Flagged(
         cells=_cell_lines(rows, details),
         remeasure=remeasure,
         remeasured=_cell_lines(
             several, [_attempts(r) + ("; still flagged" if r[FLAGGED] else "") for r in records(several)]
+        ),
+        mode_mismatched=_cell_lines(
+            modes, [f"{r['mode_mismatch']} (speedup {fmt_speedup(r['speedup'])})" for r in records(modes)]
         ),
     )
 

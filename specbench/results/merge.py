@@ -355,7 +355,7 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
     the baseline's are classified (:mod:`specbench.results.exactness`): only
     mismatches flag the cell; ties and looping outputs are caveats.
     """
-    ratios, decode_ratios, within, token_ratios, engine_runs = [], [], [], [], []
+    ratios, decode_ratios, within, token_ratios, engine_runs, modes = [], [], [], [], [], []
     missing, incomparable, reasons = [], [], []
     divergences: list[list[exactness.Divergence]] = []
     bases: list[dict[str, Any]] = []
@@ -386,6 +386,8 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
         if (decode := decode_speedup(base, spec)) is not None:
             decode_ratios.append(decode)
         within.append(_within_noise(base, spec))
+        if (differs := mode_mismatch(base, spec)) is not None:
+            modes.append(differs)
         bases.append(base)
         if _sampled(spec):
             continue  # checked in distribution below, not token for token
@@ -410,8 +412,9 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
             "requests where the target had a clear winner: greedy speculative decoding should be exact, "
             "so this speedup is not of the same work"
         )
+    mismatch = " | ".join(dict.fromkeys(modes)) or None
     caveats = [c for c in (_tie_caveat(columns), _untested_caveat(columns), _loop_caveat(references, runs),
-                           _wave_caveat(runs)) if c]
+                           _wave_caveat(runs), _mode_caveat(mismatch)) if c]
     known_within = [w for w in within if w is not None]
     return columns | _tie_excess(columns, bases, references) | {
         "speedup_per_engine_run": ratios,
@@ -424,6 +427,7 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
         "_disturbed": disturbed,
         "flag_reasons": reasons,
         "caveats": caveats,
+        "mode_mismatch": mismatch,
         "decode_speedup": _geometric_mean(decode_ratios),
     }
 
@@ -748,6 +752,71 @@ def _wave_caveat(runs: Sequence[Mapping[str, Any]]) -> str | None:
         return None
     return (f"ran in waves: at most {min(reached)} of its {batch} requests at once (the KV cache holds no "
             "more), so this measures a smaller batch, queued")
+
+
+def mode_mismatch(base: Mapping[str, Any], cell: Mapping[str, Any]) -> str | None:
+    """How ``cell``'s engine ran otherwise than its baseline's, in what sets a step's time; None when alike.
+
+    Compared: the model runner, async scheduling, the CUDA-graph mode and
+    whether each side's decode step (batch size tokens plainly, batch size x
+    (K + 1) when speculating) fits the largest captured graph, the step
+    budget (max_num_batched_tokens) and prefix caching, as vLLM resolved
+    them (the ``engine_*`` columns). Where vLLM made the difference itself
+    (async scheduling off, or the V1 runner, for the cell's speculative
+    method) the text says so. Rows without the columns (schema < 14) are
+    not compared.
+    """
+    def on(value: Any) -> str:
+        return "on" if value else "off"
+
+    vllm_method = ((row_config(cell).get("method") or {}).get("speculative_config") or {}).get("method")
+    differences = []
+    runner_b, runner_c = base.get("engine_model_runner"), cell.get("engine_model_runner")
+    if None not in (runner_b, runner_c) and runner_b != runner_c:
+        why = f" (vLLM 0.32 runs {vllm_method} on V1)" if runner_c == "V1" and vllm_method == "custom_class" else ""
+        differences.append(f"model runner: baseline {runner_b}, cell {runner_c}{why}")
+    async_b, async_c = base.get("engine_async_scheduling"), cell.get("engine_async_scheduling")
+    if None not in (async_b, async_c) and async_b != async_c:
+        pinned = (row_config(cell).get("engine") or {}).get("async_scheduling") is not None
+        why = (f" (vLLM turns async scheduling off for method {vllm_method})"
+               if async_b and not pinned and vllm_method is not None else "")
+        differences.append(f"async_scheduling: baseline {on(async_b)}, cell {on(async_c)}{why}")
+    graphs_b, graphs_c = base.get("engine_cudagraph_mode"), cell.get("engine_cudagraph_mode")
+    if None not in (graphs_b, graphs_c):
+        if graphs_b != graphs_c:
+            differences.append(f"cudagraph_mode: baseline {graphs_b}, cell {graphs_c}")
+        else:
+            step_b = base.get("batch_size") or 1
+            step_c = (cell.get("batch_size") or 1) * ((cell.get("num_speculative_tokens") or 0) + 1)
+            covered_b, covered_c = _graph_covers(base, step_b), _graph_covers(cell, step_c)
+            if covered_b != covered_c:
+                def side(name: str, step: int, covered: bool, row: Mapping[str, Any]) -> str:
+                    largest = row.get("engine_max_cudagraph_capture_size") or 0
+                    return (f"{name}'s {step}-token steps {'run a captured graph' if covered else 'run eager'} "
+                            f"(largest capture size {largest})")
+                differences.append("cuda graphs: " + side("baseline", step_b, covered_b, base) + ", "
+                                   + side("cell", step_c, covered_c, cell))
+    for column, name in (("engine_max_num_batched_tokens", "max_num_batched_tokens"),
+                         ("engine_prefix_caching", "prefix caching")):
+        value_b, value_c = base.get(column), cell.get(column)
+        if None not in (value_b, value_c) and value_b != value_c:
+            shown = on if isinstance(value_b, bool) else str
+            differences.append(f"{name}: baseline {shown(value_b)}, cell {shown(value_c)}")
+    return "; ".join(differences) or None
+
+
+def _graph_covers(row: Mapping[str, Any], step_tokens: int) -> bool:
+    """Whether a decode step of ``step_tokens`` tokens runs a captured CUDA graph on the row's engine."""
+    return (row.get("engine_cudagraph_mode") not in (None, "NONE")
+            and (row.get("engine_max_cudagraph_capture_size") or 0) >= step_tokens)
+
+
+def _mode_caveat(mismatch: str | None) -> str | None:
+    if mismatch is None:
+        return None
+    hint = "; engine.async_scheduling=false runs both synchronously" if "async_scheduling" in mismatch else ""
+    return (f"baseline and cell engines ran in different modes ({mismatch}): the speedup measures the mode "
+            f"as well as the method{hint}")
 
 
 def _within_noise(base: Mapping[str, Any], spec: Mapping[str, Any]) -> stats.WithinNoise | None:

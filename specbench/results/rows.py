@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from specbench import methods, sampling
 from specbench.measure import CellPlan, Measurement, SpecCounters
-from specbench.engine import EngineInfo, EngineMemory
+from specbench.engine import MODE_COLUMNS, EngineInfo, EngineMemory
 from specbench.results.metrics import measured_fields, position_rates
 from specbench.results.schema import SCHEMA_VERSION
 
@@ -260,6 +260,8 @@ def _measured_columns(m: Measurement, info: EngineInfo, workload: Workload, plan
         "transformers_version": info.transformers_version,
         "vllm_fixes": ",".join(info.vllm_fixes),
         "machine": info.machine,
+        # How vLLM resolved the engine's mode (model runner, async scheduling, graphs, step budget).
+        **(info.mode.columns() if info.mode is not None else dict.fromkeys(MODE_COLUMNS)),
         "workload_fingerprint": workload.source_fingerprint,
         "requests_fingerprint": plan.fingerprint,
         "prompt_ids": workload.prompt_ids,

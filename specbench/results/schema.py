@@ -51,7 +51,11 @@ from specbench import methods, sampling
 # 13: serving cells (load.request_rate; specbench.results.serving): the load met, achieved throughput,
 #     goodput, ITL and queueing-delay percentiles, the running batch over time, and (results.parquet)
 #     speedups at the same offered load with their intervals, whether the cell pays, the model's prediction
-SCHEMA_VERSION = 13
+# 14: the engine's mode as vLLM resolved it (engine_model_runner, engine_async_scheduling,
+#     engine_cudagraph_mode, engine_cudagraph_capture_sizes, engine_max_cudagraph_capture_size,
+#     engine_max_num_batched_tokens, engine_max_num_seqs, engine_prefix_caching) and, in results.parquet,
+#     mode_mismatch: how a speculative cell's engine ran otherwise than its baseline's
+SCHEMA_VERSION = 14
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
 # at batch 1) and why: "tie" when the token emitted there is in the reference's own tied set (its
@@ -177,6 +181,9 @@ SCHEMA = pa.schema(
         ("flag_reasons", pa.list_(_STR)),
         # What qualifies a speedup without excluding it from verdicts (looping outputs, ties).
         ("caveats", pa.list_(_STR)),
+        # How the cell's engine ran otherwise than its baseline's, in timing-relevant mode (model runner,
+        # async scheduling, graph mode and coverage of the step, step budget, prefix caching); null: alike.
+        ("mode_mismatch", _STR),
         ("attempts", _INT),  # measurements of this cell on its engine: > 1 when other processes disturbed it
         ("other_cpu_share_per_attempt", pa.list_(_F)),  # the disturbance of each attempt; the least one is kept
         ("load_avg_1m", _F),  # machine load while the cell ran (max over runs)
@@ -260,6 +267,15 @@ SCHEMA = pa.schema(
         ("vllm_fixes", _STR),  # repairs of known vLLM defects applied to the engine ("vllm#55005"); "": none
         ("python_version", _STR),
         ("machine", _STR),  # GPU name and count, or CPU model and cores (hardware_profile: the priced profile)
+        # The engine's mode as vLLM resolved it, read from the running engine's vllm_config.
+        ("engine_model_runner", _STR),  # V1 | V2 (vLLM 0.32: V2 on CUDA but for custom_class; V1 on the CPU build)
+        ("engine_async_scheduling", _BOOL),  # scheduler_config.async_scheduling (off for ngram, and on CPU)
+        ("engine_cudagraph_mode", _STR),  # compilation_config.cudagraph_mode: NONE, PIECEWISE, FULL_AND_PIECEWISE, ...
+        ("engine_cudagraph_capture_sizes", pa.list_(_INT)),  # step sizes (tokens) with a captured graph
+        ("engine_max_cudagraph_capture_size", _INT),  # the largest of them; 0: none captured
+        ("engine_max_num_batched_tokens", _INT),  # the step budget as resolved
+        ("engine_max_num_seqs", _INT),
+        ("engine_prefix_caching", _BOOL),  # cache_config.enable_prefix_caching as resolved
         ("host", _STR),
         ("started_at", _STR),  # ISO 8601, UTC
         ("dtype", _STR),
