@@ -254,8 +254,8 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
     if graphed:
         lines.append(
             "CUDA graphs: each engine captures sizes up to the largest step of the cells it serves "
-            "(batch x (K+1), per K-schedule tier; a baseline's: its batch)"
-            + (f"; largest step {max(r.largest_step or 0 for r in graphed)} tokens" if graphed else ""))
+            f"(batch x (K+1), per K-schedule tier; a baseline's: its batch); largest step "
+            f"{max(r.largest_step or 0 for r in graphed)} tokens")
     over = [r for r in rows if r.step_over_limit]
     if over:
         lines.append(
