@@ -271,9 +271,16 @@ def profile_document(
     draft_method: str | None = None,
     bounds: profile_fit.DeviceBounds | None = None,
     warnings: Sequence[str] = (),
+    device_memory_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The YAML document: conf/hardware keys, then the evidence behind them
-    (the device rates that bounded the fit, and what makes it suspect)."""
+    (the device rates that bounded the fit, and what makes it suspect).
+
+    ``device_memory_bytes``: the GPU's memory (:func:`read_device_memory_bytes`);
+    given, the profile states ``memory_bytes`` (and ``memory_gb``, its GB) and
+    vLLM's default ``max_num_batched_tokens`` for the device, so the memory
+    model prices a GPU engine (``specbench.analytic.memory.budget``). Without
+    it, on a CPU, ``memory_gb`` is the host's memory."""
     residuals = [r["residual"] for r in records]
     doc: dict[str, Any] = {
         "name": profile.name,
@@ -290,8 +297,11 @@ def profile_document(
         doc["per_layer_overhead_ms"] = round(profile.per_layer_overhead_s * 1e3, 5)
     if profile.draft_overhead_s is not None:
         doc["draft_overhead_ms"] = round(profile.draft_overhead_s * 1e3, 4)
-    memory = _host_memory_gb()
-    if memory is not None and device.startswith("CPU"):
+    if device_memory_bytes is not None:
+        doc["memory_bytes"] = int(device_memory_bytes)
+        doc["memory_gb"] = round(device_memory_bytes / 1e9, 1)
+        doc["max_num_batched_tokens"] = prediction.default_step_tokens(device)
+    elif device.startswith("CPU") and (memory := _host_memory_gb()) is not None:
         doc["memory_gb"] = memory
     doc |= {
         "notes": (
@@ -373,6 +383,16 @@ def _load() -> str:
         return ", ".join(f"{v:.2f}" for v in os.getloadavg()) + f" on {os.cpu_count()} cores"
     except OSError:
         return "unknown"
+
+
+def read_device_memory_bytes() -> int | None:
+    """The first GPU's total memory in bytes, as vLLM sizes its budget from it
+    (``gpu_memory_utilization`` x total); None without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(0).total_memory)
 
 
 def _host_memory_gb() -> float | None:
@@ -525,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": overrides},
         draft_records=draft_records, draft_method=draft_method, bounds=bounds, warnings=warnings,
+        device_memory_bytes=read_device_memory_bytes(),
     )
     write_profile(doc, out)
     print(f"profile: {out}")
@@ -621,7 +642,8 @@ def _refit(path: Path, out: Path, given: profile_fit.DeviceBounds | None) -> int
     write_profile(profile_document(
         profile, records, model=doc["model"], device=doc.get("device", ""), measured_at=doc.get("measured_at", ""),
         vllm_version=doc.get("vllm_version"), settings=dict(doc.get("settings") or {}, refit_from=str(path)),
-        draft_records=draft_records, draft_method=draft.get("method"), bounds=bounds, warnings=warnings), out)
+        draft_records=draft_records, draft_method=draft.get("method"), bounds=bounds, warnings=warnings,
+        device_memory_bytes=doc.get("memory_bytes")), out)
     print(f"profile: {out}")
     return 0
 

@@ -22,7 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from specbench import load, methods, models, sampling
 from specbench.sampling import Sampling
-from specbench.analytic import memory, prediction
+from specbench.analytic import graphs, memory, prediction
 from specbench.engine import EngineSpec, speculative_sampling_choices
 from specbench.workloads import (
     SOURCE_KEYS,
@@ -78,6 +78,7 @@ class EngineSchema:
     cell_timeout_s: Optional[float] = None
     vllm_fixes: bool = True
     async_scheduling: Optional[bool] = None
+    cudagraph_batch_size: Optional[int] = None
 
 
 @dataclass
@@ -217,6 +218,16 @@ class Cell:
             f"{load.id_part(self.identity.get('load'))}-{self.config_hash}-r{self.engine_run}"
         )
 
+    def with_graph_batch(self, requests: int) -> Cell:
+        """The same cell on an engine whose CUDA graphs cover steps of up to ``requests`` requests.
+
+        Not part of the identity: which graphs an engine captures follows from
+        the grid it serves (:func:`specbench.grid.shared_graph_batches`), not
+        from what the cell measures.
+        """
+        return Cell(identity=self.identity,
+                    config=dict(self.config, engine=dict(self.config["engine"], cudagraph_batch_size=requests)))
+
     def in_engine_run(self, engine_run: int) -> Cell:
         """The same cell in another independent engine run."""
         return Cell(
@@ -257,6 +268,8 @@ class Cell:
             vllm_fixes=engine.get("vllm_fixes", True),
             serving=self.is_serving,
             async_scheduling=engine.get("async_scheduling"),
+            cudagraph_capture_sizes=graphs.capture_sizes(
+                graphs.graph_batch(self.config), self.k, speculative, engine.get("max_num_batched_tokens")),
         )
 
 
@@ -282,9 +295,10 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
     method = plain["method"]
     baseline = method["name"] == "baseline"
     # The repairs join the identity only when turned off, async scheduling only when pinned: a cell
-    # keeps the identity it had before these keys existed.
+    # keeps the identity it had before these keys existed. The CUDA graphs' batch stays out too: the
+    # grid sets it per engine (specbench.grid.shared_graph_batches).
     engine = {k: v for k, v in plain["engine"].items()
-              if k != "cell_timeout_s" and not (k == "vllm_fixes" and v is not False)
+              if k not in ("cell_timeout_s", "cudagraph_batch_size") and not (k == "vllm_fixes" and v is not False)
               and not (k == "async_scheduling" and v is None)}
     identity = {
         "model": {k: plain["model"][k] for k in ("name", "path", "dtype")},
@@ -404,6 +418,9 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     if step_tokens is not None and not (isinstance(step_tokens, int) and step_tokens >= 1):
         errors.append(f"engine.max_num_batched_tokens={step_tokens!r} must be null or an integer >= 1")
     errors += _engine_mode_problems(engine, (method.get("speculative_config") or {}).get("method"))
+    graph_batch = engine.get("cudagraph_batch_size")
+    if graph_batch is not None and not (isinstance(graph_batch, int) and graph_batch >= 1):
+        errors.append(f"engine.cudagraph_batch_size={graph_batch!r} must be null or an integer >= 1")
     workload = plain.get("workload") or {}
     errors += validate_workload_config(workload)
     max_len = engine.get("max_model_len")

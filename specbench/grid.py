@@ -13,19 +13,23 @@ agree on:
 - **engine-run order**: each engine run measures its baselines and its
   speculative cells; odd engine runs measure the speculative cells first, so
   that drift over a sweep does not always favour one side; within an engine
-  run, cells that share an engine run back to back, so the engine is reused.
+  run, cells that share an engine run back to back, so the engine is reused;
+- **CUDA graphs**: cells that share an engine share its capture sizes, which
+  cover the largest step any of them takes (:func:`shared_graph_batches`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from specbench.analytic import graphs
 from specbench.config import Cell
+from specbench.engine import EngineSpec
 
 Job = tuple[str, ...]
 T = TypeVar("T")
@@ -108,13 +112,51 @@ def order_cells(cells: Sequence[tuple[Job, Cell, int]], compose: Callable[[Job],
         # Cells sharing an engine back to back; the pool keeps it alive.
         engine_rank: dict[Any, int] = {}
         for item in speculative:
-            engine_rank.setdefault(item.cell.engine_spec(prepare=False), len(engine_rank))
-        speculative.sort(key=lambda p: engine_rank[p.cell.engine_spec(prepare=False)])
+            engine_rank.setdefault(engine_key(item.cell), len(engine_rank))
+        speculative.sort(key=lambda p: engine_rank[engine_key(p.cell)])
         for item in engine_run_order(baselines, speculative, engine_run):
             if item.cell.cell_id not in seen:
                 seen.add(item.cell.cell_id)
                 planned.append(item)
-    return planned
+    return shared_graph_batches(planned)
+
+
+def engine_key(cell: Cell) -> EngineSpec:
+    """What makes two cells share an engine, whatever their run: the engine spec without its
+    instance and its CUDA-graph sizes (those follow from the cells the engine serves)."""
+    return replace(cell.engine_spec(prepare=False), instance=0, cudagraph_capture_sizes=())
+
+
+GRAPH_BATCH_KEY = "engine.cudagraph_batch_size"
+
+
+def shared_graph_batches(planned: Sequence[PlannedCell]) -> list[PlannedCell]:
+    """The cells with one CUDA-graph batch per engine: the largest any cell of that engine steps.
+
+    One engine serves every cell of its configuration (batch sizes, workloads,
+    sampling; see :func:`engine_key`), and vLLM captures its graphs once, at
+    start. Each cell's engine gets capture sizes that cover the largest step
+    of all of them (:func:`specbench.analytic.graphs.capture_sizes` of the
+    largest graph batch), so that no cell's steps outgrow its graphs and cells
+    that share an engine still share one (equal specs). A speculative cell and
+    its baseline run on different engines: each covers its own steps, batch x
+    (K+1) and batch. A graph batch set on the command line
+    (``engine.cudagraph_batch_size``) is kept. The batch joins the overrides,
+    so a job composed from them builds the same engine.
+    """
+    largest: dict[EngineSpec, int] = {}
+    for p in planned:
+        key = engine_key(p.cell)
+        largest[key] = max(largest.get(key, 0), graphs.graph_batch(p.cell.config))
+    out = []
+    for p in planned:
+        if p.cell.config["engine"].get("cudagraph_batch_size") is not None:
+            out.append(p)
+            continue
+        requests = largest[engine_key(p.cell)]
+        out.append(PlannedCell(with_values(p.overrides, **{GRAPH_BATCH_KEY: requests}),
+                               p.cell.with_graph_batch(requests)))
+    return out
 
 
 def single_run_cells(cell: Cell, engine_runs: int) -> list[PlannedCell]:

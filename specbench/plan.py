@@ -3,7 +3,9 @@
 Takes the same overrides as ``python -m specbench`` (a preset, ``hardware=``,
 grid points such as ``batch_size=1,8``), composes each cell with Hydra's
 compose API, and prints per cell the memory model's figures
-(:mod:`specbench.analytic.memory`), the predicted decode speedup at an assumed
+(:mod:`specbench.analytic.memory`, CUDA graphs included: the sizes each
+engine captures, shared by the cells of one engine as the sweep shares them,
+:func:`specbench.grid.shared_graph_batches`), the predicted decode speedup at an assumed
 per-token acceptance alpha (:func:`speedup.predicted_decode_speedup` with
 ``E(alpha, K)``), and whether grid validation would refuse it and why. It
 imports neither vLLM nor torch, so it answers in seconds on any machine:
@@ -27,8 +29,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from specbench import grid, methods
-from specbench.analytic import acceptance, footprint, memory, prediction, profiles, speedup
-from specbench.config import batch_prompt_tokens, validate, with_schedule
+from specbench.analytic import acceptance, footprint, graphs, memory, prediction, profiles, speedup
+from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, validate, with_schedule
 
 DEFAULT_ALPHA = 0.7
 
@@ -42,6 +44,15 @@ class PlannedRow:
     estimate: footprint.MemoryEstimate | None
     predicted_decode_speedup: float | None
     problems: tuple[str, ...]  # validation errors; empty when the cell would run
+    # The largest step (tokens) the engine's CUDA graphs must cover, and the most one step may
+    # process (max_num_batched_tokens); None where the engine captures no graphs or is unpriced.
+    largest_step: int | None = None
+    step_limit: int | None = None
+
+    @property
+    def step_over_limit(self) -> bool:
+        """The engine's largest step exceeds max_num_batched_tokens: vLLM splits it, and no graph holds it."""
+        return self.largest_step is not None and self.step_limit is not None and self.largest_step > self.step_limit
 
 
 def grid_jobs(overrides: Sequence[str]) -> list[tuple[str, ...]]:
@@ -81,16 +92,56 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
     # A K schedule runs one K at this batch size: price that one.
     k = prediction.effective_k(plain["method"].get("speculative_config"), k, int(plain["batch_size"]))
     hardware = memory.resolve_hardware(plain.get("hardware"))
-    estimate = speedup = None
+    estimate = speedup = step = limit = None
     if hardware is not None:
         try:
             # The prompts the cell sends, as validation prices them; an invalid cell at the workload's cap.
             prompts = None if problems else batch_prompt_tokens(plain)
             estimate = memory.cell_estimate(plain, hardware, batch_prompt_tokens=prompts)
+            if estimate.capture_sizes:
+                step = graphs.largest_step(graphs.graph_batch(plain), 0 if method == "baseline" else int(
+                    plain["num_speculative_tokens"]), plain["method"].get("speculative_config"))
+                limit = memory.step_tokens(hardware, plain["engine"])
         except memory.Unpriced:
             estimate = None
         speedup = _predicted_decode_speedup(plain, hardware, method, k, alpha)
-    return PlannedRow(job, label, estimate, speedup, problems)
+    return PlannedRow(job, label, estimate, speedup, problems, step, limit)
+
+
+def on_hardware(cfg: Any) -> Any:
+    """``cfg`` as the engine of its hardware profile runs it: eager by default only on the CPU build.
+
+    ``engine.enforce_eager`` defaults to this machine's build (``${cpu_engine:}``); a plan for a
+    GPU profile (one stating ``memory_bytes``) prices the GPU build's default, CUDA graphs on.
+    An enforce_eager set explicitly is kept.
+    """
+    if OmegaConf.select(cfg, "hardware.memory_bytes") and OmegaConf.is_interpolation(cfg.engine, "enforce_eager"):
+        cfg = cfg.copy()
+        cfg.engine.enforce_eager = False
+    return cfg
+
+
+def with_engine_graph_batches(cfgs: Sequence[Any]) -> list[Any]:
+    """The configs with ``engine.cudagraph_batch_size`` set per engine, as the sweep sets it
+    (:func:`specbench.grid.shared_graph_batches`); an invalid cell keeps its own."""
+    keys: list[Any] = []
+    largest: dict[Any, int] = {}
+    for cfg in cfgs:
+        try:
+            cell = cell_from_config(cfg)
+        except ConfigError:
+            keys.append(None)
+            continue
+        key = grid.engine_key(cell)
+        keys.append(key)
+        largest[key] = max(largest.get(key, 0), graphs.graph_batch(cell.config))
+    out = []
+    for cfg, key in zip(cfgs, keys):
+        if key is not None and OmegaConf.select(cfg, "engine.cudagraph_batch_size") is None:
+            cfg = cfg.copy()
+            cfg.engine.cudagraph_batch_size = largest[key]
+        out.append(cfg)
+    return out
 
 
 def _predicted_decode_speedup(
@@ -131,12 +182,12 @@ def make_plan(overrides: Sequence[str], alpha: float = DEFAULT_ALPHA) -> list[Pl
     parser = OverridesParser.create()
     composed: dict[tuple[str, ...], Any] = {}
     scheduled: set[tuple[str, ...]] = set()
-    rows = []
+    cells: list[tuple[tuple[str, ...], Any]] = []
     with initialize_config_module("specbench.conf", version_base="1.3"):
         for job in jobs:
             parsed = parser.parse_overrides(list(job))
             if any(o.is_add() or o.is_delete() or o.is_force_add() for o in parsed):
-                rows.append(plan_row(job, compose("config", overrides=list(job)), alpha))
+                cells.append((job, on_hardware(compose("config", overrides=list(job)))))
                 continue
             groups = tuple(o.input_line for o in parsed if o.key_or_group in _GROUPS)
             if groups not in composed:
@@ -152,28 +203,39 @@ def make_plan(overrides: Sequence[str], alpha: float = DEFAULT_ALPHA) -> list[Pl
                 if key in scheduled:
                     continue
                 scheduled.add(key)
-            rows.append(plan_row(job, cfg, alpha))
-    return rows
+            cells.append((job, on_hardware(cfg)))
+    priced = with_engine_graph_batches([cfg for _, cfg in cells])
+    return [plan_row(job, cfg, alpha) for (job, _), cfg in zip(cells, priced)]
 
 
 def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
-    """The plan as a table, then the refused cells one line each, then a summary."""
+    """The plan as a table, then the refused cells one line each, then a summary.
+
+    ``graphs``: the CUDA graphs' memory, taken from the KV cache; ``capture``:
+    the largest size (tokens) the cell's engine captures and, in brackets, how
+    many sizes (``eager`` where it captures none).
+    """
     gb = 1e9
     width = max([34, *(len(r.label) for r in rows)])  # a K schedule's label is longer
-    lines = [f"{'cell':<{width}} {'weights':>8} {'drafter':>8} {'KV B/tok':>8} {'KV pool':>8} "
-             f"{'fit reqs':>8} {'peak':>7} {'usable':>7} {'speedup':>7}  verdict",
-             f"{'':<{width}} {'GB':>8} {'GB':>8} {'':>8} {'GB':>8} {'':>8} {'GB':>7} {'GB':>7} "
-             f"{f'a={alpha:g}':>7}"]
+    lines = [f"{'cell':<{width}} {'weights':>8} {'drafter':>8} {'graphs':>7} {'capture':>10} {'KV B/tok':>8} "
+             f"{'KV pool':>8} {'fit reqs':>8} {'peak':>7} {'usable':>7} {'speedup':>7}  verdict",
+             f"{'':<{width}} {'GB':>8} {'GB':>8} {'GB':>7} {'tokens':>10} {'':>8} {'GB':>8} {'':>8} {'GB':>7} "
+             f"{'GB':>7} {f'a={alpha:g}':>7}"]
     for r in rows:
         e = r.estimate
+        capture = (f"{e.capture_sizes[-1]} ({len(e.capture_sizes)})" if e.capture_sizes else "eager"
+                   ) if e is not None else ""
         memory_cols = (
-            f"{e.target_weight_bytes / gb:>8.2f} {e.drafter_weight_bytes / gb:>8.2f} {e.kv_bytes_per_token:>8} "
-            f"{e.kv_pool_bytes / gb:>8.2f} {e.requests_fit:>8} {e.peak_bytes / gb:>7.1f} {e.usable_bytes / gb:>7.1f}"
-            if e is not None else f"{'n/a':>8} {'':>8} {'':>8} {'':>8} {'':>8} {'':>7} {'':>7}"
+            f"{e.target_weight_bytes / gb:>8.2f} {e.drafter_weight_bytes / gb:>8.2f} {e.graph_bytes / gb:>7.2f} "
+            f"{capture:>10} {e.kv_bytes_per_token:>8} {e.kv_pool_bytes / gb:>8.2f} {e.requests_fit:>8} "
+            f"{e.peak_bytes / gb:>7.1f} {e.usable_bytes / gb:>7.1f}"
+            if e is not None else f"{'n/a':>8} {'':>8} {'':>7} {'':>10} {'':>8} {'':>8} {'':>8} {'':>7} {'':>7}"
         )
         speedup = f"{r.predicted_decode_speedup:>6.2f}x" if r.predicted_decode_speedup is not None else f"{'n/a':>7}"
         verdict = ("REFUSED: " + _reason_class(r.problems[0]) if r.problems
                    else f"fits, in waves of {e.batch_at_once}" if _in_waves(r) and e is not None else "fits")
+        if r.step_over_limit:
+            verdict += f"; step {r.largest_step} > max_num_batched_tokens {r.step_limit}, no graph"
         lines.append(f"{r.label:<{width}} {memory_cols} {speedup}  {verdict}")
     refused = [r for r in rows if r.problems]
     if refused:
@@ -188,6 +250,17 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
         + (" (" + ", ".join(f"{n} {c}" for c, n in classes.most_common()) + ")" if classes else "")
         + (f"; {waves} run their batch in waves (the KV cache holds fewer requests at once)" if waves else "")
     )
+    graphed = [r for r in rows if r.largest_step is not None]
+    if graphed:
+        lines.append(
+            "CUDA graphs: each engine captures sizes up to the largest step of the cells it serves "
+            f"(batch x (K+1), per K-schedule tier; a baseline's: its batch); largest step "
+            f"{max(r.largest_step or 0 for r in graphed)} tokens")
+    over = [r for r in rows if r.step_over_limit]
+    if over:
+        lines.append(
+            f"{len(over)} cell(s) step more tokens than max_num_batched_tokens: vLLM splits such a step "
+            "(part of the batch waits) and no single graph holds it; raise engine.max_num_batched_tokens")
     if rows and all(r.estimate is None for r in rows):
         lines.append("no memory figures: pass hardware=<name> (conf/hardware) or run python -m specbench.calibrate")
     return "\n".join(lines)

@@ -204,3 +204,35 @@ def test_refit_reads_an_earlier_calibration_and_writes_its_bounds_and_warnings(t
 def test_bad_device_rates_are_refused_before_anything_runs(bad, capsys):
     assert calibrate.main([f"--device-rates={bad}"]) == 2
     assert "--device-rates must be GBPS,TFLOPS" in capsys.readouterr().err
+
+
+def test_a_gpu_calibration_states_the_device_memory_so_the_fit_check_still_refuses(tmp_path, monkeypatch):
+    # The device read is one function (read_device_memory_bytes); a GPU's answer cannot be caused on this
+    # CPU machine, so the test hands profile_document the figure an RTX 4090 reports (24564 MiB).
+    from specbench.analytic import memory
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    assert calibrate.read_device_memory_bytes() is None  # no GPU here: a CPU profile states host memory
+    samples, records = _synthetic_samples()
+    profile, fitted = calibrate.fit(samples, records, MODEL, "gpu")
+    common = {"model": {"name": "m", "path": "embedded:x", "dtype": "bfloat16"}, "device": "1x NVIDIA GeForce RTX 4090",
+              "measured_at": "2026-01-01T00:00:00+00:00", "vllm_version": "0.32.0", "settings": {}}
+    unpriced = calibrate.profile_document(profile, fitted, **common)
+    with pytest.raises(memory.Unpriced):  # what a GPU calibration wrote before: no memory at all
+        memory.budget(unpriced, {"gpu_memory_utilization": 0.9})
+    doc = calibrate.profile_document(profile, fitted, **common, device_memory_bytes=25_757_220_864)
+    assert doc["memory_bytes"] == 25_757_220_864 and doc["memory_gb"] == 25.8
+    assert doc["max_num_batched_tokens"] == 8192  # vLLM's default for a 24 GB card
+    calibrate.write_profile(doc, prediction.calibrated_path())
+    budget = memory.budget(memory.resolve_hardware(None), {"gpu_memory_utilization": 0.9})
+    assert budget.usable_bytes == int(25_757_220_864 * 0.9) and budget.kv_pool_bytes is None
+    # The fit check prices cells with it again: a bf16 7B target with itself as draft does not fit 24 GB.
+    cfg = {"engine": {"dtype": "bfloat16", "max_model_len": 2048, "max_num_seqs": 256, "enforce_eager": False,
+                      "gpu_memory_utilization": 0.9, "max_num_batched_tokens": None},
+           "workload": {"max_prompt_tokens": 512, "max_tokens": 128},
+           "model": {"name": "qwen2.5-7b-instruct", "path": "Qwen/Qwen2.5-7B-Instruct", "dtype": "bfloat16"},
+           "method": {"name": "draft_model", "speculative_config": {"model": "Qwen/Qwen2.5-7B-Instruct",
+                                                                    "num_speculative_tokens": 4}},
+           "num_speculative_tokens": 4, "batch_size": 1}
+    problems = memory.fit_problems(cfg)
+    assert len(problems) == 1 and "too big for the device" in problems[0] and "hardware=gpu" in problems[0]

@@ -38,10 +38,14 @@ def test_the_order_of_both_engine_runs_of_a_small_grid(compose_cell):
     assert [(p.cell.method, p.cell.k, p.cell.batch_size, p.cell.engine_run) for p in planned] == (
         [(*c, 0) for c in baselines + speculative] + [(*c, 1) for c in speculative + baselines]
     )
-    assert planned[0].overrides == ("batch_size=1", "engine_runs=2", "method=baseline", "engine_run=0")
-    assert planned[-1].overrides == ("batch_size=4", "engine_runs=2", "method=baseline", "engine_run=1")
+    # Each engine's CUDA graphs cover its largest batch (4), so that batch 1 and 4 still share it.
+    assert planned[0].overrides == ("batch_size=1", "engine_runs=2", "method=baseline", "engine_run=0",
+                                    "engine.cudagraph_batch_size=4")
+    assert planned[-1].overrides == ("batch_size=4", "engine_runs=2", "method=baseline", "engine_run=1",
+                                     "engine.cudagraph_batch_size=4")
     assert planned[2].overrides == (
-        "method=ngram", "num_speculative_tokens=2", "batch_size=1", "engine_runs=2", "engine_run=0")
+        "method=ngram", "num_speculative_tokens=2", "batch_size=1", "engine_runs=2", "engine_run=0",
+        "engine.cudagraph_batch_size=4")
     assert len({p.cell.cell_id for p in planned}) == len(planned) == 20
 
 

@@ -532,3 +532,20 @@ def test_a_warm_start_keeps_the_earlier_heads_weights_and_its_vocabularys_rows(t
     lm = mine["lm_head.weight"]
     assert torch.equal(lm[0], earlier.lm_head.weight[1]) and torch.equal(lm[2], earlier.lm_head.weight[5])
     assert torch.equal(lm[1], state["model.embed_tokens.weight"][5])  # token 5 was not in its vocabulary
+
+
+def test_verify_reads_the_drafter_of_either_model_runner_on_its_device():
+    from types import SimpleNamespace
+
+    from specbench.engine import worker
+
+    # Model runner V2 (vLLM 0.32 on CUDA) cannot run on this CPU build: stand-ins with its attribute
+    # names, as vllm/v1/worker/gpu/model_runner.py (speculator) and gpu_model_runner.py (drafter) set them.
+    head = SimpleNamespace(model="head")
+    assert worker._proposer(SimpleNamespace(speculator=head, drafter=None)) is head
+    assert worker._proposer(SimpleNamespace(drafter=head)) is head  # V1, the CPU build
+    assert worker._proposer(SimpleNamespace(speculator=None)) is None
+    # The identity that reads a layer's weight back is made where the layer lives (a GPU on CUDA).
+    layer = torch.nn.Linear(3, 2).to("meta")
+    assert worker._module_device(layer) == torch.device("meta")
+    assert worker._module_device(torch.nn.Linear(3, 2)) == torch.device("cpu")

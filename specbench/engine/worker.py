@@ -222,6 +222,16 @@ def engine_mode(vllm_config: Any, use_v2_model_runner: bool | None = None) -> En
 def _worker_mode(worker: Any) -> EngineMode:
     """Run by vLLM inside its worker (collective_rpc): :func:`engine_mode` of the worker's config."""
     return engine_mode(worker.vllm_config, getattr(worker, "use_v2_model_runner", None))
+def _proposer(runner: Any) -> Any:
+    """The model runner's drafter: ``speculator`` in model runner V2 (vLLM 0.32 on CUDA,
+    ``vllm/v1/worker/gpu/model_runner.py``), ``drafter`` in V1 (the CPU build); None without one."""
+    speculator = getattr(runner, "speculator", None)
+    return speculator if speculator is not None else getattr(runner, "drafter", None)
+
+
+def _module_device(module: Any) -> Any:
+    """Where a layer's parameters live (the GPU on a CUDA engine): the device its input must be on."""
+    return next(module.parameters()).device
 
 
 def _weights_and_kv(worker: Any) -> dict[str, int]:
@@ -239,9 +249,7 @@ def _weights_and_kv(worker: Any) -> dict[str, int]:
         return total
 
     target = unique_bytes(runner.get_model())
-    # V1's model runner calls the proposer `drafter`, model runner V2 `speculator`.
-    proposer = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
-    draft_model = getattr(proposer, "model", None)
+    draft_model = getattr(_proposer(runner), "model", None)
     drafter = unique_bytes(draft_model) if draft_model is not None else 0
 
     config = runner.kv_cache_config
@@ -487,7 +495,7 @@ def loaded_drafter_parameters(spec: EngineSpec) -> dict[str, Any]:
 
         runner = worker.model_runner
         shared = {id(p) for p in runner.model.parameters()}
-        drafter = runner.drafter.model
+        drafter = _proposer(runner).model
         found: dict[str, Any] = {}
         for name, module in drafter.named_modules():
             if isinstance(module, LinearBase):
@@ -496,7 +504,8 @@ def loaded_drafter_parameters(spec: EngineSpec) -> dict[str, Any]:
                 weight = module.weight if hasattr(module, "weight") else None
                 if weight is not None and id(weight) in shared:
                     continue
-                identity = torch.eye(module.input_size, dtype=runner.model_config.dtype)
+                identity = torch.eye(module.input_size, dtype=runner.model_config.dtype,
+                                     device=_module_device(module))
                 out = module(identity)
                 out = out[0] if isinstance(out, tuple) else out
                 found[f"{name}.weight"] = out.detach().T.contiguous().cpu()
