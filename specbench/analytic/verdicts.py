@@ -283,7 +283,7 @@ def is_serving(row: Mapping[str, Any]) -> bool:
 
 def _column_why(rows: Sequence[Mapping[str, Any]], grid: Grid, batch: int) -> str:
     """Why no cell of a workload is judged at a batch size: each reason once, or why none is there."""
-    at = [r for r in _speculative(rows) if _cell(r) is not None and _cell(r).batch == batch]  # type: ignore[union-attr]
+    at = [r for r in _speculative(rows) if (cell := _cell(r)) is not None and cell.batch == batch]
     reasons = list(dict.fromkeys(why for r in at if (why := why_not_judged(r)) is not None))
     if reasons:
         return "; ".join(reasons)
