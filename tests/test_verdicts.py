@@ -101,6 +101,7 @@ def test_a_k_schedule_never_spans_a_batch_size_not_judged(tmp_path, batch8):
 
     page = render_report(tmp_path / "results.parquet")
     assert "[8, 8, 0]" in page and "16 not claimed: K=0 from batch 8 on" in page
+    assert "<td>not judged (" in page  # the best-configuration table's row at batch 8 says why
 
 
 def test_with_every_cell_judged_the_walk_runs_the_whole_grid(tmp_path):

@@ -445,10 +445,10 @@ def best_configs(df: pd.DataFrame, grid: Grid | None = None) -> list[BestConfig]
 
     The fastest that pays, which is the K the schedule picks there, else the
     fastest (:func:`specbench.analytic.verdicts.best_configs`); a planned
-    batch size without a judged cell gets a row saying why. Each comes with its simultaneous interval over the m cells
-    compared on its workload (:func:`simultaneous_ci`): the best of m noisy
-    cells is biased upward, and its own interval does not allow for having
-    been picked.
+    batch size without a judged cell gets a row saying why. Each comes with
+    its simultaneous interval over the m cells compared on its workload
+    (:func:`simultaneous_ci`): the best of m noisy cells is biased upward,
+    and its own interval does not allow for having been picked.
     """
     grid = grid or grid_of(df)
     out = []
@@ -464,20 +464,19 @@ def best_configs(df: pd.DataFrame, grid: Grid | None = None) -> list[BestConfig]
 
 
 def _best_config(panel: str, batch: int, top: Mapping[str, Any], cells: int) -> BestConfig:
+    """One row of the best-configuration table: the chosen cell, its intervals (own and over ``cells``), caveats."""
     simultaneous = simultaneous_ci(top, cells)
-    return (
-            BestConfig(
-                panel=panel,
-                batch_size=batch,
-                config=str(top[CONFIG]),
-                speedup=fmt_speedup(top["speedup"]),
-                ci=fmt_ci(top["speedup_ci_low"], top["speedup_ci_high"]),
-                simultaneous="–" if simultaneous is None else f"{fmt_ci(*simultaneous)} over {cells} cells",
-                confirmation=fmt_speedup(top.get(CONFIRMATION)),
-                decode_speedup=fmt_speedup(top["decode_speedup"]),
-                ci_side=_ci_side(top["speedup_ci_low"], top["speedup_ci_high"]),
-                caveats="; ".join(cell_caveats(top)),
-            )
+    return BestConfig(
+        panel=panel,
+        batch_size=batch,
+        config=str(top[CONFIG]),
+        speedup=fmt_speedup(top["speedup"]),
+        ci=fmt_ci(top["speedup_ci_low"], top["speedup_ci_high"]),
+        simultaneous="–" if simultaneous is None else f"{fmt_ci(*simultaneous)} over {cells} cells",
+        confirmation=fmt_speedup(top.get(CONFIRMATION)),
+        decode_speedup=fmt_speedup(top["decode_speedup"]),
+        ci_side=_ci_side(top["speedup_ci_low"], top["speedup_ci_high"]),
+        caveats="; ".join(cell_caveats(top)),
     )
 
 
