@@ -47,7 +47,7 @@ from specbench.logs import LOG_FILE, engine_log
 from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep, with_serving_predictions
 from specbench.measure import WARMUP_MAX_TOKENS
 from specbench.grid import PlannedCell
-from specbench.results.files import CellFiles, write_atomic, write_results
+from specbench.results.files import PLAN_FILE, CellFiles, write_atomic, write_results
 from specbench.results import serving
 from specbench.results.merge import merge
 from specbench.results.provenance import provenance_differences
@@ -56,8 +56,6 @@ from specbench.job import completed_row, current_provenance
 from specbench.workloads import check_source, estimated_requests
 
 log = logging.getLogger(__name__)
-
-PLAN_FILE = "plan.json"
 
 
 def plan_cells(

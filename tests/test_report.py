@@ -372,8 +372,10 @@ def test_model_columns_and_flags_are_used_when_present(tmp_path: Path) -> None:
         row["predicted_speedup"] = predicted
     text, page = render(tmp_path, rows)
     row = next(r for r in page.tables["break-even"] if r[1] == "ngram K=2")
-    # Measured: 1.5 at 1, 0.9 at 4 -> log2 b = 0 + 0.5 / 0.6 * 2 -> b = 2^(5/3).
-    assert row[3:] == [f"{2 ** (5 / 3):.1f}", "not reached: ≥1× through batch 4"]
+    # Measured: 1.5 at 1, then batch 4 is flagged: not judged, so no crossing is sought past batch 1 (it was
+    # interpolated through the flagged 0.9x before). Predicted: never below 1 through batch 4.
+    assert row[3:] == ["not reached: ≥1× through batch 1; batch 4 not judged (flagged: engine runs disagree: "
+                       "0.70x, 1.10x)", "not reached: ≥1× through batch 4"]
     assert "No model columns" not in text
     assert "The model's predicted curve is not drawn" not in text
     assert [
@@ -592,8 +594,10 @@ def test_a_ties_only_cell_is_judged_and_named_best_with_its_caveat(tmp_path: Pat
     ]
     _, page = render(tmp_path, rows)
     summary = page.text("summary")
-    assert ("summarize: ngram K=4 pays at batch 1, the only batch size measured (1.66×, CI [1.60, 1.72]); "
-            "caveat: 2 of 8 requests diverge from the baseline at numerical ties") in summary
+    # The baseline at batch 8 puts batch 8 on the grid the rows imply, where no speculative cell was measured:
+    # the verdict stops there rather than call batch 1 the only batch size.
+    assert ("summarize: ngram K=4 pays at batch 1 (1.66×, CI [1.60, 1.72]); batch 8 not judged (not measured for "
+            "this configuration); caveat: 2 of 8 requests diverge from the baseline at numerical ties") in summary
     assert "1.66× (CI [1.60, 1.72]) with ngram K=4 at batch 1 on summarize; caveat: 2 of 8" in summary
     assert "left out" not in summary
     best = page.tables["best"][1]

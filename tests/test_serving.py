@@ -8,6 +8,7 @@ import statistics
 import pytest
 
 from specbench import grid, load
+from specbench.analytic import verdicts
 from specbench.config import ConfigError, cell_from_config, validate
 from specbench.load import EngineStep, ServedRequest, ServingMeasurement, ServingPlan
 from specbench.results import serving
@@ -203,9 +204,9 @@ def test_speedups_pair_each_engine_run_with_its_baseline_and_the_verdict_stops_a
     assert rows["ngram-rate1"]["serving_pays"] and not rows["ngram-rate4"]["serving_pays"]
     assert "serving_speedup_e2e_p50" not in rows["baseline-rate1"]
     speculative = [r for r in rows.values() if r["method"] == "ngram"]
-    reach = serving.highest_paying_rate(speculative)
+    reach = verdicts.highest_paying_rate(speculative)
     assert reach == (2.0 if rows["ngram-rate2"]["serving_pays"] else 1.0)
-    assert serving.highest_paying_rate([r for r in speculative if r["load_request_rate"] == 4.0]) is None
+    assert verdicts.highest_paying_rate([r for r in speculative if r["load_request_rate"] == 4.0]) is None
 
 
 # --- report ---------------------------------------------------------------------------------------

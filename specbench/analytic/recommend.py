@@ -3,11 +3,16 @@
 From a sweep's measured speedups, for each method and workload (and every
 other setting held fixed: :func:`specbench.results.curve_key`), the K with
 the highest speedup at each measured batch size among those that beat plain
-decoding, or 0 where none does (:func:`best_row`, the one rule the report's
-best configuration, verdicts, schedule and memory table use too). Only rows
+decoding, or 0 where none does (:func:`specbench.analytic.verdicts.best_row`,
+the one rule the report's best configuration, verdicts, schedule and memory
+table use too), walked up the sweep's planned batch sizes
+(:func:`specbench.analytic.verdicts.schedule_evidence`): the first batch
+size with no judged cell (flagged, failed, mismatched, never measured) gets
+K = 0 and ends the schedule, so it never spans a batch size without
+evidence. Only rows
 fit to be judged count (:func:`specbench.results.recommendable`: outputs that
 do not mismatch the baseline's, numerical ties allowed; not flagged). A K
-pays (:func:`pays`) when the lower end of its 95% speedup interval exceeds
+pays (:func:`specbench.analytic.verdicts.pays`) when the lower end of its 95% speedup interval exceeds
 1 + margin; rows without an interval (one engine run of one repetition) are
 judged by their point estimate, which is then only as good as the run's
 noise (``--margin`` asks for a clear lead). Consecutive batch sizes
@@ -42,8 +47,10 @@ from typing import Any
 
 import yaml
 
-from specbench import methods, sampling, stats
+from specbench import methods, sampling
 from specbench.analytic import speedup
+from specbench.analytic.verdicts import Grid, Stop, has_interval, lower_bound, schedule_evidence
+from specbench.results.files import planned_cell_ids
 from specbench.results.schema import SCHEDULE_KEY, curve_key, method_variant, recommendable, results_path, row_config
 
 
@@ -113,6 +120,7 @@ class Recommendation:
     beside: dict[int, dict[int, Point]] = field(default_factory=dict)  # batch -> K -> fixed K in the check's runs
     sources: tuple[str, ...] = ()  # sweep names the fixed-K evidence comes from
     batch_overrides: list[str] = field(default_factory=list)  # workload/engine settings to repeat in a check
+    stop: Stop | None = None  # the first planned batch size without a judged cell: K = 0 from there, nothing past it
 
     @property
     def max_k(self) -> int:
@@ -224,49 +232,16 @@ def _overrides(row: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def has_interval(row: Mapping[str, Any]) -> bool:
-    """Whether a row's speedup has an interval (never a zero-width one: that is no interval)."""
-    return stats.is_interval(row.get("speedup_ci_low"), row.get("speedup_ci_high"))
-
-
-def lower_bound(row: Mapping[str, Any]) -> float:
-    """The lower end of a row's speedup interval; its point estimate when it has no interval."""
-    return stats.lower_end(row["speedup"], row.get("speedup_ci_low"), row.get("speedup_ci_high"))
-
-
-def pays(row: Mapping[str, Any], margin: float = 0.0) -> bool:
-    """Whether a row pays: its 95% interval's lower end exceeds 1 + margin (:func:`specbench.stats.clears`).
-
-    Used by every offline "pays" (verdicts, best configuration, K schedule,
-    memory table). A row without an interval is judged on its point estimate.
-    """
-    return stats.clears(row["speedup"], row.get("speedup_ci_low"), row.get("speedup_ci_high"), 1.0 + margin)
-
-
-def best_row(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> tuple[Mapping[str, Any], bool] | None:
-    """The configuration to name among rows, and whether it pays: the one chooser of every decision.
-
-    The fastest row (equal speedups: the smaller K) among those that pay
-    (:func:`pays`); when none does, the fastest row overall, with False. Rows
-    not fit to be judged (:func:`specbench.results.recommendable`) never count.
-    None when no row is left. The schedule asks it per batch size; the report
-    also per workload (verdicts), over a drafter's cells (memory table) and
-    over the sweep (best speedup).
-    """
-    candidates = [r for r in rows if recommendable(r)]
-    if not candidates:
-        return None
-    paying = [r for r in candidates if pays(r, margin)]
-    chosen = max(paying or candidates, key=lambda r: (r["speedup"], -(r.get("num_speculative_tokens") or 0)))
-    return chosen, bool(paying)
-
-
 def _sweep(cfg: Mapping[str, Any]) -> str:
     return str(cfg.get("sweep_name") or "")
 
 
-def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Recommendation]:
+def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0, grid: Grid | None = None) -> list[Recommendation]:
     """One :class:`Recommendation` per method/workload family with recommendable speedups.
+
+    ``rows``: the sweep's cells, any status (a failed or flagged one is where
+    the schedule stops); ``grid``: the planned grid
+    (:meth:`specbench.analytic.verdicts.Grid.of`; by default the one the rows imply).
 
     Rows measured with a K schedule are its check, never evidence for K; so are
     the fixed-K rows of the sweeps that measured one (a verification sweep):
@@ -274,13 +249,19 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Re
     are the schedule's comparison instead, measured in the same engine runs.
     Where only a check's rows are given, its fixed-K rows choose K.
     """
+    grid = grid or Grid.of(rows)
     families: dict[str, list[tuple[Mapping[str, Any], dict[str, Any]]]] = {}
+    every: dict[str, list[tuple[Mapping[str, Any], dict[str, Any]]]] = {}
     for row in rows:
+        if row.get("method") in ("baseline", None) or row.get("load_request_rate") is not None:
+            continue
+        key = curve_key(row, across_k=True)
+        every.setdefault(key, []).append((row, row_config(row)))
         if recommendable(row):
-            families.setdefault(curve_key(row, across_k=True), []).append((row, row_config(row)))
+            families.setdefault(key, []).append((row, row_config(row)))
 
     out = []
-    for members in families.values():
+    for key, members in families.items():
         checks = {_sweep(cfg) for _, cfg in members if _schedule_of(cfg)}
         by_batch: dict[int, list[Mapping[str, Any]]] = {}
         beside_rows: dict[int, list[Mapping[str, Any]]] = {}
@@ -298,12 +279,11 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Re
         evidence = by_batch or beside_rows
         if not evidence:
             continue
-        best = {}
-        for batch, at_batch in evidence.items():
-            chosen = best_row(at_batch, margin)
-            assert chosen is not None  # every member is recommendable
-            top, paying = chosen
-            best[batch] = (top["num_speculative_tokens"], top["speedup"]) if paying else (0, None)
+        # The evidence's sweeps, any status: where a cell failed or was flagged, the schedule stops.
+        sources = {_sweep(c) for r, c in members if not _schedule_of(c) and (
+            (_sweep(c) in checks) == (not by_batch))}
+        best, stop = schedule_evidence(evidence, [r for r, c in every[key] if not _schedule_of(c)
+                                                  and _sweep(c) in sources], grid, margin)
         row, cfg = next((r, c) for r, c in members if not _schedule_of(c))
         variant = str(method_variant(row))
         method_config = dict(cfg.get("method") or {})
@@ -318,7 +298,8 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Re
             measured={b: dict(sorted((r["num_speculative_tokens"], r["speedup"]) for r in v))
                       for b, v in sorted(evidence.items())},
             lower={b: {r["num_speculative_tokens"]: lower_bound(r) for r in v} for b, v in evidence.items()},
-            schedule=speedup.num_speculative_tokens_per_batch_size({b: k for b, (k, _) in best.items()}),
+            schedule=speedup.num_speculative_tokens_per_batch_size(
+                {b: k for b, (k, _) in best.items()} | ({int(stop.at): 0} if stop else {})),
             overrides=_overrides(row, cfg),
             checked={b: p.speedup for b, p in sorted(checked.items())},
             checked_schedule=checked_schedule,
@@ -329,6 +310,7 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> list[Re
             sources=tuple(sorted({_sweep(c) for r, c in members if _sweep(c) and r["batch_size"] in evidence
                                   and not _schedule_of(c) and (_sweep(c) not in checks or not by_batch)})),
             batch_overrides=_check_overrides(cfg),
+            stop=stop,
         ))
     return sorted(out, key=lambda r: r.label)
 
@@ -405,6 +387,8 @@ def format_recommendation(rec: Recommendation) -> str:
         others = ", ".join(f"K={kk} {s:.2f}x" for kk, s in rec.measured[batch].items())
         choice = f"K={k} ({speedup:.2f}x)" if k else "K=0 (no K clearly beats plain decoding)"
         lines.append(f"  batch {batch:>4}: {choice:<40} measured: {others}")
+    if rec.stop is not None:
+        lines.append(f"  {rec.stop.text()}: K=0 from batch {rec.stop.at:g} on (no evidence there)")
     if rec.max_k == 0:
         lines.append("  recommendation: no speculation at any measured batch size")
     else:
@@ -487,13 +471,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     paths = [results_path(p) for p in args.results]
     rows = []
+    grid = Grid()
     try:
         for path in paths:
-            rows += read_rows(path)
+            found = read_rows(path)
+            rows += found
+            grid = grid.union(Grid.of(found, planned_cell_ids(path.parent)))
     except (ResultsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    recommendations = _select(recommend(rows, args.margin), args.method, args.workload)
+    recommendations = _select(recommend(rows, args.margin, grid), args.method, args.workload)
     left_out = [r for r in rows if r.get("method") != "baseline" and r.get("speedup") is not None
                 and not recommendable(r)]
     if left_out:

@@ -27,9 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from specbench.analytic.verdicts import Grid
 from specbench.logs import LOG_FILE
 from specbench.report import memory, plots, serving, tables
-from specbench.results.files import write_atomic
+from specbench.results.files import planned_cell_ids, write_atomic
 from specbench.results.schema import ResultsError, results_path
 
 __all__ = ["REPORT_FILE", "render_report", "verdict_lines", "write_report"]
@@ -63,12 +64,13 @@ def write_report(results: Path | str, out: Path | None = None) -> Path:
 
 def verdict_lines(results: Path | str) -> list[str]:
     """The report's conclusions as terminal lines: each workload's verdict (offline, then serving), and
-    the flagged cells with the command that measures them again. The page's own rules decide them."""
+    the flagged cells with the command that measures them again. The page's own decisions
+    (:mod:`specbench.analytic.verdicts`, over the sweep's planned grid) are the ones shown."""
     path = results_path(results)
     sweep = _read_sweep(path)
     df, served, missing_columns = sweep.offline, sweep.served, sweep.missing_columns
-    lines = [f"verdict: {line}" for line in tables.summary(df, missing_columns).verdicts] if not df.empty else []
-    lines += [f"verdict under load: {line}" for line in serving.verdicts(served)] if not served.empty else []
+    lines = [f"verdict: {line}" for line in tables.summary(df, missing_columns, sweep.grid).verdicts] if not df.empty else []
+    lines += [f"verdict under load: {line}" for line in serving.verdicts(served, sweep.grid)] if not served.empty else []
     flagged = tables.flagged(sweep.full, missing_columns, sweep.command, path.parent)
     if flagged is not None and flagged.remeasure:
         lines.append(f"{len(flagged.cells)} cell(s) flagged and left out of the verdicts (the report says why); "
@@ -84,10 +86,10 @@ def render_report(results_path: Path) -> str:
     """
     sweep = _read_sweep(results_path)
     full, df, served = sweep.full, sweep.offline, sweep.served
-    missing_columns, command = sweep.missing_columns, sweep.command
+    missing_columns, command, grid = sweep.missing_columns, sweep.command, sweep.grid
     encoding = plots.Encoding.for_frame(full)
     figures = (*plots.FIGURES, memory.memory_cost) if not df.empty or served.empty else ()
-    summary = tables.summary(df, missing_columns)
+    summary = tables.summary(df, missing_columns, grid)
     if not served.empty:
         # The counts are the whole sweep's; an offline part that is absent is not missing.
         summary = dataclasses.replace(summary, cells=len(full), failed=int(tables.failed_mask(full).sum()),
@@ -102,17 +104,17 @@ def render_report(results_path: Path) -> str:
         plots=[_draw(figure, df, encoding) for figure in figures]
         + [_draw(figure, served, encoding) for figure in (serving.FIGURES if not served.empty else ())],
         serving_rows=serving.table(served) if not served.empty else [],
-        serving_verdicts=serving.verdicts(served) if not served.empty else [],
+        serving_verdicts=serving.verdicts(served, grid) if not served.empty else [],
         offline_beside=offline_beside,
         offline_beside_answer=offline_answer,
         saturated_share=serving.SATURATED_SHARE,
-        best_configs=tables.best_configs(df),
+        best_configs=tables.best_configs(df, grid),
         has_confirmation=tables.has_confirmation(df),
         spread_note=tables.spread_note(df),
         memory_rows=memory.memory_table(df),
-        break_even=tables.break_even(df),
+        break_even=tables.break_even(df, grid),
         has_model=tables.has_predictions(df),
-        schedules=tables.schedules(df),
+        schedules=tables.schedules(df, grid),
         # Every cell, serving or offline: exactness, flags, failures, the cell list, provenance.
         exactness=tables.exactness(full),
         flagged=tables.flagged(full, missing_columns, command, results_path.parent),
@@ -134,16 +136,19 @@ class _Sweep:
     missing_columns: list[str]
     command: tables.Command
     config_note: str | None
+    grid: Grid  # the grid as planned (plan.json), which every verdict walks
 
 
 def _read_sweep(results_path: Path) -> _Sweep:
     """The results, split into offline and serving cells (serving has its own section: the offline figures and
-    tables read batch size as the axis), and the command that reproduces the sweep (from Hydra's config)."""
+    tables read batch size as the axis), the command that reproduces the sweep (from Hydra's config) and the
+    grid as planned (the sweep's plan.json; without one, the grid its rows imply)."""
     full, missing_columns = tables.load_frame(results_path)
     offline, served = serving.split(full)
     multirun, run_overrides, config_note = _saved_config(results_path.parent)
     command = tables.reproduce_command(multirun, run_overrides, full)
-    return _Sweep(full, offline, served, missing_columns, command, config_note)
+    grid = tables.grid_of(full, planned_cell_ids(results_path.parent))
+    return _Sweep(full, offline, served, missing_columns, command, config_note, grid)
 
 
 def _log_file(sweep_dir: Path) -> list[tuple[str, str]]:

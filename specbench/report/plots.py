@@ -33,7 +33,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from specbench.analytic import acceptance, recommend
+from specbench.analytic import acceptance, verdicts
 from specbench.report.tables import (
     CONFIG,
     PANEL,
@@ -524,7 +524,7 @@ def versus_temperature(df: pd.DataFrame, enc: Encoding) -> Plot:
 
 def temperature_verdicts(df: pd.DataFrame) -> list[str]:
     """Per method configuration, workload and batch size measured at several temperatures: the
-    temperatures at which it pays (:func:`specbench.analytic.recommend.pays`, eligible cells only)
+    temperatures at which it pays (:func:`specbench.analytic.verdicts.pays`, eligible cells only)
     and the lowest one from which it no longer does."""
     spec = speculative(df)
     spec = spec.assign(temperature=spec["temperature"].astype(float).fillna(0.0))
@@ -532,7 +532,7 @@ def temperature_verdicts(df: pd.DataFrame) -> list[str]:
     for (workload, config, batch), rows in spec.groupby(["workload", CONFIG, "batch_size"], sort=True):
         if rows["temperature"].nunique() < 2:
             continue
-        judged = {float(r["temperature"]): bool(recommend.pays(r)) for r in records(eligible(rows))}
+        judged = {float(r["temperature"]): bool(verdicts.pays(r)) for r in records(eligible(rows))}
         left_out = sorted(set(rows["temperature"]) - set(judged))
         stops = next((t for t in sorted(judged) if not judged[t]), None)
         paying = [t for t in sorted(judged) if judged[t]]

@@ -6,6 +6,8 @@ a cell chose; here the axis is the offered request rate, and the batch is
 what the load made it. A rate is marked *saturated* when the baseline's
 achieved request rate falls below :data:`SATURATED_SHARE` of the offered one:
 from there on the queue grows and TTFT measures waiting, not the engine.
+Saturation and the highest paying rate are decided in
+:mod:`specbench.analytic.verdicts`, over the planned rates; this module words them.
 """
 
 from __future__ import annotations
@@ -18,19 +20,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from specbench.analytic import verdicts as decide
+from specbench.analytic.verdicts import SATURATED_SHARE, Grid  # noqa: F401 - the page states the share
 from specbench.report import plots
-from specbench.report.tables import CONFIG, PANEL, VARIANT, fmt_ci, fmt_number, fmt_speedup
+from specbench.report.tables import CONFIG, PANEL, VARIANT, fmt_ci, fmt_number, fmt_speedup, grid_of, records
 from specbench.results import serving
-
-# Achieved below this share of the offered rate: the engine no longer keeps up (saturation).
-SATURATED_SHARE = 0.85
 
 
 def split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The results frame's offline rows and its serving rows."""
-    if "load_request_rate" not in df.columns:
-        return df, df.iloc[0:0]
-    mask = df["load_request_rate"].notna()
+    """The results frame's offline rows and its serving rows (a failed serving cell by the rate its id names)."""
+    mask = pd.Series([decide.is_serving(r) for r in records(df)], index=df.index, dtype=bool)
     return df[~mask], df[mask]
 
 
@@ -39,11 +38,9 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def saturation_rate(panel_rows: pd.DataFrame) -> float | None:
-    """The lowest finite offered rate at which one workload's baseline falls behind the load; None: never."""
-    base = _ok(panel_rows)
-    base = base[(base["method"] == "baseline") & np.isfinite(base["load_request_rate"].astype(float))]
-    behind = base[base["achieved_request_rate"] < SATURATED_SHARE * base["load_request_rate"]]
-    return float(behind["load_request_rate"].min()) if not behind.empty else None
+    """The lowest finite offered rate at which one workload's baseline falls behind the load; None: never
+    (:func:`specbench.analytic.verdicts.saturation_rate`)."""
+    return decide.saturation_rate(records(panel_rows))
 
 
 @dataclass(frozen=True)
@@ -109,31 +106,36 @@ def table(df: pd.DataFrame) -> list[ServingRow]:
     return out
 
 
-def verdicts(df: pd.DataFrame) -> list[str]:
-    """One line per workload and configuration: the highest rate at which it still pays, by the one rule."""
-    rows = _ok(df)
+def verdicts(df: pd.DataFrame, grid: Grid | None = None) -> list[str]:
+    """One line per workload and configuration: the highest rate at which it still pays, walked up the planned
+    rates (:func:`specbench.analytic.verdicts.serving_verdict`), and the first rate not judged, named."""
+    grid = grid or grid_of(df)
     lines = []
-    for (panel, config), group in rows[rows["method"] != "baseline"].groupby([PANEL, CONFIG], sort=True):
-        records = [r for r in group.to_dict("records") if r.get("serving_speedup_e2e_p50") is not None
-                   and not pd.isna(r["serving_speedup_e2e_p50"])]
-        if not records:
-            lines.append(f"{panel}, {config}: not compared with a baseline at the same load")
-            continue
-        mismatched = [r for r in records if r.get("exactness") == "mismatch"]
-        flagged = [r for r in records if r.get("exactness") != "mismatch" and r.get("flagged")]
-        judged = [r for r in records if r.get("exactness") != "mismatch" and not r.get("flagged")]
-        reach = serving.highest_paying_rate(judged)
-        by_rate = ", ".join(f"{r['load_request_rate']:g} req/s {fmt_speedup(r['serving_speedup_e2e_p50'])}"
-                            for r in sorted(records, key=lambda r: r["load_request_rate"]))
-        left = "".join(
-            f"; {_rates(out)} req/s left out: {why}"
-            for out, why in ((mismatched, "mismatched outputs"), (flagged, "flagged (see Flagged cells)")) if out)
-        if not judged:
-            lines.append(f"{panel}, {config}: no verdict: every rate is left out (E2E p50 speedup: {by_rate}){left}")
-        elif reach is None:
-            lines.append(f"{panel}, {config}: does not pay at any rate measured (E2E p50 speedup: {by_rate}){left}")
-        else:
-            lines.append(f"{panel}, {config}: pays up to {reach:g} req/s (E2E p50 speedup: {by_rate}){left}")
+    for panel, panel_rows in df.groupby(PANEL, sort=True):
+        workload = records(panel_rows)
+        spec = panel_rows[panel_rows["method"] != "baseline"]
+        for config, group in spec.groupby(CONFIG, sort=True):
+            cells = records(group)
+            decided = decide.serving_verdict(cells, workload, grid)
+            compared = [r for r in cells if r.get("status") == "ok" and r.get("serving_speedup_e2e_p50") is not None]
+            if not compared:
+                lines.append(f"{panel}, {config}: not compared with a baseline at the same load")
+                continue
+            by_rate = ", ".join(f"{r['load_request_rate']:g} req/s {fmt_speedup(r['serving_speedup_e2e_p50'])}"
+                                for r in sorted(compared, key=lambda r: r["load_request_rate"]))
+            mismatched = [r for r in compared if r.get("exactness") == "mismatch"]
+            flagged = [r for r in compared if r.get("exactness") != "mismatch" and r.get("flagged")]
+            left = "".join(
+                f"; {_rates(out)} req/s left out: {why}"
+                for out, why in ((mismatched, "mismatched outputs"), (flagged, "flagged (see Flagged cells)")) if out)
+            stop = "" if decided.stop is None else f"; {decided.stop.text('req/s')}"
+            if decided.highest is not None:
+                head = f"pays up to {decided.highest:g} req/s"
+            elif decided.loss is not None:
+                head = f"does not pay at {decided.planned[0]:g} req/s, the lowest rate"
+            else:
+                head = "no verdict"
+            lines.append(f"{panel}, {config}: {head} (E2E p50 speedup: {by_rate}){stop}{left}")
     return lines
 
 

@@ -4,7 +4,10 @@
 labels that plots and tables share (:data:`PANEL`, :data:`CONFIG`), so a cell
 is grouped and named the same way everywhere on the page. Everything else
 here turns that frame into plain data (dataclasses, strings, numbers) for the
-template; nothing here draws or renders HTML.
+template; nothing here draws or renders HTML. What pays, up to where, the best
+configuration, break-even and the K schedule are decided in
+:mod:`specbench.analytic.verdicts`, over the grid as planned (:class:`Grid`);
+this module words those decisions and decides nothing itself.
 
 Reads Parquet only: no vLLM, no Hydra, so a report can be rebuilt on a laptop.
 """
@@ -23,10 +26,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specbench import methods
-from specbench.analytic import prediction, recommend
+from specbench.analytic import recommend, verdicts
+from specbench.analytic.verdicts import Grid
 from specbench.results.schema import (
     COLUMNS,
-    curve_key,
     exactness_kind,
     method_label,
     method_variant,
@@ -136,14 +139,19 @@ def eligible(df: pd.DataFrame) -> pd.DataFrame:
     return comp[pd.Series([recommendable(r) for r in records(comp)], index=comp.index, dtype=bool)]
 
 
+def grid_of(df: pd.DataFrame, plan: Sequence[str] | None = None) -> Grid:
+    """The planned grid of a results frame (:meth:`specbench.analytic.verdicts.Grid.of`), with its sweep's plan."""
+    return Grid.of(records(df), plan)
+
+
 def best_of(df: pd.DataFrame) -> dict[str, Any] | None:
-    """The cell :func:`specbench.analytic.recommend.best_row` names among ``df``'s rows, as a record; None if none.
+    """The cell :func:`specbench.analytic.verdicts.best_row` names among ``df``'s rows, as a record; None if none.
 
     The one chooser of the page (verdicts, best configuration, memory table),
     the one the K schedule uses: the fastest eligible cell that pays, else the
     fastest eligible cell.
     """
-    chosen = recommend.best_row(records(df))
+    chosen = verdicts.best_row(records(df))
     return None if chosen is None else dict(chosen[0])
 
 
@@ -220,16 +228,19 @@ class Summary:
     missing: list[str]  # every missing piece, stated once
 
 
-def summary(df: pd.DataFrame, missing_columns: Sequence[str]) -> Summary:
+def summary(df: pd.DataFrame, missing_columns: Sequence[str], grid: Grid | None = None) -> Summary:
     """Counts, the best speedup overall, a verdict per workload and the missing pieces.
 
     The best speedup and the verdicts judge only eligible cells
     (:func:`eligible`), choose with :func:`best_of` (the K schedule's
-    chooser) and call a cell paying by :func:`specbench.analytic.recommend.pays`.
+    chooser) and call a cell paying by :func:`specbench.analytic.verdicts.pays`;
+    the verdicts walk the planned grid (``grid``, by default the one the rows
+    imply: :func:`specbench.analytic.verdicts.verdict`).
     The best speedup is the largest of every compared cell's, so beside its
     own interval stands the simultaneous one over all of them
     (:func:`simultaneous_ci`).
     """
+    grid = grid or grid_of(df)
     comp = compared(df)
     top = best_of(eligible(df))
     best = None
@@ -243,14 +254,14 @@ def summary(df: pd.DataFrame, missing_columns: Sequence[str]) -> Summary:
         cells=len(df),
         failed=int(failed_mask(df).sum()),
         best=best,
-        verdicts=[verdict(comp[comp[PANEL] == p], p) for p in panels],
+        verdicts=[verdict(df[df[PANEL] == p], p, grid) for p in panels],
         missing=missing_pieces(df, missing_columns),
     )
 
 
 def _ci_phrase(row: Mapping[str, Any]) -> str:
     """``"CI [1.50, 2.10]"``, or ``"no interval"`` for a cell without one (never a zero-width interval)."""
-    if not recommend.has_interval(row):
+    if not verdicts.has_interval(row):
         return "no interval"
     return f"CI {fmt_ci(row['speedup_ci_low'], row['speedup_ci_high'])}"
 
@@ -270,9 +281,8 @@ def _caveat_clause(row: Mapping[str, Any]) -> str:
     return f"; caveat{'s' if len(caveats) > 1 else ''}: " + "; ".join(caveats)
 
 
-def _left_out(comp: pd.DataFrame, judged: pd.DataFrame) -> str:
+def _left_out(out: Sequence[Mapping[str, Any]]) -> str:
     """``" (2 cell(s) left out: 1 with mismatched outputs, 1 flagged)"``, or nothing."""
-    out = records(comp.loc[comp.index.difference(judged.index)])
     if not out:
         return ""
     mismatched = sum(exactness_kind(r) == "mismatch" for r in out)
@@ -283,86 +293,67 @@ def _left_out(comp: pd.DataFrame, judged: pd.DataFrame) -> str:
     return f" ({len(out)} cell(s) left out: {', '.join(why)})"
 
 
-def verdict(panel_rows: pd.DataFrame, panel: str) -> str:
+def verdict(panel_rows: pd.DataFrame, panel: str, grid: Grid | None = None) -> str:
     """One line on whether speculation pays on one workload, and up to which batch size.
 
-    ``panel_rows`` are the workload's compared cells; only eligible ones are
-    judged (:func:`eligible`), the others are counted by why they were left
-    out. The line follows the cell :func:`best_of` names at the smallest batch
-    size judged, where speculation has its best chance, and says up to which
-    batch size its configuration pays (:func:`specbench.analytic.recommend.pays`:
-    the rule of the K schedule), with its interval and its caveats. A cell
-    without an interval, or whose interval includes 1×, is said to be so.
+    ``panel_rows`` are the workload's cells, any status; the decision is
+    :func:`specbench.analytic.verdicts.verdict`'s, over the planned grid: the
+    cell :func:`best_of` names at the smallest planned batch size, up to which
+    batch size its configuration pays (:func:`specbench.analytic.verdicts.pays`:
+    the rule of the K schedule), with its interval and its caveats, and the
+    first planned batch size not judged, named with why; nothing past it is
+    claimed. Compared cells left out are counted by why. A cell without an
+    interval, or whose interval includes 1×, is said to be so.
     """
-    judged = eligible(panel_rows)
-    left_out = _left_out(panel_rows, judged)
-    if judged.empty:
+    decided = verdicts.verdict(records(panel_rows), grid or grid_of(panel_rows))
+    left_out = _left_out(decided.left_out)
+    if decided.start_stop is not None:
+        return f"{panel}: no verdict: {decided.start_stop.text()}{left_out}"
+    top = decided.top
+    if top is None:
         if left_out:
             return f"{panel}: no verdict: every compared cell is left out{left_out}"
         return f"{panel}: no speedup measured (no speculative cell was compared with a baseline)"
-    smallest = int(judged["batch_size"].min())
-    top = best_of(judged[judged["batch_size"] == smallest])
-    assert top is not None  # judged holds eligible rows only
+    smallest = decided.start
     label, speed, ci = top[CONFIG], fmt_speedup(top["speedup"]), _ci_phrase(top)
-    no_interval = "" if recommend.has_interval(top) else (
+    no_interval = "" if verdicts.has_interval(top) else (
         "; no interval (one engine run of one repetition): judged on its point estimate, so noise is not ruled out"
     )
-    if not recommend.pays(top):
-        if recommend.has_interval(top) and top["speedup_ci_high"] > 1.0:
+    if not decided.pays:
+        if verdicts.has_interval(top) and top["speedup_ci_high"] > 1.0:
             return (f"{panel}: nothing is shown to pay at batch {smallest}: the fastest, {label} ({speed}), "
                     f"has {ci}, which includes 1×{left_out}")
         return (f"{panel}: nothing beats plain decoding at batch {smallest} "
                 f"(fastest: {label}, {speed}, {ci}){left_out}")
-    return f"{panel}: {label} {_reach(panel_rows, judged, top)}{no_interval}{_caveat_clause(top)}{left_out}"
+    assert decided.reach is not None  # a paying verdict has walked its reach
+    return f"{panel}: {label} {_reach(decided)}{no_interval}{_caveat_clause(top)}{left_out}"
 
 
-def _reach(panel_rows: pd.DataFrame, judged: pd.DataFrame, top: Mapping[str, Any]) -> str:
-    """How far ``top``, a paying cell, pays: the batch sizes of its curve from ``top``'s on, until one does not.
-
-    Its curve holds the compared cells that differ from ``top`` in batch size
-    only (:func:`specbench.results.curve_key`); one left out of verdicts
-    ends the run too, named with why. When choosing the configuration per
-    batch size (as the best-configuration table does) pays further, the line
-    says so.
-    """
-    smallest = int(top["batch_size"])
-    key = curve_key(top)
-    curve = sorted((r for r in records(panel_rows) if curve_key(r) == key), key=lambda r: r["batch_size"])
-    reached, stop = [smallest], ""
-    for row in (r for r in curve if r["batch_size"] > smallest):
-        if not recommendable(row):
-            stop = f"; batch {int(row['batch_size'])} not judged ({_why_left_out(row)})"
-            break
-        if not recommend.pays(row):
-            stop = f", not at batch {int(row['batch_size'])} ({fmt_speedup(row['speedup'])}, {_ci_phrase(row)})"
-            break
-        reached.append(int(row["batch_size"]))
+def _reach(decided: verdicts.Verdict) -> str:
+    """How far the verdict's paying configuration pays, in words, and where choosing per batch size takes it."""
+    walked = decided.reach
+    assert walked is not None
+    top, reached = walked.top, walked.reached
+    stop = ""
+    if walked.stop is not None:
+        stop = f"; {walked.stop.text()}"
+    elif walked.loss is not None:
+        row = walked.loss
+        stop = f", not at batch {int(row['batch_size'])} ({fmt_speedup(row['speedup'])}, {_ci_phrase(row)})"
     evidence = f"{fmt_speedup(top['speedup'])}, {_ci_phrase(top)}"
-    if len(curve) == 1:
-        text = f"pays at batch {smallest}, the only batch size measured ({evidence})"
+    if len(walked.planned) == 1:
+        text = f"pays at batch {reached[0]}, the only batch size measured ({evidence})"
     elif len(reached) == 1:
-        text = f"pays at batch {smallest} ({evidence}){stop}"
-    elif len(reached) == len(curve):
-        text = f"pays at every measured batch size, up to {reached[-1]} ({evidence} at batch {smallest})"
+        text = f"pays at batch {reached[0]} ({evidence}){stop}"
+    elif len(reached) == len(walked.planned):
+        text = f"pays at every measured batch size, up to {reached[-1]} ({evidence} at batch {reached[0]})"
     else:
-        text = f"pays up to batch {reached[-1]} ({evidence} at batch {smallest}){stop}"
-    per_batch = 0
-    for batch in sorted(int(b) for b in judged["batch_size"].unique()):
-        chosen = recommend.best_row(records(judged[judged["batch_size"] == batch]))
-        if chosen is None or not chosen[1]:
-            break
-        per_batch = batch
-    if per_batch > reached[-1]:
-        text += f"; choosing the configuration per batch size, speculation pays up to batch {per_batch}"
+        text = f"pays up to batch {reached[-1]} ({evidence} at batch {reached[0]}){stop}"
+    if decided.per_batch is not None:
+        text += f"; choosing the configuration per batch size, speculation pays up to batch {decided.per_batch}"
+        if decided.per_batch_stop is not None:
+            text += f" ({decided.per_batch_stop.text()})"
     return text
-
-
-def _why_left_out(row: Mapping[str, Any]) -> str:
-    """Why a compared cell is not judged: mismatched outputs, or its flag reasons."""
-    if exactness_kind(row) == "mismatch":
-        return "outputs mismatch the baseline's"
-    reasons = [str(r) for r in _items(row.get("flag_reasons"))]
-    return "flagged: " + "; ".join(reasons) if reasons else "flagged"
 
 
 def missing_pieces(df: pd.DataFrame, missing_columns: Sequence[str]) -> list[str]:
@@ -449,37 +440,44 @@ def has_confirmation(df: pd.DataFrame) -> bool:
     return CONFIRMATION in df.columns and bool(df[CONFIRMATION].notna().any())
 
 
-def best_configs(df: pd.DataFrame) -> list[BestConfig]:
-    """Per workload and batch size, the configuration :func:`best_of` names among the eligible cells.
+def best_configs(df: pd.DataFrame, grid: Grid | None = None) -> list[BestConfig]:
+    """Per workload and planned batch size, the configuration :func:`best_of` names among the eligible cells.
 
     The fastest that pays, which is the K the schedule picks there, else the
-    fastest. Each comes with its simultaneous interval over the m cells
-    compared on its workload (:func:`simultaneous_ci`): the best of m noisy
-    cells is biased upward, and its own interval does not allow for having
-    been picked.
+    fastest (:func:`specbench.analytic.verdicts.best_configs`); a planned
+    batch size without a judged cell gets a row saying why. Each comes with
+    its simultaneous interval over the m cells compared on its workload
+    (:func:`simultaneous_ci`): the best of m noisy cells is biased upward,
+    and its own interval does not allow for having been picked.
     """
-    comp = compared(df)
+    grid = grid or grid_of(df)
     out = []
-    for (panel, batch), group in eligible(df).groupby([PANEL, "batch_size"], sort=True):
-        top = best_of(group)
-        assert top is not None  # eligible rows only
-        cells = int((comp[PANEL] == panel).sum())
-        simultaneous = simultaneous_ci(top, cells)
-        out.append(
-            BestConfig(
-                panel=str(panel),
-                batch_size=int(batch),
-                config=str(top[CONFIG]),
-                speedup=fmt_speedup(top["speedup"]),
-                ci=fmt_ci(top["speedup_ci_low"], top["speedup_ci_high"]),
-                simultaneous="–" if simultaneous is None else f"{fmt_ci(*simultaneous)} over {cells} cells",
-                confirmation=fmt_speedup(top.get(CONFIRMATION)),
-                decode_speedup=fmt_speedup(top["decode_speedup"]),
-                ci_side=_ci_side(top["speedup_ci_low"], top["speedup_ci_high"]),
-                caveats="; ".join(cell_caveats(top)),
-            )
-        )
+    for panel in sorted(df.loc[df["workload"].notna(), PANEL].unique()):
+        for at in verdicts.best_configs(records(df[df[PANEL] == panel]), grid):
+            if at.top is None:
+                out.append(BestConfig(panel=str(panel), batch_size=at.batch, config="–", speedup="–", ci="–",
+                                      simultaneous="–", confirmation="–", decode_speedup="–", ci_side="",
+                                      caveats=f"not judged ({at.why})"))
+                continue
+            out.append(_best_config(str(panel), at.batch, dict(at.top), at.cells))
     return out
+
+
+def _best_config(panel: str, batch: int, top: Mapping[str, Any], cells: int) -> BestConfig:
+    """One row of the best-configuration table: the chosen cell, its intervals (own and over ``cells``), caveats."""
+    simultaneous = simultaneous_ci(top, cells)
+    return BestConfig(
+        panel=panel,
+        batch_size=batch,
+        config=str(top[CONFIG]),
+        speedup=fmt_speedup(top["speedup"]),
+        ci=fmt_ci(top["speedup_ci_low"], top["speedup_ci_high"]),
+        simultaneous="–" if simultaneous is None else f"{fmt_ci(*simultaneous)} over {cells} cells",
+        confirmation=fmt_speedup(top.get(CONFIRMATION)),
+        decode_speedup=fmt_speedup(top["decode_speedup"]),
+        ci_side=_ci_side(top["speedup_ci_low"], top["speedup_ci_high"]),
+        caveats="; ".join(cell_caveats(top)),
+    )
 
 
 def _ci_side(low: Any, high: Any) -> str:
@@ -501,39 +499,45 @@ class BreakEven:
     predicted: str
 
 
-def _crossing(value: float | str | None, batches: Sequence[int], speedups: Sequence[float | None]) -> str:
-    """A break-even batch size from :func:`specbench.analytic.prediction.break_even`, in words."""
-    if isinstance(value, str):
-        return "n/a: a batch size has no value"
+def _crossing(value: float | str | None, batches: Sequence[int], speedups: Sequence[float | None],
+              stop: verdicts.Stop | None = None) -> str:
+    """A break-even batch size from :func:`specbench.analytic.prediction.break_even`, in words; ``stop``: the
+    first planned batch size not judged, past which no crossing is sought."""
+    past = "" if stop is None else f"; {stop.text()}"
+    if not batches and stop is not None:
+        return f"not sought: {stop.text()}"
+    if isinstance(value, str) or not batches:
+        return f"n/a: a batch size has no value{past}"
     if value is None:
-        return f"not reached: ≥1× through batch {batches[-1]}"
+        return f"not reached: ≥1× through batch {batches[-1]}{past}"
     first = speedups[0]
     if first is not None and first < 1.0:
         return f"below 1× from batch {batches[0]}, the smallest measured"
     return f"{value:.1f}"
 
 
-def break_even(df: pd.DataFrame) -> list[BreakEven]:
+def break_even(df: pd.DataFrame, grid: Grid | None = None) -> list[BreakEven]:
     """Measured (and, with model columns, predicted) break-even batch size per curve.
 
-    The curves and crossings are :func:`specbench.analytic.prediction.break_even`'s,
-    the ones ``python -m specbench.analytic.prediction`` prints, over the compared cells.
+    The crossings are :func:`specbench.analytic.verdicts.break_evens`': the
+    measured one along the curve's planned batch sizes up to the first not
+    judged, by :func:`specbench.analytic.prediction.break_even`'s rule (the one
+    ``python -m specbench.analytic.prediction`` prints).
     """
     panel_of = dict(zip(df["cell_id"], df[PANEL]))
     label_of = dict(zip(df["cell_id"], df[CONFIG]))
     out = []
-    for curve in prediction.break_even(records(compared(df))):
-        first = curve["rows"][0]
-        batches = curve["batch_sizes"]
+    for curve in verdicts.break_evens(records(df), grid or grid_of(df)):
+        first = curve.rows[0]
         predicted = NO_MODEL
-        if any(v is not None for v in curve["series"]["predicted_speedup"]):
-            predicted = _crossing(curve["predicted"], batches, curve["series"]["predicted_speedup"])
+        if any(v is not None for v in curve.predicted_speedups):
+            predicted = _crossing(curve.predicted, curve.predicted_sizes, curve.predicted_speedups)
         out.append(
             BreakEven(
                 panel=str(panel_of[first["cell_id"]]),
                 config=str(label_of[first["cell_id"]]),
-                batch_sizes=", ".join(str(b) for b in batches),
-                measured=_crossing(curve["measured"], batches, curve["series"]["speedup"]),
+                batch_sizes=", ".join(str(b) for b in curve.predicted_sizes),
+                measured=_crossing(curve.measured, curve.batch_sizes, curve.speedups, curve.stop),
                 predicted=predicted,
             )
         )
@@ -551,14 +555,16 @@ class Schedule:
     checked: str | None = None  # the schedule measured in this sweep (its label), if one was
     comparisons: tuple[recommend.Comparison, ...] = ()  # it against the fixed Ks, per batch size
     fixed_ks: tuple[int, ...] = ()  # the fixed Ks of the comparison's columns
+    stop: str | None = None  # the first planned batch size without a judged cell, where the schedule ends
 
 
-def schedules(df: pd.DataFrame) -> list[Schedule]:
+def schedules(df: pd.DataFrame, grid: Grid | None = None) -> list[Schedule]:
     """The K schedules of :func:`specbench.analytic.recommend.recommend`, the ones ``python -m specbench.analytic.recommend`` prints.
 
     Per method and workload, from the cells fit to be recommended: the K with
-    the highest speedup among those whose interval clears 1× at each batch
-    size, K = 0 where none does.
+    the highest speedup among those whose interval clears 1× at each planned
+    batch size, K = 0 where none does, up to the first planned batch size
+    without a judged cell (K = 0 there, nothing claimed past it).
     """
     several_models = df["model"].dropna().nunique() > 1
     out = [
@@ -570,8 +576,9 @@ def schedules(df: pd.DataFrame) -> list[Schedule]:
             checked=f"K=[{methods.schedule_text(rec.checked_schedule)}]" if rec.checked_schedule else None,
             comparisons=tuple(recommend.comparisons(rec)),
             fixed_ks=tuple(sorted({k for c in recommend.comparisons(rec) for k in c.fixed})),
+            stop=None if rec.stop is None else f"{rec.stop.text()}: K=0 from batch {rec.stop.at:g} on (no evidence)",
         )
-        for rec in recommend.recommend(records(compared(df)))
+        for rec in recommend.recommend(records(df), grid=grid or grid_of(df))
     ]
     return sorted(out, key=lambda s: (s.panel, s.method))
 

@@ -7,6 +7,7 @@ SLURM sweep's files can be read from the user's other nodes.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specbench.results.schema import TOKENS_SCHEMA, rows_to_table
+
+PLAN_FILE = "plan.json"
+"""The sweep's planned cells, in its directory: ``[{"cell_id": ..., "overrides": [...]}, ...]`` (``sweep.write_plan``)."""
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
@@ -90,3 +94,12 @@ class CellFiles:
 def write_results(rows: Sequence[dict[str, Any]], path: Path) -> None:
     """Write merged rows to ``results.parquet`` atomically."""
     write_table(rows_to_table(rows), path)
+
+
+def planned_cell_ids(sweep_dir: Path) -> list[str] | None:
+    """The cell ids a sweep planned (its :data:`PLAN_FILE`); None where it has none or it cannot be read
+    (a sweep written before the plan was kept, a single run): the grid is then the one its rows imply."""
+    try:
+        return [str(entry["cell_id"]) for entry in json.loads((sweep_dir / PLAN_FILE).read_text())]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None

@@ -15,7 +15,8 @@ the engine-to-engine spread pooled across the sweep's serving cells of that
 figure. One rule says whether a configuration pays at a rate, the offline
 verdicts' (:func:`specbench.stats.clears` on the E2E p50 speedup: its 95%
 interval's lower end above 1, or its point estimate where there is no
-interval); the verdict names the highest rate at which it still pays.
+interval), recorded per cell as ``serving_pays``; the verdict, the highest
+rate at which it still pays, is :func:`specbench.analytic.verdicts.serving_verdict`'s.
 """
 
 from __future__ import annotations
@@ -298,20 +299,6 @@ def pays(row: Mapping[str, Any]) -> bool:
     """Whether a serving cell pays at its rate: the one rule of the verdicts, on the E2E p50 speedup."""
     return stats.clears(row[f"serving_speedup_{PAYS_ON}"], row.get(f"serving_speedup_{PAYS_ON}_ci_low"),
                         row.get(f"serving_speedup_{PAYS_ON}_ci_high"))
-
-
-def highest_paying_rate(rows: Sequence[Mapping[str, Any]]) -> float | None:
-    """The highest offered rate at which one configuration's cells (all its rates) still pay; None: none pays.
-
-    Judged from the lowest rate up: the first rate that does not pay ends the reach,
-    so a noisy win past a loss does not extend it.
-    """
-    reach = None
-    for row in sorted(rows, key=lambda r: r["load_request_rate"]):
-        if row.get(f"serving_speedup_{PAYS_ON}") is None or not pays(row):
-            break
-        reach = row["load_request_rate"]
-    return reach
 
 
 def offline_beside_serving(offline: Sequence[Mapping[str, Any]], served: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,587 @@
+"""Every decision a sweep's results support, walked over the grid as it was planned.
+
+The one module that decides: whether a cell pays (:func:`pays`), which cell
+to name (:func:`best_row`), how far a configuration pays along the batch
+sizes (:func:`verdict`, :func:`reach`), the best configuration per batch size
+(:func:`best_configs`), break-even batch sizes (:func:`break_evens`), the
+evidence a K schedule is built from (:func:`schedule_evidence`) and the
+highest request rate at which a serving configuration pays
+(:func:`serving_verdict`). The page (:mod:`specbench.report`), the terminal
+(``report.verdict_lines``) and ``python -m specbench.analytic.recommend``
+read these decisions and decide nothing themselves.
+
+Every walk runs along the grid *as planned* (:class:`Grid`: the sweep's
+``plan.json``, or, for sweeps written without one, every batch size and rate
+any cell of the sweep has for that workload), not along the cells that
+happen to be judged. It stops at the first planned point that was not judged
+(a cell flagged, with mismatched outputs, failed, not compared with a
+baseline, never measured, or a saturated rate), names it with why
+(:class:`Stop`), and claims nothing past it: a configuration that pays at
+batch 4, has a failed cell at 8 and pays again at 16 "pays up to batch 4;
+batch 8 not judged (failed: ...), 16 not claimed", and a K schedule never
+spans batch 8.
+
+Pure Python over result rows (dicts): no vLLM, nothing that measures.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specbench import stats
+from specbench.analytic import prediction
+from specbench.results.schema import curve_key, exactness_kind, recommendable, row_config
+
+SATURATED_SHARE = 0.85
+"""A serving rate is saturated when the baseline achieves less than this share of the offered rate: from there
+on the queue grows and latency measures waiting, not the engine."""
+
+PAYS_ON = "serving_speedup_e2e_p50"
+"""The serving speedup whose interval decides whether a configuration pays at a rate (the merge records the
+decision per cell as ``serving_pays``: :func:`specbench.results.serving.pays`)."""
+
+
+# --- one cell -------------------------------------------------------------------------------------
+
+
+def has_interval(row: Mapping[str, Any]) -> bool:
+    """Whether a row's speedup has an interval (never a zero-width one: that is no interval)."""
+    return stats.is_interval(row.get("speedup_ci_low"), row.get("speedup_ci_high"))
+
+
+def lower_bound(row: Mapping[str, Any]) -> float:
+    """The lower end of a row's speedup interval; its point estimate when it has no interval."""
+    return stats.lower_end(row["speedup"], row.get("speedup_ci_low"), row.get("speedup_ci_high"))
+
+
+def pays(row: Mapping[str, Any], margin: float = 0.0) -> bool:
+    """Whether a row pays: its 95% interval's lower end exceeds 1 + margin (:func:`specbench.stats.clears`).
+
+    Used by every offline "pays" (verdicts, best configuration, K schedule,
+    memory table). A row without an interval is judged on its point estimate.
+    """
+    return stats.clears(row["speedup"], row.get("speedup_ci_low"), row.get("speedup_ci_high"), 1.0 + margin)
+
+
+def best_row(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> tuple[Mapping[str, Any], bool] | None:
+    """The configuration to name among rows, and whether it pays: the one chooser of every decision.
+
+    The fastest row (equal speedups: the smaller K) among those that pay
+    (:func:`pays`); when none does, the fastest row overall, with False. Rows
+    not fit to be judged (:func:`specbench.results.recommendable`) never count.
+    None when no row is left.
+    """
+    candidates = [r for r in rows if recommendable(r)]
+    if not candidates:
+        return None
+    paying = [r for r in candidates if pays(r, margin)]
+    chosen = max(paying or candidates, key=lambda r: (r["speedup"], -(r.get("num_speculative_tokens") or 0)))
+    return chosen, bool(paying)
+
+
+def why_not_judged(row: Mapping[str, Any]) -> str | None:
+    """Why a speculative cell is not judged (failed, not compared, mismatched outputs, flagged); None if it is."""
+    if row.get("status") != "ok":
+        return f"failed: {_first_line(row.get('error')) or 'no error recorded'}"
+    if not _known(row.get("speedup")):
+        return f"not compared: {_first_line(row.get('error')) or 'no speedup'}"
+    if exactness_kind(row) == "mismatch":
+        return "outputs mismatch the baseline's"
+    if row.get("flagged"):
+        reasons = [str(r) for r in _items(row.get("flag_reasons"))]
+        return "flagged: " + "; ".join(reasons) if reasons else "flagged"
+    return None
+
+
+def _first_line(value: Any) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value).splitlines()[0]
+
+
+def _known(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _items(value: Any) -> list[Any]:
+    """A list column's items; [] for a null (pyarrow gives lists as numpy arrays, nulls as None or NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return []
+    return list(value)
+
+
+# --- the planned grid -----------------------------------------------------------------------------
+
+# A cell id (specbench.config.Cell.cell_id): method-k<K>-b<batch>-<workload>[-t<T>][-rate<R>[-c<C>]]-<hash>-r<run>.
+_CELL_ID = re.compile(r"^(?P<method>.+?)-k(?P<k>\d+)-b(?P<batch>\d+)-(?P<rest>.+)-(?P<hash>[0-9a-f]{12})-r\d+$")
+_NUMBER = r"(?:inf|\d+(?:\.\d*)?(?:e[+-]?\d+)?)"
+_REST = re.compile(rf"^(?P<workload>.+?)(?:-t(?P<t>{_NUMBER}))?(?:-rate(?P<rate>{_NUMBER})(?:-c\d+)?)?$")
+
+
+@dataclass(frozen=True)
+class CellName:
+    """A cell as its id names it: what the plan lists, and what a row that lost its columns still tells."""
+
+    method: str
+    k: int
+    batch: int
+    workload: str
+    temperature: float
+    rate: float | None
+    config_hash: str
+
+
+def cell_name(cell_id: str) -> CellName | None:
+    """The cell an id names (:meth:`specbench.config.Cell.cell_id`); None for an id of another form."""
+    found = _CELL_ID.match(cell_id)
+    rest = _REST.match(found["rest"]) if found else None
+    if found is None or rest is None:
+        return None
+    return CellName(found["method"], int(found["k"]), int(found["batch"]), rest["workload"],
+                       float(rest["t"] or 0.0), None if rest["rate"] is None else float(rest["rate"]), found["hash"])
+
+
+GridKey = tuple[str, str, float]
+"""(sweep name, workload, temperature): the cells whose batch sizes (or rates) one walk runs along."""
+
+
+def _sweep(row: Mapping[str, Any]) -> str:
+    return str(row_config(row).get("sweep_name") or "")
+
+
+def _cell(row: Mapping[str, Any]) -> CellName | None:
+    """A row's identity from its columns, or from its cell id where they are lost (an unreadable cell file)."""
+    named = cell_name(str(row.get("cell_id") or ""))
+    # A failed serving cell has no load columns (they are measured): its id names its rate.
+    rate = row.get("load_request_rate") if _known(row.get("load_request_rate")) else named and named.rate
+    if (row.get("workload") is not None and _known(row.get("batch_size"))) or _known(rate):
+        temperature = row.get("temperature")
+        batch = row.get("batch_size")
+        return CellName(
+            str(row.get("method")), int(row.get("num_speculative_tokens") or 0), int(batch) if _known(batch) else 1,
+            str(row.get("workload")), float(temperature) if _known(temperature) else 0.0,
+            float(rate) if _known(rate) else None, str(row.get("config_hash") or (named and named.config_hash) or ""))
+    return named
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The grid as planned: per (sweep, workload, temperature) the batch sizes and request rates of its cells.
+
+    Built by :meth:`of` from a results file's rows and its sweep's
+    ``plan.json``; :attr:`unmeasured` are planned cells no row carries (an
+    interrupted sweep), named where a walk meets them.
+    """
+
+    batches: Mapping[GridKey, tuple[int, ...]] = field(default_factory=dict)
+    rates: Mapping[GridKey, tuple[float, ...]] = field(default_factory=dict)
+    unmeasured: tuple[CellName, ...] = ()
+
+    @classmethod
+    def of(cls, rows: Iterable[Mapping[str, Any]], plan: Sequence[str] | None = None) -> Grid:
+        """The planned grid of one sweep: its rows' points (failed cells and baselines included) and, with the
+        cell ids of its ``plan.json``, the planned cells no row carries.
+
+        A planned cell's sweep name is not in its id: it joins every sweep name
+        the rows carry (one, unless grids were merged into one directory).
+        """
+        batches: dict[GridKey, set[int]] = {}
+        rates: dict[GridKey, set[float]] = {}
+        hashes: set[str] = set()
+        sweeps: set[str] = set()
+        for row in rows:
+            cell = _cell(row)
+            if cell is None:
+                continue
+            sweeps.add(_sweep(row))
+            hashes.add(cell.config_hash)
+            _add(batches, rates, (_sweep(row), cell.workload, cell.temperature), cell)
+        unmeasured = []
+        for cell_id in plan or ():
+            cell = cell_name(cell_id)
+            if cell is None or cell.config_hash in hashes:
+                continue
+            unmeasured.append(cell)
+            for sweep in sweeps or {""}:
+                _add(batches, rates, (sweep, cell.workload, cell.temperature), cell)
+        return cls({k: tuple(sorted(v)) for k, v in batches.items()}, {k: tuple(sorted(v)) for k, v in rates.items()},
+                   tuple(unmeasured))
+
+    def union(self, other: Grid) -> Grid:
+        """Two sweeps' grids as one (the K schedule reads a sweep beside its verification sweep)."""
+        def merged(a: Mapping[GridKey, tuple[Any, ...]], b: Mapping[GridKey, tuple[Any, ...]]) -> dict[GridKey, Any]:
+            return {k: tuple(sorted(set(a.get(k, ())) | set(b.get(k, ())))) for k in set(a) | set(b)}
+
+        return Grid(merged(self.batches, other.batches), merged(self.rates, other.rates),
+                    self.unmeasured + other.unmeasured)
+
+    def batch_sizes(self, rows: Iterable[Mapping[str, Any]]) -> list[int]:
+        """The planned batch sizes of the sweeps, workloads and temperatures of ``rows``, with the rows' own."""
+        found: set[int] = set()
+        for row in rows:
+            cell = _cell(row)
+            if cell is not None and cell.rate is None:
+                found |= {cell.batch, *self.batches.get((_sweep(row), cell.workload, cell.temperature), ())}
+        return sorted(found)
+
+    def request_rates(self, rows: Iterable[Mapping[str, Any]]) -> list[float]:
+        """The planned request rates of the sweeps and workloads of ``rows`` (serving cells), with the rows' own."""
+        found: set[float] = set()
+        for row in rows:
+            cell = _cell(row)
+            if cell is not None and cell.rate is not None:
+                found |= {cell.rate, *self.rates.get((_sweep(row), cell.workload, cell.temperature), ())}
+        return sorted(found)
+
+    def absent(self, like: Mapping[str, Any], batch: int | None = None, rate: float | None = None,
+               across_k: bool = False) -> str:
+        """Why a configuration (``like``'s; any K with ``across_k``) has no row at a planned point: planned and
+        never measured, or not planned for it."""
+        cell = _cell(like)
+        for planned in self.unmeasured:
+            if cell is not None and (planned.method, planned.workload, planned.temperature) == (
+                    cell.method, cell.workload, cell.temperature) and (across_k or planned.k == cell.k) and (
+                    planned.rate == rate if rate is not None else planned.batch == batch and planned.rate is None):
+                return "planned, never measured"
+        return "not measured for this configuration"
+
+
+def _add(batches: dict[GridKey, set[int]], rates: dict[GridKey, set[float]], key: GridKey, cell: CellName) -> None:
+    if cell.rate is None:
+        batches.setdefault(key, set()).add(cell.batch)
+    else:
+        rates.setdefault(key, set()).add(cell.rate)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The first planned point a walk could not judge: where, why, and the planned points past it, not claimed."""
+
+    at: float
+    why: str
+    unclaimed: tuple[float, ...] = ()
+
+    def text(self, unit: str = "batch") -> str:
+        """``"batch 8 not judged (failed: ...), 16 not claimed"`` (``unit`` "req/s": ``"6 req/s not judged ..."``)."""
+        at, rest = f"{self.at:g}", ", ".join(f"{p:g}" for p in self.unclaimed)
+        head = f"batch {at}" if unit == "batch" else f"{at} {unit}"
+        tail = "" if not rest else f", {rest} not claimed" if unit == "batch" else f", {rest} {unit} not claimed"
+        return f"{head} not judged ({self.why}){tail}"
+
+
+def _speculative(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in rows if r.get("method") not in ("baseline", None)]
+
+
+def is_serving(row: Mapping[str, Any]) -> bool:
+    """Whether a row is a serving cell's: it met an offered load, or (failed before measuring it) its id names one."""
+    cell = _cell(row)
+    return _known(row.get("load_request_rate")) or (cell is not None and cell.rate is not None)
+
+
+def _column_why(rows: Sequence[Mapping[str, Any]], grid: Grid, batch: int) -> str:
+    """Why no cell of a workload is judged at a batch size: each reason once, or why none is there."""
+    at = [r for r in _speculative(rows) if (cell := _cell(r)) is not None and cell.batch == batch]
+    reasons = list(dict.fromkeys(why for r in at if (why := why_not_judged(r)) is not None))
+    if reasons:
+        return "; ".join(reasons)
+    if any(p.batch == batch and p.rate is None and p.method != "baseline" for p in grid.unmeasured):
+        return "planned, never measured"
+    return "no speculative cell measured"
+
+
+# --- offline: how far a configuration pays --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How far one configuration pays, walked along its planned batch sizes from a paying cell on."""
+
+    top: Mapping[str, Any]  # the paying cell the walk starts from
+    planned: tuple[int, ...]  # the planned batch sizes from top's on
+    reached: tuple[int, ...]  # the batch sizes it pays at without a break, top's first
+    loss: Mapping[str, Any] | None = None  # the first judged cell past them that does not pay
+    stop: Stop | None = None  # the first planned batch size past them not judged
+
+
+def reach(curve: Sequence[Mapping[str, Any]], top: Mapping[str, Any], planned: Sequence[int], grid: Grid) -> Reach:
+    """How far ``top``'s configuration pays: its planned batch sizes from ``top``'s on, until one does not pay or
+    is not judged (``curve``: the rows of ``top``'s :func:`specbench.results.curve_key`, any status).
+
+    At a batch size with several rows (two sweeps in one file) every judged one must pay.
+    """
+    start = int(top["batch_size"])
+    ahead = tuple(b for b in planned if b >= start)
+    reached = [start]
+    for i, batch in enumerate(ahead[1:], start=1):
+        here = [r for r in curve if _known(r.get("batch_size")) and int(r["batch_size"]) == batch]
+        judged = [r for r in here if recommendable(r)]
+        if not judged:
+            why = next((w for r in here if (w := why_not_judged(r))), None) or grid.absent(top, batch=batch)
+            return Reach(top, ahead, tuple(reached), stop=Stop(batch, why, ahead[i + 1:]))
+        loss = next((r for r in judged if not pays(r)), None)
+        if loss is not None:
+            return Reach(top, ahead, tuple(reached), loss=loss)
+        reached.append(batch)
+    return Reach(top, ahead, tuple(reached))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether speculation pays on one workload, from the smallest planned batch size on, and up to where."""
+
+    compared: list[Mapping[str, Any]]  # speculative cells with a speedup
+    judged: list[Mapping[str, Any]]  # ... fit to be judged (recommendable)
+    start: int | None = None  # the smallest planned batch size
+    top: Mapping[str, Any] | None = None  # the cell best_row names there
+    pays: bool = False
+    reach: Reach | None = None  # how far top's configuration pays (when it pays)
+    start_stop: Stop | None = None  # the smallest planned batch size has no judged cell: nothing is claimed
+    per_batch: int | None = None  # choosing the configuration per batch size, it pays up to here (past reach)
+    per_batch_stop: Stop | None = None  # ... where that run met a batch size with no judged cell
+
+    @property
+    def left_out(self) -> list[Mapping[str, Any]]:
+        """Compared cells not judged (mismatched outputs or flagged)."""
+        judged = {id(r) for r in self.judged}
+        return [r for r in self.compared if id(r) not in judged]
+
+
+def verdict(rows: Sequence[Mapping[str, Any]], grid: Grid) -> Verdict:
+    """The verdict on one workload (``rows``: all its offline cells, failed ones and baselines included).
+
+    It follows the cell :func:`best_row` names at the smallest planned batch
+    size, where speculation has its best chance, and walks that
+    configuration's planned batch sizes (:func:`reach`). When choosing the
+    configuration per batch size pays further, it says so, up to the first
+    batch size that has no judged cell or whose best does not pay.
+    """
+    compared = [r for r in _speculative(rows) if r.get("status") == "ok" and _known(r.get("speedup"))]
+    judged = [r for r in compared if recommendable(r)]
+    if not judged:
+        return Verdict(compared, judged)
+    planned = grid.batch_sizes(rows)
+    start = planned[0]
+    at_start = [r for r in judged if int(r["batch_size"]) == start]
+    if not at_start:
+        return Verdict(compared, judged, start, start_stop=Stop(start, _column_why(rows, grid, start),
+                                                                tuple(planned[1:])))
+    chosen = best_row(at_start)
+    assert chosen is not None  # judged rows only
+    top, paying = chosen
+    if not paying:
+        return Verdict(compared, judged, start, top)
+    key = curve_key(top)
+    walked = reach([r for r in _speculative(rows) if curve_key(r) == key], top, planned, grid)
+    per_batch, per_batch_stop = None, None
+    for i, batch in enumerate(planned):
+        here = best_row([r for r in judged if int(r["batch_size"]) == batch])
+        if here is None:
+            per_batch_stop = Stop(batch, _column_why(rows, grid, batch), tuple(planned[i + 1:]))
+            break
+        if not here[1]:
+            break
+        per_batch = batch
+    if per_batch is None or per_batch <= walked.reached[-1]:
+        per_batch, per_batch_stop = None, None
+    return Verdict(compared, judged, start, top, True, walked, None, per_batch, per_batch_stop)
+
+
+# --- offline: per batch size, break-even ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BestAt:
+    """The configuration best_row names at one planned batch size of a workload, or why none is judged there."""
+
+    batch: int
+    top: Mapping[str, Any] | None
+    cells: int  # the workload's compared cells: the simultaneous interval covers them all
+    why: str | None = None  # no judged cell here: why
+
+
+def best_configs(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BestAt]:
+    """Per planned batch size of one workload (``rows``: all its offline cells), the cell :func:`best_row` names
+    (the fastest judged cell that pays, which is the K the schedule picks there, else the fastest), or why no
+    cell is judged there. Nothing past an unjudged batch size is dropped: each entry stands on its own cells."""
+    compared = [r for r in _speculative(rows) if r.get("status") == "ok" and _known(r.get("speedup"))]
+    if not any(recommendable(r) for r in compared):
+        return []
+    out = []
+    for batch in grid.batch_sizes(rows):
+        chosen = best_row([r for r in compared if int(r["batch_size"]) == batch])
+        out.append(BestAt(batch, chosen[0], len(compared)) if chosen else
+                   BestAt(batch, None, len(compared), _column_why(rows, grid, batch)))
+    return out
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """Where one configuration's speedup first falls below 1×, measured over its judged planned batch sizes."""
+
+    rows: list[Mapping[str, Any]]  # the curve's compared cells
+    batch_sizes: list[int]  # its planned batch sizes walked, up to the first not judged
+    speedups: list[float | None]  # the measured speedup at each
+    measured: float | str | None  # prediction.break_even's crossing over them (None: not reached)
+    predicted_sizes: list[int]  # the model's batch sizes: every compared cell's (a prediction needs no judgement)
+    predicted_speedups: list[float | None]
+    predicted: float | str | None
+    stop: Stop | None  # the first planned batch size not judged: the measured crossing is not sought past it
+
+
+def break_evens(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BreakEven]:
+    """Measured and predicted break-even batch size per curve (:func:`specbench.analytic.prediction.break_even`).
+
+    The measured crossing is sought along the curve's planned batch sizes up
+    to the first one not judged: a speedup measured past a gap may not join
+    the one before it. The predicted crossing reads every compared cell.
+    """
+    compared = [r for r in _speculative(rows) if r.get("status") == "ok" and _known(r.get("speedup"))]
+    every = _speculative(rows)
+    out = []
+    for curve in prediction.break_even(compared):
+        key = curve_key(curve["rows"][0])
+        mine = [r for r in every if curve_key(r) == key]
+        planned = grid.batch_sizes(mine)
+        walked, stop = [], None
+        for i, batch in enumerate(planned):
+            here = [r for r in mine if _known(r.get("batch_size")) and int(r["batch_size"]) == batch]
+            if not any(recommendable(r) for r in here):
+                why = next((w for r in here if (w := why_not_judged(r))), None) or grid.absent(mine[0], batch=batch)
+                stop = Stop(batch, why, tuple(planned[i + 1:]))
+                break
+            walked += [r for r in here if recommendable(r)]
+        measured = prediction.break_even(walked) if walked else []
+        out.append(BreakEven(
+            rows=curve["rows"],
+            batch_sizes=measured[0]["batch_sizes"] if measured else [],
+            speedups=measured[0]["series"]["speedup"] if measured else [],
+            measured=measured[0]["measured"] if measured else "n/a",
+            predicted_sizes=curve["batch_sizes"],
+            predicted_speedups=curve["series"]["predicted_speedup"],
+            predicted=curve["predicted"],
+            stop=stop,
+        ))
+    return out
+
+
+# --- the K schedule's evidence --------------------------------------------------------------------
+
+
+def schedule_evidence(
+    evidence: Mapping[int, Sequence[Mapping[str, Any]]], every: Sequence[Mapping[str, Any]], grid: Grid,
+    margin: float = 0.0,
+) -> tuple[dict[int, tuple[int, float | None]], Stop | None]:
+    """The K to run at each planned batch size of one family of curves over K, and where the evidence stops.
+
+    ``evidence``: batch size -> the family's judged fixed-K cells there;
+    ``every``: the family's cells of the same sweeps, any status (to name why
+    a batch size is not judged). Per planned batch size, from the smallest
+    up: the K of the cell :func:`best_row` names when it pays, else 0, until
+    the first batch size with no judged cell. That one gets K = 0 (no
+    evidence: plain decoding) and nothing past it is claimed, so the schedule
+    built from the result (:func:`specbench.analytic.speedup.num_speculative_tokens_per_batch_size`)
+    never spans it: vLLM carries the last range's K on to larger batches.
+    """
+    planned = grid.batch_sizes(every)
+    best: dict[int, tuple[int, float | None]] = {}
+    for i, batch in enumerate(planned):
+        chosen = best_row(evidence.get(batch, ()), margin)
+        if chosen is None:
+            here = [r for r in every if _known(r.get("batch_size")) and int(r["batch_size"]) == batch]
+            why = "; ".join(dict.fromkeys(w for r in here if (w := why_not_judged(r)))) or (
+                grid.absent(every[0], batch=batch, across_k=True) if every else "not measured")
+            return best, Stop(batch, why, tuple(planned[i + 1:]))
+        top, paying = chosen
+        best[batch] = (int(top["num_speculative_tokens"]), float(top["speedup"])) if paying else (0, None)
+    return best, None
+
+
+# --- serving: the highest rate at which a configuration pays --------------------------------------
+
+
+def saturation_rate(rows: Iterable[Mapping[str, Any]]) -> float | None:
+    """The lowest finite offered rate at which one workload's baseline falls behind the load; None: never."""
+    behind = [float(r["load_request_rate"]) for r in rows
+              if r.get("method") == "baseline" and r.get("status") == "ok" and _known(r.get("load_request_rate"))
+              and math.isfinite(float(r["load_request_rate"])) and _known(r.get("achieved_request_rate"))
+              and r["achieved_request_rate"] < SATURATED_SHARE * r["load_request_rate"]]
+    return min(behind, default=None)
+
+
+def _serving_why(row: Mapping[str, Any]) -> str | None:
+    """Why a serving cell is not judged at its rate; None when it is."""
+    if row.get("status") != "ok":
+        return f"failed: {_first_line(row.get('error')) or 'no error recorded'}"
+    if not _known(row.get(PAYS_ON)) or row.get("serving_pays") is None:
+        return "not compared with a baseline at the same load"
+    if row.get("exactness") == "mismatch":
+        return "mismatched outputs"
+    if row.get("flagged"):
+        reasons = [str(r) for r in _items(row.get("flag_reasons"))]
+        return "flagged: " + "; ".join(reasons) if reasons else "flagged"
+    return None
+
+
+@dataclass(frozen=True)
+class ServingVerdict:
+    """How far one serving configuration pays, walked up its workload's planned request rates."""
+
+    cells: list[Mapping[str, Any]]  # its cells, any status, by rate
+    planned: tuple[float, ...]
+    reached: tuple[float, ...]  # the rates it pays at without a break, the lowest first
+    loss: Mapping[str, Any] | None = None  # the first judged cell past them that does not pay
+    stop: Stop | None = None  # the first planned rate past them not judged
+
+    @property
+    def highest(self) -> float | None:
+        """The highest rate it pays at, counted up from the lowest planned; None: it does not pay at the lowest."""
+        return self.reached[-1] if self.reached else None
+
+
+def serving_verdict(cells: Sequence[Mapping[str, Any]], workload_rows: Sequence[Mapping[str, Any]],
+                    grid: Grid | None = None) -> ServingVerdict:
+    """How far one configuration pays (``cells``: its serving cells; ``workload_rows``: every serving cell of
+    its workload, baselines included, for saturation and the planned rates).
+
+    From the lowest planned rate up: a rate past saturation
+    (:func:`saturation_rate`) or whose cell failed, was not compared, has
+    mismatched outputs, is flagged or was never measured ends the walk, named;
+    so does the first rate at which it does not pay (``serving_pays``, the
+    merge's :func:`specbench.results.serving.pays`): a noisy win past a loss
+    does not extend it.
+    """
+    grid = grid or Grid.of(workload_rows)
+    planned = tuple(grid.request_rates([*workload_rows, *cells]))
+    knee = saturation_rate(workload_rows)
+    reached: list[float] = []
+    for i, rate in enumerate(planned):
+        here = [r for r in cells if (cell := _cell(r)) is not None and cell.rate == rate]
+        why = None
+        if knee is not None and rate >= knee:
+            base = next((b for b in workload_rows if b.get("method") == "baseline" and _known(
+                b.get("load_request_rate")) and float(b["load_request_rate"]) == rate
+                and _known(b.get("achieved_request_rate"))), None)
+            achieved = f"the baseline achieved {base['achieved_request_rate']:.2g} req/s" if base else (
+                f"the baseline fell behind from {knee:g} req/s")
+            why = f"saturated: {achieved}"
+        elif not here:
+            why = grid.absent(cells[0], rate=rate) if cells else "not measured"
+        elif all(_serving_why(r) for r in here):
+            why = "; ".join(dict.fromkeys(str(_serving_why(r)) for r in here))
+        if why is not None:
+            return ServingVerdict(list(cells), planned, tuple(reached), stop=Stop(rate, why, planned[i + 1:]))
+        loss = next((r for r in here if _serving_why(r) is None and not r["serving_pays"]), None)
+        if loss is not None:
+            return ServingVerdict(list(cells), planned, tuple(reached), loss=loss)
+        reached.append(rate)
+    return ServingVerdict(list(cells), planned, tuple(reached))
+
+
+def highest_paying_rate(cells: Sequence[Mapping[str, Any]], workload_rows: Sequence[Mapping[str, Any]] = (),
+                        grid: Grid | None = None) -> float | None:
+    """The highest offered rate at which one configuration's cells still pay, walked up the planned rates
+    (:func:`serving_verdict`); None when it does not pay at the lowest."""
+    return serving_verdict(cells, [*workload_rows, *cells], grid).highest

@@ -1,0 +1,232 @@
+"""Verdicts walk the grid as planned: they stop at the first point not judged, name it, and claim nothing past it.
+
+The grid: ngram K=2 and K=4 on summarize at batch sizes 1, 4, 8 and 16, every
+cell paying, but batch 8's cells failed, or flagged (a shifted baseline flags
+the baseline and every cell measured against it), or planned and never
+measured. The page's verdict, the terminal's, the best-configuration table,
+break-even and the K schedule must all stop at batch 8.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rows import make_row, write_results
+
+from specbench.analytic import recommend
+from specbench.report import verdict_lines
+
+BATCHES = (1, 4, 8, 16)
+# K=4 is the fastest up to batch 8; at 16 its interval includes 1x and K=2 pays: {1: 4, 4: 4, 8: 4, 16: 2}.
+SPEEDUPS = {2: {1: 1.5, 4: 1.4, 8: 1.3, 16: 1.2}, 4: {1: 1.8, 4: 1.5, 8: 1.4, 16: 1.1}}
+SHIFT = "baseline engine run 1 went off alone (shifted baseline)"
+
+
+def grid(batch8: str) -> list[dict[str, Any]]:
+    """The sweep's rows with batch 8's cells ``"failed"``, ``"flagged"``, ``"missing"`` (never measured) or ``"ok"``."""
+    rows = [make_row("baseline", batch=b) for b in BATCHES]
+    for k, by_batch in SPEEDUPS.items():
+        for batch, speedup in by_batch.items():
+            row = make_row("ngram", k, batch, speedup=speedup)
+            if batch == 16 and k == 4:
+                row |= {"speedup_ci_low": 0.95, "speedup_ci_high": 1.25}
+            if batch == 8 and batch8 == "failed":
+                row |= {"status": "failed", "error": "engine died at batch 8 (on purpose)\ntraceback", "speedup": None,
+                        "speedup_ci_low": None, "speedup_ci_high": None, "decode_speedup": None}
+            if batch == 8 and batch8 == "flagged":
+                row |= {"flagged": True, "flag_reasons": [SHIFT]}
+            if not (batch == 8 and batch8 == "missing"):
+                rows.append(row)
+    if batch8 == "flagged":
+        rows[2] |= {"flagged": True, "flag_reasons": [SHIFT]}
+    if batch8 == "missing":
+        rows = [r for r in rows if r["batch_size"] != 8]
+    return rows
+
+
+def _plan(directory: Path, cell_ids: list[str]) -> None:
+    (directory / "plan.json").write_text(json.dumps([{"cell_id": c, "overrides": []} for c in cell_ids]))
+
+
+def _cell_id(method: str, k: int, batch: int) -> str:
+    """A cell id of the form the sweep writes (specbench.config.Cell.cell_id)."""
+    return f"{method}-k{k}-b{batch}-summarize-{batch:012x}-r0"
+
+
+@pytest.mark.parametrize("batch8, why", [
+    ("failed", "failed: engine died at batch 8 (on purpose)"),
+    ("flagged", f"flagged: {SHIFT}"),
+])
+def test_the_verdict_stops_at_the_first_batch_size_not_judged_and_names_it(tmp_path, batch8, why):
+    write_results(tmp_path, grid(batch8))
+    verdict = verdict_lines(tmp_path)[0]
+    # Before, failed: "pays up to batch 4 (...), not at batch 16 (1.10×, ...); choosing the configuration per
+    # batch size, speculation pays up to batch 16": batch 8 skipped, 16 judged and claimed past the gap;
+    # flagged: "...; batch 8 not judged (flagged: ...); choosing the configuration per batch size, speculation
+    # pays up to batch 16".
+    assert verdict.startswith(
+        f"verdict: summarize: ngram K=4 pays up to batch 4 (1.80×, CI [1.62, 1.98] at batch 1); "
+        f"batch 8 not judged ({why}), 16 not claimed")
+    assert "16 (" not in verdict and "up to batch 16" not in verdict and "every measured" not in verdict
+
+
+def test_a_failed_cell_is_not_skipped_by_a_curve_that_pays_everywhere_else(tmp_path):
+    rows = [r for r in grid("failed") if r["num_speculative_tokens"] != 2]
+    for row in rows:
+        if row["batch_size"] == 16 and row["method"] == "ngram":
+            row |= {"speedup": 1.25, "speedup_ci_low": 1.1, "speedup_ci_high": 1.4}
+    write_results(tmp_path, rows)
+    # Before: "ngram K=4 pays at every measured batch size, up to 16 (1.80×, CI [1.62, 1.98] at batch 1)".
+    assert verdict_lines(tmp_path)[0] == (
+        "verdict: summarize: ngram K=4 pays up to batch 4 (1.80×, CI [1.62, 1.98] at batch 1); "
+        "batch 8 not judged (failed: engine died at batch 8 (on purpose)), 16 not claimed")
+    (rec,) = recommend.recommend(rows)
+    assert rec.schedule == [(1, 7, 4), (8, 8, 0)]  # before: [(1, 16, 4)]
+
+
+@pytest.mark.parametrize("batch8", ["failed", "flagged"])
+def test_a_k_schedule_never_spans_a_batch_size_not_judged(tmp_path, batch8):
+    rows = grid(batch8)
+    (rec,) = recommend.recommend(rows)
+    # Before: {1: 4, 4: 4, 16: 2} -> [(1, 15, 4), (16, 16, 2)], K=4 run at batch 8 with no evidence there.
+    assert {b: k for b, (k, _) in rec.best.items()} == {1: 4, 4: 4}
+    assert rec.schedule == [(1, 7, 4), (8, 8, 0)]  # vLLM carries the last K on: plain decoding from batch 8
+    text = recommend.format_recommendation(rec)
+    assert "batch 8 not judged (" in text and "16 not claimed: K=0 from batch 8 on (no evidence there)" in text
+    write_results(tmp_path, rows)
+    from specbench.report import render_report
+
+    page = render_report(tmp_path / "results.parquet")
+    assert "[8, 8, 0]" in page and "16 not claimed: K=0 from batch 8 on" in page
+    assert "<td>not judged (" in page  # the best-configuration table's row at batch 8 says why
+
+
+def test_with_every_cell_judged_the_walk_runs_the_whole_grid(tmp_path):
+    write_results(tmp_path, grid("ok"))
+    assert verdict_lines(tmp_path)[0].startswith(
+        "verdict: summarize: ngram K=4 pays up to batch 8 (1.80×, CI [1.62, 1.98] at batch 1), not at batch 16 "
+        "(1.10×, CI [0.95, 1.25]); choosing the configuration per batch size, speculation pays up to batch 16")
+    (rec,) = recommend.recommend(grid("ok"))
+    assert rec.schedule == [(1, 15, 4), (16, 16, 2)] and rec.stop is None
+
+
+def test_a_planned_cell_never_measured_is_a_gap_only_the_plan_shows(tmp_path):
+    rows = grid("missing")
+    write_results(tmp_path, rows)
+    # Without plan.json the rows imply batch sizes 1, 4 and 16: nothing says 8 was meant to be measured.
+    assert "batch 8" not in verdict_lines(tmp_path)[0]
+    _plan(tmp_path, [r["cell_id"] for r in rows] + [_cell_id(m, k, 8) for m, k in (("baseline", 0), ("ngram", 2),
+                                                                                    ("ngram", 4))])
+    assert verdict_lines(tmp_path)[0].startswith(
+        "verdict: summarize: ngram K=4 pays up to batch 4 (1.80×, CI [1.62, 1.98] at batch 1); "
+        "batch 8 not judged (planned, never measured), 16 not claimed")
+    # The CLI reads the plan beside the results as the page does.
+    assert recommend.main([str(tmp_path)]) == 0
+
+
+def test_the_cli_schedule_stops_where_the_plan_has_a_gap(tmp_path, capsys):
+    rows = grid("missing")
+    write_results(tmp_path, rows)
+    _plan(tmp_path, [r["cell_id"] for r in rows] + [_cell_id("ngram", 4, 8)])
+    assert recommend.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "schedule (start, end, K): [(1, 7, 4), (8, 8, 0)]" in out
+    assert "batch 8 not judged (planned, never measured), 16 not claimed" in out
+
+
+def test_best_configuration_and_break_even_name_the_gap(tmp_path):
+    from specbench.analytic import verdicts
+
+    rows = grid("failed")
+    planned = verdicts.Grid.of(rows)
+    best = verdicts.best_configs(rows, planned)
+    assert [(b.batch, b.top and b.top["num_speculative_tokens"]) for b in best] == [(1, 4), (4, 4), (8, None), (16, 2)]
+    assert best[2].why == "failed: engine died at batch 8 (on purpose)"
+    curves = {c.rows[0]["num_speculative_tokens"]: c for c in verdicts.break_evens(rows, planned)}
+    # K=2 stays above 1x through batch 4; its 1.2x at 16 lies past the gap and joins nothing.
+    assert curves[2].batch_sizes == [1, 4] and curves[2].measured is None
+    assert curves[2].stop is not None and curves[2].stop.at == 8 and curves[2].stop.unclaimed == (16,)
+
+
+def test_cell_ids_name_the_planned_cell():
+    from specbench.analytic.verdicts import cell_name
+
+    offline = cell_name("draft_model-k4-b16-my-data-28abaf57d9bd-r1")
+    assert (offline.method, offline.k, offline.batch, offline.workload, offline.rate) == (
+        "draft_model", 4, 16, "my-data", None)
+    sampled = cell_name("ngram-k2-b8-creative-t0.7-0123456789ab-r0")
+    assert (sampled.workload, sampled.temperature) == ("creative", 0.7)
+    served = cell_name("baseline-k0-b1-summarize-rate2.5-c4-0123456789ab-r0")
+    assert (served.workload, served.rate, served.config_hash) == ("summarize", 2.5, "0123456789ab")
+    assert cell_name("rateinf-k0-b1-x-rateinf-0123456789ab-r0").rate == float("inf")
+    assert cell_name("not-a-cell") is None
+
+
+# --- serving ------------------------------------------------------------------------------------------
+
+
+def _served(method: str, rate: float, *, speedup: float = 1.5, achieved: float | None = None,
+            **overrides: Any) -> dict[str, Any]:
+    from specbench.results.serving import pays
+
+    baseline = method == "baseline"
+    row = make_row(method, 4, speedup=1.0)
+    digest = f"{int(rate * 10):012x}"  # the ids the sweep writes: the rate, then the config's digest
+    row |= {"cell_id": f"{method}-k{0 if baseline else 4}-b1-summarize-rate{rate:g}-{digest}-r0",
+            "baseline_cell_id": None if baseline else f"baseline-k0-b1-summarize-rate{rate:g}-{digest}-r0",
+            "load_request_rate": rate, "served_requests": 8,
+            "achieved_request_rate": achieved if achieved is not None else rate * 0.95}
+    if not baseline:
+        row |= {"serving_speedup_e2e_p50": speedup, "serving_speedup_e2e_p50_ci_low": speedup * 0.9,
+                "serving_speedup_e2e_p50_ci_high": speedup * 1.1}
+        row["serving_pays"] = pays(row)
+    return row | overrides
+
+
+def _serving_grid(**at_rate: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for rate in (0.5, 1.0, 2.0, 4.0):
+        changes = at_rate.get(f"r{rate:g}".replace(".", "_"), {})
+        rows += [_served("baseline", rate, achieved=changes.pop("achieved", None)),
+                 _served("ngram", rate, **changes)]
+    return rows
+
+
+@pytest.mark.parametrize("changes, why", [
+    ({"r1": {"flagged": True, "flag_reasons": ["engine runs disagree: 1.90x, 0.80x"]}},
+     "flagged: engine runs disagree: 1.90x, 0.80x"),
+    ({"r1": {"status": "failed", "error": "engine died", "serving_speedup_e2e_p50": None, "serving_pays": None}},
+     "failed: engine died"),
+    ({"r1": {"achieved": 0.5}}, "saturated: the baseline achieved 0.5 req/s"),
+])
+def test_the_highest_paying_rate_stops_at_the_first_rate_not_judged(tmp_path, changes, why):
+    from specbench.analytic import verdicts
+
+    rows = _serving_grid(**changes)
+    spec = [r for r in rows if r["method"] == "ngram"]
+    decided = verdicts.serving_verdict(spec, rows)
+    # Before: flagged and failed rates were dropped and 4 req/s named; a saturated rate was judged as any other.
+    assert decided.highest == 0.5 and verdicts.highest_paying_rate(spec, rows) == 0.5
+    assert decided.stop is not None and decided.stop.text("req/s") == f"1 req/s not judged ({why}), 2, 4 req/s not claimed"
+    write_results(tmp_path, rows)
+    line = next(line for line in verdict_lines(tmp_path) if line.startswith("verdict under load: "))
+    assert f"ngram K=4: pays up to 0.5 req/s (E2E p50 speedup: " in line
+    assert line.endswith(f"; 1 req/s not judged ({why}), 2, 4 req/s not claimed") or "left out" in line
+
+
+def test_a_failed_serving_cell_without_its_load_columns_is_still_a_serving_cell(tmp_path):
+    # A cell that failed before it met its load has no load columns: its id names the rate.
+    rows = _serving_grid()
+    failed = next(r for r in rows if r["method"] == "ngram" and r["load_request_rate"] == 2.0)
+    for column in ("load_request_rate", "achieved_request_rate", "serving_speedup_e2e_p50",
+                   "serving_speedup_e2e_p50_ci_low", "serving_speedup_e2e_p50_ci_high", "serving_pays"):
+        failed[column] = None
+    failed |= {"status": "failed", "error": "out of memory", "speedup": None}
+    write_results(tmp_path, rows)
+    lines = verdict_lines(tmp_path)
+    assert not any(line.startswith("verdict: ") for line in lines)  # not an offline cell at batch 1
+    assert any(line.endswith("pays up to 1 req/s (E2E p50 speedup: 0.5 req/s 1.50×, 1 req/s 1.50×, 4 req/s 1.50×); "
+                             "2 req/s not judged (failed: out of memory), 4 req/s not claimed") for line in lines)
