@@ -66,7 +66,7 @@ from typing import Any
 
 import yaml
 
-from specbench import models
+from specbench import hub, models
 from specbench.analytic import prediction, profile_fit, profiles
 from specbench.config import ConfigError, cell_from_config
 from specbench.engine import EngineError, EngineWorker
@@ -452,9 +452,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # The head whose draft passes are timed after the target's steps: its checkpoint is fetched with the target's.
+    draft_cell, skipped = _draft_cell(overrides)
+    try:
+        hub.fetch_all(cell.checkpoints() + (draft_cell.checkpoints() if draft_cell is not None else []))
+    except hub.HubError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     model_cfg = cell.identity["model"]
     dtype = cell.identity["engine"]["dtype"]
-    folder = models.resolve(model_cfg["path"])
+    folder = models.resolve(model_cfg["path"], key="model.path")
     model = prediction.model_profile(model_cfg["path"], dtype, model_cfg["name"])
     stream = _token_stream(AutoTokenizer.from_pretrained(folder))
     longest = max(p.prompt_len for p in points) + args.max_tokens
@@ -497,7 +504,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(format_fit(profile, records))
     draft_method, draft_records = None, []
-    draft_cell, skipped = _draft_cell(overrides)
     if draft_cell is None:
         print(f"draft passes: not timed ({skipped}); each is charged the step's fixed overhead")
     else:

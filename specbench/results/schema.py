@@ -51,7 +51,9 @@ from specbench import methods, sampling
 # 13: serving cells (load.request_rate; specbench.results.serving): the load met, achieved throughput,
 #     goodput, ITL and queueing-delay percentiles, the running batch over time, and (results.parquet)
 #     speedups at the same offered load with their intervals, whether the cell pays, the model's prediction
-SCHEMA_VERSION = 13
+# 14: model_revision, drafter_revision (the hub commit of the target's and the drafter's checkpoint: the
+#     snapshot the engine loaded, specbench.hub; null for embedded, shipped and local checkpoints)
+SCHEMA_VERSION = 14
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
 # at batch 1) and why: "tie" when the token emitted there is in the reference's own tied set (its
@@ -254,6 +256,8 @@ SCHEMA = pa.schema(
         # --- provenance --------------------------------------------------------
         ("specbench_version", _STR),
         ("git_commit", _STR),
+        ("model_revision", _STR),  # the hub commit of the target's snapshot (specbench.hub); null: not from the hub
+        ("drafter_revision", _STR),  # ... of the draft model's or head's snapshot
         ("vllm_version", _STR),
         ("torch_version", _STR),
         ("transformers_version", _STR),
