@@ -53,7 +53,8 @@ def is_hub_id(reference: str) -> bool:
 
 
 def cache_dir() -> Path:
-    """The hub cache huggingface_hub uses: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    """The hub cache huggingface_hub uses: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+    ``~/.cache/huggingface/hub`` (read now, not when huggingface_hub was imported)."""
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.path.expandvars(os.environ["HF_HUB_CACHE"])).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(
@@ -188,8 +189,9 @@ def fetch(reference: str, key: str) -> Path:
 
 def _refusal(repo_id: str, key: str, why: str) -> str:
     first = "unset HF_HUB_OFFLINE on a machine with network" if offline() else "connect this machine to the hub"
-    return (f"{key}={repo_id} is not in the Hugging Face cache ({cache_dir()}) and {why}: {first}, or run `hf download {repo_id}` (huggingface-cli download on older huggingface_hub) on a "
-            f"machine with network and copy its cache here, or set HF_HOME to a cache that holds it, "
+    return (f"{key}={repo_id} is not in the Hugging Face cache ({cache_dir()}) and {why}: {first}, "
+            f"or run `hf download {repo_id}` (huggingface-cli download on older huggingface_hub) on a machine "
+            f"with network and copy its cache here, or set HF_HOME to a cache that holds it, "
             f"or point {key} at a local folder")
 
 
@@ -221,7 +223,7 @@ def _plan_downloads(needed: Sequence[tuple[str, str]]) -> tuple[list[_Download],
             status = exc.response.status_code if exc.response is not None else "an error"
             errors.append(_refusal(repo_id, key, f"{endpoint()} answered {status} when asked for it"))
             continue
-        except Exception as exc:  # noqa: BLE001 - any transport failure (DNS, refused, timeout, proxy) means unreachable
+        except Exception as exc:  # noqa: BLE001 - any transport failure (DNS, refused, timeout, proxy): unreachable
             unreachable = f"the hub cannot be reached ({endpoint()}: {type(exc).__name__})"
             errors.append(_refusal(repo_id, key, unreachable))
             continue

@@ -92,8 +92,10 @@ def plan_cells(
         composed.append((tuple(job), cfg))
         if not problems:
             valid.append((where, cfg))
-    if fetch and not errors:
-        hub.fetch_all([pair for _, cfg in valid for pair in cell_from_config(cfg).checkpoints()])
+    # Every point valid: each becomes its cell (once), and a sweep brings their checkpoints to disk.
+    cells = [] if errors else [(job, cell_from_config(cfg), int(cfg.engine_runs)) for job, cfg in composed]
+    if fetch and cells:
+        hub.fetch_all([pair for _, cell, _ in cells for pair in cell.checkpoints()])
     sources_read: set[str] = set()
     for where, cfg in valid:
         # A prompt file that cannot be read, or too few prompts within
@@ -107,8 +109,6 @@ def plan_cells(
     if errors:
         unique = list(dict.fromkeys(errors))
         raise ConfigError(f"{len(unique)} invalid setting(s) in the sweep:\n  " + "\n  ".join(unique))
-
-    cells = [(job, cell_from_config(cfg), int(cfg.engine_runs)) for job, cfg in composed]
     return grid.order_cells(cells, lambda overrides: cell_from_config(compose(overrides)))
 
 
