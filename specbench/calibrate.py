@@ -442,8 +442,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.refit is not None:
         return _refit(args.refit, args.out or args.refit, given_rates)
 
-    from transformers import AutoTokenizer  # heavy: imported once the arguments are good
-
     overrides = engine_overrides(args.overrides, args.max_step_tokens)
     try:
         points = grid(positive_ints(args.batch_sizes, "--batch-sizes"),
@@ -459,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     except hub.HubError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from transformers import AutoTokenizer  # heavy: imported once the arguments and checkpoints are good
+
     model_cfg = cell.identity["model"]
     dtype = cell.identity["engine"]["dtype"]
     folder = models.resolve(model_cfg["path"], key="model.path")
