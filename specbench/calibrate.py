@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_cfg = cell.identity["model"]
     dtype = cell.identity["engine"]["dtype"]
-    folder = models.resolve(model_cfg["path"], key="model.path")
+    folder = models.resolve(model_cfg["path"])
     model = prediction.model_profile(model_cfg["path"], dtype, model_cfg["name"])
     stream = _token_stream(AutoTokenizer.from_pretrained(folder))
     longest = max(p.prompt_len for p in points) + args.max_tokens

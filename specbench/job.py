@@ -194,7 +194,7 @@ def _requests(cell: Cell) -> tuple[Workload, CellPlan | ServingPlan]:
 def _workload(workload_json: str, model_path: str) -> Workload:
     # Every cell of a workload (and a resume's check of each stored cell)
     # tokenizes the same source: once per process is enough.
-    return load_workload(json.loads(workload_json), _tokenizer(models.resolve(model_path, key="model.path")))
+    return load_workload(json.loads(workload_json), _tokenizer(models.resolve(model_path)))
 
 
 def run_cell(

@@ -147,7 +147,7 @@ def embedded_path(reference: str) -> Path:
     return paths.models_dir() / embedded_name(reference)
 
 
-def resolve(reference: str, *, prepare: bool = True, key: str = "model") -> str:
+def resolve(reference: str, *, prepare: bool = True, key: str = "model.path") -> str:
     """Turn a model reference into what vLLM's ``model=`` accepts: a local folder where there is one.
 
     Embedded references become their prepared folder (prepared now unless
@@ -155,7 +155,7 @@ def resolve(reference: str, *, prepare: bool = True, key: str = "model") -> str:
     specbench (:mod:`specbench.heads`), a hub id its snapshot folder in the
     Hugging Face cache (downloaded now if missing unless ``prepare`` is false,
     :func:`specbench.hub.fetch`; ``key``, the config key naming it, is what a
-    refusal names). A hub id not cached with ``prepare`` false, and anything
+    refusal names: the target's unless told). A hub id not cached with ``prepare`` false, and anything
     else, is returned unchanged.
     """
     if is_shipped_head(reference):
