@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from specbench import grid, job, logs
+from specbench import grid, hub, job, logs
 from specbench.config import ConfigError, cell_from_config, refuse
 from specbench.results.files import CellFiles
 from specbench.job import completed_row, run_cell
@@ -30,12 +30,13 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     try:
         cell = cell_from_config(cfg)
-        # A multirun's sweeper has checked the prompts already, once per workload and model.
-        if hydra_cfg.mode != RunMode.MULTIRUN and (
-            problems := check_source(cell.workload, cell.identity["model"]["path"])
-        ):
-            raise WorkloadError("\n".join(problems))
-    except (ConfigError, WorkloadError) as exc:
+        # A multirun's sweeper has fetched the hub checkpoints and checked the prompts already, once per
+        # workload and model; a single run does both here (its baseline loads a subset of its checkpoints).
+        if hydra_cfg.mode != RunMode.MULTIRUN:
+            hub.fetch_all(cell.checkpoints())
+            if problems := check_source(cell.workload, cell.identity["model"]["path"]):
+                raise WorkloadError("\n".join(problems))
+    except (ConfigError, WorkloadError, hub.HubError) as exc:
         refuse(exc)  # the sweeper refuses a multirun's bad cells before any job starts
     timeout = cfg.engine.cell_timeout_s
     multirun = hydra_cfg.mode == RunMode.MULTIRUN

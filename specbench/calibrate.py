@@ -66,7 +66,7 @@ from typing import Any
 
 import yaml
 
-from specbench import models
+from specbench import hub, models
 from specbench.analytic import prediction, profile_fit, profiles
 from specbench.config import ConfigError, cell_from_config
 from specbench.engine import EngineError, EngineWorker
@@ -462,8 +462,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.refit is not None:
         return _refit(args.refit, args.out or args.refit, given_rates)
 
-    from transformers import AutoTokenizer  # heavy: imported once the arguments are good
-
     overrides = engine_overrides(args.overrides, args.max_step_tokens)
     try:
         points = grid(positive_ints(args.batch_sizes, "--batch-sizes"),
@@ -472,6 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # The head whose draft passes are timed after the target's steps: its checkpoint is fetched with the target's.
+    draft_cell, skipped = _draft_cell(overrides)
+    try:
+        hub.fetch_all(cell.checkpoints() + (draft_cell.checkpoints() if draft_cell is not None else []))
+    except hub.HubError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from transformers import AutoTokenizer  # heavy: imported once the arguments and checkpoints are good
+
     model_cfg = cell.identity["model"]
     dtype = cell.identity["engine"]["dtype"]
     folder = models.resolve(model_cfg["path"])
@@ -517,7 +524,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(format_fit(profile, records))
     draft_method, draft_records = None, []
-    draft_cell, skipped = _draft_cell(overrides)
     if draft_cell is None:
         print(f"draft passes: not timed ({skipped}); each is charged the step's fixed overhead")
     else:

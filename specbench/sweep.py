@@ -5,6 +5,8 @@ launchers) with what a benchmark sweep needs before the first engine loads:
 
 - every cell of the grid is composed and validated; all problems are reported
   together;
+- the hub checkpoints the cells load are found in the local cache or downloaded
+  once, or refused in one line each (:mod:`specbench.hub`): engines load them offline;
 - each speculative cell's baseline (same model, workload, batch size, engine
   settings) is added once, whether or not ``method=baseline`` was listed, and
   never repeated per K;
@@ -40,7 +42,7 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from specbench import grid, job
+from specbench import grid, hub, job
 from specbench.analytic import memory
 from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, refuse, validate
 from specbench.logs import LOG_FILE, engine_log
@@ -59,16 +61,23 @@ log = logging.getLogger(__name__)
 
 
 def plan_cells(
-    jobs: Sequence[Sequence[str]], compose: Callable[[Sequence[str]], DictConfig]
+    jobs: Sequence[Sequence[str]], compose: Callable[[Sequence[str]], DictConfig], *, fetch: bool = False
 ) -> list[PlannedCell]:
     """Every cell a grid needs, validated, deduplicated and in run order (:func:`specbench.grid.order_cells`).
 
     ``jobs`` are the grid points as override lists; ``compose`` turns one into
-    a config. Raises :class:`ConfigError` listing every invalid grid point.
+    a config. ``fetch``: once every point is valid, bring the hub checkpoints
+    the cells load into the local cache (:func:`specbench.hub.fetch_all`), so
+    that the prompts are then measured with their tokenizer; a sweep does,
+    pricing a grid (the plan command) does not.
+
+    Raises:
+        ConfigError: listing every invalid grid point.
+        HubError: with ``fetch``, one line per hub checkpoint that can be neither found nor downloaded.
     """
     errors: list[str] = []
     composed: list[tuple[tuple[str, ...], DictConfig]] = []
-    sources_read: set[str] = set()
+    valid: list[tuple[str, DictConfig]] = []
     for job in jobs:
         where = " ".join(job) or "(defaults)"
         try:
@@ -77,22 +86,27 @@ def plan_cells(
             errors.append(f"{where}: {exc}")
             continue
         problems = validate(cfg)
-        if not problems:
-            # A prompt file that cannot be read, or too few prompts within
-            # max_prompt_tokens, would fail every cell of the workload; check
-            # each distinct workload (and tokenizer) once, now, before any engine.
-            workload = OmegaConf.to_container(cfg.workload, resolve=True)
-            key = json.dumps([workload, cfg.model.path], sort_keys=True, default=str)
-            if key not in sources_read:
-                sources_read.add(key)
-                problems = check_source(workload, cfg.model.path)  # type: ignore[arg-type]
         errors += [f"{where}: {e}" for e in problems]
         composed.append((tuple(job), cfg))
+        if not problems:
+            valid.append((where, cfg))
+    # Every point valid: each becomes its cell (once), and a sweep brings their checkpoints to disk.
+    cells = [] if errors else [(job, cell_from_config(cfg), int(cfg.engine_runs)) for job, cfg in composed]
+    if fetch and cells:
+        hub.fetch_all([pair for _, cell, _ in cells for pair in cell.checkpoints()])
+    sources_read: set[str] = set()
+    for where, cfg in valid:
+        # A prompt file that cannot be read, or too few prompts within
+        # max_prompt_tokens, would fail every cell of the workload; check
+        # each distinct workload (and tokenizer) once, now, before any engine.
+        workload = OmegaConf.to_container(cfg.workload, resolve=True)
+        key = json.dumps([workload, cfg.model.path], sort_keys=True, default=str)
+        if key not in sources_read:
+            sources_read.add(key)
+            errors += [f"{where}: {e}" for e in check_source(workload, cfg.model.path)]  # type: ignore[arg-type]
     if errors:
         unique = list(dict.fromkeys(errors))
         raise ConfigError(f"{len(unique)} invalid setting(s) in the sweep:\n  " + "\n  ".join(unique))
-
-    cells = [(job, cell_from_config(cfg), int(cfg.engine_runs)) for job, cfg in composed]
     return grid.order_cells(cells, lambda overrides: cell_from_config(compose(overrides)))
 
 
@@ -257,8 +271,8 @@ class CellSweeper(BasicSweeper):
         jobs = grid.grid_points(parser, self.params, arguments)
         loader = self.hydra_context.config_loader
         try:
-            planned = plan_cells(jobs, lambda point: loader.load_sweep_config(self.config, list(point)))
-        except ConfigError as exc:
+            planned = plan_cells(jobs, lambda point: loader.load_sweep_config(self.config, list(point)), fetch=True)
+        except (ConfigError, hub.HubError) as exc:
             refuse(exc)
 
         sweep_dir = Path(self.config.hydra.sweep.dir)

@@ -31,8 +31,9 @@ def test_two_processes_preparing_at_once_make_one_complete_checkpoint(tmp_path):
     assert (folder / models.COMPLETE_MARKER).is_file()
 
 
-def test_references_resolve_and_unknown_names_are_refused():
-    assert models.resolve("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+def test_references_resolve_and_unknown_names_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty hub cache: a hub id not on disk stays as it is
+    assert models.resolve("Qwen/Qwen2.5-7B-Instruct", prepare=False) == "Qwen/Qwen2.5-7B-Instruct"
     assert models.resolve("embedded:smollm2-135m-instruct", prepare=False).endswith("smollm2-135m-instruct")
     with pytest.raises(ValueError, match="allowed: embedded:smollm2-135m-instruct, embedded:smollm2-135m-instruct-l24"):
         models.resolve("embedded:gpt-5")

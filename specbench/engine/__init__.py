@@ -222,6 +222,8 @@ def worker_environment(spec: EngineSpec | None) -> dict[str, str]:
         # engine would double start-up time and memory.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_NO_USAGE_STATS": "1",
+        # Hub checkpoints reach the worker as snapshot folders, fetched before any engine
+        # (specbench.hub): vLLM must not look them up again, with retries, on every start.
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
         "TOKENIZERS_PARALLELISM": "false",
         # vLLM otherwise drops torch to one thread "for serving"; an offline

@@ -54,7 +54,9 @@ from specbench import methods, sampling
 # 14: the engine's mode as vLLM resolved it (engine_model_runner, engine_async_scheduling,
 #     engine_cudagraph_mode, engine_cudagraph_capture_sizes, engine_max_cudagraph_capture_size,
 #     engine_max_num_batched_tokens, engine_max_num_seqs, engine_prefix_caching) and, in results.parquet,
-#     mode_mismatch: how a speculative cell's engine ran otherwise than its baseline's
+#     mode_mismatch: how a speculative cell's engine ran otherwise than its baseline's;
+#     model_revision, drafter_revision (the hub commit of the target's and the drafter's checkpoint: the
+#     snapshot the engine loaded, specbench.hub; null for embedded, shipped and local checkpoints)
 SCHEMA_VERSION = 14
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
@@ -261,6 +263,8 @@ SCHEMA = pa.schema(
         # --- provenance --------------------------------------------------------
         ("specbench_version", _STR),
         ("git_commit", _STR),
+        ("model_revision", _STR),  # the hub commit of the target's snapshot (specbench.hub); null: not from the hub
+        ("drafter_revision", _STR),  # ... of the draft model's or head's snapshot
         ("vllm_version", _STR),
         ("torch_version", _STR),
         ("transformers_version", _STR),

@@ -199,10 +199,19 @@ def prompt_lengths(cfg: Mapping[str, Any], model_path: str) -> PromptLengths | N
     """
     if cfg.get("source") == "hf":
         return None
-    found = _lengths(json.dumps(dict(cfg), sort_keys=True, default=str), model_path)
+    found = _lengths(json.dumps(dict(cfg), sort_keys=True, default=str), _on_disk(model_path))
     if isinstance(found, str):
         raise WorkloadError(found)
     return found
+
+
+def _on_disk(model_path: str) -> str:
+    """The folder a model reference stands for where it is on disk, else the reference: the answers
+    cached per model change once a checkpoint is downloaded (:mod:`specbench.hub`) or prepared."""
+    try:
+        return models.resolve(model_path, prepare=False)
+    except ValueError:  # an unknown embedded or shipped name: validation names it
+        return model_path
 
 
 @lru_cache(maxsize=16)
