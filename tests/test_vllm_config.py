@@ -34,7 +34,7 @@ import pytest
 from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
-from specbench import calibrate, config, methods, plan
+from specbench import calibrate, config, methods, models, plan
 from specbench.config import cell_from_config
 from specbench.sweep import plan_cells
 
@@ -191,10 +191,10 @@ def test_every_hub_model_a_model_config_names_has_its_published_config_shipped()
         assert (folder / "config.json").is_file() and (folder / "SOURCE").read_text().strip(), reference
 
 
-@pytest.mark.parametrize("reference", sorted(config.models.PUBLISHED_CONFIGS))
+@pytest.mark.parametrize("reference", sorted(models.PUBLISHED_CONFIGS))
 def test_published_shape_facts_are_the_shipped_config_files(reference):
     shipped = json.loads((HUB_CONFIGS / reference / "config.json").read_text())
-    for key, value in config.models.PUBLISHED_CONFIGS[reference].items():
+    for key, value in models.PUBLISHED_CONFIGS[reference].items():
         if key == "quantization_config":  # the facts name what the memory model reads of it
             assert {k: shipped[key][k] for k in value} == value, reference
         else:
@@ -205,7 +205,7 @@ def test_published_llama_shapes_price_the_parameter_counts_of_the_model_cards():
     from specbench.analytic import profiles
 
     def count(reference: str) -> int:
-        return profiles.ModelProfile.from_config_json(config.models.PUBLISHED_CONFIGS[reference],
+        return profiles.ModelProfile.from_config_json(models.PUBLISHED_CONFIGS[reference],
                                                       dtype="bfloat16").num_params
 
     assert count("meta-llama/Llama-3.1-8B-Instruct") == 8_030_261_248
