@@ -23,7 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from specbench import load, methods, models, sampling
 from specbench.sampling import Sampling
 from specbench.analytic import graphs, memory, prediction
-from specbench.engine import EngineSpec, speculative_sampling_choices
+from specbench.engine import EngineSpec, speculative_draft_architectures, speculative_sampling_choices
 from specbench.workloads import (
     SOURCE_KEYS,
     WorkloadError,
@@ -412,13 +412,20 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     for key, reader in methods.own_keys().items():
         if name != reader and method.get(key) is not None:
             errors.append(f"method.{key}={method[key]!r} is only read for method={reader}, not {name}")
+    speculative = method.get("speculative_config") or {}
     if registered is not None and registered.checkpoint is not None:
-        checkpoint = (method.get("speculative_config") or {}).get("model")
-        problems = _check_checkpoint(_checkpoint_key(registered, method), checkpoint, _missing_checkpoint_hint(
-            registered, plain.get("model") or {}))
+        checkpoint, target = speculative.get("model"), (plain.get("model") or {}).get("path")
+        what = _checkpoint_key(registered, method)
+        # No EAGLE-1 class in vLLM for the architecture: the one problem to name (no head would load).
+        problems = _check_eagle_architecture(checkpoint, target) if name == "eagle" else []
+        if not problems:
+            problems = _check_checkpoint(what, checkpoint, _missing_checkpoint_hint(registered, plain.get("model") or {}))
         if not problems and registered.checkpoint == "head":
-            problems = _check_head_fits_target(name, checkpoint, (plain.get("model") or {}).get("path"))
+            problems = _check_head_fits_target(name, checkpoint, target)
+        if not problems and registered.checkpoint == "model":
+            problems = _check_draft_vocabulary(what, speculative, target)
         errors += problems
+    errors += _check_heterogeneous_vocab(name, speculative)
     errors += _check_checkpoint("model.path", (plain.get("model") or {}).get("path"))
 
     engine = plain.get("engine") or {}
@@ -624,6 +631,86 @@ def _check_head_fits_target(method: str, head: str, target: Any) -> list[str]:
     ]
 
 
+def _check_eagle_architecture(head: Any, target: Any) -> list[str]:
+    """method=eagle: vLLM must have a class for the EAGLE-1 head, ``Eagle<architecture>``.
+
+    vLLM names an EAGLE-1 head's class after the architecture its config.json
+    declares (``transformers_utils/configs/eagle.py``) and refuses the engine
+    when its registry has none (vLLM 0.32: Llama, Llama 4, MiniCPM, Cohere,
+    Mistral and DeepSeek, no Qwen2). The head's config.json where it is known
+    (a local folder or :data:`models.PUBLISHED_CONFIGS`), else the target's
+    (an EAGLE-1 head copies its target's config with one layer). Nothing is
+    refused where neither is known or vLLM's registry cannot be read.
+    """
+    supported = speculative_draft_architectures()
+    described = _known_config(head) if isinstance(head, str) and head else None
+    whose = f"head {head}"
+    if described is None and isinstance(target, str):
+        described, whose = _known_config(target), f"target {target}"
+    architectures = (described or {}).get("architectures") or []
+    if supported is None or not architectures:
+        return []
+    as_eagle = [a if a.startswith("Eagle") else f"Eagle{a}" for a in architectures]
+    if any(a in supported for a in as_eagle):
+        return []
+    eagle_one = sorted(a for a in supported if a.startswith("Eagle") and not a.startswith("Eagle3"))
+    return [f"method=eagle (model.eagle) with model.path={target}: the installed vLLM has no EAGLE-1 class for "
+            f"{', '.join(architectures)} (the {whose}'s architecture; it loads an EAGLE-1 head as "
+            f"{', '.join(as_eagle)}, which its model registry lacks; it has {', '.join(eagle_one)}), so no EAGLE-1 "
+            f"head of this model loads; use method=eagle3 (model.eagle3)"]
+
+
+def _check_draft_vocabulary(what: str, speculative: Mapping[str, Any], target: Any) -> list[str]:
+    """method=draft_model: vLLM refuses a draft whose vocabulary size is not the target's, unless
+    ``use_heterogeneous_vocab`` (set from ``model.heterogeneous_vocab_drafts``) maps between them.
+
+    Only checkable where both config.json files are known (local folders or
+    :data:`models.PUBLISHED_CONFIGS`); vLLM checks the rest when it loads.
+    """
+    draft = speculative.get("model")
+    sizes = [(_known_config(r) or {}).get("vocab_size") if isinstance(r, str) else None for r in (draft, target)]
+    if speculative.get("use_heterogeneous_vocab") or None in sizes or sizes[0] == sizes[1]:
+        return []
+    return [f"{what}: draft {draft} has a vocabulary of {sizes[0]} tokens, target {target} {sizes[1]}, and vLLM "
+            f"refuses a draft of another vocabulary size; list the draft in the model config's "
+            f"model.heterogeneous_vocab_drafts (vLLM's use_heterogeneous_vocab: greedy drafts only), or pick a "
+            f"draft of the target's vocabulary"]
+
+
+def _check_heterogeneous_vocab(method: Any, speculative: Mapping[str, Any]) -> list[str]:
+    """vLLM's rules for ``use_heterogeneous_vocab``: method=draft_model only, with greedy drafts."""
+    if not speculative.get("use_heterogeneous_vocab"):
+        return []
+    if method != "draft_model":
+        return [f"method.speculative_config.use_heterogeneous_vocab is only for method=draft_model, not {method}"]
+    drafting = speculative.get("draft_sample_method")
+    if drafting not in (None, "greedy"):
+        return [f"method.speculative_config.draft_sample_method={drafting!r}: a draft of another vocabulary "
+                f"(model.heterogeneous_vocab_drafts, vLLM's use_heterogeneous_vocab) drafts greedily only; "
+                f"leave draft_sample_method unset or greedy"]
+    return []
+
+
+def _with_draft_vocabulary(plain: dict[str, Any]) -> dict[str, Any]:
+    """method=draft_model with a draft listed in ``model.heterogeneous_vocab_drafts``: vLLM's
+    ``use_heterogeneous_vocab`` set in its speculative_config (and so in the cell's identity).
+
+    Set here, not in conf/method/draft_model.yaml, so that a draft of the
+    target's vocabulary keeps the speculative_config (and cell identity) it had.
+    """
+    method = plain.get("method") or {}
+    listed = (plain.get("model") or {}).get("heterogeneous_vocab_drafts") or []
+    if method.get("name") != "draft_model" or method.get("draft") not in listed:
+        return plain
+    speculative = dict(method.get("speculative_config") or {}, use_heterogeneous_vocab=True)
+    return dict(plain, method=dict(method, speculative_config=speculative))
+
+
+def _known_config(reference: str) -> Mapping[str, Any] | None:
+    """A checkpoint's config.json: its own where it is on disk, else the published facts of a hub id."""
+    return _local_config(reference) or models.PUBLISHED_CONFIGS.get(reference)
+
+
 @functools.lru_cache(maxsize=64)
 def _local_config(reference: str) -> dict[str, Any] | None:
     try:
@@ -642,5 +729,5 @@ def _to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
         cfg = cfg.copy()
         with open_dict(cfg):
             cfg.pop("hydra", None)  # resolving it outside a running job fails; it is not the cell
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
-    return dict(cfg)
+        return _with_draft_vocabulary(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))  # type: ignore[arg-type]
+    return _with_draft_vocabulary(dict(cfg))

@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from filelock import FileLock
 from omegaconf import MISSING
@@ -55,6 +55,9 @@ class ModelSchema:
     drafts: Dict[str, str] = field(default_factory=dict)  # method=draft_model's method.draft picks one
     eagle: Optional[str] = None  # an EAGLE-1 head trained for this target
     eagle3: Optional[str] = None  # an EAGLE-3 head trained for this target
+    # Drafts (names in ``drafts``) whose vocabulary size differs from the target's: method=draft_model
+    # runs them with vLLM's use_heterogeneous_vocab (greedy drafts only), which vLLM requires for them.
+    heterogeneous_vocab_drafts: List[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -75,29 +78,45 @@ EMBEDDED = {
 
 
 _QWEN25_7B = {
-    "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
     "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
     "vocab_size": 152064, "tie_word_embeddings": False,
 }
 _QWEN25_05B = {
-    "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
     "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
     "vocab_size": 151936, "tie_word_embeddings": True,
 }
 _AWQ_4BIT = {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}}
+_LLAMA31_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256, "tie_word_embeddings": False,
+}
+_LLAMA32_1B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+    "vocab_size": 128256, "tie_word_embeddings": True,
+}
 
 PUBLISHED_CONFIGS: dict[str, dict[str, object]] = {
     "Qwen/Qwen2.5-7B-Instruct": _QWEN25_7B,
     "Qwen/Qwen2.5-7B-Instruct-AWQ": _QWEN25_7B | _AWQ_4BIT,
     "Qwen/Qwen2.5-0.5B-Instruct": _QWEN25_05B,
     "Qwen/Qwen2.5-0.5B-Instruct-AWQ": _QWEN25_05B | _AWQ_4BIT,
+    "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
+    "meta-llama/Llama-3.2-1B-Instruct": _LLAMA32_1B,
 }
 """The shape facts of the GPU models' published config.json files (Hugging Face
-hub, the keys ``profiles.ModelProfile.from_config_json`` reads), so that memory and
-speedup can be priced on a machine that cannot download them. head_dim is
-hidden / heads (128 for 7B, 64 for 0.5B). Parameter counts they imply, as the
-model cards state: 7,615,616,512 (Qwen2.5-7B) and 494,032,768 (Qwen2.5-0.5B,
-tied embeddings). A checkpoint's own config.json, when present locally, wins."""
+hub, the keys ``profiles.ModelProfile.from_config_json`` reads, and the
+architectures vLLM resolves), so that memory and speedup can be priced, and
+vLLM's rules checked, on a machine that cannot download them. head_dim is
+hidden / heads (128 for the 7B and 8B, 64 for the 0.5B and 1B). Parameter
+counts they imply, as the model cards state: 7,615,616,512 (Qwen2.5-7B),
+494,032,768 (Qwen2.5-0.5B, tied embeddings), 8,030,261,248 (Llama-3.1-8B),
+1,235,814,400 (Llama-3.2-1B, tied). The files themselves are in
+tests/data/hub-configs/, which tests/test_vllm_config.py holds these facts to.
+A checkpoint's own config.json, when present locally, wins."""
 
 
 HEADS_PREFIX = "heads:"

@@ -30,6 +30,10 @@ def test_every_group_has_the_required_options():
 def test_every_combination_composes(compose_cell, model, method, workload):
     cfg = compose_cell([f"model={model}", f"method={method}", f"workload={workload}"])
     errors = validate(cfg)
+    if method == "eagle" and model.startswith("qwen"):
+        # vLLM 0.32 has no EAGLE-1 class for Qwen2: refused, one error (tests/test_vllm_config.py).
+        assert len(errors) == 1 and "EagleQwen2ForCausalLM" in errors[0]
+        return
     assert errors == []
     cell = cell_from_config(cfg)
     assert cell.method == method and cell.workload["name"] == workload
@@ -46,8 +50,12 @@ def test_every_combination_composes(compose_cell, model, method, workload):
 
 def test_gpu_models_name_published_heads_and_a_same_family_draft(compose_cell):
     cfg = compose_cell(["model=qwen2.5-7b-instruct"])
-    assert cfg.model.eagle and cfg.model.eagle3
-    assert cfg.model.drafts.small.startswith("Qwen/Qwen2.5-")
+    # No EAGLE-1 head: vLLM 0.32 has no EAGLE-1 class for Qwen2 (tests/test_vllm_config.py).
+    assert cfg.model.eagle is None and cfg.model.eagle3
+    assert cfg.model.drafts.small.startswith("Qwen/Qwen2.5-") and list(cfg.model.heterogeneous_vocab_drafts) == ["small"]
+    llama = compose_cell(["model=llama-3.1-8b-instruct"])
+    assert llama.model.eagle and llama.model.eagle3 and llama.model.drafts.small.startswith("meta-llama/Llama-3.2-")
+    assert list(llama.model.heterogeneous_vocab_drafts) == []  # Llama 3.2 1B has Llama 3.1 8B's vocabulary
 
 
 def test_workload_size_is_one_override_away(compose_cell):

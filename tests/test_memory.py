@@ -308,13 +308,13 @@ def test_plan_lists_cells_with_memory_speedup_and_batches_in_waves() -> None:
     overrides = ["sweep=full_grid", "hardware=rtx4090", "workload=summarize", "batch_size=1,64",
                  "num_speculative_tokens=4"]
     bf16 = make_plan(["model=qwen2.5-7b-instruct"] + overrides)
-    # 4 methods x 2 batch sizes, plus 2 baselines; none refused: a batch beyond the KV cache runs in waves.
-    assert len(bf16) == 10 and not any(r.problems for r in bf16)
+    # 3 methods x 2 batch sizes, plus 2 baselines; none refused: a batch beyond the KV cache runs in waves.
+    assert len(bf16) == 8 and not any(r.problems for r in bf16)
     waves = [r for r in bf16 if r.estimate is not None and r.estimate.batch_at_once < r.estimate.batch_size]
-    assert {r.label.split()[2] for r in waves} == {"b=64"} and len(waves) == 5
+    assert {r.label.split()[2] for r in waves} == {"b=64"} and len(waves) == 4
     assert all(r.estimate is not None and r.predicted_decode_speedup is not None for r in bf16)
     text = format_plan(bf16, 0.7)
-    assert "10 cells: 10 fit, 0 refused; 5 run their batch in waves" in text and "fits, in waves of " in text
+    assert "8 cells: 8 fit, 0 refused; 4 run their batch in waves" in text and "fits, in waves of " in text
     refused = make_plan(["model=qwen2.5-7b-instruct", "hardware=rtx4090", "method=draft_model",
                          "method.draft=self"])
     assert "1 refused (1 too big for the device)" in format_plan(refused, 0.7)

@@ -471,3 +471,29 @@ def speculative_sampling_choices() -> dict[str, tuple[str, ...]] | None:
                         and isinstance(field.annotation, ast.Name) and field.annotation.id in aliases):
                     choices[field.target.id] = aliases[field.annotation.id]
     return choices
+
+
+@functools.lru_cache(maxsize=1)
+def speculative_draft_architectures() -> frozenset[str] | None:
+    """The draft architectures the installed vLLM's model registry holds for speculative decoding.
+
+    The keys of ``_SPECULATIVE_DECODING_MODELS`` in
+    ``model_executor/models/registry.py``, read with :mod:`ast` as
+    :func:`speculative_sampling_choices` reads its knobs, so that validation
+    can refuse an EAGLE-1 head vLLM has no class for before any engine loads.
+    vLLM loads an EAGLE-1 head as ``Eagle<architecture>`` (its
+    ``transformers_utils/configs/eagle.py``); vLLM 0.32 registers
+    ``EagleLlamaForCausalLM`` but no ``EagleQwen2ForCausalLM``. None when vLLM
+    is not installed or the table cannot be found (nothing is refused then).
+    """
+    found = importlib.util.find_spec("vllm")
+    if found is None or found.origin is None:
+        return None
+    source = Path(found.origin).parent / "model_executor" / "models" / "registry.py"
+    if not source.is_file():
+        return None
+    for node in ast.parse(source.read_text()).body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "_SPECULATIVE_DECODING_MODELS" and isinstance(node.value, ast.Dict)):
+            return frozenset(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+    return None

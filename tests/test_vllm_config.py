@@ -1,0 +1,273 @@
+"""Every GPU cell specbench ships is one vLLM itself accepts, checked here without a GPU.
+
+For each shipped GPU grid (the presets written for a GPU, and the commands of
+the README's "Quickstart on a GPU") the cells come from specbench's own
+planning (:func:`specbench.plan.grid_jobs` and :func:`specbench.sweep.plan_cells`,
+as the sweep expands and validates them; the calibration's from
+:mod:`specbench.calibrate`), and each distinct engine's ``LLM`` keyword
+arguments (:meth:`specbench.engine.EngineSpec.llm_kwargs`) go through vLLM's
+own configuration: ``EngineArgs(...).create_engine_config()`` builds the
+ModelConfig of target and drafter, the SpeculativeConfig (vocabulary sizes,
+EAGLE architectures resolved through vLLM's model registry, draft lengths)
+and the engine config. What vLLM refuses there, a GPU engine would refuse
+at its start, after the weights were downloaded.
+
+The checkpoints are the published ``config.json`` files of the hub models
+the model configs name, shipped in ``tests/data/hub-configs/<org>/<name>/``
+(each folder's SOURCE says where it comes from); no weights
+(``load_format="dummy"``), no tokenizer (``skip_tokenizer_init``). The
+cells are composed as on a CUDA build of vLLM (``${cpu_engine:}`` false:
+CUDA graphs), but vLLM here takes its CPU platform's branches (the V1 model
+runner, no async scheduling); those do not decide what is checked: the
+vocabulary, architecture and speculative-config rules are platform-free.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+from specbench import calibrate, config, methods, models, plan
+from specbench.config import cell_from_config
+from specbench.sweep import plan_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+HUB_CONFIGS = ROOT / "tests" / "data" / "hub-configs"
+
+# The presets written for a GPU (sweeps/), and k_sweep on Llama with EAGLE-1 listed again, as its
+# comment says to (its engines include those of k_sweep model=llama-3.1-8b-instruct alone).
+GPU_GRIDS = {
+    "batch_decay": ["sweep=batch_decay"],
+    "k_sweep": ["sweep=k_sweep"],
+    "full_grid": ["sweep=full_grid"],
+    "serving_4090": ["sweep=serving_4090"],
+    "k_sweep-llama": ["sweep=k_sweep", "model=llama-3.1-8b-instruct", "method=ngram,eagle,eagle3,draft_model"],
+}
+
+
+def readme_gpu_commands() -> list[tuple[str, list[str]]]:
+    """The specbench commands of the README's "Quickstart on a GPU", as (command, overrides).
+
+    ``command`` is ``plan``, ``calibrate`` or ``sweep`` (``python -m specbench``);
+    a sweep's ``-m`` is dropped (its overrides are the grid either way).
+    """
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quickstart on a GPU", 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for line in section.splitlines():
+        line = line.split("#", 1)[0].strip()
+        match = re.match(r"python -m specbench(\.plan|\.calibrate)?\s(.*)", line)
+        if match:
+            name = (match.group(1) or ".sweep")[1:]
+            commands.append((name, [a for a in shlex.split(match.group(2)) if a != "-m"]))
+    return commands
+
+
+def _grid_cells(overrides: Sequence[str]) -> list[Any]:
+    """The cells (baselines included) of the grid a sweep with these overrides runs, validated by specbench."""
+    jobs = plan.grid_jobs(overrides)
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
+        planned = plan_cells(jobs, plan.GridComposer())
+    GlobalHydra.instance().clear()
+    return [p.cell for p in planned]
+
+
+def _calibration_cells(overrides: Sequence[str]) -> list[Any]:
+    """The engines ``python -m specbench.calibrate`` starts: the target's, then the head's it times."""
+    engine = calibrate.engine_overrides(overrides, calibrate.DEFAULT_MAX_STEP_TOKENS)
+    draft, _ = calibrate._draft_cell(engine)
+    return [cell_from_config(calibrate._compose(engine))] + ([draft] if draft is not None else [])
+
+
+def _local(reference: str) -> str:
+    """A hub id as the folder of its shipped config.json; anything else unchanged."""
+    if reference.count("/") != 1 or reference.startswith((".", "/", "~")):
+        return reference
+    folder = HUB_CONFIGS / reference
+    assert (folder / "config.json").is_file(), (
+        f"{reference}: no published config.json shipped in {folder.relative_to(ROOT)} (add it, with its SOURCE)")
+    return str(folder)
+
+
+def engines(cells: Sequence[Any]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Each distinct engine of the cells: its LLM kwargs (hub ids made local folders) and a label naming a cell."""
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for cell in cells:
+        kwargs = cell.engine_spec(prepare=False).llm_kwargs()
+        key = json.dumps(kwargs, sort_keys=True)
+        if key in found:
+            continue
+        kwargs["model"] = _local(kwargs["model"])
+        speculative = kwargs.get("speculative_config")
+        if speculative and speculative.get("model"):
+            kwargs["speculative_config"] = dict(speculative, model=_local(speculative["model"]))
+        label = (f"{cell.identity['model']['name']} {methods.label(cell.identity['method'], cell.k)} "
+                 f"max_model_len={cell.identity['engine']['max_model_len']}")
+        found[key] = (label, kwargs)
+    return found
+
+
+def vllm_refusal(kwargs: dict[str, Any]) -> str | None:
+    """What vLLM's own configuration says against an engine of these LLM kwargs; None when it builds."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    try:
+        EngineArgs(**kwargs, skip_tokenizer_init=True, load_format="dummy").create_engine_config()
+    except Exception as exc:  # vLLM raises pydantic, Value and NotImplemented errors alike
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        # A pydantic error's first line names the class; the second holds vLLM's message, then its input.
+        message = lines[1] if len(lines) > 1 and lines[0].startswith("1 validation error") else lines[0]
+        message = re.sub(r"^Value error, | \[type=.*$| Supported architectures: .*$", "", message)
+        return f"{type(exc).__name__}: {message}"
+    return None
+
+
+def _refusals(cells: Sequence[Any]) -> list[str]:
+    return [f"{label}: {why}" for label, kwargs in engines(cells).values() if (why := vllm_refusal(kwargs))]
+
+
+@pytest.fixture
+def gpu_build(monkeypatch):
+    """Compose as on a CUDA build of vLLM (``${cpu_engine:}`` false)."""
+    monkeypatch.setattr(config, "cpu_engine", lambda: False)
+
+
+@pytest.mark.parametrize("grid", sorted(GPU_GRIDS))
+def test_every_engine_of_a_gpu_grid_is_accepted_by_vllm(grid, gpu_build):
+    refused = _refusals(_grid_cells(GPU_GRIDS[grid]))
+    assert not refused, f"vLLM refuses {len(refused)} engine(s) of {grid}:\n" + "\n".join(refused)
+
+
+@pytest.mark.parametrize("command", readme_gpu_commands(), ids=lambda c: " ".join([c[0], *c[1]]))
+def test_every_engine_of_the_readme_gpu_commands_is_accepted_by_vllm(command, gpu_build):
+    name, overrides = command
+    cells = _calibration_cells(overrides) if name == "calibrate" else _grid_cells(overrides)
+    assert cells
+    refused = _refusals(cells)
+    assert not refused, f"vLLM refuses {len(refused)} engine(s) of {name} {' '.join(overrides)}:\n" + "\n".join(refused)
+
+
+def test_the_readme_gpu_section_lists_its_commands():
+    """The parser finds the three commands (a section rewritten past it would leave the test above empty)."""
+    assert [name for name, _ in readme_gpu_commands()] == ["plan", "calibrate", "sweep"]
+
+
+def _compose(overrides: Sequence[str]) -> Any:
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
+        from hydra import compose
+
+        cfg = compose(config_name="config", overrides=list(overrides))
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+def _hub_ids() -> set[str]:
+    """Every hub id a model config (conf/model/) names: target, drafts, heads."""
+    import yaml
+
+    found = set()
+    for path in (ROOT / "conf" / "model").glob("*.yaml"):
+        model = yaml.safe_load(path.read_text())
+        for reference in [model["path"], *model.get("drafts", {}).values(), model.get("eagle"), model.get("eagle3")]:
+            if isinstance(reference, str) and reference.count("/") == 1 and ":" not in reference:
+                found.add(reference)
+    return found
+
+
+def test_every_hub_model_a_model_config_names_has_its_published_config_shipped():
+    ids = _hub_ids()
+    assert {"Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"} <= ids
+    for reference in ids:
+        folder = HUB_CONFIGS / reference
+        assert (folder / "config.json").is_file() and (folder / "SOURCE").read_text().strip(), reference
+
+
+@pytest.mark.parametrize("reference", sorted(models.PUBLISHED_CONFIGS))
+def test_published_shape_facts_are_the_shipped_config_files(reference):
+    shipped = json.loads((HUB_CONFIGS / reference / "config.json").read_text())
+    for key, value in models.PUBLISHED_CONFIGS[reference].items():
+        if key == "quantization_config":  # the facts name what the memory model reads of it
+            assert {k: shipped[key][k] for k in value} == value, reference
+        else:
+            assert shipped[key] == value, (reference, key)
+
+
+def test_published_llama_shapes_price_the_parameter_counts_of_the_model_cards():
+    from specbench.analytic import profiles
+
+    def count(reference: str) -> int:
+        return profiles.ModelProfile.from_config_json(models.PUBLISHED_CONFIGS[reference],
+                                                      dtype="bfloat16").num_params
+
+    assert count("meta-llama/Llama-3.1-8B-Instruct") == 8_030_261_248
+    assert count("meta-llama/Llama-3.2-1B-Instruct") == 1_235_814_400
+
+
+def test_vllm_has_no_eagle1_class_for_qwen2_and_refuses_its_head_through_its_registry():
+    """The refusal specbench makes before any engine (config._check_eagle_architecture) is vLLM's own."""
+    from vllm.model_executor.models import ModelRegistry
+
+    from specbench.engine import speculative_draft_architectures
+
+    registered = set(ModelRegistry.get_supported_archs())
+    read = speculative_draft_architectures()
+    assert read is not None and read <= registered  # the table specbench reads is the registry's
+    assert "EagleLlamaForCausalLM" in read and "EagleQwen2ForCausalLM" not in registered
+    # vLLM's own configuration resolves the shipped Qwen EAGLE-1 head through that registry, and refuses it.
+    head = {"method": "eagle", "model": str(HUB_CONFIGS / "leptonai/EAGLE-Qwen2.5-7B-Instruct"),
+            "num_speculative_tokens": 2}
+    refusal = vllm_refusal({"model": str(HUB_CONFIGS / "Qwen/Qwen2.5-7B-Instruct"), "dtype": "bfloat16",
+                            "max_model_len": 2048, "speculative_config": head})
+    assert refusal is not None and "['EagleQwen2ForCausalLM'] are not supported" in refusal
+    llama = {"method": "eagle", "model": str(HUB_CONFIGS / "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"),
+             "num_speculative_tokens": 2}
+    assert vllm_refusal({"model": str(HUB_CONFIGS / "meta-llama/Llama-3.1-8B-Instruct"), "dtype": "bfloat16",
+                         "max_model_len": 2048, "speculative_config": llama}) is None
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-7b-instruct", "qwen2.5-7b-instruct-awq"])
+def test_eagle1_on_qwen_is_refused_before_any_engine_with_one_error_naming_the_key(model):
+    errors = config.validate(_compose([f"model={model}", "method=eagle"]))
+    assert len(errors) == 1
+    assert errors[0].startswith("method=eagle (model.eagle) with model.path=Qwen/Qwen2.5-7B-Instruct")
+    assert "EagleQwen2ForCausalLM" in errors[0] and "use method=eagle3" in errors[0]
+    # A head named by hand is refused the same way: it would load as the same missing class.
+    [again] = config.validate(_compose([f"model={model}", "method=eagle",
+                                        "model.eagle=leptonai/EAGLE-Qwen2.5-7B-Instruct"]))
+    assert "EagleQwen2ForCausalLM" in again
+    assert config.validate(_compose(["model=llama-3.1-8b-instruct", "method=eagle"])) == []
+
+
+def test_a_draft_of_another_vocabulary_runs_with_vllms_mapping_or_is_refused_naming_the_key():
+    qwen = ["model=qwen2.5-7b-instruct", "method=draft_model", "method.draft=small"]
+    cell = cell_from_config(_compose(qwen))
+    speculative = cell.identity["method"]["speculative_config"]
+    assert speculative["use_heterogeneous_vocab"] is True  # the model config lists its small draft
+    local = dict(speculative, model=str(HUB_CONFIGS / "Qwen/Qwen2.5-0.5B-Instruct"))
+    target = {"model": str(HUB_CONFIGS / "Qwen/Qwen2.5-7B-Instruct"), "dtype": "bfloat16", "max_model_len": 2048}
+    assert vllm_refusal(dict(target, speculative_config=local)) is None
+    unmapped = {k: v for k, v in local.items() if k != "use_heterogeneous_vocab"}
+    refusal = vllm_refusal(dict(target, speculative_config=unmapped))
+    assert refusal is not None and "should have the same vocabulary size" in refusal
+    # specbench refuses the same cell before any engine, naming the model config's key.
+    [error] = config.validate(_compose(qwen + ["model.heterogeneous_vocab_drafts=[]"]))
+    assert error.startswith("method=draft_model (model.drafts.small): draft Qwen/Qwen2.5-0.5B-Instruct has a "
+                            "vocabulary of 151936 tokens, target Qwen/Qwen2.5-7B-Instruct 152064")
+    assert "model.heterogeneous_vocab_drafts" in error
+    # Sampled drafts cannot be mapped: vLLM refuses them, and so does specbench, first.
+    sampled = qwen + ["+method.speculative_config.draft_sample_method=probabilistic"]
+    assert any("drafts greedily only" in e for e in config.validate(_compose(sampled)))
+    refusal = vllm_refusal(dict(target, speculative_config=dict(local, draft_sample_method="probabilistic")))
+    assert refusal is not None and "only supports greedy draft" in refusal
+    # A draft of the target's own vocabulary keeps the speculative_config it had.
+    same = cell_from_config(_compose(["model=llama-3.1-8b-instruct", "method=draft_model"]))
+    assert "use_heterogeneous_vocab" not in same.identity["method"]["speculative_config"]
