@@ -51,7 +51,10 @@ from specbench import methods, sampling
 # 13: serving cells (load.request_rate; specbench.results.serving): the load met, achieved throughput,
 #     goodput, ITL and queueing-delay percentiles, the running batch over time, and (results.parquet)
 #     speedups at the same offered load with their intervals, whether the cell pays, the model's prediction
-SCHEMA_VERSION = 13
+# 14: baseline_shift_checked (whether the shifted-baseline test could judge a cell's baseline); sampled
+#     cells run to max_tokens (min_tokens = max_tokens, part of their identity); exactness "untested" also
+#     for a distribution check weaker than distribution.MAX_DETECTABLE_TV
+SCHEMA_VERSION = 14
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
 # at batch 1) and why: "tie" when the token emitted there is in the reference's own tied set (its
@@ -175,6 +178,10 @@ SCHEMA = pa.schema(
         ("outputs_stable", _BOOL),  # every repetition of every engine run produced the same tokens
         ("flagged", _BOOL),  # see flag_reasons: treat this speedup with care
         ("flag_reasons", pa.list_(_STR)),
+        # Whether stats.shifted_baselines could test this cell's baseline for an engine run that went off
+        # alone (false: one speculative configuration per baseline, or too few baseline cells per engine;
+        # null: one engine run, or a baseline).
+        ("baseline_shift_checked", _BOOL),
         # What qualifies a speedup without excluding it from verdicts (looping outputs, ties).
         ("caveats", pa.list_(_STR)),
         ("attempts", _INT),  # measurements of this cell on its engine: > 1 when other processes disturbed it
