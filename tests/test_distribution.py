@@ -95,6 +95,16 @@ def test_only_sampling_away_from_greedy_joins_the_identity():
         "temperature": 1.0, "top_p": 0.9, "top_k": 5}
 
 
+def test_timed_sampled_requests_run_to_max_tokens_and_greedy_ones_stop_at_eos():
+    # One generate() call per batch, timed to its longest request: a sampled request that stopped early made a
+    # cell and its baseline batches of unequal work (before issue 56, min_tokens was never set).
+    hot = sampling.Sampling(temperature=0.7)
+    assert hot.timed(128).params() == {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_tokens": 128}
+    assert hot.params() == {"temperature": 0.7, "top_p": 1.0, "top_k": 0}
+    assert sampling.GREEDY.timed(128) is sampling.GREEDY and sampling.GREEDY.timed(128).params() == {
+        "temperature": 0.0}
+
+
 class _Recorder:
     """A Generator that records what it was asked for and echoes each request's seed as its token."""
 
@@ -123,7 +133,9 @@ def test_a_sampled_plan_seeds_every_request_and_draws_the_check_untimed():
     timed = [a for a in engine.asked[1:] if a[0] == 6]
     # Every repetition gives request i the same seed: seed * stride + i.
     assert [a[2] for a in timed] == [[5_000_000, 5_000_001], [5_000_002, 5_000_003]] * 2
-    assert all(a[1] == hot for a in engine.asked)
+    # Timed requests run to max_tokens (min_tokens = max_tokens); the warm-up and the check's draws do not.
+    assert all(a[1] == sampling.Sampling(temperature=0.7, min_tokens=6) for a in timed)
+    assert all(a[1] == hot for a in engine.asked if a[0] != 6)
     drawn = m.distribution
     assert drawn is not None and engine.asked[-1][0] == 4
     assert [len(p) for p in drawn.samples] == [3, 3]

@@ -42,6 +42,15 @@ def test_sampled_cells_record_their_settings_seeds_and_draws(sweep):
     assert sweep["outputs_stable"].all()
 
 
+def test_sampled_cells_run_every_request_to_max_tokens(sweep):
+    # min_tokens = max_tokens on the timed requests (sampling.Sampling.timed), honoured by vLLM 0.32 with
+    # ngram drafts too: every request of every sampled cell is 16 tokens long, so the speedup compares equal
+    # work (output_token_ratio 1).
+    for _, row in sweep.iterrows():
+        assert list(row["output_tokens_per_request"]) == [16] * 4, row["cell_id"]
+    assert (sweep.loc[sweep["method"] == "ngram", "output_token_ratio"] == 1.0).all()
+
+
 def test_ngram_samples_from_the_targets_distribution(sweep):
     spec = sweep[sweep["method"] == "ngram"].set_index("temperature")
     # Every sampled speculative cell is checked, with its power stated.
