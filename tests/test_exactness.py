@@ -100,6 +100,8 @@ def test_merge_counts_ties_as_a_caveat_and_flags_only_a_real_mismatch(tmp_path):
         False, "ties", 1, 0)
     assert tie["divergences"] == [{"request": 0, "position": 1, "kind": "tie", "margin": 0.05}]
     assert not tie["flagged"] and "numerical ties (token positions 1)" in tie["caveats"][0]
+    # One batch size: no control, and the caveat says the excess of ties went untested.
+    assert "no control" in tie["caveats"][0]
     assert tie["tie_tolerance"] == pytest.approx(1.0)
     assert (bad["exactness"], bad["mismatched_requests"]) == ("mismatch", 1)
     assert bad["flagged"] and "clear winner" in bad["flag_reasons"][0]

@@ -473,6 +473,21 @@ class TestSpeedupInterval:
                                   for c in logs)
         assert flagged_sweeps / 400 < 0.1
 
+    def test_three_engine_runs_are_judged_on_their_three_differences(self) -> None:
+        # Runs 1.0, 1.09, 1.18: the widest difference, ln 1.18 = 0.166, is the largest of three pairs. Past
+        # t(0.975, 20) s sqrt(2) = 0.148 (the level of one pair, before issue 56), within the Bonferroni bound over
+        # the three pairs, t(1 - 0.025/3, 20) s sqrt(2) = 0.185.
+        spread = EngineRunSpread(sd=0.05, df=20)
+        assert not speedup_interval([1.0, 1.09, 1.18], spread, None).engine_runs_disagree
+        assert speedup_interval([1.0, 1.18], spread, None).engine_runs_disagree
+
+    def test_the_flag_is_tested_at_its_share_of_the_error_budget(self) -> None:
+        # ln 1.3 = 0.262 apart, 20 cells: beyond t(1 - 0.025/20) s sqrt(2) = 0.244 (0.05 alone, before issue 56),
+        # within t(1 - 0.00625/20) s sqrt(2) = 0.286 (the merge's 0.0125).
+        spread = EngineRunSpread(sd=0.05, df=20)
+        assert speedup_interval([1.0, 1.3], spread, None, cells=20).engine_runs_disagree
+        assert not speedup_interval([1.0, 1.3], spread, None, cells=20, flag_alpha=FAMILY_ALPHA).engine_runs_disagree
+
     def test_without_spread_uses_within_engine_noise_with_its_t_quantile(self) -> None:
         interval = speedup_interval([1.3], EngineRunSpread(sd=0.0, df=0), WithinNoise(se=0.01, df=4))
         half = 2.7764451051977987 * 0.01
