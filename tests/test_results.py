@@ -583,9 +583,9 @@ def test_where_the_shifted_baseline_test_cannot_fire_each_cell_says_so(tmp_path)
 
 def test_sound_sweeps_lose_a_cell_to_any_flag_at_most_at_the_stated_budget():
     # docs/methodology.md: one error budget, 0.05 over the four flag families (0.0125 each). Simulated sound
-    # sweeps (tests/benchmarks/flag_budget.py, 2,000 of them: 4.4% before the pairs of three runs were counted,
-    # see the figures there) lose a cell to any flag at most 5% of the time; each family at 0.05 on its own lost
-    # one in 16.5% (before issue 56). Asserted on 200 sweeps, with their simulation error.
+    # sweeps (tests/benchmarks/flag_budget.py: 3.6% of 1,000) lose a cell to any flag at most 5% of the time;
+    # each family at 0.05 on its own lost one in 16.5% (before issue 56). Asserted on 200 sweeps, with their
+    # simulation error.
     from benchmarks import flag_budget
     from specbench import stats
 

@@ -35,7 +35,7 @@ import importlib.util
 import math
 import subprocess
 import sys
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
