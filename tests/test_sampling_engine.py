@@ -50,10 +50,15 @@ def test_sampled_cells_record_their_settings_seeds_and_draws(sweep):
 def test_ngram_samples_from_the_targets_distribution(sweep):
     spec = sweep[sweep["method"] == "ngram"].set_index("temperature")
     # Every sampled speculative cell is checked, with its power stated.
-    assert spec["distribution_p_value"].between(0, 1).all() and spec["distribution_power_tv"].notna().all()
-    assert set(spec["exactness"]) <= {"distribution", "mismatch"}
+    assert spec["distribution_p_value"].between(0, 1).all()
+    # Its power counts only the positions a draft decided (ngram drafts little on creative prompts): a check
+    # that cannot detect a deviation of MAX_DETECTABLE_TV there is "untested", never "distribution".
+    assert set(spec["exactness"]) <= {"distribution", "untested", "mismatch"}
+    weak = spec["distribution_power_tv"].isna() | (spec["distribution_power_tv"] > distribution.MAX_DETECTABLE_TV)
+    assert (spec.loc[weak, "exactness"] != "distribution").all()
     # At 1.0 ngram passes (p = 0.51 on 2026-12-02, after the repair of vllm#55005).
-    assert spec.loc[1.0, "exactness"] == "distribution" and spec.loc[1.0, "distribution_p_adjusted"] > 0.05
+    assert spec.loc[1.0, "exactness"] in ("distribution", "untested")
+    assert spec.loc[1.0, "distribution_p_adjusted"] > 0.05
     # At 0.4 this draw gives p = 0.0175 (Holm 0.035: flagged), and 0.056 with 256 samples; the
     # samples' likelihood under the target matches the baseline's (docs/results/2026-12-02-sampling-check.md,
     # "Open"). Asserted here: no gross failure, such as the unrepaired engine's collapse.
@@ -103,8 +108,8 @@ _MIN_TOKENS = textwrap.dedent('''
         return sum(m.value for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_drafts")
     def lengths(sampling):
         before = drafts()
-        outs = llm.generate([prompt] * 8, [SamplingParams(max_tokens=48, seed=i, **sampling.params()) for i in range(8)],
-                            use_tqdm=False)
+        params = [SamplingParams(max_tokens=48, seed=i, **sampling.params()) for i in range(8)]
+        outs = llm.generate([prompt] * 8, params, use_tqdm=False)
         return [len(o.outputs[0].token_ids) for o in outs], drafts() - before
     hot = Sampling(temperature=1.0)
     print(json.dumps({"free": lengths(hot), "timed": lengths(hot.timed(48))}))

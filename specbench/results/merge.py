@@ -108,7 +108,8 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
         if interval.engine_runs_disagree:
             row["flag_reasons"] = (row.get("flag_reasons") or []) + [
                 "engine runs disagree: " + ", ".join(f"{r:.2f}x" for r in ratios)
-                + f" (beyond the other cells' engine-to-engine spread, at {FAMILY_ALPHA:g} Bonferroni over {compared} cells)"
+                + f" (beyond the other cells' engine-to-engine spread, at {FAMILY_ALPHA:g} Bonferroni over "
+                f"{compared} cells)"
             ]
     _judge_distributions(rows)
     _judge_tie_excess(rows)

@@ -222,7 +222,8 @@ def main(argv: Sequence[str]) -> None:
         row = []
         for name, module, confidence in (("before", before, 1 - SWEEP_ALPHA), ("after", stats, 1 - FAMILY_ALPHA)):
             rng = np.random.default_rng(2)
-            lost = sum(bool(shifted(module, sound_sweep(rng, **sweep), confidence)) for _ in range(trials))  # type: ignore[arg-type]
+            tables = (sound_sweep(rng, **sweep) for _ in range(trials))  # type: ignore[arg-type]
+            lost = sum(bool(shifted(module, table, confidence)) for table in tables)
             row.append(f"{name} {lost / trials:5.1%}")
         print(f"  {label:<60} {'  '.join(row)}")
     print("Shifted baseline, power (a batch-4 baseline cell slow in its last run, found alone):")
