@@ -331,6 +331,8 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
         **sampling.identity_keys(plain),
         **({"distribution_check": plain["distribution_check"]}
            if sampling.identity_keys(plain) and plain.get("distribution_check") else {}),
+        # Sampled cells are timed at equal length (sampling.Sampling.timed): another measurement than before.
+        **({"sampled_length": "max_tokens"} if sampling.identity_keys(plain) else {}),
         "engine": engine,
         "engine_run": plain["engine_run"],
         # Serving cells only: an offline cell keeps the identity (and id) it had before load.* existed.

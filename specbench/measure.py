@@ -372,7 +372,7 @@ def measure(
         finished: list[GeneratedRequest] = []
         for batch, seeds in zip(plan.batches(), plan.batch_seeds()):
             start = time.perf_counter()
-            requests = engine.generate(batch, plan.max_tokens, plan.sampling, seeds)
+            requests = engine.generate(batch, plan.max_tokens, plan.sampling.timed(plan.max_tokens), seeds)
             elapsed += time.perf_counter() - start
             finished.extend(requests)
             if (ran := most_at_once(requests)) is not None:

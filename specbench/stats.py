@@ -48,6 +48,7 @@ __all__ = [
     "median_variance_factor",
     "percentile",
     "repeated_ngram_share",
+    "shift_testable",
     "shifted_baselines",
     "speedup_interval",
     "student_t_quantile",
@@ -467,12 +468,15 @@ class _BaselineCell:
     runs: list[int]
     common: np.ndarray  # per run, the part of the centred log ratios common to the cells
     cells: int
+    stratum: Hashable
+    weight: float  # Var(common part) over its stratum's residual mean square: (1 - 1/R)(1 + 1/E)
 
 
 def shifted_baselines(
     ratios_by_cell: Sequence[Mapping[int, float]],
     references: Sequence[Hashable],
     baselines: Sequence[Hashable],
+    strata: Sequence[Hashable] | None = None,
     *,
     confidence: float = 0.95,
 ) -> dict[Hashable, ShiftedBaseline]:
@@ -481,10 +485,12 @@ def shifted_baselines(
 
     ``ratios_by_cell``: each speculative cell's speedup per engine run (engine
     run index -> ratio); ``references``: the baseline cell it is measured
-    against (one per workload and batch size, the same in every run);
-    ``baselines``: that cell's baseline engine (:func:`engine_run_spread`).
-    A baseline cell serves several speculative cells (one per method and K),
-    so a baseline run that went slow while other processes' CPU time showed
+    against (one per workload, batch size and temperature, the same in every
+    run); ``baselines``: that cell's baseline engine (:func:`engine_run_spread`);
+    ``strata``: its stratum, the workload x batch size x temperature whose
+    cells share one noise level (default: each baseline cell its own). A
+    baseline cell serves several speculative cells (one per method and K), so
+    a baseline run that went slow while other processes' CPU time showed
     nothing (a co-tenant's memory traffic, a throttled core) moves all their
     ratios of that run together, where their own noise moves them apart. The
     per-cell disagreement test of :func:`speedup_interval` misses it: the
@@ -494,37 +500,109 @@ def shifted_baselines(
     Per baseline cell with E >= 2 speculative cells over R >= 2 common engine
     runs: the log ratios, centred per cell over runs, split into the part
     common to the cells, c_r, and the rest. The rest is the speculative
-    side's own run-to-run noise, in which the baseline's cancels: pooled over
-    baseline cells, its mean square s^2 has sum (E-1)(R-1) degrees of freedom.
-    A baseline cell that varied as a speculative one does would give c_r a
-    variance of s^2 (1 - 1/R)(1 + 1/E). A shift is flagged when both
+    side's own run-to-run noise, in which the baseline's cancels: its mean
+    square s^2, pooled over the baseline cells of one stratum only, has
+    sum (E-1)(R-1) degrees of freedom. Noise differs between strata (a batch
+    of 8 is noisier than a batch of 1, a sampled cell than a greedy one): one
+    variance pooled over the sweep put the false flags on the noisiest
+    references. A baseline cell that varied as a speculative one does would
+    give c_r a variance of v = s^2 (1 - 1/R)(1 + 1/E). A shift is flagged when both
 
-    - |c_r| exceeds t times that sd: the baseline moved more than a
-      speculative cell moves, and
-    - c_r less the median c_r of the same baseline engine's cells in that run
-      exceeds t times that sd, widened for the median's own variance (at
-      least two cells): the engine did not move as a whole. A whole baseline
+    - |c_r| exceeds t sqrt(v) (t on its stratum's df): the baseline moved
+      more than a speculative cell moves, and
+    - c_r less the median c_r of the same baseline engine's *other* tested
+      cells in that run (at least two) exceeds t times the sd of that
+      difference, v + Var(median) (:func:`median_variance_factor` times the
+      others' mean v over their number), on Satterthwaite's df over the
+      strata involved: the engine did not move as a whole. A whole baseline
       engine's deviation is part of the engine-to-engine spread the intervals
-      carry (:func:`engine_run_spread` estimates it apart), not a disturbance,
+      carry (:func:`engine_run_spread` estimates it apart), not a disturbance.
+      The tested cell stays out of its own median, which would otherwise
+      pull towards it,
 
     with t at 1 - (1 - confidence) / (2 m), m the baseline cells tested (R
     tests per cell, or 1 where R = 2: its two runs mirror each other).
 
     Returns the shifted baseline cells by reference; empty when no baseline
-    cell has two speculative cells over two engine runs in common.
+    cell has two speculative cells over two engine runs in common, or fewer
+    than three such cells share a baseline engine (:func:`shift_testable`
+    says which references could be tested).
     """
-    if not len(ratios_by_cell) == len(references) == len(baselines):
-        raise ValueError(f"{len(ratios_by_cell)} cells, {len(references)} references and {len(baselines)} baselines")
+    measured, variances = _baseline_cells(ratios_by_cell, references, baselines, strata, confidence)
+    if not measured:
+        return {}
+    by_engine_run: dict[tuple[Hashable, int], list[tuple[Hashable, float]]] = {}
+    for reference, cell in measured.items():
+        for run, value in zip(cell.runs, cell.common):
+            by_engine_run.setdefault((cell.engine, run), []).append((reference, float(value)))
+    tests = sum(1 if len(cell.runs) == 2 else len(cell.runs) for cell in measured.values())
+    level = 1.0 - (1.0 - confidence) / (2 * tests)
+    shifted = {}
+    for reference, cell in measured.items():
+        count = len(cell.runs)
+        variance, df = variances[cell.stratum]
+        spread = cell.weight * variance
+        t = student_t_quantile_real(level, df)
+        # Two runs mirror each other: name the slower baseline run (positive part), the one to rerun.
+        order = np.argsort(-cell.common) if count == 2 else np.argsort(-np.abs(cell.common))
+        for i in (int(j) for j in order):
+            others = [(r, v) for r, v in by_engine_run[cell.engine, cell.runs[i]] if r != reference]
+            if len(others) < 2 or abs(cell.common[i]) <= t * math.sqrt(spread):
+                continue
+            # Var(c_i - median of others) as a sum of the strata's mean squares, for Satterthwaite's df.
+            factor = median_variance_factor(len(others)) / len(others) ** 2
+            terms: dict[Hashable, float] = {cell.stratum: cell.weight}
+            for other, _ in others:
+                stratum = measured[other].stratum
+                terms[stratum] = terms.get(stratum, 0.0) + factor * measured[other].weight
+            parts = [(w * variances[s][0], variances[s][1]) for s, w in terms.items()]
+            total = sum(p for p, _ in parts)
+            apart_df = total**2 / sum(p * p / d for p, d in parts) if total > 0 else min(d for _, d in parts)
+            apart = cell.common[i] - float(np.median([v for _, v in others]))
+            if abs(apart) > student_t_quantile_real(level, max(1.0, apart_df)) * math.sqrt(total):
+                shift = float(cell.common[i]) * count / (count - 1)  # against the mean of the other runs
+                shifted[reference] = ShiftedBaseline(run=cell.runs[i], shift=shift, cells=cell.cells, tests=tests)
+                break
+    return shifted
+
+
+def shift_testable(
+    ratios_by_cell: Sequence[Mapping[int, float]],
+    references: Sequence[Hashable],
+    baselines: Sequence[Hashable],
+    strata: Sequence[Hashable] | None = None,
+) -> set[Hashable]:
+    """The references :func:`shifted_baselines` can test (same arguments): two speculative cells or more
+    over two common engine runs, and two other such cells under the same baseline engine to hold it
+    against. Elsewhere a baseline run that went off alone cannot be told from the cells' own noise."""
+    measured, _ = _baseline_cells(ratios_by_cell, references, baselines, strata, 0.95)
+    engines = Counter(cell.engine for cell in measured.values())
+    return {reference for reference, cell in measured.items() if engines[cell.engine] >= 3}
+
+
+def _baseline_cells(
+    ratios_by_cell: Sequence[Mapping[int, float]],
+    references: Sequence[Hashable],
+    baselines: Sequence[Hashable],
+    strata: Sequence[Hashable] | None,
+    confidence: float,
+) -> tuple[dict[Hashable, _BaselineCell], dict[Hashable, tuple[float, float]]]:
+    """The baseline cells with two speculative cells over two common engine runs, and per stratum the
+    speculative side's residual mean square with its degrees of freedom."""
+    if not len(ratios_by_cell) == len(references) == len(baselines) == len(strata or references):
+        raise ValueError(f"{len(ratios_by_cell)} cells, {len(references)} references, {len(baselines)} "
+                         f"baselines and {len(strata or references)} strata")
+    strata = list(references) if strata is None else list(strata)
     _check_confidence(confidence)
     by_reference: dict[Hashable, list[Mapping[int, float]]] = {}
-    engine_of: dict[Hashable, Hashable] = {}
-    for ratios, reference, baseline in zip(ratios_by_cell, references, baselines):
+    key_of: dict[Hashable, tuple[Hashable, Hashable]] = {}
+    for ratios, reference, baseline, stratum in zip(ratios_by_cell, references, baselines, strata):
         if len(ratios) >= 2:
             _positive(list(ratios.values()))
             by_reference.setdefault(reference, []).append(ratios)
-            engine_of[reference] = baseline
+            key_of[reference] = (baseline, stratum)
     measured: dict[Hashable, _BaselineCell] = {}
-    residual_ss, df = 0.0, 0
+    sums: dict[Hashable, tuple[float, int]] = {}
     for reference, cells in by_reference.items():
         runs, logs_by_cell = _in_common_runs(cells)
         logs = [cell_logs for cell_logs in logs_by_cell if cell_logs is not None]
@@ -532,34 +610,15 @@ def shifted_baselines(
             continue
         centred = np.vstack(logs) - np.vstack(logs).mean(axis=1, keepdims=True)  # cells x runs
         common = centred.mean(axis=0)
-        residual_ss += float(np.sum((centred - common) ** 2))
-        df += (len(logs) - 1) * (len(runs) - 1)
-        measured[reference] = _BaselineCell(engine_of[reference], runs, common, len(logs))
-    if not df:
-        return {}
-    by_engine_run: dict[tuple[Hashable, int], list[float]] = {}
-    for cell in measured.values():
-        for run, value in zip(cell.runs, cell.common):
-            by_engine_run.setdefault((cell.engine, run), []).append(float(value))
-    tests = sum(1 if len(cell.runs) == 2 else len(cell.runs) for cell in measured.values())
-    t = student_t_quantile(1.0 - (1.0 - confidence) / (2 * tests), df)
-    variance = residual_ss / df
-    shifted = {}
-    for reference, cell in measured.items():
-        count = len(cell.runs)
-        sd = math.sqrt(variance * (1.0 - 1.0 / count) * (1.0 + 1.0 / cell.cells))
-        # Two runs mirror each other: name the slower baseline run (positive part), the one to rerun.
-        order = np.argsort(-cell.common) if count == 2 else np.argsort(-np.abs(cell.common))
-        for i in (int(j) for j in order):
-            others = by_engine_run[cell.engine, cell.runs[i]]
-            if len(others) < 2 or abs(cell.common[i]) <= t * sd:
-                continue
-            spread = sd * math.sqrt(1.0 + median_variance_factor(len(others)) / len(others))
-            if abs(cell.common[i] - float(np.median(others))) > t * spread:
-                shift = float(cell.common[i]) * count / (count - 1)  # against the mean of the other runs
-                shifted[reference] = ShiftedBaseline(run=cell.runs[i], shift=shift, cells=cell.cells, tests=tests)
-                break
-    return shifted
+        engine, stratum = key_of[reference]
+        ss, df = sums.get(stratum, (0.0, 0))
+        sums[stratum] = (ss + float(np.sum((centred - common) ** 2)), df + (len(logs) - 1) * (len(runs) - 1))
+        weight = (1.0 - 1.0 / len(runs)) * (1.0 + 1.0 / len(logs))
+        measured[reference] = _BaselineCell(engine, runs, common, len(logs), stratum, weight)
+    variances = {stratum: (ss / df, float(df)) for stratum, (ss, df) in sums.items()}
+    # A stratum whose cells agree exactly has no noise to judge by (nothing measured is that quiet).
+    measured = {r: c for r, c in measured.items() if variances[c.stratum][0] > 0.0}
+    return measured, variances
 
 
 @functools.lru_cache(maxsize=None)
@@ -655,6 +714,7 @@ def speedup_interval(
     confidence: float = 0.95,
     cells: int = 1,
     others: EngineRunSpread | None = None,
+    flag_alpha: float | None = None,
 ) -> SpeedupInterval:
     """Interval estimates for one cell's speedup from its per-run ratios.
 
@@ -698,7 +758,11 @@ def speedup_interval(
         ci_half = t * spread.sd / math.sqrt(logs.size)
         rerun_half = t * spread.sd * math.sqrt(2.0 / logs.size)
         judge = others if others is not None and others.df > 0 else spread
-        t_cells = student_t_quantile_real(1.0 - (1.0 - confidence) / (2 * cells), judge.df)
+        level = 1.0 - confidence if flag_alpha is None else flag_alpha
+        # The widest of n runs' differences is the largest of n (n - 1) / 2 pairs: Bonferroni over them too
+        # (with 3 runs at the cells' level alone, sound sweeps lost a cell 1.7 times as often as allowed).
+        pairs = logs.size * (logs.size - 1) // 2
+        t_cells = student_t_quantile_real(1.0 - level / (2 * cells * max(pairs, 1)), judge.df)
         disagree = logs.size > 1 and float(logs.max() - logs.min()) > t_cells * judge.sd * math.sqrt(2.0)
         method = f"pooled-t-log-{tag}"
     elif within is not None and within.df > 0 and within.se > 0.0:

@@ -297,6 +297,8 @@ def test_sampling_joins_the_identity_only_away_from_greedy_and_the_baseline_keep
     hot = cell_from_config(compose_cell(["temperature=0.7"]))
     assert explicit.cell_id == greedy.cell_id and "temperature" not in greedy.identity
     assert hot.cell_id != greedy.cell_id and "-t0.7-" in hot.cell_id
+    # Sampled cells are timed at equal length (min_tokens = max_tokens): part of their identity, not greedy's.
+    assert hot.identity["sampled_length"] == "max_tokens" and "sampled_length" not in greedy.identity
     assert hot.baseline().sampling.temperature == 0.7 and hot.baseline().cell_id != greedy.baseline().cell_id
     assert cell_from_config(compose_cell(["temperature=0.7", "top_p=0.9"])).cell_id != hot.cell_id
     # The check's size decides a sampled cell's draws, and nothing of a greedy one.

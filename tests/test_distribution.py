@@ -8,6 +8,7 @@ import pytest
 from specbench import sampling
 from specbench.measure import CellPlan, DistributionPlan, measure
 from specbench.results import distribution
+from specbench.results.merge import FAMILY_ALPHA
 
 
 def draws(rng: np.random.Generator, probs: np.ndarray, prompts: int = 4, n: int = 64, tokens: int = 8):
@@ -94,6 +95,16 @@ def test_only_sampling_away_from_greedy_joins_the_identity():
         "temperature": 1.0, "top_p": 0.9, "top_k": 5}
 
 
+def test_timed_sampled_requests_run_to_max_tokens_and_greedy_ones_stop_at_eos():
+    # One generate() call per batch, timed to its longest request: a sampled request that stopped early made a
+    # cell and its baseline batches of unequal work (before issue 56, min_tokens was never set).
+    hot = sampling.Sampling(temperature=0.7)
+    assert hot.timed(128).params() == {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_tokens": 128}
+    assert hot.params() == {"temperature": 0.7, "top_p": 1.0, "top_k": 0}
+    assert sampling.GREEDY.timed(128) is sampling.GREEDY and sampling.GREEDY.timed(128).params() == {
+        "temperature": 0.0}
+
+
 class _Recorder:
     """A Generator that records what it was asked for and echoes each request's seed as its token."""
 
@@ -122,7 +133,9 @@ def test_a_sampled_plan_seeds_every_request_and_draws_the_check_untimed():
     timed = [a for a in engine.asked[1:] if a[0] == 6]
     # Every repetition gives request i the same seed: seed * stride + i.
     assert [a[2] for a in timed] == [[5_000_000, 5_000_001], [5_000_002, 5_000_003]] * 2
-    assert all(a[1] == hot for a in engine.asked)
+    # Timed requests run to max_tokens (min_tokens = max_tokens); the warm-up and the check's draws do not.
+    assert all(a[1] == sampling.Sampling(temperature=0.7, min_tokens=6) for a in timed)
+    assert all(a[1] == hot for a in engine.asked if a[0] != 6)
     drawn = m.distribution
     assert drawn is not None and engine.asked[-1][0] == 4
     assert [len(p) for p in drawn.samples] == [3, 3]
@@ -190,7 +203,8 @@ def test_the_reference_pools_the_baselines_draws_at_every_batch_size(tmp_path):
     pooled = [a + b for a, b in zip(at_1, at_8)]
     row = {r["cell_id"]: r for r in merge(tmp_path, ["base1", "base8", "spec"])}["spec"]
     assert row["distribution_p_value"] == distribution.permutation_p_value(pooled, spec)
-    assert row["distribution_power_tv"] == distribution.detectable_deviation(pooled, [len(s) for s in spec])
+    assert row["distribution_power_tv"] == distribution.detectable_deviation(pooled, [len(s) for s in spec],
+                                                                           alpha=FAMILY_ALPHA)
     alone = {r["cell_id"]: r for r in merge(tmp_path, ["base1", "spec"])}["spec"]
     assert alone["distribution_p_value"] == distribution.permutation_p_value(at_1, spec)
 
@@ -234,7 +248,7 @@ def test_power_is_stated_at_the_level_holm_applies_over_the_checked_cells(tmp_pa
                                            draws(rng, P)), [[1, 9], [3, 9]])
         ids.append(cell_id)
     rows = {r["cell_id"]: r for r in merge(tmp_path, ids)}
-    at_holm = distribution.detectable_deviation(base, [64] * 4, alpha=0.05 / 4)
+    at_holm = distribution.detectable_deviation(base, [64] * 4, alpha=FAMILY_ALPHA / 4)
     unadjusted = distribution.detectable_deviation(base, [64] * 4)
     assert at_holm is not None and unadjusted is not None and at_holm > unadjusted
     assert all(rows[f"spec{k}"]["distribution_power_tv"] == at_holm for k in (2, 3, 4, 5))
@@ -266,3 +280,36 @@ def test_the_smallest_p_value_can_clear_holm_however_many_cells_are_checked(cell
     permutations = distribution.permutations_for(cells)
     assert permutations >= distribution.PERMUTATIONS
     assert 1 / (1 + permutations) <= distribution.ALPHA / cells / distribution.FLOOR_MARGIN
+
+
+def test_the_power_simulation_moves_only_the_positions_a_draft_decided():
+    rng = np.random.default_rng(11)
+    base = draws(rng, P)
+    everywhere = distribution.detectable_deviation(base, [64] * 4)
+    half = distribution.detectable_deviation(base, [64] * 4, verified=0.5)
+    assert everywhere == 0.15 and half == 0.3
+    # 4 prompts x 2 samples of 8 tokens: 7 compared positions each; 10 drafts and 18 accepted decided 28 of 56.
+    samples = [[[0] * 8, [0] * 8] for _ in range(4)]
+    assert distribution.verified_share(samples, 8, 10, 18) == 0.5
+    assert distribution.verified_share(samples, 8, None, 18) == 1.0  # unknown: the old assumption
+
+
+def test_a_cell_whose_check_is_too_weak_is_untested_not_in_distribution(tmp_path):
+    # The check's draws met 12 drafts (accepted 6) over 4 x 64 x 7 compared positions: a proposer's defect
+    # could act on 1% of them, and nothing up to a total variation of 0.5 there is detected. It passes (p
+    # well above alpha), which says nothing: exactness "untested" with a caveat stating the power (before
+    # issue 56: "distribution", checked).
+    from rows import cell_row, write_cell
+
+    from specbench.results.merge import merge
+
+    rng = np.random.default_rng(11)
+    base = _sampled_cell(cell_row("base", "baseline", 10.0), draws(rng, P))
+    weak = _sampled_cell(cell_row("weak", "ngram", 5.0, baseline_id="base"), draws(rng, P),
+                         distribution_drafts=12, distribution_accepted_tokens=6)
+    write_cell(tmp_path, base, [[1, 2], [3, 4]])
+    write_cell(tmp_path, weak, [[1, 9], [3, 9]])
+    row = {r["cell_id"]: r for r in merge(tmp_path, ["base", "weak"])}["weak"]
+    assert row["distribution_power_tv"] is None and row["distribution_p_adjusted"] > 0.05
+    assert row["exactness"] == "untested" and not row["flagged"]
+    assert any("detects no deviation up to a total-variation distance of 0.5" in c for c in row["caveats"])

@@ -61,13 +61,20 @@ def test_a_divergence_is_a_tie_only_if_the_emitted_token_is_in_the_references_ti
 
 
 def test_a_tie_share_far_above_the_controls_is_significant_and_a_like_one_is_not():
-    # The issue's example: 30 of 40 requests tie where plain decoding parts on 2 of 40.
-    assert exactness.tie_excess_p_value(30, 40, 2, 40) < 1e-9
-    assert exactness.tie_excess_p_value(3, 40, 2, 40) == pytest.approx(0.5)
-    # Exact hypergeometric tail: 2 of 2 against 0 of 2, C(2,2) C(2,0) / C(4,2) = 1/6.
-    assert exactness.tie_excess_p_value(2, 2, 0, 2) == pytest.approx(1 / 6)
-    with pytest.raises(ValueError, match="ties must lie"):
-        exactness.tie_excess_p_value(5, 4, 0, 4)
+    # McNemar's exact test on the discordant requests: P(Bin(n, 1/2) >= cell-only ties).
+    assert exactness.tie_excess_p_value(10, 0) == pytest.approx(2.0**-10)
+    assert exactness.tie_excess_p_value(3, 2) == pytest.approx(0.5)
+    assert exactness.tie_excess_p_value(0, 0) == 1.0
+    with pytest.raises(ValueError, match="discordant requests"):
+        exactness.tie_excess_p_value(-1, 4)
+
+
+def test_ties_are_paired_by_request_not_counted_as_two_samples():
+    # 40 requests: the control ties on 4, the cell on 10 that include those 4 (ties gather on fragile
+    # requests). Paired, 6 requests tie in the cell alone and none in the control alone: p = 2^-6. Fisher's
+    # test on 10 of 40 against 4 of 40, as if the two were independent samples, gave 0.07 (before issue 56).
+    assert exactness.tie_excess_p_value(6, 0) == pytest.approx(1 / 64)
+    assert exactness.tie_excess_p_value(6, 0) < 0.02
 
 
 def bf16_pair(tmp_path, name, base_tokens, spec_tokens, margins, near_ties, batch=1, engine_run=0):
@@ -93,6 +100,8 @@ def test_merge_counts_ties_as_a_caveat_and_flags_only_a_real_mismatch(tmp_path):
         False, "ties", 1, 0)
     assert tie["divergences"] == [{"request": 0, "position": 1, "kind": "tie", "margin": 0.05}]
     assert not tie["flagged"] and "numerical ties (token positions 1)" in tie["caveats"][0]
+    # One batch size: no control, and the caveat says the excess of ties went untested.
+    assert "no control" in tie["caveats"][0]
     assert tie["tie_tolerance"] == pytest.approx(1.0)
     assert (bad["exactness"], bad["mismatched_requests"]) == ("mismatch", 1)
     assert bad["flagged"] and "clear winner" in bad["flag_reasons"][0]
@@ -156,7 +165,8 @@ def test_a_cell_tying_far_more_often_than_plain_decoding_is_flagged(tmp_path):
     spec = {r["cell_id"]: r for r in merge(tmp_path, ids)}["se1-p0"]
     assert (spec["exactness"], spec["tie_requests"]) == ("ties", 10)
     assert spec["flagged"]
-    assert any("ties on 10 of 12 requests where plain decoding at another batch size ties on 1 of 12" in reason
+    assert any("ties on 10 of 12 requests where plain decoding at another batch size ties on 1 of them "
+               "(9 only in the cell, 0 only in plain decoding)" in reason and "McNemar" in reason
                for reason in spec["flag_reasons"])
     # The same ties on 1 request only: as often as plain decoding, a caveat and no flag.
     for cell_id in ids:
@@ -167,3 +177,23 @@ def test_a_cell_tying_far_more_often_than_plain_decoding_is_flagged(tmp_path):
     _one_curve(tmp_path, ids)
     spec = {r["cell_id"]: r for r in merge(tmp_path, ids)}["se1-p0"]
     assert spec["exactness"] == "ties" and not spec["flagged"] and spec["caveats"]
+
+
+def test_the_control_is_plain_decoding_at_the_batch_shape_nearest_the_cells(tmp_path):
+    # A cell at batch 1 with K = 2 verifies 3 tokens a step: its control is plain decoding at batch 2 (the
+    # sibling nearest 3), which ties on none of 12 requests; the cell ties on 8. Plain decoding at batch 8
+    # ties on the same 8: pooled over every sibling (before issue 56), the control tied as often as the
+    # cell, and the excess went unseen.
+    requests = 12
+    reference = [[1, 2, 3] for _ in range(requests)]
+    near = [[[1], [2, 9], [3]] for _ in range(requests)]
+    margins = [[2.0, 0.2, 2.0] for _ in range(requests)]
+    tied = [[1, 9, 3] if i < 8 else [1, 2, 3] for i in range(requests)]
+    ids = bf16_pair(tmp_path, "n", reference, tied, margins, near, batch=1)
+    ids += bf16_pair(tmp_path, "n", reference, None, margins, near, batch=2)
+    ids += bf16_pair(tmp_path, "n", tied, None, margins, near, batch=8)
+    _one_curve(tmp_path, ids)
+    spec = {r["cell_id"]: r for r in merge(tmp_path, ids)}["sn1-p0"]
+    assert (spec["exactness"], spec["tie_requests"]) == ("ties", 8)
+    assert spec["flagged"]
+    assert any("plain decoding at another batch size ties on 0 of them" in reason for reason in spec["flag_reasons"])

@@ -781,3 +781,26 @@ def test_the_spread_note_says_how_degrees_of_freedom_were_counted_and_what_each_
     assert alone is not None and "cannot be told apart" in alone
     # Results of schema 11 and older carry no split: no note rather than a guess.
     assert tables.spread_note(pd.DataFrame(rows).drop(columns=["baseline_engine_log_sd"])) is None
+
+
+def test_the_statistical_checks_are_on_the_page(tmp_path: Path) -> None:
+    # Issue 56: the distribution check's power beside each p-value (item 6), where the shifted-baseline test
+    # could not judge a baseline (item 3), the one error budget (item 4), and output-token ratios other than 1
+    # (item 5). None of them was on the page before.
+    rows = [make_row("baseline", batch=b) for b in (1, 4)]
+    rows += [make_row("baseline", batch=1, temperature=0.7, cell_id="baseline-k0-b1-summarize-t0.7-r0")]
+    rows += [
+        make_row("ngram", 2, 1, speedup=1.5, engine_runs=2, baseline_shift_checked=False),
+        make_row("ngram", 2, 4, speedup=1.2, engine_runs=2, baseline_shift_checked=True),
+        make_row("ngram", 2, 1, speedup=1.1, temperature=0.7, cell_id="ngram-k2-b1-summarize-t0.7-r0",
+                 exactness="untested", distribution_p_value=0.42, distribution_p_adjusted=0.84,
+                 distribution_power_tv=None, output_token_ratio=0.9),
+    ]
+    text, page = render(tmp_path, rows)
+    assert ["summarize · T=0.7", "ngram K=2", "1", "0.70", "0.42", "0.84", "none up to 0.5", "untested",
+            "ngram-k2-b1-summarize-t0.7-r0"] in page.tables["exactness"]
+    flagged = page.text("flagged")
+    assert "at most 0.05" in flagged and "0.0125" in flagged
+    assert "could not judge the baselines of these cells" in flagged and "summarize: batch 1 (ngram K=2)" in flagged
+    assert ["summarize · T=0.7", "ngram K=2", "1", "0.70", "0.900", "1.10×", "1.22×",
+            "ngram-k2-b1-summarize-t0.7-r0"] in page.tables["cells"]

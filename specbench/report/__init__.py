@@ -29,7 +29,7 @@ import yaml
 
 from specbench.analytic.verdicts import Grid
 from specbench.logs import LOG_FILE
-from specbench.report import memory, plots, serving, tables
+from specbench.report import checks, memory, plots, serving, tables
 from specbench.results.files import planned_cell_ids, write_atomic
 from specbench.results.schema import ResultsError, results_path
 
@@ -118,6 +118,11 @@ def render_report(results_path: Path) -> str:
         # Every cell, serving or offline: exactness, flags, failures, the cell list, provenance.
         exactness=tables.exactness(full),
         flagged=tables.flagged(full, missing_columns, command, results_path.parent),
+        error_budget=checks.error_budget(),
+        unchecked_baselines=checks.unchecked_baselines(full),
+        distribution_checks=checks.distribution_checks(full),
+        distribution_note=checks.distribution_note(),
+        unequal_lengths=checks.unequal_lengths(full),
         failed=tables.failed(full),
         all_cells=tables.all_cells(full),
         provenance=tables.provenance(full) + _log_file(results_path.parent),

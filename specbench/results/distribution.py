@@ -64,6 +64,9 @@ PERMUTATIONS = 1999
 # Total-variation distances the power simulation tries, smallest first.
 DEVIATIONS = (0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
 POWER_SIMULATIONS = 200
+# A check that passes counts only if it detects, with 80% power, a deviation of at most this total-variation
+# distance at the positions a draft decided; a weaker one leaves its cell "untested" (results.merge).
+MAX_DETECTABLE_TV = 0.3
 # The smallest attainable p-value, 1 / (1 + permutations), is kept this many times below the alpha / m
 # Holm needs for the most significant of m cells (and the power simulation this many runs beyond its quantile).
 FLOOR_MARGIN = 10
@@ -157,18 +160,35 @@ def permutation_p_value(
     return (1 + extreme) / (1 + permutations)
 
 
-def permutations_for(cells: int) -> int:
-    """Permutations for a sweep that checks ``cells`` cells: at least :data:`PERMUTATIONS`, and enough that
-    the smallest p-value, 1 / (1 + permutations), is :data:`FLOOR_MARGIN` times below ``ALPHA / cells``
-    (Holm's threshold for the most significant cell). 16 cells: 3,199; 100 cells: 19,999."""
+def permutations_for(cells: int, *, alpha: float = ALPHA) -> int:
+    """Permutations for a sweep that checks ``cells`` cells at family level ``alpha``: at least
+    :data:`PERMUTATIONS`, and enough that the smallest p-value, 1 / (1 + permutations), is
+    :data:`FLOOR_MARGIN` times below ``alpha / cells`` (Holm's threshold for the most significant cell).
+    At 0.05, 16 cells: 3,199; 100 cells: 19,999."""
     if cells < 1:
         raise ValueError(f"cells must be >= 1, got {cells}")
-    return max(PERMUTATIONS, math.ceil(FLOOR_MARGIN * cells / ALPHA) - 1)
+    return max(PERMUTATIONS, math.ceil(FLOOR_MARGIN * cells / alpha) - 1)
+
+
+def verified_share(samples: Samples, tokens: int, drafts: int | None, accepted: int | None) -> float:
+    """The share of the check's compared positions that a verify pass with a draft decided.
+
+    Each such pass emits its accepted draft tokens and one of the target's own,
+    so drafts + accepted positions came out of a verification; the rest the
+    target sampled alone, where a proposer's defect cannot act. Positions
+    compared: each sample's from :data:`FIRST_CHECKED_POSITION` up to
+    ``tokens``. 1.0 where the counts are unknown (the old, optimistic
+    assumption, stated as such by the caller's documentation).
+    """
+    if drafts is None or accepted is None:
+        return 1.0
+    compared = sum(max(0, min(len(s), tokens) - FIRST_CHECKED_POSITION) for prompt in samples for s in prompt)
+    return min(1.0, (drafts + accepted) / compared) if compared else 0.0
 
 
 def detectable_deviation(
     baseline: Samples, n_speculative: Sequence[int] | None = None, *, tokens: int = TOKENS,
-    alpha: float = ALPHA, simulations: int | None = None, seed: int = 0,
+    alpha: float = ALPHA, simulations: int | None = None, seed: int = 0, verified: float = 1.0,
 ) -> float | None:
     """The smallest total-variation distance (of :data:`DEVIATIONS`) the test detects with 80% power at ``alpha``.
 
@@ -217,7 +237,8 @@ def detectable_deviation(
             a = codes[rng.integers(0, n_a, (simulations, n_a))]  # simulations x n_a x tokens
             b = codes[rng.integers(0, n_a, (simulations, n_b))]
             if delta > 0:
-                chance = np.where(shares < 1.0, np.minimum(1.0, delta / np.maximum(1.0 - shares, 1e-12)), 0.0)
+                chance = verified * np.where(
+                    shares < 1.0, np.minimum(1.0, delta / np.maximum(1.0 - shares, 1e-12)), 0.0)
                 b = np.where(rng.random(b.shape) < chance, modes, b)
             for j in range(codes.shape[1]):
                 width = int(codes[:, j].max()) + 1

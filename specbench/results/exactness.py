@@ -21,8 +21,8 @@ Where plain decoding at another batch size also leaves the reference at that
 position (the control), that says the position is fragile, not that the
 token emitted there is right: the control excuses nothing by itself. Instead
 it gives the rate at which plain decoding meets ties on these requests, and
-a cell that ties on significantly more requests than that
-(:func:`tie_excess_p_value`) is flagged: a decoder that goes wrong only where
+a cell that ties on significantly more of the same requests than that
+(:func:`tie_excess_p_value`, McNemar's test on the paired requests) is flagged: a decoder that goes wrong only where
 the target is uncertain would otherwise read as "ties" everywhere.
 
 Only mismatches (and a significant excess of ties) make a cell inexact for verdicts.
@@ -131,25 +131,28 @@ def verdict(divergences: Sequence[Divergence]) -> str:
     return "mismatch" if any(d.kind == MISMATCH for d in divergences) else "ties"
 
 
-def tie_excess_p_value(cell_ties: int, cell_requests: int, control_ties: int, control_requests: int) -> float:
-    """One-sided p-value that a cell ties on a larger share of its requests than the control does.
+def tie_excess_p_value(cell_only: int, control_only: int) -> float:
+    """One-sided p-value that a cell ties on more of its requests than the control does, the two paired by request.
 
-    Fisher's exact test on the 2 x 2 table (ties, other requests) x (cell,
-    control): the chance, with the total of ties fixed, that the cell gets
-    ``cell_ties`` or more of them if both share one rate (hypergeometric upper
-    tail). Example: 30 of 40 against 2 of 40 gives p = 3e-11; 3 of 40 against
-    2 of 40 gives p = 0.5.
+    The cell and the control part from the same baseline on the same
+    requests, so the evidence is in the discordant requests (McNemar's exact
+    test): ``cell_only`` tie in the cell and not in the control,
+    ``control_only`` the other way round. If both share one tie rate, each
+    discordant request is the cell's with probability 1/2, and the p-value is
+    P(Bin(cell_only + control_only, 1/2) >= cell_only). Requests that tie in
+    both, or in neither, say nothing about the difference. (Fisher's test on
+    the two tie counts treated them as independent samples, which they are
+    not.) Examples: 10 against 0 gives 2^-10 = 0.001; 3 against 2 gives 0.5;
+    none discordant gives 1.
 
     Raises:
-        ValueError: on negative counts or more ties than requests.
+        ValueError: on negative counts.
     """
-    if not (0 <= cell_ties <= cell_requests and 0 <= control_ties <= control_requests):
-        raise ValueError(f"ties must lie in [0, requests], got cell {cell_ties} of {cell_requests}, "
-                         f"control {control_ties} of {control_requests}")
-    ties, total = cell_ties + control_ties, cell_requests + control_requests
-    tail = sum(math.comb(cell_requests, x) * math.comb(control_requests, ties - x)
-               for x in range(cell_ties, min(ties, cell_requests) + 1))
-    return min(1.0, tail / math.comb(total, ties))
+    if cell_only < 0 or control_only < 0:
+        raise ValueError(f"discordant requests must be counts >= 0, got {cell_only} and {control_only}")
+    discordant = cell_only + control_only
+    tail = sum(math.comb(discordant, x) for x in range(cell_only, discordant + 1))
+    return min(1.0, tail / 2**discordant)
 
 
 def _at(values: Sequence[Sequence[Any]], request: int, position: int) -> Any:

@@ -56,7 +56,10 @@ from specbench import methods, sampling
 #     engine_max_num_batched_tokens, engine_max_num_seqs, engine_prefix_caching) and, in results.parquet,
 #     mode_mismatch: how a speculative cell's engine ran otherwise than its baseline's;
 #     model_revision, drafter_revision (the hub commit of the target's and the drafter's checkpoint: the
-#     snapshot the engine loaded, specbench.hub; null for embedded, shipped and local checkpoints)
+#     snapshot the engine loaded, specbench.hub; null for embedded, shipped and local checkpoints);
+#     baseline_shift_checked (whether the shifted-baseline test could judge a cell's baseline); sampled
+#     cells run to max_tokens (min_tokens = max_tokens, part of their identity); exactness "untested" also
+#     for a distribution check weaker than distribution.MAX_DETECTABLE_TV
 SCHEMA_VERSION = 14
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
@@ -181,6 +184,10 @@ SCHEMA = pa.schema(
         ("outputs_stable", _BOOL),  # every repetition of every engine run produced the same tokens
         ("flagged", _BOOL),  # see flag_reasons: treat this speedup with care
         ("flag_reasons", pa.list_(_STR)),
+        # Whether stats.shifted_baselines could test this cell's baseline for an engine run that went off
+        # alone (false: one speculative configuration per baseline, or too few baseline cells per engine;
+        # null: one engine run, or a baseline).
+        ("baseline_shift_checked", _BOOL),
         # What qualifies a speedup without excluding it from verdicts (looping outputs, ties).
         ("caveats", pa.list_(_STR)),
         # How the cell's engine ran otherwise than its baseline's, in timing-relevant mode (model runner,
