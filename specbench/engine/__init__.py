@@ -147,6 +147,8 @@ class EngineInfo:
     start_s: float
     # The repairs specbench.engine.fixes applied to this engine (empty: none needed, or turned off).
     vllm_fixes: tuple[str, ...] = ()
+    # This engine instance, named once as it starts (uuid4 hex): the cells it measured share its deviations.
+    engine_id: str | None = None
 
 
 def worker_environment(spec: EngineSpec | None) -> dict[str, str]:

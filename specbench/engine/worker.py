@@ -17,6 +17,7 @@ import math
 import os
 import time
 import traceback
+import uuid
 import warnings
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -404,6 +405,7 @@ def serve(
             transformers_version=transformers.__version__,
             start_s=time.perf_counter() - start,
             vllm_fixes=engine.vllm_fixes,
+            engine_id=uuid.uuid4().hex,
         )
         conn.send(("ok", info))
     except BaseException:  # noqa: BLE001 - everything must reach the parent
