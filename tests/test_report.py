@@ -777,3 +777,15 @@ def test_the_spread_note_says_how_degrees_of_freedom_were_counted_and_what_each_
     assert alone is not None and "cannot be told apart" in alone
     # Results of schema 11 and older carry no split: no note rather than a guess.
     assert tables.spread_note(pd.DataFrame(rows).drop(columns=["baseline_engine_log_sd"])) is None
+
+
+def test_cells_stored_before_schema_14_carry_a_caveat_that_their_engines_were_inferred(tmp_path):
+    rows = grid_rows()
+    _, page = render(tmp_path, rows)
+    assert "Engine identity inferred" not in page.text("summary")
+    rows[0]["engine_id"] = rows[1]["engine_id"] = None
+    _, page = render(tmp_path, rows)
+    assert "Engine identity inferred for 2 cell(s) stored before schema 14" in page.text("summary")
+    # A results file written before the column existed: every measured cell.
+    _, page = render(tmp_path, grid_rows(), drop=["engine_id"])
+    assert f"Engine identity inferred for {len(rows)} cell(s)" in page.text("summary")
