@@ -141,29 +141,54 @@ def completed_row(files: CellFiles, cell: Cell) -> dict[str, Any] | None:
 def _remeasure_reason(files: CellFiles, row: dict[str, Any]) -> str | None:
     """Why a stored cell counts as flagged for ``remeasure=flagged``, or None.
 
-    Disturbed by other processes (its own row says so), or part of a cell the
-    sweep's last merge flagged (engine runs that disagree, a disturbed
-    baseline, ...): every engine run of such a cell is measured again.
+    Disturbed by other processes (its own row says so), or of a baseline's family the sweep's last merge
+    flagged (:func:`_flagged_families`): every engine run of such a cell is measured again.
     """
     share = row.get("other_cpu_share")
     if share is not None and share > DISTURBED_SHARE:
         return f"other processes kept {share:.0%} of the cores busy"
     merged = results_path(files.row.parent.parent)
     if merged.is_file():
-        flagged = _flagged_by_merge(merged, merged.stat().st_mtime_ns)
+        flagged = _flagged_families(merged, merged.stat().st_mtime_ns)
         if row.get("config_hash") in flagged:
-            return "; ".join(flagged[row["config_hash"]] or ["flagged by the last merge"])
+            return flagged[row["config_hash"]]
     return None
 
 
 @lru_cache(maxsize=4)
-def _flagged_by_merge(results: Path, mtime_ns: int) -> dict[str, list[str]]:
-    """Flag reasons by config hash in a sweep's results file; read once per version of the file
-    (``mtime_ns`` is the key's part that changes with it): every stored cell of a resume asks."""
+def _flagged_families(results: Path, mtime_ns: int) -> dict[str, str]:
+    """Why each cell is measured again, by config hash: every cell the sweep's last merge flagged, with
+    its baseline and every other cell measured against that baseline.
+
+    A speedup is a paired, order-reversed comparison with the baseline of the same engine runs: a
+    flagged cell measured again alone would be compared with a baseline measured hours earlier on
+    engines long gone, and a baseline measured again alone with its cells' old runs. So the unit
+    measured again is a baseline's family, in fresh engine runs of its own (new engine ids, which
+    the merge groups apart from the old engines). Read once per version of the results file
+    (``mtime_ns`` is the key's part that changes with it), which stays as it was while the sweep
+    measures: every stored cell of a resume asks.
+    """
     try:
-        return {r["config_hash"]: list(r.get("flag_reasons") or []) for r in read_rows(results) if r.get("flagged")}
+        rows = read_rows(results)
     except ResultsError:
         return {}
+    hash_of = {r["cell_id"]: r.get("config_hash") for r in rows}
+
+    def family(r: dict[str, Any]) -> str | None:
+        return r.get("config_hash") if r.get("method") == "baseline" else hash_of.get(r.get("baseline_cell_id"))
+
+    why: dict[str, str] = {}
+    flagged_families: dict[str, str] = {}
+    for r in rows:
+        if r.get("flagged") and r.get("config_hash"):
+            why[r["config_hash"]] = "; ".join(r.get("flag_reasons") or ["flagged by the last merge"])
+            if (name := family(r)) is not None:
+                flagged_families.setdefault(name, f"{r['cell_id']} is flagged")
+    for r in rows:
+        name = family(r)
+        if r.get("config_hash") and name in flagged_families and r["config_hash"] not in why:
+            why[r["config_hash"]] = f"measured again with its baseline's cells ({flagged_families[name]})"
+    return why
 
 
 def current_provenance(cell: Cell) -> dict[str, Any]:
@@ -243,6 +268,7 @@ def _run_cell(
         error = f"{type(exc).__name__}: {exc}"
         log.error("%s failed: %s", cell.cell_id, error)
         row = rows.failed_row(cell, engine_runs, provenance, error=error, machine=_local_machine())
+        files.set_aside()
         files.write(row, [], [])
         return CellOutcome(cell.cell_id, "failed", error, f"{cell_label(cell)}: FAILED {error.splitlines()[0]}")
 
@@ -255,6 +281,8 @@ def _run_cell(
     )
     if served is not None:
         row |= serving.cell_columns(served, cell.identity["load"])
+    # Measured before (stale, failed or flagged): that measurement is kept aside, never overwritten.
+    files.set_aside()
     files.write(row, measurement.token_ids, workload.prompt_ids)
     log.info(
         "%s: %.2f s median, %.1f tok/s, acceptance length %.2f",

@@ -330,16 +330,17 @@ class _MeanSquare:
 
 
 def engine_run_spread(
-    ratios_by_cell: Sequence[Mapping[int, float]],
+    ratios_by_cell: Sequence[Mapping[Hashable, float]],
     engines: Sequence[Hashable],
     baselines: Sequence[Hashable],
 ) -> EngineRunSpread:
     """The spread of one engine run's log speedup, with degrees of freedom counted in independent engines.
 
-    ``ratios_by_cell``: each cell's speedup per engine run (engine run index ->
-    ratio); ``engines``: each cell's speculative engine (everything that decides
-    the engine: model, method, K, engine settings); ``baselines``: its baseline
-    engine. One engine serves every workload, batch size and temperature of its
+    ``ratios_by_cell``: each cell's speedup per engine run (engine run -> ratio; the
+    merge names a run by its baseline's engine instance, the same key for every cell
+    measured on it, :func:`specbench.results.schema.engine_instance`); ``engines``:
+    each cell's speculative engine (the merge: its engine instances); ``baselines``:
+    its baseline engine (the merge: the cells that shared a baseline engine instance). One engine serves every workload, batch size and temperature of its
     configuration in an engine run, so those cells do not draw new engine
     deviations: they repeat the same ones.
 
@@ -375,7 +376,7 @@ def engine_run_spread(
     """
     if not len(ratios_by_cell) == len(engines) == len(baselines):
         raise ValueError(f"{len(ratios_by_cell)} cells, {len(engines)} engines and {len(baselines)} baselines")
-    by_baseline: dict[Hashable, list[tuple[Hashable, Mapping[int, float]]]] = {}
+    by_baseline: dict[Hashable, list[tuple[Hashable, Mapping[Hashable, float]]]] = {}
     for ratios, engine, baseline in zip(ratios_by_cell, engines, baselines):
         if len(ratios) >= 2:
             _positive(list(ratios.values()))
@@ -405,18 +406,18 @@ def engine_run_spread(
                            baseline_sd=pooled(split["baseline"]), engine_sd=pooled(split["engine"]))
 
 
-def _in_common_runs(cells: Sequence[Mapping[int, float]]) -> tuple[list[int], list[np.ndarray | None]]:
+def _in_common_runs(cells: Sequence[Mapping[Hashable, float]]) -> tuple[list[Hashable], list[np.ndarray | None]]:
     """The engine runs most of ``cells`` were measured in, and each cell's log ratios in them (None for a
     cell missing one: it failed there). A cell measured in an extra run enters with the common runs only."""
     shared = Counter(frozenset(ratios) for ratios in cells).most_common(1)[0][0]
-    runs = sorted(shared)
+    runs = sorted(shared, key=str)
     logs = [_finite_array([math.log(ratios[r]) for r in runs], "ratios") if shared <= set(ratios) else None
             for ratios in cells]
     return runs, logs
 
 
 def _baseline_group_spread(
-    cells: Sequence[tuple[Hashable, Mapping[int, float]]],
+    cells: Sequence[tuple[Hashable, Mapping[Hashable, float]]],
 ) -> tuple[list[_MeanSquare], list[float], dict[str, float]] | None:
     """One baseline engine's mean squares (run, engine, cell), their weights in one run's variance, and the
     variance components they separate; None with fewer than two engine runs in common.
@@ -456,7 +457,7 @@ class ShiftedBaseline:
     saw it; ``tests``: the baseline cells judged at once (Bonferroni).
     """
 
-    run: int
+    run: Hashable
     shift: float
     cells: int
     tests: int
@@ -465,7 +466,7 @@ class ShiftedBaseline:
 @dataclass(frozen=True)
 class _BaselineCell:
     engine: Hashable
-    runs: list[int]
+    runs: list[Hashable]
     common: np.ndarray  # per run, the part of the centred log ratios common to the cells
     cells: int
     stratum: Hashable
@@ -473,7 +474,7 @@ class _BaselineCell:
 
 
 def shifted_baselines(
-    ratios_by_cell: Sequence[Mapping[int, float]],
+    ratios_by_cell: Sequence[Mapping[Hashable, float]],
     references: Sequence[Hashable],
     baselines: Sequence[Hashable],
     strata: Sequence[Hashable] | None = None,
@@ -594,7 +595,7 @@ def _baseline_cells(
                          f"baselines and {len(strata or references)} strata")
     strata = list(references) if strata is None else list(strata)
     _check_confidence(confidence)
-    by_reference: dict[Hashable, list[Mapping[int, float]]] = {}
+    by_reference: dict[Hashable, list[Mapping[Hashable, float]]] = {}
     key_of: dict[Hashable, tuple[Hashable, Hashable]] = {}
     for ratios, reference, baseline, stratum in zip(ratios_by_cell, references, baselines, strata):
         if len(ratios) >= 2:

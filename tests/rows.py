@@ -60,6 +60,7 @@ def make_row(
     row: dict[str, Any] = {
         "schema_version": 1,
         "cell_id": base_id if baseline else f"{method}-k{k}-b{batch}-{workload}-r0",
+        "engine_id": f"{method}-k{k}-engine",
         "baseline_cell_id": None if baseline else base_id,
         "status": "ok",
         "error": None,

@@ -178,6 +178,57 @@ def test_remeasure_flagged_measures_again_disturbed_rows_and_cells_the_last_merg
     assert "engine runs disagree" in caplog.text
 
 
+def test_remeasure_flagged_measures_a_flagged_cell_again_with_its_baseline_and_all_the_baselines_cells(tmp_path):
+    # A speedup pairs a cell with its baseline in the same engine runs, order reversed in odd runs: a
+    # flagged cell measured again alone would be compared with a baseline of engines long gone. So the
+    # unit measured again is the baseline's family: the baseline, and every cell measured against it.
+    from rows import make_row, write_results
+
+    from specbench.job import _flagged_families
+
+    rows = [
+        make_row("baseline", batch=1) | {"config_hash": "B1"},
+        make_row("ngram", 2, batch=1) | {"config_hash": "S2", "flagged": True,
+                                         "flag_reasons": ["engine runs disagree: 2.00x, 1.40x"]},
+        make_row("ngram", 4, batch=1) | {"config_hash": "S4"},
+        # A shifted baseline: flagged with its cells, as the merge flags them.
+        make_row("baseline", batch=4) | {"config_hash": "B4", "flagged": True, "flag_reasons": ["engine run 1 ..."]},
+        make_row("ngram", 2, batch=4) | {"config_hash": "T2"},
+        make_row("baseline", batch=16) | {"config_hash": "B16"},  # a sound family: left as it was
+        make_row("ngram", 2, batch=16) | {"config_hash": "U2"},
+    ]
+    path = write_results(tmp_path, rows)
+    again = _flagged_families(path, path.stat().st_mtime_ns)
+    assert set(again) == {"B1", "S2", "S4", "B4", "T2"}
+    assert again["S2"] == "engine runs disagree: 2.00x, 1.40x"
+    assert again["S4"] == again["B1"] == "measured again with its baseline's cells (ngram-k2-b1-summarize-r0 is flagged)"
+
+
+def test_a_cell_measured_again_keeps_its_earlier_measurement_aside(resumable):
+    from specbench import job
+    from specbench.engine import EngineError
+    from specbench.results.files import REPLACED_DIR
+    from specbench.results.schema import read_rows
+
+    class NoEngine:  # the engine's start fails, as a missing checkpoint makes it: the cell's row is written
+        def get(self, spec, log_path=None):
+            raise EngineError("engine failed to start")
+
+        def discard(self):
+            pass
+
+    from dataclasses import replace
+
+    cell, files, row, _ = resumable
+    files.write(row | {"other_cpu_share": 0.35}, [[1, 2]], ["a"])
+    again = replace(cell, config=dict(cell.config, remeasure="flagged"))
+    assert job.run_cell(again, files.cells_dir, engine_runs=1, pool=NoEngine()).status == "failed"
+    kept = sorted((files.cells_dir / REPLACED_DIR).iterdir())
+    assert [p.name.startswith(f"{cell.cell_id}.") for p in kept] == [True, True]
+    assert read_rows(next(p for p in kept if not p.name.endswith(".tokens.parquet")))[0]["other_cpu_share"] == 0.35
+    assert read_rows(files.row)[0]["status"] == "failed"
+
+
 def test_requests_fingerprint_covers_prompt_tokens_and_max_tokens():
     from specbench.measure import CellPlan
 

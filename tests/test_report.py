@@ -804,3 +804,15 @@ def test_the_statistical_checks_are_on_the_page(tmp_path: Path) -> None:
     assert "could not judge the baselines of these cells" in flagged and "summarize: batch 1 (ngram K=2)" in flagged
     assert ["summarize · T=0.7", "ngram K=2", "1", "0.70", "0.900", "1.10×", "1.22×",
             "ngram-k2-b1-summarize-t0.7-r0"] in page.tables["cells"]
+
+
+def test_cells_stored_before_schema_14_carry_a_caveat_that_their_engines_were_inferred(tmp_path):
+    rows = grid_rows()
+    _, page = render(tmp_path, rows)
+    assert "Engine identity inferred" not in page.text("summary")
+    rows[0]["engine_id"] = rows[1]["engine_id"] = None
+    _, page = render(tmp_path, rows)
+    assert "Engine identity inferred for 2 cell(s) stored before schema 14" in page.text("summary")
+    # A results file written before the column existed: every measured cell.
+    _, page = render(tmp_path, grid_rows(), drop=["engine_id"])
+    assert f"Engine identity inferred for {len(rows)} cell(s)" in page.text("summary")

@@ -644,3 +644,79 @@ def test_sound_sweeps_lose_a_cell_to_any_flag_at_most_at_the_stated_budget():
     found = flag_budget.rates(200, 7, before=False, module=stats)
     assert found["any"] <= 0.08
     assert all(found[family] <= 0.04 for family in flag_budget.FAMILIES)
+
+
+def _engine_family(cells, ids, *, prefix, batches, slow, engine="", shape=None, runs=None):
+    """One baseline engine's cells in two engine runs: a baseline per batch size and ngram K=2, 4 against
+    each; the baseline engine ``slow`` times slower in run 1 (every cell of it alike: the engine-to-engine
+    spread, not a disturbance), or at each run's pace in ``runs``; the speculative engines steady within
+    1-2%. ``engine``: the engine ids' prefix, or "" for rows stored before schema 14 (no engine_id)."""
+    for p, pace in enumerate(runs or (1.0, slow)):
+        for batch in batches:
+            base_id = f"{prefix}-base-b{batch}-p{p}"
+            ids.append(base_id)
+            write_cell(cells, cell_row(base_id, "baseline", 2.0 * batch * pace, engine_run=p,
+                                       config_hash=f"{prefix}B{batch}")
+                       | {"batch_size": batch, "engine_id": engine and f"{engine}base{p}"} | (shape or {}), [[1]])
+            for k in (2, 4):
+                wall = batch * (1.0 + 0.1 * k) * (1.0 + 0.01 * ((k + batch + p) % 3))
+                ids.append(f"{prefix}-k{k}-b{batch}-p{p}")
+                write_cell(cells, cell_row(ids[-1], "ngram", wall, baseline_id=base_id, engine_run=p, k=k,
+                                           config_hash=f"{prefix}S{k}-{batch}")
+                           | {"batch_size": batch, "engine_id": engine and f"{engine}k{k}-{p}"} | (shape or {}),
+                           [[1]])
+
+
+def test_two_grids_merged_into_one_directory_keep_their_engines_apart(tmp_path):
+    # Two grids of one configuration run into one directory, each on engines of its own. Grid B's whole
+    # baseline engine ran 40% slower in its run 1: engine-to-engine spread, which the intervals carry.
+    # Inferred from the config (schema 13), both grids' baselines were one engine, so B's cells stood
+    # apart from A's in "its" run 1 and were flagged as a shifted baseline; by engine id they are not.
+    ids: list[str] = []
+    _engine_family(tmp_path, ids, prefix="A", batches=(1, 2), slow=1.0, engine="gridA-")
+    _engine_family(tmp_path, ids, prefix="B", batches=(4, 8), slow=1.4, engine="gridB-")
+    rows = merge(tmp_path, ids)
+    assert [r["cell_id"] for r in rows if r["flagged"]] == []
+    spec = next(r for r in rows if r["cell_id"] == "B-k2-b4-p0")
+    assert spec["engine_id"] == "gridB-k2-0,gridB-k2-1"
+    # Grid B's baseline engine moved as a whole: the spread carries it as the baseline engine's own.
+    assert spec["baseline_engine_log_sd"] > 5 * spec["speculative_engine_log_sd"]
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["engine ids", "stored before schema 14"])
+def test_offline_and_serving_cells_in_one_directory_are_other_engines(tmp_path, named):
+    # Offline cells (batch 1, 2) and serving cells (2 and 4 requests/s on vLLM's async engine), one
+    # directory; the serving baseline engine ran 40% slower in run 1, as a whole. Without engine ids the
+    # config must tell them apart: engine_key knows a serving cell from an offline one.
+    ids: list[str] = []
+    _engine_family(tmp_path, ids, prefix="off", batches=(1, 2), slow=1.0, engine="off-" if named else "")
+    _engine_family(tmp_path, ids, prefix="srv", batches=(3, 5), slow=1.4, engine="srv-" if named else "",
+                   shape={"load_request_rate": 2.0})
+    rows = merge(tmp_path, ids)
+    assert [r["cell_id"] for r in rows if r["flagged"]] == []
+    assert all(r["engine_id"] is None for r in rows) != named
+
+
+def test_an_engine_key_tells_serving_cells_from_offline_ones_but_not_their_rates():
+    from specbench.results.schema import engine_key
+
+    offline = {"model": "m", "method": "baseline", "num_speculative_tokens": 0, "seed": 0}
+    served = engine_key(offline | {"load_request_rate": 2.0})
+    assert served != engine_key(offline)
+    # One serving engine serves every rate, burstiness and concurrency cap of its configuration.
+    assert engine_key(offline | {"load_request_rate": 8.0, "load_burstiness": 0.5, "load_max_concurrency": 4}) == served
+
+
+def test_a_family_measured_again_is_judged_on_its_fresh_engines_not_against_the_old_engines_cells(tmp_path):
+    # remeasure=flagged measured the batch-1 baseline and its cells again on fresh engines, three engine
+    # runs; the fresh baseline engines differ from run to run by the machine's engine-to-engine spread
+    # (+-15%), the cells' own noise is 1-2%. The old engine's batch-2 and batch-4 families stay as they
+    # were. Inferred (schema 13), the fresh baseline was the old engine's "run r" and stood apart from
+    # its other cells there: flagged again, so the repair could not clear the flag. By engine id it is an
+    # engine of its own, whose deviation is engine-to-engine spread.
+    ids: list[str] = []
+    _engine_family(tmp_path, ids, prefix="old", batches=(2, 4), slow=1.0, engine="old-")
+    _engine_family(tmp_path, ids, prefix="again", batches=(1,), slow=1.0, engine="again-",
+                   runs=(1.15, 0.87, 1.0))
+    rows = merge(tmp_path, ids)
+    assert [r["cell_id"] for r in rows if r["flagged"]] == []

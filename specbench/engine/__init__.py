@@ -210,6 +210,8 @@ class EngineInfo:
     vllm_fixes: tuple[str, ...] = ()
     # The execution mode vLLM resolved for it; None where it was not read.
     mode: EngineMode | None = None
+    # This engine instance, named once as it starts (uuid4 hex): the cells it measured share its deviations.
+    engine_id: str | None = None
 
 
 def worker_environment(spec: EngineSpec | None) -> dict[str, str]:

@@ -17,6 +17,7 @@ import math
 import os
 import time
 import traceback
+import uuid
 import warnings
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -444,6 +445,7 @@ def serve(
             start_s=time.perf_counter() - start,
             vllm_fixes=engine.vllm_fixes,
             mode=engine.mode,
+            engine_id=uuid.uuid4().hex,
         )
         conn.send(("ok", info))
     except BaseException:  # noqa: BLE001 - everything must reach the parent

@@ -111,6 +111,7 @@ def render_report(results_path: Path) -> str:
         best_configs=tables.best_configs(df, grid),
         has_confirmation=tables.has_confirmation(df),
         spread_note=tables.spread_note(df),
+        engine_identity_note=tables.engine_identity_note(full),
         memory_rows=memory.memory_table(df),
         break_even=tables.break_even(df, grid),
         has_model=tables.has_predictions(df),

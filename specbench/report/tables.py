@@ -435,6 +435,25 @@ def spread_note(df: pd.DataFrame) -> str | None:
     return note + f": sd of log speed {base:.3f} for the baseline engine, {spec:.3f} for a speculative one."
 
 
+def engine_identity_note(df: pd.DataFrame) -> str | None:
+    """The caveat on cells stored before schema 14, which record no engine instance (``engine_id``); None
+    when every measured cell names its engines.
+
+    Their engines are inferred from their configs and engine runs
+    (:func:`specbench.results.schema.engine_instance`), which cannot tell apart grids merged into one
+    directory or cells measured again on fresh engines: the spread, its degrees of freedom and the
+    shifted-baseline flags may lump engines that were not one.
+    """
+    measured = df[df["status"] == "ok"] if "status" in df.columns else df
+    inferred = int(measured["engine_id"].isna().sum()) if "engine_id" in measured.columns else len(measured)
+    if not inferred:
+        return None
+    return (f"Engine identity inferred for {inferred} cell(s) stored before schema 14: they record no engine "
+            "instance, so the engines they shared are inferred from their configs and engine runs, which cannot "
+            "tell apart two grids merged into one directory or cells measured again; their intervals and "
+            "shifted-baseline flags may treat separate engines as one.")
+
+
 def has_confirmation(df: pd.DataFrame) -> bool:
     """Whether the results carry confirmation speedups (:data:`CONFIRMATION`) to show beside the selected ones."""
     return CONFIRMATION in df.columns and bool(df[CONFIRMATION].notna().any())

@@ -11,6 +11,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Sequence
 
@@ -51,6 +52,10 @@ def write_table(table: pa.Table, path: Path) -> None:
     write_atomic(path, lambda f: pq.write_table(table, f))
 
 
+# Beside a sweep's cell files: measurements a later one replaced (remeasure=flagged, a stale resume).
+REPLACED_DIR = "replaced"
+
+
 @dataclass(frozen=True)
 class CellFiles:
     """Where one cell's measurement and its output tokens live."""
@@ -80,6 +85,22 @@ class CellFiles:
             )
             write_table(tokens, self.tokens)
         write_table(rows_to_table([row]), self.row)
+
+    def set_aside(self) -> Path | None:
+        """Move a stored measurement of this cell (row and tokens) into ``replaced/``, named by the cell
+        and the time it was set aside, before the cell is measured again; return the row's new path
+        (None: nothing stored). The merge reads only the cells folder itself, so the new measurement
+        replaces the old one there, and the old stays on disk."""
+        if not self.row.exists():
+            return None
+        aside = self.cells_dir / REPLACED_DIR
+        aside.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        if self.tokens.exists():
+            os.replace(self.tokens, aside / f"{self.cell_id}.{stamp}.tokens.parquet")
+        moved = aside / f"{self.cell_id}.{stamp}.parquet"
+        os.replace(self.row, moved)
+        return moved
 
     def read_tokens(self) -> list[list[int]] | None:
         """Token ids by request index, or None if the file is absent or unreadable."""

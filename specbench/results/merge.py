@@ -19,7 +19,14 @@ from specbench.results.files import CellFiles
 from specbench.results.metrics import REPETITIVE_SHARE, median_known
 from specbench.results.provenance import provenance_differences
 from specbench.results.rows import decode_speedup, output_token_ratio, speedup
-from specbench.results.schema import ResultsError, curve_key, engine_key, read_rows, row_config
+from specbench.results.schema import (
+    ResultsError,
+    curve_key,
+    engine_groups,
+    engine_instance,
+    read_rows,
+    row_config,
+)
 
 # The exactness of a sampled cell whose distribution check exercised no draft: nothing was tested.
 UNTESTED = "untested"
@@ -80,6 +87,9 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
         group.sort(key=lambda r: r.get("engine_run") or 0)
         rows.append(_combine_engine_runs(cells_dir, group, references))
     speculative = [r for r in rows if r.get("method") != "baseline" and r.get("speedup_per_engine_run")]
+    # Cells whose baselines ran on one engine share its deviations: grouped by the engines they shared.
+    for row, group in zip(speculative, engine_groups([r["_runs"] for r in speculative])):
+        row["_baseline"] = group
     _judge_baselines(rows, speculative)
     spread = _engine_spread(speculative)
     compared = sum(len(r["speedup_per_engine_run"]) > 1 for r in speculative)
@@ -114,8 +124,8 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     _judge_distributions(rows)
     _judge_tie_excess(rows)
     for row in rows:
-        for private in ("_within", "_baseline", "_reference", "_engine", "_runs", "_disturbed", "_tie_excess",
-                        "_draws"):
+        for private in ("_within", "_baseline", "_reference", "_engine", "_runs", "_run_numbers", "_disturbed",
+                        "_tie_excess", "_draws"):
             row.pop(private, None)
         row["flagged"] = bool(row.get("flag_reasons"))
     return rows
@@ -145,6 +155,7 @@ def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[
     if not shifted:
         return
     baselines = [r for r in rows if r.get("method") == "baseline" and r.get("config_hash") in shifted]
+    run_number = {key: n for r in compared for key, n in zip(r["_runs"], r["_run_numbers"])}
     for row, reference in [(r, r["_reference"]) for r in compared] + [(r, r["config_hash"]) for r in baselines]:
         found = shifted.get(reference)
         if found is None:
@@ -153,7 +164,7 @@ def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[
         pace = (f"{math.expm1(found.shift):.0%} slower" if found.shift >= 0
                 else f"{-math.expm1(found.shift):.0%} faster")
         row["flag_reasons"] = (row.get("flag_reasons") or []) + [
-            f"engine run {found.run} of the baseline ran {pace} than its other runs, and its engine's other "
+            f"engine run {run_number[found.run]} of the baseline ran {pace} than its other runs, and its engine's other "
             f"cells did not: all {found.cells} speculative cells measured against it moved together, beyond "
             f"their own run-to-run spread (at {FAMILY_ALPHA:g}, Bonferroni over {found.tests} baseline cells)"
         ]
@@ -183,7 +194,8 @@ def _combine_engine_runs(cells_dir: Path, runs: list[dict[str, Any]], references
     if len(ok) < len(runs):
         failed = next(r for r in runs if r.get("status") != "ok")
         return first | {"status": "failed", "error": failed.get("error"), "engine_run": None}
-    row = first | {"engine_run": None, "engine_runs": len(runs)}
+    ids = [r.get("engine_id") for r in runs]
+    row = first | {"engine_run": None, "engine_runs": len(runs), "engine_id": ",".join(ids) if all(ids) else None}
     if len(runs) > 1:
         row |= _across_engine_runs(cells_dir, runs)
         for key in ("drafts", "draft_tokens", "accepted_tokens", "target_passes"):
@@ -380,7 +392,7 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
     missing, incomparable, reasons = [], [], []
     divergences: list[list[exactness.Divergence]] = []
     bases: list[dict[str, Any]] = []
-    baseline_group = None
+    base_engines, spec_engines = [], []
     for spec in runs:
         base_files = CellFiles(cells_dir, spec["baseline_cell_id"])
         try:
@@ -394,7 +406,8 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
         if differences:
             incomparable.append(f"{spec['cell_id']} against {base['cell_id']}: {'; '.join(differences)}")
             continue
-        baseline_group = baseline_group or engine_key(base)
+        base_engines.append(engine_instance(base))
+        spec_engines.append(engine_instance(spec))
         ratios.append(speedup(base, spec))
         token_ratios.append(output_token_ratio(base, spec))
         engine_runs.append(spec.get("engine_run") or 0)
@@ -443,10 +456,12 @@ def _compare(cells_dir: Path, runs: list[dict[str, Any]], references: _Reference
         "speedup_per_engine_run": ratios,
         "output_token_ratio": _geometric_mean(token_ratios),
         "_within": max(known_within, key=lambda w: w.se) if known_within else None,
-        "_baseline": baseline_group,
         "_reference": bases[0].get("config_hash") if bases else None,
-        "_engine": engine_key(runs[0]),
-        "_runs": engine_runs,
+        # Each engine run is known by its baseline's engine (stats pairs cells on it), and the cell's
+        # speculative engine by its engines in those runs (schema.engine_instance).
+        "_engine": tuple(spec_engines),
+        "_runs": base_engines,
+        "_run_numbers": engine_runs,
         "_disturbed": disturbed,
         "flag_reasons": reasons,
         "caveats": caveats,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -59,7 +59,9 @@ from specbench import methods, sampling
 #     snapshot the engine loaded, specbench.hub; null for embedded, shipped and local checkpoints);
 #     baseline_shift_checked (whether the shifted-baseline test could judge a cell's baseline); sampled
 #     cells run to max_tokens (min_tokens = max_tokens, part of their identity); exactness "untested" also
-#     for a distribution check weaker than distribution.MAX_DETECTABLE_TV
+#     for a distribution check weaker than distribution.MAX_DETECTABLE_TV;
+#     engine_id (the engine instance a cell ran on, named as it started; results.parquet: its engine runs'
+#     ids in engine-run order, comma-separated): spreads, df and flags group cells by the engines they shared
 SCHEMA_VERSION = 14
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
@@ -83,6 +85,9 @@ SCHEMA = pa.schema(
         ("workload", _STR),
         ("engine_run", _INT),  # null in results.parquet (engine runs combined)
         ("engine_runs", _INT),
+        # uuid4 hex named by the worker as its engine started; results.parquet: the engine runs' ids in
+        # engine-run order, comma-separated (null where a run was stored before schema 14: see engine_instance)
+        ("engine_id", _STR),
         ("repetitions", _INT),
         ("num_requests", _INT),
         ("prompt_tokens", _INT),
@@ -424,14 +429,60 @@ def curve_key(row: Mapping[str, Any], *, across_k: bool = False) -> str:
 
 def engine_key(row: Mapping[str, Any]) -> str:
     """What decides the engine a row's cell ran on, but for the engine run: its :func:`curve_key` without the
-    workload and the sampling settings. One engine of each key serves every workload, batch size and
-    temperature of an engine run, so cells with equal keys share that engine's deviations."""
+    workload and the sampling settings, with whether it served (vLLM's async engine, not the offline one).
+    One engine of each key serves every workload, batch size, temperature and offered load of an engine
+    run, so cells with equal keys share that engine's deviations. The load's rate, burstiness and
+    concurrency cap are the client's: they start no other engine (:class:`specbench.engine.EngineSpec`
+    has none of them).
+
+    Only an inference, for rows stored before schema 14: rows since name their engine
+    (:func:`engine_instance`), which also tells apart grids merged into one directory and cells measured
+    again (``remeasure=flagged``), which no config can."""
     cfg = row_config(row)
     key = json.loads(curve_key(row))
     for name in ("workload", *sampling.identity_keys(cfg)):
         key.pop(name, None)
     key["seed"] = row.get("seed")
+    if row.get("load_request_rate") is not None or (cfg.get("load") or {}).get("request_rate") is not None:
+        key["serving"] = True  # an offline key stays what it was
     return json.dumps(key, sort_keys=True, default=str)
+
+
+INFERRED = "inferred:"
+"""The prefix of an engine instance inferred from a row's config (:func:`engine_instance`)."""
+
+
+def engine_instance(row: Mapping[str, Any]) -> str:
+    """The engine instance a cell file's row ran on: its ``engine_id``; for a row stored before schema 14,
+    inferred as its :func:`engine_key` in its engine run (prefixed :data:`INFERRED`), the reading of
+    schema 13 and older."""
+    if row.get("engine_id"):
+        return str(row["engine_id"])
+    return f"{INFERRED}{engine_key(row)}#r{row.get('engine_run') or 0}"
+
+
+def engine_groups(instances: Sequence[Iterable[Hashable]]) -> list[Hashable]:
+    """A label per item for the items that shared any engine instance, directly or through others.
+
+    ``instances``: per item (a speculative cell), the baseline engine instances of its engine runs
+    (:func:`engine_instance`). Cells whose baselines ran on one engine share its deviation in that
+    engine run; a cell measured in an extra run, or one that joins from another grid, still shares
+    the others. Cells measured again on fresh engines share nothing with the old ones: a group
+    of their own.
+    """
+    parent: dict[Hashable, Hashable] = {}
+
+    def root(x: Hashable) -> Hashable:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    listed = [list(item) for item in instances]
+    for item in listed:
+        for other in item[1:]:
+            parent[root(other)] = root(item[0])
+    return [root(item[0]) if item else None for item in listed]
 
 
 def recommendable(row: Mapping[str, Any]) -> bool:

@@ -33,7 +33,7 @@ import numpy as np
 from specbench import stats
 from specbench.load import ServedRequest, ServingMeasurement, ServingPlan
 from specbench.measure import GeneratedRequest, Measurement, SpecCounters
-from specbench.results.schema import ResultsError, engine_key, read_rows
+from specbench.results.schema import ResultsError, engine_groups, engine_instance, read_rows
 
 # Per cell: the load it met and what it achieved (cells/<id>.parquet and results.parquet; also the
 # running batch at every step of the window, running_batch_t_s and running_batch).
@@ -234,9 +234,9 @@ def with_serving_comparison(rows: list[dict[str, Any]], cells_dir: Path) -> list
         if mine:
             row["running_batch_t_s"], row["running_batch"] = mine[0].get("running_batch_t_s"), mine[0].get("running_batch")
     by_id = {r["cell_id"]: r for group in runs.values() for r in group}
-    # Per speedup, per cell: engine run -> ratio, and the engines whose deviations it shares.
-    ratios: dict[str, dict[str, dict[int, float]]] = {}
-    engines: dict[str, tuple[str, str]] = {}
+    # Per speedup, per cell: engine run (its baseline's engine instance) -> ratio, and the cell's engine instances.
+    ratios: dict[str, dict[str, dict[str, float]]] = {}
+    engines: dict[str, list[str]] = {}
     for row in serving:
         if row.get("method") == "baseline":
             continue
@@ -245,15 +245,16 @@ def with_serving_comparison(rows: list[dict[str, Any]], cells_dir: Path) -> list
             for run in runs.get(row["config_hash"], []):
                 base = by_id.get(run.get("baseline_cell_id") or "")
                 ratio = run_speedup(base, run, name)
-                if ratio is not None:
-                    per_run[int(run.get("engine_run") or 0)] = ratio
-                    engines[row["cell_id"]] = (engine_key(run), engine_key(base or {}))
+                if ratio is not None and base is not None:
+                    per_run[engine_instance(base)] = ratio
+                    engines.setdefault(row["cell_id"], []).append(engine_instance(run))
             if per_run:
                 ratios.setdefault(name, {})[row["cell_id"]] = per_run
     for name, cells in ratios.items():
         # One engine serves every rate of its configuration in an engine run: its cells repeat its deviations.
-        spread = stats.engine_run_spread(list(cells.values()), engines=[engines[c][0] for c in cells],
-                                         baselines=[engines[c][1] for c in cells])
+        spread = stats.engine_run_spread(list(cells.values()),
+                                         engines=[tuple(dict.fromkeys(engines[c])) for c in cells],
+                                         baselines=engine_groups([list(runs) for runs in cells.values()]))
         for row in serving:
             if row["cell_id"] in cells:
                 interval = stats.speedup_interval(list(cells[row["cell_id"]].values()), spread, None)
