@@ -313,7 +313,8 @@ class FinishSweep(Callback):
 
 def finish(sweep_dir: Path) -> list[dict[str, Any]]:
     """Merge, price with the analytic model (specbench.analytic.prediction), report, summarise; exit non-zero naming failed cells."""
-    merged = serving.with_serving_comparison(merge(sweep_dir / "cells", read_plan(sweep_dir)), sweep_dir / "cells")
+    planned = read_plan(sweep_dir)
+    merged = serving.with_serving_comparison(merge(sweep_dir / "cells", planned), sweep_dir / "cells", planned)
     rows, calibrate_hint = predict_sweep(merged)
     rows = memory.with_predicted_memory(with_serving_predictions(rows))
     if calibrate_hint:
