@@ -414,7 +414,8 @@ def _combine_runs(row: dict[str, Any], mine: list[dict[str, Any]]) -> None:
     if not mine:
         return
     row["running_batch_t_s"], row["running_batch"] = mine[0].get("running_batch_t_s"), mine[0].get("running_batch")
-    row["arrival_seeds"] = [r.get("arrival_seed") for r in mine]
+    # One seed per engine run: the merged row's single arrival_seed would be engine run 0's alone.
+    row["arrival_seed"], row["arrival_seeds"] = None, [r.get("arrival_seed") for r in mine]
     row["offered_rate_realised_per_engine_run"] = [r.get("offered_rate_realised") for r in mine]
     counted = [r for r in mine if r.get("slo_met_requests") is not None and r.get("served_requests")]
     if counted:
