@@ -512,3 +512,18 @@ def test_the_report_sets_offline_beside_serving_and_answers_whether_offline_pred
 
     # Without offline cells of the configuration there is nothing to pair, and no section.
     assert report_serving.offline_beside(off[off["method"] == "baseline"], served) == ([], None)
+
+
+def test_gpu_serving_presets_measure_at_least_200_requests_per_rate():
+    from pathlib import Path
+
+    import yaml
+
+    sweeps = Path(__file__).resolve().parents[1] / "sweeps"
+    for path in sweeps.glob("serving_*.yaml"):
+        preset = yaml.safe_load(path.read_text())
+        measured = preset["load"]["num_requests"] - preset["load"]["warmup_requests"]
+        if "cpu" in path.stem:
+            assert "smoke test" in path.read_text(), path  # too few to read figures from, and it says so
+        else:
+            assert measured >= 200, f"{path.name} measures {measured} requests per rate"
