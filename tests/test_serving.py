@@ -161,19 +161,21 @@ def test_latencies_follow_vllm_bench_serve():
 
 
 def test_goodput_is_the_achieved_rate_times_the_share_meeting_every_target():
-    fast = _request(0.0, [0.1, 0.2], [1, 1])    # ttft 100 ms, tpot 100 ms
-    slow = _request(0.5, [1.5, 1.6], [1, 1])    # ttft 1000 ms
-    m = ServingMeasurement((fast, fast, slow), (), warmup_requests=1)
-    columns = serving.cell_columns(m, {"request_rate": 2.0, "burstiness": 1.0, "slo": {"ttft_ms": 500}})
-    assert serving.window(m) == (0.0, 0.5)  # the send span: first measured send to last
-    assert columns["served_requests"] == 2
-    assert columns["offered_rate_realised"] == pytest.approx(1 / 0.5)
-    assert columns["achieved_request_rate"] == pytest.approx(1 / 1.4)  # completions at 0.2 and 1.6 s
-    assert columns["slo_met_requests"] == 1 and columns["slo_attainment"] == 0.5
-    assert columns["goodput"] == pytest.approx(0.5 / 1.4)  # as vLLM: good / duration = attainment x throughput
+    warm = _request(0.0, [0.1, 0.2], [1, 1])
+    fast = _request(1.0, [1.1, 1.2], [1, 1])    # ttft 100 ms, tpot 100 ms
+    slow = _request(2.0, [2.6, 2.7], [1, 1])    # ttft 600 ms
+    last = _request(3.0, [3.1, 3.2], [1, 1])
+    m = ServingMeasurement((warm, fast, slow, last), (), warmup_requests=1, arrivals_s=(0.0, 1.0, 2.0, 3.0))
+    columns = serving.cell_columns(m, {"request_rate": 1.0, "burstiness": 1.0, "slo": {"ttft_ms": 500}})
+    assert serving.window(m) == (1.0, 3.0)  # the send span: first measured send to last
+    assert columns["served_requests"] == 3
+    assert columns["offered_rate_realised"] == pytest.approx(1.0)  # two arrivals after the first in 2 s
+    assert columns["achieved_request_rate"] == pytest.approx(1.0)  # completions at 1.2 and 2.7 s inside it
+    assert columns["slo_met_requests"] == 2 and columns["slo_attainment"] == pytest.approx(2 / 3)
+    assert columns["goodput"] == pytest.approx(2 / 3)  # as vLLM: good / duration = attainment x throughput
     low, high = columns["slo_attainment_ci_low"], columns["slo_attainment_ci_high"]
-    assert low == pytest.approx(0.0945, abs=1e-3) and high == pytest.approx(0.9055, abs=1e-3)  # Wilson, 1 of 2
-    assert serving.cell_columns(m, {"request_rate": 2.0, "burstiness": 1.0, "slo": {}})["goodput"] is None
+    assert low == pytest.approx(0.2077, abs=1e-3) and high == pytest.approx(0.9385, abs=1e-3)  # Wilson, 2 of 3
+    assert serving.cell_columns(m, {"request_rate": 1.0, "burstiness": 1.0, "slo": {}})["goodput"] is None
     assert not serving.meets_slo(fast, {"tpot_ms": 50})
 
 
@@ -212,8 +214,8 @@ def test_saturation_is_read_from_completions_against_the_realised_rate():
     behind = tuple(_request(t, [2.0 * i + 1.5, 2.0 * i + 2.0], [1, 1]) for i, t in enumerate(arrivals))
     columns = serving.cell_columns(ServingMeasurement(behind, (), 1, arrivals), {"request_rate": 0.5, "burstiness": 1.0})
     assert columns["offered_rate_realised"] == pytest.approx(1.0)
-    assert columns["achieved_request_rate"] == pytest.approx(0.5)
-    assert columns["saturated"] and "completions 0.50 req/s behind the 1.00 req/s offered" in columns["saturation_reason"]
+    assert columns["achieved_request_rate"] == pytest.approx(0.6)  # 2, 4 and 6 s inside the span (1, 6]
+    assert columns["saturated"] and "completions 0.60 req/s behind the 1.00 req/s offered" in columns["saturation_reason"]
     # The same completions against a realised rate the engine keeps up with: not saturated, whatever the name said.
     slow = tuple(2.0 * i for i in range(7))
     kept = tuple(_request(t, [t + 0.5, t + 1.0], [1, 1]) for t in slow)
@@ -235,6 +237,15 @@ def test_a_growing_queue_is_saturation_even_when_completions_keep_pace():
     assert columns["ttft_slope"] == pytest.approx(0.5)
     assert columns["saturated"] and "TTFT grew 0.50 s per s" in columns["saturation_reason"]
     assert serving.saturation(math.inf, 3.0, None, None) == "every request sent at once"
+
+
+def test_requests_held_by_one_long_step_and_finished_together_are_saturation():
+    # Sent 0.5 s apart while the engine sat in one long step; every request streamed at 5 s and ended at 6 s.
+    arrivals = tuple(0.5 * i for i in range(8))
+    together = tuple(_request(t, [5.0, 6.0], [1, 1]) for t in arrivals)
+    columns = serving.cell_columns(ServingMeasurement(together, (), 2, arrivals), {"request_rate": 2.0, "burstiness": 1.0})
+    assert columns["achieved_request_rate"] == 0.0  # none completed while they arrived
+    assert columns["saturated"] and "completions 0.00 req/s behind the 2.00 req/s offered" in columns["saturation_reason"]
 
 
 def test_the_running_batch_is_averaged_over_time_not_steps():

@@ -11,12 +11,13 @@ last token, so the drain after the last arrival (the last request's E2E, most
 of a short light-load run) weighs on no rate. ``vllm bench serve`` divides
 by its whole run, schedule start to last token; over its thousand requests
 the drain is a sliver, over a few it is not. The offered rate is the one the
-schedule realised over the measured requests (:func:`specbench.load.realised_rate`),
-the achieved rate the same estimator on their completions (gaps over the span
-from the first completion to the last): below saturation completions follow
-the arrivals one E2E later and the two agree; past it completions come at the
-engine's own pace. Goodput is, as in vLLM, the achieved rate times the share of
-requests meeting every SLO (``slo_attainment``).
+schedule realised over the measured requests (:func:`specbench.load.realised_rate`:
+the arrivals after the first over the span), the achieved rate the requests
+completed inside the span (warm-up ones included) over it: below saturation
+completions follow the arrivals one E2E later and the two agree; past it
+completions come at the engine's own pace. Goodput is, as in vLLM, the
+achieved rate times the share of measured requests meeting every SLO
+(``slo_attainment``).
 
 A cell is *saturated* (:func:`saturation`) when its completions fall behind
 the realised offered rate, or the engine's queue grows across the send span
@@ -207,8 +208,13 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
     start, end = window(m)
     span = end - start
     offered = realised_rate(_arrivals(m))
-    completions = [r.chunk_s[-1] for r in measured if r.chunk_s]
-    achieved = realised_rate(completions)
+    # Completions inside the send span, warm-up requests' included: over (first send, last send] the
+    # requests finishing as the span opens (sent before it) stand for those still in flight as it closes.
+    # Below saturation they match the arrivals in it; past it, or when one long step holds every request,
+    # they fall behind. (A rate from the completions' own span would read a batch finishing in lockstep as
+    # an instant, infinite rate.)
+    done = sum(1 for r in m.requests if r.chunk_s and start < r.chunk_s[-1] <= end)
+    achieved = done / span if span > 0 else None
     itl = [gap for r in measured for gap in request_latencies(r)[3]]
     queues = [r.queue_s for r in measured if r.queue_s is not None]
     tpots = [t for t in (request_latencies(r)[1] for r in measured) if t is not None]
