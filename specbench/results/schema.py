@@ -229,7 +229,7 @@ SCHEMA = pa.schema(
         ("offered_rate_realised_per_engine_run", pa.list_(_F)),  # merged: each engine run's
         ("served_requests", _INT),  # measured requests (after the warm-up)
         ("serving_window_s", _F),  # the send span: first measured send to last (rate inf: to the last token)
-        ("achieved_request_rate", _F),  # completions: (n - 1) / (last completion - first completion)
+        ("achieved_request_rate", _F),  # requests (warm-up included) completed inside the send span, over it
         ("achieved_output_tokens_per_s", _F),  # every token streamed inside the send span, over it
         ("goodput", _F),  # achieved_request_rate x slo_attainment (as vLLM: good / duration); null without a target
         ("slo_met_requests", _INT),  # measured requests meeting every load.slo.* target (merged: every engine run's)
