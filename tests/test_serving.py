@@ -538,3 +538,14 @@ def test_gpu_serving_presets_measure_at_least_200_requests_per_rate():
             assert "smoke test" in path.read_text(), path  # too few to read figures from, and it says so
         else:
             assert measured >= 200, f"{path.name} measures {measured} requests per rate"
+
+
+def test_a_serving_cell_with_its_own_speedups_is_not_counted_failed(tmp_path):
+    import pandas as pd
+
+    from specbench.report.tables import failed_mask
+
+    compared = dict(_serving_row("ngram", 1.0, speedup=1.2), speedup=None)  # no offline speedup, by design
+    lost = dict(_serving_row("ngram", 2.0), speedup=None)  # never compared with its baseline
+    frame = pd.DataFrame([_serving_row("baseline", 1.0), compared, lost])
+    assert failed_mask(frame).tolist() == [False, False, True]

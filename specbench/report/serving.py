@@ -155,9 +155,10 @@ def verdicts(df: pd.DataFrame) -> list[str]:
             continue
         mismatched = [r for r in records if r.get("exactness") == "mismatch"]
         flagged = [r for r in records if r.get("exactness") != "mismatch" and r.get("flagged")]
-        rest = [r for r in records if r.get("exactness") != "mismatch" and not r.get("flagged")]
-        saturated = [r for r in rest if _known(r.get("saturated")) and r["saturated"]]
-        judged = [r for r in rest if r not in saturated]
+        # A saturated rate is named as such even where it is flagged too: it would not be judged either way.
+        saturated = [r for r in records if r.get("exactness") != "mismatch" and _known(r.get("saturated"))
+                     and r["saturated"]]
+        judged = [r for r in records if r.get("exactness") != "mismatch" and not r.get("flagged") and r not in saturated]
         reach = serving.highest_paying_rate(judged)
         by_rate = ", ".join(f"{r['load_request_rate']:g} req/s {fmt_speedup(r['serving_speedup_e2e_p50'])}"
                             for r in sorted(records, key=lambda r: r["load_request_rate"]))
