@@ -256,13 +256,18 @@ def test_the_running_batch_is_averaged_over_time_not_steps():
     assert p90 == 4
     requests = (_request(0.0, [4.0], [1]), _request(0.5, [1.0, 4.0], [1, 1]), _request(4.0, [4.5], [1]))
     steps = (EngineStep(0.5, 9, 0), EngineStep(1.5, 1, 0), EngineStep(4.0, 4, 2), EngineStep(9.0, 9, 0))
-    # The window is the send span: the first measured send (0.5 s) to the last (4 s).
+    # The window is the send span: the first measured send (0.5 s) to the last (4 s); the step reported at
+    # 9 s ran through its end and closes it.
     columns = serving.cell_columns(ServingMeasurement(requests, steps, 1), {"request_rate": 1.0, "burstiness": 1.0})
-    assert columns["running_batch"] == [9, 1, 4]
-    assert columns["running_batch_t_s"] == pytest.approx([0.0, 1.0, 3.5])
+    assert columns["running_batch"] == [9, 1, 4, 9]
+    assert columns["running_batch_t_s"] == pytest.approx([0.0, 1.0, 3.5, 3.5])
     assert columns["running_batch_mean"] == pytest.approx((1.0 * 1 + 2.5 * 4) / 3.5)
     assert columns["running_batch_max"] == 9
     assert columns["queue_s_p50"] == pytest.approx(0.01)
+    # One step outlasting the whole span still says what ran during it.
+    long = serving.cell_columns(ServingMeasurement(requests, (EngineStep(9.0, 3, 0),), 1),
+                                {"request_rate": 1.0, "burstiness": 1.0})
+    assert long["running_batch_mean"] == pytest.approx(3.0) and long["running_batch"] == [3]
 
 
 def test_a_serving_cell_reads_as_one_repetition_of_its_measured_requests():

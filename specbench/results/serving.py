@@ -147,10 +147,20 @@ def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float | No
 
 
 def running_batch(m: ServingMeasurement) -> tuple[list[float], list[int]]:
-    """The engine steps inside the window: when each was reported and how many requests it ran."""
+    """The engine steps over the window: when each was reported and how many requests it ran.
+
+    A step reports as it ends, so the first step reported after the window closes ran through the
+    window's tail: it is kept, its time clipped to the window's end (on a slow machine one step can
+    outlast a short send span, which would otherwise hold no step at all).
+    """
     start, end = window(m)
     inside = [s for s in m.steps if start <= s.at_s <= end]
-    return [s.at_s for s in inside], [s.running for s in inside]
+    after = next((s for s in m.steps if s.at_s > end), None)
+    times, running = [s.at_s for s in inside], [s.running for s in inside]
+    if after is not None:
+        times.append(end)
+        running.append(after.running)
+    return times, running
 
 
 def time_weighted(times: Sequence[float], values: Sequence[int], start: float) -> tuple[float | None, float | None]:
