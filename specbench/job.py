@@ -211,7 +211,7 @@ def _requests(cell: Cell) -> tuple[Workload, CellPlan | ServingPlan]:
     workload = _workload(json.dumps(cell.workload, sort_keys=True), cell.identity["model"]["path"])
     if cell.is_serving:
         return workload, load.serving_plan(cell.identity["load"], workload.token_ids, cell.workload["max_tokens"],
-                                           cell.identity["seed"])
+                                           cell.identity["seed"], cell.engine_run)
     return workload, _plan(cell, workload)
 
 
@@ -280,7 +280,7 @@ def _run_cell(
         machine=machine_state(load_before), memory=memory_columns, other_cpu_share_per_attempt=shares,
     )
     if served is not None:
-        row |= serving.cell_columns(served, cell.identity["load"])
+        row |= serving.cell_columns(served, cell.identity["load"], plan)
     # Measured before (stale, failed or flagged): that measurement is kept aside, never overwritten.
     files.set_aside()
     files.write(row, measurement.token_ids, workload.prompt_ids)

@@ -4,11 +4,14 @@ A cell with ``load.request_rate`` set is a *serving cell*: instead of
 submitting fixed batches to the offline engine, the engine worker sends the
 workload's requests to vLLM's async engine on a seeded arrival schedule
 (:mod:`specbench.engine.serving`), and the batch is whatever the load makes
-it. Arrivals follow ``vllm bench serve``: gamma-distributed gaps with
-``shape = burstiness`` and ``scale = 1 / (rate * burstiness)`` (Poisson at
-burstiness 1), all at once at rate ``inf``. Every cell with the same seed and
-load keys draws the same schedule, so a speculative cell and its baseline
-meet the same offered load. This module is pure Python: no vLLM.
+it. Arrivals follow ``vllm bench serve``'s ``get_request``: gamma-distributed
+gaps with ``shape = burstiness`` and ``scale = 1 / (rate * burstiness)``
+(Poisson at burstiness 1), the schedule then stretched so that its last
+request goes out at ``N / rate``; all at once at rate ``inf``. Each engine run
+draws its own schedule from :func:`arrival_seed` (the cell's seed and engine
+run), so a speculative cell and its baseline in one engine run meet the same
+offered load, and the spread across engine runs holds the arrival process's
+own noise. This module is pure Python: no vLLM.
 """
 
 from __future__ import annotations
@@ -41,8 +44,14 @@ class LoadSchema:
     max_concurrency: Optional[int] = None
     num_requests: int = MISSING
     warmup_requests: int = MISSING
+    ignore_eos: bool = False
     slo: SloSchema = MISSING
 
+
+# vLLM's usage context for a serving engine (vllm.usage.usage_lib.UsageContext): vllm serve's. AsyncLLM's own
+# default, ENGINE_CONTEXT, has no entry in EngineArgs.get_batch_defaults and falls back to the scheduler's
+# generic defaults (2048 tokens a step), where vllm serve takes 8192 on an H100/H200 and 16384 from 160 GiB.
+USAGE_CONTEXT = "OPENAI_API_SERVER"
 
 # Methods whose drafter needs the offline engine: controlled acceptance decodes each batch
 # plainly first and hands the outputs to its proposer inside the engine's own process.
@@ -60,6 +69,7 @@ def identity(plain: Mapping[str, Any]) -> dict[str, Any]:
         "max_concurrency": load.get("max_concurrency"),
         "num_requests": load["num_requests"],
         "warmup_requests": load["warmup_requests"],
+        "ignore_eos": bool(load.get("ignore_eos", False)),
         "slo": {k: v for k, v in (load.get("slo") or {}).items() if v is not None},
     }}
 
@@ -96,6 +106,8 @@ def validate(plain: Mapping[str, Any]) -> list[str]:
     elif not (isinstance(requests, int) and requests >= warmup + 2):
         errors.append(f"load.num_requests={requests!r} is too few for load.warmup_requests={warmup}: "
                       f"at least {warmup + 2} (two measured requests after the warm-up)")
+    if not isinstance(load.get("ignore_eos", False), bool):
+        errors.append(f"load.ignore_eos={load.get('ignore_eos')!r} must be true or false")
     for key, value in (load.get("slo") or {}).items():
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             errors.append(f"load.slo.{key}={value!r} must be null or > 0 (milliseconds)")
@@ -116,24 +128,47 @@ def validate(plain: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-def arrival_times(rate: float, burstiness: float, count: int, seed: int) -> list[float]:
-    """When each of ``count`` requests is sent, in seconds from the first (which is sent at 0).
+def arrival_seed(seed: int, engine_run: int) -> int:
+    """The seed of one engine run's arrival schedule: the cell's ``seed`` and ``engine_run``, nothing else.
 
-    Gaps are gamma-distributed as ``vllm bench serve`` draws them (shape
-    ``burstiness``, scale ``1 / (rate * burstiness)``: mean ``1 / rate``);
-    burstiness ``inf`` gives even gaps, rate ``inf`` sends all at once. The
-    gaps come from a generator seeded with ``seed`` alone, so every cell with
-    the same seed and load meets the same schedule.
+    A speculative cell and its baseline share both, so they meet the same schedule in each engine run;
+    each engine run draws another, so the interval across engine runs carries the arrival noise.
+    """
+    digest = hashlib.sha256(f"arrivals:{seed}:{engine_run}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def arrival_times(rate: float, burstiness: float, count: int, seed: int) -> list[float]:
+    """When each of ``count`` requests is sent, in seconds from the schedule's start.
+
+    As ``vllm bench serve``'s ``get_request`` (vllm/benchmarks/serve.py, no ramp-up): each request
+    waits a gamma-distributed gap after the one before it (the first after the start; shape
+    ``burstiness``, scale ``1 / (rate * burstiness)``: mean ``1 / rate``), and the cumulative times
+    are then scaled so that the last request goes out at exactly ``count / rate``: the offered load
+    over the whole schedule is the rate named, and the arrival noise is in how the requests spread
+    inside it. Burstiness ``inf`` gives even gaps, rate ``inf`` sends all at once. The gaps come
+    from a generator seeded with ``seed`` alone.
     """
     if math.isinf(rate):
         return [0.0] * count
     draw = random.Random(seed)
     times, now = [], 0.0
-    for i in range(count):
-        if i:
-            now += 1.0 / rate if math.isinf(burstiness) else draw.gammavariate(burstiness, 1.0 / (rate * burstiness))
+    for _ in range(count):
+        now += 1.0 / rate if math.isinf(burstiness) else draw.gammavariate(burstiness, 1.0 / (rate * burstiness))
         times.append(now)
+    if times and times[-1] > 0:
+        scale = (count / rate) / times[-1]
+        times = [t * scale for t in times]
     return times
+
+
+def realised_rate(times: list[float] | tuple[float, ...]) -> float | None:
+    """The offered rate a stretch of sends realised: gaps over the span from the first send to the last
+    (``len - 1`` over ``last - first``); inf when they all go at once, None for fewer than two."""
+    if len(times) < 2:
+        return None
+    span = max(times) - min(times)
+    return (len(times) - 1) / span if span > 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -149,6 +184,8 @@ class ServingPlan:
     max_tokens: int
     max_concurrency: int | None
     warmup_requests: int
+    ignore_eos: bool = False
+    arrival_seed: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.prompts) != len(self.arrivals_s):
@@ -158,21 +195,28 @@ class ServingPlan:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of the exact requests and their schedule (prompts in order, arrivals, max_tokens)."""
+        """sha256 of the exact requests and their schedule (prompts in order, arrivals, max_tokens, ignore_eos)."""
         canonical = json.dumps({"max_tokens": self.max_tokens, "prompts": self.prompts,
-                                "arrivals_s": [round(t, 9) for t in self.arrivals_s]}, separators=(",", ":"))
+                                "arrivals_s": [round(t, 9) for t in self.arrivals_s]}
+                               | ({"ignore_eos": True} if self.ignore_eos else {}), separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def serving_plan(load: Mapping[str, Any], prompts: list[tuple[int, ...]], max_tokens: int, seed: int) -> ServingPlan:
-    """A serving cell's plan: ``load.num_requests`` requests cycling through the prompts, on its schedule."""
+def serving_plan(
+    load: Mapping[str, Any], prompts: list[tuple[int, ...]], max_tokens: int, seed: int, engine_run: int,
+) -> ServingPlan:
+    """A serving cell's plan in one engine run: ``load.num_requests`` requests cycling through the prompts,
+    on the engine run's schedule (:func:`arrival_seed`)."""
     count = load["num_requests"]
+    arrivals = arrival_seed(seed, engine_run)
     return ServingPlan(
         prompts=tuple(prompts[i % len(prompts)] for i in range(count)),
-        arrivals_s=tuple(arrival_times(float(load["request_rate"]), float(load["burstiness"]), count, seed)),
+        arrivals_s=tuple(arrival_times(float(load["request_rate"]), float(load["burstiness"]), count, arrivals)),
         max_tokens=max_tokens,
         max_concurrency=load.get("max_concurrency"),
         warmup_requests=load["warmup_requests"],
+        ignore_eos=bool(load.get("ignore_eos", False)),
+        arrival_seed=arrivals,
     )
 
 
@@ -183,8 +227,10 @@ class ServedRequest:
     ``chunk_s[i]`` is when the i-th streamed chunk came and ``chunk_tokens[i]``
     how many tokens it carried (with speculation one chunk can carry several).
     ``queue_s`` is the engine's queueing delay (queued to first scheduled; None:
-    not reported). ``drafts``, ``accepted_tokens`` and ``last_accepted`` are
-    the request's own speculative counts (None without speculation).
+    not reported). ``drafts``, ``draft_tokens``, ``accepted_tokens`` and
+    ``last_accepted`` are the request's own speculative counts (None without
+    speculation); ``drafted_per_step`` the tokens drafted at each of its
+    verification steps (empty where vLLM did not report them).
     """
 
     sent_s: float
@@ -196,6 +242,8 @@ class ServedRequest:
     accepted_tokens: int | None = None
     accepted_histogram: tuple[int, ...] = ()
     last_accepted: int | None = None
+    draft_tokens: int | None = None
+    drafted_per_step: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -212,8 +260,14 @@ class EngineStep:
 
 @dataclass(frozen=True)
 class ServingMeasurement:
-    """What a serving cell measured: every request sent (warm-up included, in plan order) and every engine step."""
+    """What a serving cell measured: every request sent (warm-up included, in plan order) and every engine step.
+
+    ``arrivals_s``: the schedule the requests were due on (the plan's; empty: unknown), what the
+    offered load is read from, apart from when a request actually went out (``sent_s``, later under
+    ``max_concurrency``).
+    """
 
     requests: tuple[ServedRequest, ...]
     steps: tuple[EngineStep, ...]
     warmup_requests: int
+    arrivals_s: tuple[float, ...] = ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
@@ -21,11 +22,36 @@ def test_arrivals_are_seeded_and_average_the_offered_rate():
     times = load.arrival_times(rate=4.0, burstiness=1.0, count=4001, seed=7)
     assert times == load.arrival_times(rate=4.0, burstiness=1.0, count=4001, seed=7)
     assert times != load.arrival_times(rate=4.0, burstiness=1.0, count=4001, seed=8)
-    assert times[0] == 0.0 and all(b >= a for a, b in zip(times, times[1:]))
+    assert times[0] > 0.0 and all(b >= a for a, b in zip(times, times[1:]))
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert statistics.fmean(gaps) == pytest.approx(0.25, rel=0.05)
     # Poisson: exponential gaps, whose coefficient of variation is 1.
     assert statistics.stdev(gaps) / statistics.fmean(gaps) == pytest.approx(1.0, rel=0.08)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_schedule_spans_n_over_rate_as_vllm_bench_serve_stretches_it(seed):
+    # vllm bench serve's get_request: N gamma gaps, the first after the start, the cumulative times scaled so
+    # that the last request goes out at N / rate. Eight requests at 0.5 req/s: the last at 16 s, whatever the draw.
+    times = load.arrival_times(rate=0.5, burstiness=1.0, count=8, seed=seed)
+    assert times[-1] == pytest.approx(16.0)
+    assert 0.0 < times[0] < 16.0
+    assert load.arrival_times(0.5, math.inf, 8, seed) == pytest.approx([2.0 * (i + 1) for i in range(8)])
+
+
+def test_each_engine_run_draws_its_own_schedule_and_a_cell_shares_it_with_its_baseline(compose_cell):
+    cell = cell_from_config(compose_cell(["load.request_rate=2", "engine_runs=2"]))
+    prompts = [(1, 2), (3,)]
+
+    def plan(c):
+        return load.serving_plan(c.identity["load"], prompts, 8, c.identity["seed"], c.engine_run)
+
+    first, second = plan(cell), plan(cell.in_engine_run(1))
+    assert first.arrivals_s != second.arrivals_s  # the interval across engine runs carries arrival noise
+    assert first.arrival_seed != second.arrival_seed
+    assert plan(cell.baseline()).arrivals_s == first.arrivals_s  # paired: the same offered load
+    assert plan(cell.baseline().in_engine_run(1)).arrival_seed == second.arrival_seed
+    assert first.arrival_seed == load.arrival_seed(cell.identity["seed"], 0)
 
 
 def test_burstiness_sets_the_gaps_spread_as_vllm_bench_serve_does():
@@ -43,12 +69,16 @@ def test_burstiness_sets_the_gaps_spread_as_vllm_bench_serve_does():
 
 def test_a_plan_cycles_the_prompts_and_keeps_the_warm_up_apart():
     plan = load.serving_plan({"num_requests": 5, "request_rate": 2.0, "burstiness": 1.0, "max_concurrency": None,
-                              "warmup_requests": 1}, [(1, 2), (3,)], max_tokens=8, seed=0)
+                              "warmup_requests": 1}, [(1, 2), (3,)], max_tokens=8, seed=0, engine_run=0)
     assert plan.prompts == ((1, 2), (3,), (1, 2), (3,), (1, 2))
-    assert list(plan.arrivals_s) == load.arrival_times(2.0, 1.0, 5, 0)
+    assert list(plan.arrivals_s) == load.arrival_times(2.0, 1.0, 5, load.arrival_seed(0, 0))
     other = load.serving_plan({"num_requests": 5, "request_rate": 3.0, "burstiness": 1.0, "max_concurrency": None,
-                               "warmup_requests": 1}, [(1, 2), (3,)], max_tokens=8, seed=0)
+                               "warmup_requests": 1}, [(1, 2), (3,)], max_tokens=8, seed=0, engine_run=0)
     assert other.fingerprint != plan.fingerprint  # another schedule is other requests
+    fixed = load.serving_plan({"num_requests": 5, "request_rate": 2.0, "burstiness": 1.0, "max_concurrency": None,
+                               "warmup_requests": 1, "ignore_eos": True}, [(1, 2), (3,)], max_tokens=8, seed=0,
+                              engine_run=0)
+    assert fixed.ignore_eos and fixed.fingerprint != plan.fingerprint
 
 
 # --- identity and refusals ------------------------------------------------------------------------
@@ -70,6 +100,9 @@ def test_offline_cells_keep_their_ids_and_serving_cells_name_their_load(compose_
     assert cell.baseline().cell_id.startswith("baseline-k0-b1-summarize-rate2-c4-")
     faster = cell_from_config(compose_cell(["load.request_rate=4"]))
     assert faster.config_hash != cell.config_hash
+    assert cell.identity["load"]["ignore_eos"] is False
+    fixed = cell_from_config(compose_cell(["load.request_rate=2", "load.max_concurrency=4", "load.ignore_eos=true"]))
+    assert fixed.identity["load"]["ignore_eos"] is True and fixed.config_hash != cell.config_hash
 
 
 def test_all_at_once_is_a_rate(compose_cell):
@@ -128,18 +161,92 @@ def test_latencies_follow_vllm_bench_serve():
     assert single[1] is None  # one token: no TPOT
 
 
-def test_goodput_counts_the_measured_requests_meeting_every_target():
-    fast = _request(0.0, [0.1, 0.2], [1, 1])    # ttft 100 ms, tpot 100 ms
-    slow = _request(0.5, [1.5, 1.6], [1, 1])    # ttft 1000 ms
-    m = ServingMeasurement((fast, fast, slow), (), warmup_requests=1)
-    columns = serving.cell_columns(m, {"request_rate": 2.0, "burstiness": 1.0, "slo": {"ttft_ms": 500}})
-    start, end = serving.window(m)
-    assert (start, end) == (0.0, 1.6)
-    assert columns["served_requests"] == 2
-    assert columns["goodput"] == pytest.approx(1 / 1.6)  # fast met it, slow did not
-    assert columns["achieved_request_rate"] == pytest.approx(2 / 1.6)
-    assert serving.cell_columns(m, {"request_rate": 2.0, "burstiness": 1.0, "slo": {}})["goodput"] is None
+def test_goodput_is_the_achieved_rate_times_the_share_meeting_every_target():
+    warm = _request(0.0, [0.1, 0.2], [1, 1])
+    fast = _request(1.0, [1.1, 1.2], [1, 1])    # ttft 100 ms, tpot 100 ms
+    slow = _request(2.0, [2.6, 2.7], [1, 1])    # ttft 600 ms
+    last = _request(3.0, [3.1, 3.2], [1, 1])
+    m = ServingMeasurement((warm, fast, slow, last), (), warmup_requests=1, arrivals_s=(0.0, 1.0, 2.0, 3.0))
+    columns = serving.cell_columns(m, {"request_rate": 1.0, "burstiness": 1.0, "slo": {"ttft_ms": 500}})
+    assert serving.window(m) == (1.0, 3.0)  # the send span: first measured send to last
+    assert columns["served_requests"] == 3
+    assert columns["offered_rate_realised"] == pytest.approx(1.0)  # two arrivals after the first in 2 s
+    assert columns["achieved_request_rate"] == pytest.approx(1.0)  # completions at 1.2 and 2.7 s inside it
+    assert columns["slo_met_requests"] == 2 and columns["slo_attainment"] == pytest.approx(2 / 3)
+    assert columns["goodput"] == pytest.approx(2 / 3)  # as vLLM: good / duration = attainment x throughput
+    low, high = columns["slo_attainment_ci_low"], columns["slo_attainment_ci_high"]
+    assert low == pytest.approx(0.2077, abs=1e-3) and high == pytest.approx(0.9385, abs=1e-3)  # Wilson, 2 of 3
+    assert serving.cell_columns(m, {"request_rate": 1.0, "burstiness": 1.0, "slo": {}})["goodput"] is None
     assert not serving.meets_slo(fast, {"tpot_ms": 50})
+
+
+def _light(e2e: float, n: int = 6) -> ServingMeasurement:
+    """``n`` requests (one of warm-up) sent 2 s apart, each served alone in ``e2e`` seconds, two tokens each."""
+    requests = tuple(_request(2.0 * i, [2.0 * i + e2e / 2, 2.0 * i + e2e], [1, 1]) for i in range(n))
+    return ServingMeasurement(requests, (), warmup_requests=1, arrivals_s=tuple(2.0 * i for i in range(n)))
+
+
+def test_below_saturation_the_goodput_ratio_is_not_the_last_requests_latency():
+    # Both sides keep up and meet every target; speculation halves every latency. Over the old window (to
+    # the last token) the baseline's 1 s drain against the cell's 0.5 s read as a 1.06x goodput "speedup";
+    # over the send span both achieved the offered 0.5 req/s.
+    slo = {"request_rate": 0.5, "burstiness": 1.0, "slo": {"e2e_ms": 5000}}
+    base, spec = serving.cell_columns(_light(1.0), slo), serving.cell_columns(_light(0.5), slo)
+    assert base["goodput"] == pytest.approx(0.5) and spec["goodput"] == pytest.approx(0.5)
+    assert spec["achieved_output_tokens_per_s"] == pytest.approx(base["achieved_output_tokens_per_s"], rel=0.2)
+    assert not base["saturated"] and base["saturation_reason"] is None
+
+
+def test_tpot_mean_and_std_over_requests_beside_the_percentiles():
+    requests = (_request(0.0, [0.1, 0.2], [1, 1]), _request(0.0, [0.1, 0.2], [1, 1]),
+                _request(1.0, [1.1, 1.4], [1, 1]), _request(2.0, [2.1, 2.2, 2.3], [1, 1, 1]))
+    columns = serving.cell_columns(ServingMeasurement(requests, (), 1), {"request_rate": 1.0, "burstiness": 1.0})
+    # Per request: 0.1, 0.3, 0.1 s a token (as vllm bench serve's mean_tpot and std_tpot).
+    assert columns["tpot_s_request_mean"] == pytest.approx(0.5 / 3)
+    assert columns["tpot_s_std"] == pytest.approx(statistics.pstdev([0.1, 0.3, 0.1]))
+
+
+# --- saturation -----------------------------------------------------------------------------------
+
+
+def test_saturation_is_read_from_completions_against_the_realised_rate():
+    # Sent every second (offered 1 req/s, though the rate named was 0.5); completed every 2 s: behind.
+    arrivals = tuple(float(i) for i in range(7))
+    behind = tuple(_request(t, [2.0 * i + 1.5, 2.0 * i + 2.0], [1, 1]) for i, t in enumerate(arrivals))
+    columns = serving.cell_columns(ServingMeasurement(behind, (), 1, arrivals), {"request_rate": 0.5, "burstiness": 1.0})
+    assert columns["offered_rate_realised"] == pytest.approx(1.0)
+    assert columns["achieved_request_rate"] == pytest.approx(0.6)  # 2, 4 and 6 s inside the span (1, 6]
+    assert columns["saturated"] and "completions 0.60 req/s behind the 1.00 req/s offered" in columns["saturation_reason"]
+    # The same completions against a realised rate the engine keeps up with: not saturated, whatever the name said.
+    slow = tuple(2.0 * i for i in range(7))
+    kept = tuple(_request(t, [t + 0.5, t + 1.0], [1, 1]) for t in slow)
+    columns = serving.cell_columns(ServingMeasurement(kept, (), 1, slow), {"request_rate": 8.0, "burstiness": 1.0})
+    assert not columns["saturated"], columns["saturation_reason"]
+
+
+def test_a_growing_queue_is_saturation_even_when_completions_keep_pace():
+    arrivals = tuple(float(i) for i in range(7))
+    requests = tuple(_request(t, [t + 0.2, t + 0.4], [1, 1]) for t in arrivals)
+    growing = tuple(EngineStep(t + 0.5, 4, int(t)) for t in arrivals)  # one more waiting every second
+    columns = serving.cell_columns(ServingMeasurement(requests, growing, 1, arrivals),
+                                   {"request_rate": 1.0, "burstiness": 1.0})
+    assert columns["queue_growth_per_s"] == pytest.approx(1.0)
+    assert columns["saturated"] and "waiting queue grew 1.00 requests/s" in columns["saturation_reason"]
+    # TTFT climbing 0.5 s per second of arrivals: the queue grows on the client's clock too.
+    climbing = tuple(_request(t, [t + 0.1 + 0.5 * t, t + 0.2 + 0.5 * t], [1, 1]) for t in arrivals)
+    columns = serving.cell_columns(ServingMeasurement(climbing, (), 1, arrivals), {"request_rate": 1.0, "burstiness": 1.0})
+    assert columns["ttft_slope"] == pytest.approx(0.5)
+    assert columns["saturated"] and "TTFT grew 0.50 s per s" in columns["saturation_reason"]
+    assert serving.saturation(math.inf, 3.0, None, None) == "every request sent at once"
+
+
+def test_requests_held_by_one_long_step_and_finished_together_are_saturation():
+    # Sent 0.5 s apart while the engine sat in one long step; every request streamed at 5 s and ended at 6 s.
+    arrivals = tuple(0.5 * i for i in range(8))
+    together = tuple(_request(t, [5.0, 6.0], [1, 1]) for t in arrivals)
+    columns = serving.cell_columns(ServingMeasurement(together, (), 2, arrivals), {"request_rate": 2.0, "burstiness": 1.0})
+    assert columns["achieved_request_rate"] == 0.0  # none completed while they arrived
+    assert columns["saturated"] and "completions 0.00 req/s behind the 2.00 req/s offered" in columns["saturation_reason"]
 
 
 def test_the_running_batch_is_averaged_over_time_not_steps():
@@ -148,72 +255,162 @@ def test_the_running_batch_is_averaged_over_time_not_steps():
     mean, p90 = serving.time_weighted([3.0, 4.0], [1, 4], start=0.0)
     assert mean == pytest.approx(1.75)
     assert p90 == 4
-    requests = (_request(0.0, [4.0], [1]), _request(0.5, [1.0, 4.0], [1, 1]), _request(0.5, [4.0], [1]))
+    requests = (_request(0.0, [4.0], [1]), _request(0.5, [1.0, 4.0], [1, 1]), _request(4.0, [4.5], [1]))
     steps = (EngineStep(0.5, 9, 0), EngineStep(1.5, 1, 0), EngineStep(4.0, 4, 2), EngineStep(9.0, 9, 0))
-    # The window opens with the first measured send (0.5 s) and closes with the last token (4 s).
+    # The window is the send span: the first measured send (0.5 s) to the last (4 s); the step reported at
+    # 9 s ran through its end and closes it.
     columns = serving.cell_columns(ServingMeasurement(requests, steps, 1), {"request_rate": 1.0, "burstiness": 1.0})
-    assert columns["running_batch"] == [9, 1, 4]
-    assert columns["running_batch_t_s"] == pytest.approx([0.0, 1.0, 3.5])
+    assert columns["running_batch"] == [9, 1, 4, 9]
+    assert columns["running_batch_t_s"] == pytest.approx([0.0, 1.0, 3.5, 3.5])
     assert columns["running_batch_mean"] == pytest.approx((1.0 * 1 + 2.5 * 4) / 3.5)
     assert columns["running_batch_max"] == 9
     assert columns["queue_s_p50"] == pytest.approx(0.01)
+    # One step outlasting the whole span still says what ran during it.
+    long = serving.cell_columns(ServingMeasurement(requests, (EngineStep(9.0, 3, 0),), 1),
+                                {"request_rate": 1.0, "burstiness": 1.0})
+    assert long["running_batch_mean"] == pytest.approx(3.0) and long["running_batch"] == [3]
 
 
 def test_a_serving_cell_reads_as_one_repetition_of_its_measured_requests():
     warm = _request(0.0, [0.2, 0.3], [1, 2])
-    # Histogram: 2 passes accepted nothing, 1 accepted 1, 1 accepted 2 -> 4 drafts, 3 accepted.
-    measured = [_request(0.1 * i, [1.0 + i, 1.5 + i], [1, 6], histogram=(2, 1, 1)) for i in range(2)]
-    m = ServingMeasurement((warm, *measured), (EngineStep(1.0, 2, 0, 8, (4, 4)),), warmup_requests=1)
+    # Histogram: 2 passes accepted nothing, 1 accepted 1, 1 accepted 2 -> 4 drafts, 3 accepted, 8 drafted tokens.
+    measured = [dataclasses.replace(_request(0.1 * i, [1.0 + i, 1.5 + i], [1, 6], histogram=(2, 1, 1)),
+                                    draft_tokens=8, drafted_per_step=(2, 2, 2, 2)) for i in range(2)]
+    # The engine step in the window also drafted for the warm-up request: 8 more tokens, 4 per position.
+    m = ServingMeasurement((warm, *measured), (EngineStep(0.05, 3, 0, 16, (8, 8)),), warmup_requests=1)
     plan = ServingPlan(((1,), (1, 2), (1, 2, 3)), (0.0, 0.1, 0.2), 7, None, 1)
     reading = serving.as_measurement(m, plan)
-    assert reading.rep_wall_s == [pytest.approx(2.5)]  # first measured send (0 s) to last token
+    assert reading.rep_wall_s == [pytest.approx(0.1)]  # the send span
     assert reading.rep_output_tokens == [14]
     assert reading.prompt_tokens == 5
     assert len(reading.token_ids) == 3  # the exactness check covers the warm-up request too
     assert reading.counters.drafts == 8 and reading.counters.accepted_tokens == 6
+    # Drafted tokens are the measured requests' own, not the engine step's (which held the warm-up's too).
+    assert reading.counters.draft_tokens == 16
     assert reading.counters.accepted_per_pos == (4, 2)  # position 1: passes accepting >= 1; position 2: >= 2
-    assert reading.counters.drafted_per_pos == (4, 4)
+    assert reading.counters.drafted_per_pos == (8, 8)
     assert reading.ttft_s == [pytest.approx(1.0), pytest.approx(1.9)]
 
 
-def _row(cell_id: str, rate: float, run: int, e2e: float, *, base: str | None = None) -> dict:
+def _row(cell_id: str, rate: float, run: int, e2e: float, *, base: str | None = None, goodput: float | None = None,
+         saturated: bool = False) -> dict:
+    # Each rate on engines of its own (a model of its own): cells independent of one another.
     return {"cell_id": cell_id, "config_hash": cell_id.rsplit("-", 1)[0], "status": "ok", "engine_run": run,
-            "method": "baseline" if base is None else "ngram", "baseline_cell_id": base and f"{base}-r{run}",
+            "model": f"m{rate:g}", "method": "baseline" if base is None else "ngram", "baseline_cell_id": base and f"{base}-r{run}",
             "load_request_rate": rate, "e2e_s_p50": e2e, "e2e_s_p90": e2e * 2, "tpot_s_p50": e2e / 10,
-            "goodput": None}
+            "goodput": goodput, "saturated": saturated, "saturation_reason": "behind" if saturated else None}
+
+
+def _compare(tmp_path, runs: dict[float, list[tuple[float, float]]], *, saturated=(), goodput=None, stale=()):
+    """Serving cells at each rate, baseline and ngram, one (baseline E2E, ngram E2E) pair per engine run,
+    written as cell files; merged over the planned engine runs. ``stale``: files left by another sweep."""
+    from specbench.results.files import CellFiles
+
+    cells, planned = [], []
+    for rate, pairs in runs.items():
+        base, spec = f"baseline-rate{rate:g}", f"ngram-rate{rate:g}"
+        for run, (b, c) in enumerate(pairs):
+            gb, gc = (goodput or {}).get((rate, run), (1.0, 1.0))
+            sat = rate in saturated
+            cells += [_row(f"{base}-r{run}", rate, run, b, goodput=gb, saturated=sat),
+                      _row(f"{spec}-r{run}", rate, run, c, base=base, goodput=gc)]
+    for row in cells + list(stale):
+        CellFiles(tmp_path, row["cell_id"]).write(row, [], [])
+    planned = [r["cell_id"] for r in cells]
+    merged = [dict(r, engine_run=None, cell_id=r["cell_id"][:-3], baseline_cell_id=r["baseline_cell_id"] and
+                   r["baseline_cell_id"][:-3]) for r in cells if r["engine_run"] == 0]
+    return {r["cell_id"]: r for r in serving.with_serving_comparison(merged, tmp_path, planned)}
 
 
 def test_speedups_pair_each_engine_run_with_its_baseline_and_the_verdict_stops_at_the_first_loss(tmp_path):
-    from specbench.results.files import CellFiles
-
-    cells = []
-    # Rate 1: ngram halves E2E in both runs; rate 2: 1.25x and 1.2x; rate 4: slower in both runs.
-    for rate, (b0, s0, b1, s1) in {1.0: (2.0, 1.0, 2.2, 1.1), 2.0: (2.5, 2.0, 3.0, 2.5), 4.0: (3.0, 4.0, 3.0, 3.6)}.items():
-        base, spec = f"baseline-rate{rate:g}", f"ngram-rate{rate:g}"
-        cells += [_row(f"{base}-r0", rate, 0, b0), _row(f"{base}-r1", rate, 1, b1),
-                  _row(f"{spec}-r0", rate, 0, s0, base=base), _row(f"{spec}-r1", rate, 1, s1, base=base)]
-    for row in cells:
-        CellFiles(tmp_path, row["cell_id"]).write(row, [], [])
-    merged = [dict(r, engine_run=None, cell_id=r["cell_id"][:-3], baseline_cell_id=r["baseline_cell_id"] and
-                   r["baseline_cell_id"][:-3]) for r in cells if r["engine_run"] == 0]
-    rows = {r["cell_id"]: r for r in serving.with_serving_comparison(merged, tmp_path)}
+    # Rate 1: ngram halves E2E in both runs; rate 2: 1.5x and 1.52x; rate 4: slower in both runs.
+    rows = _compare(tmp_path, {1.0: [(2.0, 1.0), (2.2, 1.1)], 2.0: [(3.0, 2.0), (3.04, 2.0)],
+                               4.0: [(3.0, 4.0), (3.0, 3.9)]})
     assert rows["ngram-rate1"]["serving_speedup_e2e_p50"] == pytest.approx(2.0)
-    assert rows["ngram-rate2"]["serving_speedup_e2e_p50"] == pytest.approx(math.sqrt(1.25 * 1.2))
+    assert rows["ngram-rate2"]["serving_speedup_e2e_p50"] == pytest.approx(math.sqrt(1.5 * 1.52))
     assert rows["ngram-rate2"]["serving_speedup_e2e_p50_ci_low"] < rows["ngram-rate2"]["serving_speedup_e2e_p50"]
     assert rows["ngram-rate4"]["serving_speedup_e2e_p50"] < 1.0
-    assert rows["ngram-rate1"]["serving_pays"] and not rows["ngram-rate4"]["serving_pays"]
+    assert rows["ngram-rate1"]["serving_pays"] and rows["ngram-rate2"]["serving_pays"]
+    assert not rows["ngram-rate4"]["serving_pays"]
     assert "serving_speedup_e2e_p50" not in rows["baseline-rate1"]
     speculative = [r for r in rows.values() if r["method"] == "ngram"]
-    reach = verdicts.highest_paying_rate(speculative)
-    assert reach == (2.0 if rows["ngram-rate2"]["serving_pays"] else 1.0)
+    assert verdicts.highest_paying_rate(speculative) == 2.0
+    assert verdicts.highest_paying_rate([r for r in speculative if r["load_request_rate"] != 2.0]) == 1.0
     assert verdicts.highest_paying_rate([r for r in speculative if r["load_request_rate"] == 4.0]) is None
+
+
+def test_serving_engine_runs_that_disagree_flag_the_cell(tmp_path):
+    # Nine rates whose engine runs agree within 2%; at rate 10 one run says 2x, the other 0.8x.
+    runs = {float(r): [(2.0, 1.0), (2.0, 1.02)] for r in range(1, 10)} | {10.0: [(2.0, 1.0), (2.0, 2.5)]}
+    rows = _compare(tmp_path, runs)
+    assert not rows["ngram-rate1"].get("flagged")
+    odd = rows["ngram-rate10"]
+    assert odd["flagged"] and "serving engine runs disagree on the E2E p50 speedup: 2.00x, 0.80x" in odd["flag_reasons"][0]
+
+
+def test_the_spread_is_pooled_per_regime_so_saturated_noise_leaves_light_load_alone(tmp_path):
+    steady = {float(r): [(2.0, 1.0), (2.0, 1.01)] for r in (1, 2, 3)}
+    wild = {float(r): [(2.0, 1.0), (2.0, 2.0)] for r in (8, 9, 10)}
+    rows = _compare(tmp_path, steady | wild, saturated={8.0, 9.0, 10.0})
+    light, heavy = rows["ngram-rate1"], rows["ngram-rate8"]
+    width = lambda r: math.log(r["serving_speedup_e2e_p50_ci_high"] / r["serving_speedup_e2e_p50_ci_low"])  # noqa: E731
+    assert width(light) < 0.1 < width(heavy)  # pooled with the wild runs, rate 1's interval would span 0.5x-8x
+    assert light["serving_speedup_ci_method"].endswith("spread pooled below saturation")
+    assert heavy["serving_speedup_ci_method"].endswith("spread pooled at saturation")
+    # A speculative cell is saturated where its baseline is: it takes the baseline's reason.
+    assert heavy["saturated"] and "baseline: engine run 0: behind" in heavy["saturation_reason"]
+
+
+def test_a_run_with_zero_goodput_is_named_not_dropped(tmp_path):
+    rows = _compare(tmp_path, {1.0: [(2.0, 1.0), (2.0, 1.0)]}, goodput={(1.0, 1): (0.0, 0.5)})
+    row = rows["ngram-rate1"]
+    assert row.get("serving_speedup_goodput") is None  # not the one surviving run's ratio
+    assert row["serving_goodput_note"] == "goodput 0 in engine run 1: baseline: no goodput speedup"
+    assert row["serving_speedup_e2e_p50"] == pytest.approx(2.0)
+
+
+def test_engine_runs_are_read_from_the_plan_not_the_directory(tmp_path):
+    # A third engine run another sweep left in the directory, with the same cell ids' stem: 0.25x.
+    stale = [_row("baseline-rate1-r2", 1.0, 2, 1.0), _row("ngram-rate1-r2", 1.0, 2, 4.0, base="baseline-rate1")]
+    rows = _compare(tmp_path, {1.0: [(2.0, 1.0), (2.0, 1.0)]}, stale=stale)
+    assert rows["ngram-rate1"]["serving_speedup_e2e_p50"] == pytest.approx(2.0)
+    assert rows["ngram-rate1"]["arrival_seeds"] == [None, None]  # two engine runs read, not three
+
+
+def test_serving_ratios_stay_out_of_the_offline_spread_and_recommend(tmp_path):
+    from rows import cell_row, write_cell
+
+    from specbench.results.merge import merge
+    from specbench.results.schema import recommendable
+
+    ids = []
+    for i in range(4):  # offline pairs whose engine runs agree within 2%
+        for run, wall in ((0, 1.0), (1, 1.02)):
+            write_cell(tmp_path, cell_row(f"b{i}-p{run}", "baseline", 2.0, engine_run=run, config_hash=f"B{i}")
+                       | {"model": f"m{i}"}, [[1]])
+            write_cell(tmp_path, cell_row(f"s{i}-p{run}", "ngram", wall, baseline_id=f"b{i}-p{run}", engine_run=run,
+                                          config_hash=f"S{i}") | {"model": f"m{i}"}, [[1]])
+            ids += [f"b{i}-p{run}", f"s{i}-p{run}"]
+    alone = {r["cell_id"]: r for r in merge(tmp_path, ids)}
+    for run, wall in ((0, 1.0), (1, 3.0)):  # a serving pair at 2 req/s whose runs are far apart
+        extra = {"model": "mv", "load_request_rate": 2.0}
+        write_cell(tmp_path, cell_row(f"bv-p{run}", "baseline", 2.0, engine_run=run, config_hash="BV") | extra, [[1]])
+        write_cell(tmp_path, cell_row(f"sv-p{run}", "ngram", wall, baseline_id=f"bv-p{run}", engine_run=run,
+                                      config_hash="SV") | extra, [[1]])
+        ids += [f"bv-p{run}", f"sv-p{run}"]
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ids)}
+    assert rows["s0-p0"]["speedup_ci_low"] == pytest.approx(alone["s0-p0"]["speedup_ci_low"])
+    assert not rows["s0-p0"]["flagged"]
+    served = rows["sv-p0"]
+    assert served.get("speedup") is None and not recommendable(served)  # no batch-1 evidence for recommend
+    assert not any("engine runs disagree" in r for r in served.get("flag_reasons") or [])
 
 
 # --- report ---------------------------------------------------------------------------------------
 
 
 def _serving_row(method: str, rate: float, *, speedup: float | None = None, achieved: float | None = None,
-                 exactness: str | None = "exact") -> dict:
+                 exactness: str | None = "exact", saturated: bool = False, realised: float | None = None) -> dict:
     from rows import make_row
 
     baseline = method == "baseline"
@@ -224,6 +421,10 @@ def _serving_row(method: str, rate: float, *, speedup: float | None = None, achi
         "baseline_cell_id": None if baseline else row["baseline_cell_id"].replace("-r0", f"{tag}-r0"),
         "load_request_rate": rate, "load_burstiness": 1.0, "served_requests": 8,
         "achieved_request_rate": achieved if achieved is not None else rate * 0.95,
+        "offered_rate_realised": realised if realised is not None else rate,
+        "saturated": saturated, "saturation_reason": "completions behind" if saturated else None,
+        "slo_attainment": 0.75, "slo_attainment_ci_low": 0.41, "slo_attainment_ci_high": 0.93,
+        "tpot_s_request_mean": 0.02, "tpot_s_std": 0.005,
         "running_batch_mean": 1.0 + rate, "running_batch_p90": 2.0 + rate, "running_batch_max": 3 + int(rate),
         "running_batch_t_s": [0.0, 1.0, 2.0], "running_batch": [1, 2, 1],
         "queue_s_p50": 0.01 * rate, "ttft_s_p50": 0.1 * rate, "ttft_s_p90": 0.2 * rate,
@@ -243,19 +444,37 @@ def test_the_report_draws_serving_cells_apart_and_names_where_each_configuration
     from specbench.report import write_report
 
     rows = [make_row("baseline"), make_row("ngram", 4, speedup=1.4)]  # an offline pair beside them
-    for rate, speedup, achieved in ((0.5, 1.5, None), (2.0, 1.2, None), (6.0, 0.8, 3.0)):
-        rows += [_serving_row("baseline", rate, achieved=achieved), _serving_row("ngram", rate, speedup=speedup)]
+    # At 2 req/s named, the schedule realised 1.2 and the baseline completed 1.15: it kept up with its load.
+    # At 6 the baseline fell behind; ngram's 1.3x there is not judged (it would carry the verdict to 6).
+    for rate, speedup, achieved, realised, saturated in ((0.5, 1.5, None, None, False), (2.0, 1.2, 1.15, 1.2, False),
+                                                         (6.0, 1.3, 3.0, None, True)):
+        rows += [_serving_row("baseline", rate, achieved=achieved, realised=realised, saturated=saturated),
+                 _serving_row("ngram", rate, speedup=speedup, realised=realised, saturated=saturated)]
     write_results(tmp_path, rows)
     page = write_report(tmp_path).read_text()
     assert 'id="serving"' in page
     assert "<dt>Cells</dt><dd>8</dd>" in page  # the counts are the whole sweep's
-    for anchor in ("img-serving-speedup", "img-serving-latency", "img-serving-batch"):
+    for anchor in ("img-serving-speedup", "img-serving-latency", "img-serving-acceptance", "img-serving-batch"):
         assert anchor in page
     assert "summarize, ngram K=4: pays up to 2 req/s" in page
-    assert "6 ▲" in page  # the baseline achieved 3 of 6 req/s offered: past saturation
-    assert "2 ▲" not in page
+    assert "6 req/s not judged (saturated: baseline: completions behind)" in page
+    assert "6 ▲" in page
+    assert "2 ▲" not in page  # 1.15 of the 1.2 req/s realised, though 2 were named
+    assert "<td>1.20</td>" in page  # the realised rate beside the nominal one
+    assert "75% [41%, 93%]" in page and "20.0 ± 5.0" in page  # SLO attainment with its interval; TPOT mean ± std
+    assert "ran with load.ignore_eos" not in page
     # The offline verdict still reads only offline cells: the serving cells' batch size 1 is not its axis.
     assert "ngram K=4" in page and "1.40×" in page
+
+
+def test_the_page_warns_that_ignore_eos_changes_acceptance(tmp_path):
+    from rows import write_results
+
+    from specbench.report import write_report
+
+    rows = [dict(r, load_ignore_eos=True) for r in (_serving_row("baseline", 1.0), _serving_row("ngram", 1.0, speedup=1.2))]
+    write_results(tmp_path, rows)
+    assert "ran with load.ignore_eos" in write_report(tmp_path).read_text()
 
 
 def test_offline_beside_serving_pairs_each_rate_with_the_nearest_offline_batch(tmp_path):
@@ -310,3 +529,29 @@ def test_the_report_sets_offline_beside_serving_and_answers_whether_offline_pred
 
     # Without offline cells of the configuration there is nothing to pair, and no section.
     assert report_serving.offline_beside(off[off["method"] == "baseline"], served) == ([], None)
+
+
+def test_gpu_serving_presets_measure_at_least_200_requests_per_rate():
+    from pathlib import Path
+
+    import yaml
+
+    sweeps = Path(__file__).resolve().parents[1] / "sweeps"
+    for path in sweeps.glob("serving_*.yaml"):
+        preset = yaml.safe_load(path.read_text())
+        measured = preset["load"]["num_requests"] - preset["load"]["warmup_requests"]
+        if "cpu" in path.stem:
+            assert "smoke test" in path.read_text(), path  # too few to read figures from, and it says so
+        else:
+            assert measured >= 200, f"{path.name} measures {measured} requests per rate"
+
+
+def test_a_serving_cell_with_its_own_speedups_is_not_counted_failed(tmp_path):
+    import pandas as pd
+
+    from specbench.report.tables import failed_mask
+
+    compared = dict(_serving_row("ngram", 1.0, speedup=1.2), speedup=None)  # no offline speedup, by design
+    lost = dict(_serving_row("ngram", 2.0), speedup=None)  # never compared with its baseline
+    frame = pd.DataFrame([_serving_row("baseline", 1.0), compared, lost])
+    assert failed_mask(frame).tolist() == [False, False, True]

@@ -35,8 +35,13 @@ def test_a_serving_sweep_records_latencies_the_running_batch_and_exact_outputs(t
         assert 0 < row["ttft_s_p50"] <= row["e2e_s_p50"]
         assert 0 < row["tpot_s_p50"] < row["e2e_s_p50"]
         assert row["itl_s_p50"] > 0 and row["queue_s_p50"] >= 0
-        assert row["achieved_request_rate"] > 0 and row["achieved_output_tokens_per_s"] > 0
+        # Over the send span, a run whose engine fell behind (a busy machine) may complete nothing in it.
+        assert row["achieved_request_rate"] > 0 or row["saturated"]
+        assert row["achieved_output_tokens_per_s"] >= 0
+        assert row["offered_rate_realised"] > 0 and row["engine_usage_context"] == "OPENAI_API_SERVER"
+        assert row["saturated"] in (True, False) and len(row["arrival_seeds"]) == 1
         # Every measured request met the generous TTFT target: goodput is the achieved rate.
+        assert row["slo_attainment"] == 1.0
         assert row["goodput"] == pytest.approx(row["achieved_request_rate"])
         assert row["running_batch_max"] >= 1 and row["running_batch_mean"] > 0
         assert len(row["running_batch"]) == len(row["running_batch_t_s"]) > 0

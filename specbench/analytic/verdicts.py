@@ -503,18 +503,33 @@ def schedule_evidence(
 
 
 def saturation_rate(rows: Iterable[Mapping[str, Any]]) -> float | None:
-    """The lowest finite offered rate at which one workload's baseline falls behind the load; None: never."""
+    """The lowest finite offered rate at which one workload's baseline falls behind the load; None: never.
+
+    A baseline row's ``saturated`` decides where the merge recorded it (the realised offered rate, the
+    completions and the queue's growth: :func:`specbench.results.serving.saturation`); a row stored before
+    it is read by its achieved rate against the nominal one, under :data:`SATURATED_SHARE`.
+    """
     behind = [float(r["load_request_rate"]) for r in rows
               if r.get("method") == "baseline" and r.get("status") == "ok" and _known(r.get("load_request_rate"))
-              and math.isfinite(float(r["load_request_rate"])) and _known(r.get("achieved_request_rate"))
-              and r["achieved_request_rate"] < SATURATED_SHARE * r["load_request_rate"]]
+              and math.isfinite(float(r["load_request_rate"])) and _behind(r)]
     return min(behind, default=None)
+
+
+def _behind(baseline: Mapping[str, Any]) -> bool:
+    """Whether a serving baseline fell behind its load (see :func:`saturation_rate`)."""
+    if _known(baseline.get("saturated")):
+        return bool(baseline["saturated"])
+    return _known(baseline.get("achieved_request_rate")) and \
+        baseline["achieved_request_rate"] < SATURATED_SHARE * baseline["load_request_rate"]
 
 
 def _serving_why(row: Mapping[str, Any]) -> str | None:
     """Why a serving cell is not judged at its rate; None when it is."""
     if row.get("status") != "ok":
         return f"failed: {_first_line(row.get('error')) or 'no error recorded'}"
+    if _known(row.get("saturated")) and row["saturated"]:
+        # Named as saturated even where it is flagged too: it would not be judged either way.
+        return f"saturated: {row.get('saturation_reason') or 'it or its baseline fell behind the load'}"
     if not _known(row.get(PAYS_ON)) or row.get("serving_pays") is None:
         return "not compared with a baseline at the same load"
     if row.get("exactness") == "mismatch":
@@ -562,10 +577,11 @@ def serving_verdict(cells: Sequence[Mapping[str, Any]], workload_rows: Sequence[
         why = None
         if knee is not None and rate >= knee:
             base = next((b for b in workload_rows if b.get("method") == "baseline" and _known(
-                b.get("load_request_rate")) and float(b["load_request_rate"]) == rate
-                and _known(b.get("achieved_request_rate"))), None)
-            achieved = f"the baseline achieved {base['achieved_request_rate']:.2g} req/s" if base else (
-                f"the baseline fell behind from {knee:g} req/s")
+                b.get("load_request_rate")) and float(b["load_request_rate"]) == rate), None)
+            achieved = (f"baseline: {base['saturation_reason']}" if base and base.get("saturation_reason")
+                        else f"the baseline achieved {base['achieved_request_rate']:.2g} req/s"
+                        if base and _known(base.get("achieved_request_rate"))
+                        else f"the baseline fell behind from {knee:g} req/s")
             why = f"saturated: {achieved}"
         elif not here:
             why = grid.absent(cells[0], rate=rate) if cells else "not measured"

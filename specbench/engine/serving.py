@@ -6,7 +6,9 @@ sends a :class:`specbench.load.ServingPlan`'s requests on its arrival
 schedule, one coroutine per request, each streaming its output in deltas, as
 ``vllm bench serve`` does over HTTP; the scheduler batches them exactly as
 behind ``vllm serve``. A :class:`StepRecorder` (a ``StatLoggerBase``) records
-the scheduler's state at every engine step: the running batch over time. Like
+the scheduler's state at every engine step: the running batch over time. The engine starts in ``vllm serve``'s usage context
+(:data:`specbench.load.USAGE_CONTEXT`), so every engine key specbench leaves unset takes the
+server's default for the device, not the offline engine's. Like
 :mod:`specbench.engine.worker`, this module imports vLLM only inside its
 functions.
 """
@@ -19,7 +21,7 @@ import uuid
 from typing import Any
 
 from specbench.engine import EngineSpec
-from specbench.load import EngineStep, ServedRequest, ServingMeasurement, ServingPlan
+from specbench.load import USAGE_CONTEXT, EngineStep, ServedRequest, ServingMeasurement, ServingPlan
 from specbench.sampling import GREEDY
 
 
@@ -63,6 +65,7 @@ class ServingEngine:
 
     def __init__(self, spec: EngineSpec) -> None:
         from vllm import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._steps: list[EngineStep] = []
@@ -71,7 +74,8 @@ class ServingEngine:
         arguments = AsyncEngineArgs(**spec.llm_kwargs())
 
         async def start() -> Any:
-            return AsyncLLM.from_engine_args(arguments, stat_loggers=[_steps_recorder(self._steps, self._clock)])
+            return AsyncLLM.from_engine_args(arguments, usage_context=UsageContext[USAGE_CONTEXT],
+                                             stat_loggers=[_steps_recorder(self._steps, self._clock)])
 
         self.engine = self._loop.run_until_complete(start())
         from specbench.engine.worker import engine_mode
@@ -90,7 +94,8 @@ class ServingEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(max_tokens=plan.max_tokens, output_kind=RequestOutputKind.DELTA, **GREEDY.params())
+        params = SamplingParams(max_tokens=plan.max_tokens, output_kind=RequestOutputKind.DELTA,
+                                ignore_eos=plan.ignore_eos, **GREEDY.params())
         slots = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
         tag = uuid.uuid4().hex[:8]
         self._steps.clear()
@@ -105,7 +110,7 @@ class ServingEngine:
 
         served = await asyncio.gather(*(one(i) for i in range(len(plan.prompts))))
         return ServingMeasurement(requests=tuple(served), steps=tuple(self._steps),
-                                  warmup_requests=plan.warmup_requests)
+                                  warmup_requests=plan.warmup_requests, arrivals_s=plan.arrivals_s)
 
     async def _request(self, index: int, plan: ServingPlan, params: Any, tag: str, start: float) -> ServedRequest:
         sent = time.perf_counter() - start
@@ -126,6 +131,7 @@ class ServingEngine:
         spec = getattr(last.outputs[0], "spec_decode_metrics", None) if last is not None else None
         histogram = tuple(int(n) for n in getattr(spec, "histogram", None) or ())
         steps = getattr(spec, "per_step_accepted", None)
+        drafted = getattr(spec, "per_step_drafted", None) or ()
         return ServedRequest(
             sent_s=sent,
             chunk_s=tuple(chunks),
@@ -136,6 +142,8 @@ class ServingEngine:
             accepted_tokens=sum(j * n for j, n in enumerate(histogram)) if spec is not None else None,
             accepted_histogram=histogram,
             last_accepted=int(steps[-1]) if steps else None,
+            draft_tokens=int(getattr(spec, "num_draft_tokens", 0) or 0) if spec is not None else None,
+            drafted_per_step=tuple(int(n) for n in drafted),
         )
 
     def shutdown(self) -> None:

@@ -108,6 +108,8 @@ def render_report(results_path: Path) -> str:
         offline_beside=offline_beside,
         offline_beside_answer=offline_answer,
         saturated_share=serving.SATURATED_SHARE,
+        serving_ignore_eos=bool(not served.empty and "load_ignore_eos" in served
+                                and served["load_ignore_eos"].fillna(False).astype(bool).any()),
         best_configs=tables.best_configs(df, grid),
         has_confirmation=tables.has_confirmation(df),
         spread_note=tables.spread_note(df),

@@ -3,9 +3,11 @@
 Serving cells (``load.request_rate`` set; :mod:`specbench.results.serving`)
 are kept out of the offline figures and tables, whose axis is the batch size
 a cell chose; here the axis is the offered request rate, and the batch is
-what the load made it. A rate is marked *saturated* when the baseline's
-achieved request rate falls below :data:`SATURATED_SHARE` of the offered one:
-from there on the queue grows and TTFT measures waiting, not the engine.
+what the load made it. A rate is marked *saturated* where its baseline's row
+says so (``saturated``: :func:`specbench.results.serving.saturation`, from the
+realised offered rate, the completions and the queue's growth; rows stored
+before it, where the baseline achieved under 85% of the offered rate): from
+there on the queue grows and TTFT measures waiting, not the engine.
 Saturation and the highest paying rate are decided in
 :mod:`specbench.analytic.verdicts`, over the planned rates; this module words them.
 """
@@ -50,11 +52,15 @@ class ServingRow:
     panel: str
     config: str
     rate: str
+    realised: str
     saturated: bool
     running_batch: str
     achieved: str
+    slo_attainment: str
+    acceptance: str
     tpot_p50_ms: str
     tpot_p90_ms: str
+    tpot_mean_ms: str
     queue_p50_ms: str
     tpot_speedup: str
     e2e_p50_speedup: str
@@ -76,12 +82,30 @@ def _speedup(row: Mapping[str, Any], name: str) -> str:
     return f"{fmt_speedup(point)} {fmt_ci(row.get(f'serving_speedup_{name}_ci_low'), row.get(f'serving_speedup_{name}_ci_high'))}"
 
 
+def _known(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value)) and not pd.isna(value)
+
+
+def _attainment(row: Mapping[str, Any]) -> str:
+    share = row.get("slo_attainment")
+    if not _known(share):
+        return "–"
+    low, high = row.get("slo_attainment_ci_low"), row.get("slo_attainment_ci_high")
+    return f"{share:.0%}" + (f" [{low:.0%}, {high:.0%}]" if _known(low) and _known(high) else "")
+
+
+def _tpot_mean(row: Mapping[str, Any]) -> str:
+    mean, std = row.get("tpot_s_request_mean"), row.get("tpot_s_std")
+    if not _known(mean):
+        return "–"
+    return _ms(mean) + (f" ± {_ms(std)}" if _known(std) else "")
+
+
 def table(df: pd.DataFrame) -> list[ServingRow]:
     """Every measured serving cell, by workload, configuration and rate (baselines first)."""
     rows = _ok(df)
     out = []
     for panel, panel_rows in rows.groupby(PANEL, sort=True):
-        knee = saturation_rate(panel_rows)
         ordered = panel_rows.assign(_base=panel_rows["method"] != "baseline").sort_values(
             ["_base", CONFIG, "load_request_rate"])
         for row in ordered.to_dict("records"):
@@ -89,10 +113,14 @@ def table(df: pd.DataFrame) -> list[ServingRow]:
             pays = row.get("serving_pays")
             out.append(ServingRow(
                 panel=str(panel), config=str(row[CONFIG]), rate=f"{rate:g}",
-                saturated=knee is not None and rate >= knee,
+                realised=fmt_number(row.get("offered_rate_realised"), 2),
+                saturated=bool(row.get("saturated")) if _known(row.get("saturated")) else False,
                 running_batch=fmt_number(row.get("running_batch_mean"), 2),
                 achieved=fmt_number(row.get("achieved_request_rate"), 2),
+                slo_attainment=_attainment(row),
+                acceptance=fmt_number(row.get("acceptance_length"), 2) if row["method"] != "baseline" else "–",
                 tpot_p50_ms=_ms(row.get("tpot_s_p50")), tpot_p90_ms=_ms(row.get("tpot_s_p90")),
+                tpot_mean_ms=_tpot_mean(row),
                 queue_p50_ms=_ms(row.get("queue_s_p50")),
                 tpot_speedup=_speedup(row, "tpot_p50"), e2e_p50_speedup=_speedup(row, "e2e_p50"),
                 e2e_p90_speedup=_speedup(row, "e2e_p90"), goodput_speedup=_speedup(row, "goodput"),
@@ -244,7 +272,7 @@ def speedup_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
         caption=("Speedup at the same offered load (same arrival times and prompts as the baseline) on the "
                  "median end-to-end latency (filled, with 95% intervals across engine runs) and the median time "
                  "per output token (hollow); dashed: the analytic model's decode speedup at the measured mean "
-                 "running batch. Grey: past saturation, where the baseline falls behind the offered rate."))
+                 "running batch. Grey: past saturation, where the baseline falls behind the load."))
     rows = _ok(df)
     comp = rows[(rows["method"] != "baseline") & rows.get("serving_speedup_e2e_p50", pd.Series(dtype=float)).notna()]
     if comp.empty:
@@ -337,4 +365,31 @@ def running_batch_over_time(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot
         return plots.replace(plot, image=plots._png(fig))
 
 
-FIGURES = (speedup_vs_rate, latency_vs_rate, running_batch_over_time)
+def acceptance_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+    """Acceptance length against request rate, per configuration, from the measured requests' own counts."""
+    plot = plots.Plot(
+        anchor="serving-acceptance", title="Serving: acceptance length against request rate",
+        caption=("Mean acceptance length (1 + accepted draft tokens per verification) over the measured "
+                 "requests alone, each counted from its own speculative counts (warm-up and requests outside "
+                 "the measured ones left out), per configuration. With load.ignore_eos the text past each "
+                 "EOS is the model's invention and its acceptance is not the workload's. Grey: past saturation."))
+    rows = _ok(df)
+    comp = rows[(rows["method"] != "baseline") & rows.get("acceptance_length", pd.Series(dtype=float)).notna()]
+    if comp.empty:
+        return plots._without(plot, "No speculative serving cell recorded its acceptance.")
+    panels = sorted(comp[PANEL].unique())
+    with plots._style():
+        fig, axes = plots._facets(panels)
+        for ax, panel in zip(axes, panels):
+            these = comp[comp[PANEL] == panel]
+            where = _rates_axis(ax, [float(r) for r in rows[rows[PANEL] == panel]["load_request_rate"]])
+            for variant, k, s, x in _configurations(these, where):
+                ax.plot(x, s["acceptance_length"].to_numpy(dtype=float), color=enc.colour(variant),
+                        marker=enc.marker(k), lw=1.6)
+            ax.axhline(1.0, color="0.3", ls=":", lw=1)
+            ax.set_ylabel("acceptance length")
+            _mark_saturation(ax, saturation_rate(rows[rows[PANEL] == panel]), where)
+        return _with_legend(plot, fig, comp, enc)
+
+
+FIGURES = (speedup_vs_rate, latency_vs_rate, acceptance_vs_rate, running_batch_over_time)

@@ -102,7 +102,10 @@ def _panel(model: Any, workload: Any, several_models: bool) -> str:
 def failed_mask(df: pd.DataFrame) -> pd.Series:
     """Cells that failed, as ``sweep.finish`` counts them: not ok, or speculative without a speedup."""
     speculative = df["method"].fillna("") != "baseline"
-    return (df["status"].fillna("") != "ok") | (speculative & df["speedup"].isna())
+    # A serving cell's speedups are its own (serving_speedup_*; it has no offline speedup).
+    compared = df["serving_speedup_e2e_p50"].where(df["load_request_rate"].notna(), df["speedup"]) \
+        if "load_request_rate" in df and "serving_speedup_e2e_p50" in df else df["speedup"]
+    return (df["status"].fillna("") != "ok") | (speculative & compared.isna())
 
 
 def measured(df: pd.DataFrame) -> pd.DataFrame:

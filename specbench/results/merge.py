@@ -86,7 +86,10 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     for group in by_cell.values():
         group.sort(key=lambda r: r.get("engine_run") or 0)
         rows.append(_combine_engine_runs(cells_dir, group, references))
-    speculative = [r for r in rows if r.get("method") != "baseline" and r.get("speedup_per_engine_run")]
+    # Serving cells are judged on their own figures at their own load (specbench.results.serving): their
+    # ratios join neither the offline spread, nor the shifted-baseline test, nor (without a speedup) batch-1 evidence.
+    speculative = [r for r in rows if r.get("method") != "baseline" and r.get("speedup_per_engine_run")
+                   and r.get("load_request_rate") is None]
     # Cells whose baselines ran on one engine share its deviations: grouped by the engines they shared.
     for row, group in zip(speculative, engine_groups([r["_runs"] for r in speculative])):
         row["_baseline"] = group

@@ -61,7 +61,11 @@ from specbench import methods, sampling
 #     cells run to max_tokens (min_tokens = max_tokens, part of their identity); exactness "untested" also
 #     for a distribution check weaker than distribution.MAX_DETECTABLE_TV;
 #     engine_id (the engine instance a cell ran on, named as it started; results.parquet: its engine runs'
-#     ids in engine-run order, comma-separated): spreads, df and flags group cells by the engines they shared
+#     ids in engine-run order, comma-separated): spreads, df and flags group cells by the engines they shared;
+#     serving (specbench.results.serving): the offered rate the schedule realised and each engine run's
+#     arrival seed, throughput and goodput over the send span, SLO attainment with Wilson's interval, per-request
+#     TPOT mean and std, queue growth and TTFT slope, saturated and why, load_ignore_eos, the engine's usage
+#     context, the serving spread's method, zero-goodput runs named
 SCHEMA_VERSION = 14
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
@@ -238,11 +242,27 @@ SCHEMA = pa.schema(
         ("load_burstiness", _F),
         ("load_max_concurrency", _INT),
         ("load_warmup_requests", _INT),
+        ("load_ignore_eos", _BOOL),  # every request decoded max_tokens (EOS ignored)
+        ("arrival_seed", _INT),  # the engine run's arrival schedule (load.arrival_seed; a cell and its baseline share it)
+        ("arrival_seeds", pa.list_(_INT)),  # merged: each engine run's, in engine-run order
+        ("engine_usage_context", _STR),  # vLLM usage context the serving engine started in (vllm serve's)
+        ("offered_rate_realised", _F),  # measured requests' sends: (n - 1) / (last - first), from the schedule
+        ("offered_rate_realised_per_engine_run", pa.list_(_F)),  # merged: each engine run's
         ("served_requests", _INT),  # measured requests (after the warm-up)
-        ("serving_window_s", _F),
-        ("achieved_request_rate", _F),
-        ("achieved_output_tokens_per_s", _F),
-        ("goodput", _F),  # measured requests per second meeting every load.slo.* target; null without a target
+        ("serving_window_s", _F),  # the send span: first measured send to last (rate inf: to the last token)
+        ("achieved_request_rate", _F),  # requests (warm-up included) completed inside the send span, over it
+        ("achieved_output_tokens_per_s", _F),  # every token streamed inside the send span, over it
+        ("goodput", _F),  # achieved_request_rate x slo_attainment (as vLLM: good / duration); null without a target
+        ("slo_met_requests", _INT),  # measured requests meeting every load.slo.* target (merged: every engine run's)
+        ("slo_attainment", _F),  # their share of the measured requests
+        ("slo_attainment_ci_low", _F),  # Wilson score 95% interval over the measured requests (pooled engine runs)
+        ("slo_attainment_ci_high", _F),
+        ("tpot_s_request_mean", _F),  # TPOT mean over requests, as vllm bench serve's mean_tpot (tpot_s_mean: per token)
+        ("tpot_s_std", _F),  # TPOT standard deviation over requests (vllm bench serve's std_tpot)
+        ("queue_growth_per_s", _F),  # slope of vLLM's waiting count over the send span's engine steps
+        ("ttft_slope", _F),  # slope of the measured requests' TTFT against their send time (s per s)
+        ("saturated", _BOOL),  # the engine fell behind the load (specbench.results.serving.saturation); not judged
+        ("saturation_reason", _STR),  # why, per engine run (a speculative cell's: also its baseline's)
         ("itl_s_p50", _F),  # gaps between streamed chunks, pooled over requests
         ("itl_s_p90", _F),
         ("itl_s_p99", _F),
@@ -268,6 +288,8 @@ SCHEMA = pa.schema(
         ("serving_speedup_goodput", _F),
         ("serving_speedup_goodput_ci_low", _F),
         ("serving_speedup_goodput_ci_high", _F),
+        ("serving_speedup_ci_method", _STR),  # the E2E p50 interval's method and the regime its spread pooled
+        ("serving_goodput_note", _STR),  # engine runs whose goodput was 0 (then no goodput speedup)
         ("serving_pays", _BOOL),  # E2E p50 speedup's interval above 1 (specbench.results.serving.pays)
         # The analytic model at the measured mean running batch (specbench.analytic.prediction).
         ("serving_predicted_speedup", _F),

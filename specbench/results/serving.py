@@ -3,16 +3,33 @@
 Definitions follow ``vllm bench serve``: TTFT is send to first token, TPOT
 ``(e2e - ttft) / (output tokens - 1)`` (requests of one token have none), ITL
 the gaps between streamed chunks pooled over requests, E2E send to last
-token. The warm-up requests are left out of every figure. A cell's window
-runs from its first measured request's send to its last measured request's
-last token; throughputs and goodput are over it, and the running batch is
-its time average over the engine steps in it (Little's law's "requests in
-service").
+token. The warm-up requests are left out of every figure.
 
-Across engine runs, each speedup is the geometric mean of the per-run
-ratios, with the interval of :func:`specbench.stats.speedup_interval` over
-the engine-to-engine spread pooled across the sweep's serving cells of that
-figure. One rule says whether a configuration pays at a rate, the offline
+The load and what the engine made of it are read over the *send span*: the
+measured requests' first send to their last (:func:`window`), not up to the
+last token, so the drain after the last arrival (the last request's E2E, most
+of a short light-load run) weighs on no rate. ``vllm bench serve`` divides
+by its whole run, schedule start to last token; over its thousand requests
+the drain is a sliver, over a few it is not. The offered rate is the one the
+schedule realised over the measured requests (:func:`specbench.load.realised_rate`:
+the arrivals after the first over the span), the achieved rate the requests
+completed inside the span (warm-up ones included) over it: below saturation
+completions follow the arrivals one E2E later and the two agree; past it
+completions come at the engine's own pace. Goodput is, as in vLLM, the
+achieved rate times the share of measured requests meeting every SLO
+(``slo_attainment``).
+
+A cell is *saturated* (:func:`saturation`) when its completions fall behind
+the realised offered rate, or the engine's queue grows across the send span
+(vLLM's waiting count, or each request's TTFT against when it was sent).
+Saturated rates are named and left out of the verdicts.
+
+Across engine runs (read from the sweep's plan, never a directory listing),
+each speedup is the geometric mean of the per-run ratios, with the interval of
+:func:`specbench.stats.speedup_interval` over the engine-to-engine spread pooled
+across the sweep's serving cells *of the same regime* (below or at
+saturation); two engine runs of a cell that disagree beyond that spread flag
+it. One rule says whether a configuration pays at a rate, the offline
 verdicts' (:func:`specbench.stats.clears` on the E2E p50 speedup: its 95%
 interval's lower end above 1, or its point estimate where there is no
 interval), recorded per cell as ``serving_pays``; the verdict, the highest
@@ -24,23 +41,26 @@ from __future__ import annotations
 import math
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specbench import stats
-from specbench.load import ServedRequest, ServingMeasurement, ServingPlan
+from specbench.load import USAGE_CONTEXT, ServedRequest, ServingMeasurement, ServingPlan, realised_rate
 from specbench.measure import GeneratedRequest, Measurement, SpecCounters
+from specbench.results.files import CellFiles
 from specbench.results.schema import ResultsError, engine_groups, engine_instance, read_rows
 
 # Per cell: the load it met and what it achieved (cells/<id>.parquet and results.parquet; also the
 # running batch at every step of the window, running_batch_t_s and running_batch).
 CELL_COLUMNS = (
     "load_request_rate", "load_burstiness", "load_max_concurrency", "load_warmup_requests",
-    "served_requests", "serving_window_s", "achieved_request_rate", "achieved_output_tokens_per_s", "goodput",
+    "offered_rate_realised", "served_requests", "serving_window_s", "achieved_request_rate",
+    "achieved_output_tokens_per_s", "goodput", "slo_met_requests", "slo_attainment",
     "itl_s_p50", "itl_s_p90", "itl_s_p99", "queue_s_p50", "queue_s_p90", "queue_s_p99", "queue_s_mean",
+    "tpot_s_request_mean", "tpot_s_std", "queue_growth_per_s", "ttft_slope",
     "running_batch_mean", "running_batch_p90", "running_batch_max",
 )
 # The speedups against the baseline at the same offered load (results.parquet only), each with its interval.
@@ -52,10 +72,24 @@ SPEEDUPS = {
 }
 # The figure whose speedup decides whether a configuration pays at a rate: what a user waits for.
 PAYS_ON = "e2e_p50"
+# Completions below this share of the realised offered rate: the engine no longer keeps up. The two
+# queue-growth tests are held to the same share: a FIFO queue fed at rate a and served at rate c < a
+# grows by a - c requests a second, and the n-th request, sent at n / a, waits n / c - n / a, a TTFT
+# that climbs a / c - 1 seconds per second of arrivals.
+SATURATED_SHARE = 0.85
+# Regimes of the pooled spread: one interval's noise at light load says little about the noise past saturation.
+REGIMES = {False: "below saturation", True: "at saturation"}
 
 
 def _measured(m: ServingMeasurement) -> list[ServedRequest]:
     return list(m.requests[m.warmup_requests:])
+
+
+def _arrivals(m: ServingMeasurement) -> list[float]:
+    """The measured requests' scheduled arrivals (their sends where the schedule was not recorded)."""
+    if len(m.arrivals_s) == len(m.requests):
+        return list(m.arrivals_s[m.warmup_requests:])
+    return [r.sent_s for r in _measured(m)]
 
 
 def request_latencies(request: ServedRequest) -> tuple[float | None, float | None, float | None, list[float]]:
@@ -70,10 +104,16 @@ def request_latencies(request: ServedRequest) -> tuple[float | None, float | Non
 
 
 def window(m: ServingMeasurement) -> tuple[float, float]:
-    """The measured window: first measured send to last measured token (seconds from the schedule's start)."""
+    """The measured window: the send span, first measured send to last (seconds from the schedule's start).
+
+    Where every measured request went out at once (rate ``inf``) there is no span: the window then
+    runs to the last measured token, the only duration such a burst has.
+    """
     measured = _measured(m)
     start = min(r.sent_s for r in measured)
-    end = max((r.chunk_s[-1] for r in measured if r.chunk_s), default=start)
+    end = max(r.sent_s for r in measured)
+    if end <= start:
+        end = max((r.chunk_s[-1] for r in measured if r.chunk_s), default=start)
     return start, end
 
 
@@ -92,11 +132,36 @@ def meets_slo(request: ServedRequest, slo: Mapping[str, float | None]) -> bool:
     return True
 
 
+def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float | None, float | None]:
+    """Wilson's score interval for a share of ``successes`` in ``n`` (None, None for n = 0).
+
+    It treats the requests as independent draws; under load they share the queue, so it is the
+    interval of a well-mixed run, narrower than a rerun's where a burst sinks many requests at once.
+    """
+    if n <= 0:
+        return None, None
+    z = statistics.NormalDist().inv_cdf((1.0 + confidence) / 2.0)
+    share = successes / n
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def running_batch(m: ServingMeasurement) -> tuple[list[float], list[int]]:
-    """The engine steps inside the window: when each was reported and how many requests it ran."""
+    """The engine steps over the window: when each was reported and how many requests it ran.
+
+    A step reports as it ends, so the first step reported after the window closes ran through the
+    window's tail: it is kept, its time clipped to the window's end (on a slow machine one step can
+    outlast a short send span, which would otherwise hold no step at all).
+    """
     start, end = window(m)
     inside = [s for s in m.steps if start <= s.at_s <= end]
-    return [s.at_s for s in inside], [s.running for s in inside]
+    after = next((s for s in m.steps if s.at_s > end), None)
+    times, running = [s.at_s for s in inside], [s.running for s in inside]
+    if after is not None:
+        times.append(end)
+        running.append(after.running)
+    return times, running
 
 
 def time_weighted(times: Sequence[float], values: Sequence[int], start: float) -> tuple[float | None, float | None]:
@@ -118,29 +183,92 @@ def time_weighted(times: Sequence[float], values: Sequence[int], start: float) -
     return float(np.average(values, weights=durations)), p90
 
 
-def cell_columns(m: ServingMeasurement, load: Mapping[str, Any]) -> dict[str, Any]:
-    """A serving cell's own columns (:data:`CELL_COLUMNS` and the running-batch series) for one engine run."""
+def _slope(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Least-squares slope of y on x; None with fewer than three points or no spread in x."""
+    if len(x) < 3 or max(x) - min(x) <= 0:
+        return None
+    return float(np.polyfit(np.asarray(x, dtype=float), np.asarray(y, dtype=float), 1)[0])
+
+
+def saturation(offered: float | None, achieved: float | None, queue_growth: float | None,
+               ttft_slope: float | None) -> str | None:
+    """Why a serving run is saturated, in words; None when it keeps up with its load.
+
+    Three readings, each held to :data:`SATURATED_SHARE`: completions slower than that share of the
+    realised offered rate; vLLM's waiting queue growing by more than the rest of it
+    (``queue_growth`` requests a second); each request's TTFT climbing with when it was sent by more
+    than ``1 / SATURATED_SHARE - 1`` seconds a second. All at once (an infinite offered rate) is
+    saturated by construction: every request but the first queues.
+    """
+    if offered is not None and math.isinf(offered):
+        return "every request sent at once"
+    reasons = []
+    if offered and achieved is not None and achieved < SATURATED_SHARE * offered:
+        reasons.append(f"completions {achieved:.2f} req/s behind the {offered:.2f} req/s offered")
+    if offered and queue_growth is not None and queue_growth > (1.0 - SATURATED_SHARE) * offered:
+        reasons.append(f"vLLM's waiting queue grew {queue_growth:.2f} requests/s")
+    if ttft_slope is not None and ttft_slope > 1.0 / SATURATED_SHARE - 1.0:
+        reasons.append(f"TTFT grew {ttft_slope:.2f} s per s of arrivals")
+    return "; ".join(reasons) or None
+
+
+def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPlan | None = None) -> dict[str, Any]:
+    """A serving cell's own columns (:data:`CELL_COLUMNS`, the saturation test, the arrival seed, the
+    running-batch series) for one engine run."""
     measured = _measured(m)
     start, end = window(m)
     span = end - start
+    offered = realised_rate(_arrivals(m))
+    # Completions inside the send span, warm-up requests' included: over (first send, last send] the
+    # requests finishing as the span opens (sent before it) stand for those still in flight as it closes.
+    # Below saturation they match the arrivals in it; past it, or when one long step holds every request,
+    # they fall behind. (A rate from the completions' own span would read a batch finishing in lockstep as
+    # an instant, infinite rate.)
+    done = sum(1 for r in m.requests if r.chunk_s and start < r.chunk_s[-1] <= end)
+    achieved = done / span if span > 0 else None
     itl = [gap for r in measured for gap in request_latencies(r)[3]]
     queues = [r.queue_s for r in measured if r.queue_s is not None]
+    tpots = [t for t in (request_latencies(r)[1] for r in measured) if t is not None]
     slo = {k: v for k, v in (load.get("slo") or {}).items() if v is not None}
+    met = sum(meets_slo(r, slo) for r in measured) if slo else None
+    attainment = met / len(measured) if met is not None else None
+    low, high = wilson(met, len(measured)) if met is not None else (None, None)
     times, running = running_batch(m)
     mean, p90 = time_weighted(times, running, start)
+    inside = [s for s in m.steps if start <= s.at_s <= end]
+    queue_growth = _slope([s.at_s for s in inside], [s.waiting for s in inside])
+    sent = [(r.sent_s, request_latencies(r)[0]) for r in measured]
+    ttft_slope = _slope([s for s, t in sent if t is not None], [t for _, t in sent if t is not None])
+    # Every token streamed inside the window, warm-up requests' included: the engine's output rate under the load.
+    tokens = sum(n for r in m.requests for t, n in zip(r.chunk_s, r.chunk_tokens) if start <= t <= end)
+    reason = saturation(offered, achieved, queue_growth, ttft_slope)
     return {
         "load_request_rate": float(load["request_rate"]),
         "load_burstiness": float(load["burstiness"]),
         "load_max_concurrency": load.get("max_concurrency"),
         "load_warmup_requests": m.warmup_requests,
+        "load_ignore_eos": bool(load.get("ignore_eos", False)),
+        "arrival_seed": plan.arrival_seed if plan is not None else None,
+        "engine_usage_context": USAGE_CONTEXT,
+        "offered_rate_realised": offered,
         "served_requests": len(measured),
         "serving_window_s": span,
-        "achieved_request_rate": len(measured) / span if span > 0 else None,
-        "achieved_output_tokens_per_s": sum(len(r.token_ids) for r in measured) / span if span > 0 else None,
-        "goodput": sum(meets_slo(r, slo) for r in measured) / span if slo and span > 0 else None,
+        "achieved_request_rate": achieved,
+        "achieved_output_tokens_per_s": tokens / span if span > 0 else None,
+        "slo_met_requests": met,
+        "slo_attainment": attainment,
+        "slo_attainment_ci_low": low,
+        "slo_attainment_ci_high": high,
+        "goodput": attainment * achieved if attainment is not None and achieved is not None else None,
         **stats.latency_percentiles(itl, "itl_s"),
         **stats.latency_percentiles(queues, "queue_s"),
         "queue_s_mean": statistics.fmean(queues) if queues else None,
+        "tpot_s_request_mean": statistics.fmean(tpots) if tpots else None,
+        "tpot_s_std": statistics.pstdev(tpots) if tpots else None,
+        "queue_growth_per_s": queue_growth,
+        "ttft_slope": ttft_slope,
+        "saturated": reason is not None,
+        "saturation_reason": reason,
         "running_batch_mean": mean,
         "running_batch_p90": p90,
         "running_batch_max": max(running) if running else None,
@@ -152,10 +280,10 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any]) -> dict[str, An
 def as_measurement(m: ServingMeasurement, plan: ServingPlan) -> Measurement:
     """The serving cell as the offline columns read it: one "repetition" that is the measured window.
 
-    Latencies are the client's (:func:`request_latencies`); acceptance comes from
-    the measured requests' own counts (what reached their outputs), drafted tokens
-    per position from the engine steps in the window. Token ids cover every request
-    sent, warm-up included, so the exactness check covers them all.
+    Latencies are the client's (:func:`request_latencies`). Acceptance counts the measured requests
+    alone, drafts, drafted tokens and accepted tokens each from the request's own speculative counts
+    (an engine step's counts would mix in the warm-up's and the requests in flight around the window).
+    Token ids cover every request sent, warm-up included, so the exactness check covers them all.
     """
     measured = _measured(m)
     start, end = window(m)
@@ -170,18 +298,19 @@ def as_measurement(m: ServingMeasurement, plan: ServingPlan) -> Measurement:
         truncated_per_pos = tuple(
             (truncated_per_pos[i] if i < len(truncated_per_pos) else 0) + (cut[i] if i < len(cut) else 0)
             for i in range(max(len(truncated_per_pos), len(cut))))
-    steps = [s for s in m.steps if start <= s.at_s <= end]
-    drafted = [0] * max((len(s.drafted_per_pos) for s in steps), default=0)
-    for s in steps:
-        for i, n in enumerate(s.drafted_per_pos):
-            drafted[i] += n
+    drafted = [0] * max((max(r.drafted_per_step, default=0) for r in measured), default=0)
+    for r in measured:
+        for n in r.drafted_per_step:
+            for i in range(n):
+                drafted[i] += 1
     counters = SpecCounters(
         drafts=sum(g.drafts or 0 for g in generated),
-        draft_tokens=sum(s.draft_tokens for s in steps),
+        draft_tokens=sum(r.draft_tokens or 0 for r in measured),
         accepted_tokens=sum(g.accepted_tokens or 0 for g in generated),
         accepted_per_pos=accepted_per_pos,
         drafted_per_pos=tuple(drafted),
     )
+    steps = [s for s in m.steps if start <= s.at_s <= end]
     with_tpot = [g for g in generated if g.tpot_s is not None]
     return Measurement(
         rep_wall_s=[end - start],
@@ -213,26 +342,34 @@ def is_serving_row(row: Mapping[str, Any]) -> bool:
     return row.get("load_request_rate") is not None
 
 
-def with_serving_comparison(rows: list[dict[str, Any]], cells_dir: Path) -> list[dict[str, Any]]:
+def with_serving_comparison(
+    rows: list[dict[str, Any]], cells_dir: Path, cell_ids: Iterable[str],
+) -> list[dict[str, Any]]:
     """Merged rows with every serving cell's figures over its engine runs and its speedups against its baseline.
 
-    Per-cell figures are medians over the engine runs (the running-batch series
-    is engine run 0's). Speedups compare each engine run with its own baseline
-    engine run, then combine as in :mod:`specbench.stats`; a cell pays at its
-    rate by :func:`pays`. Offline rows are returned unchanged.
+    ``cell_ids``: the engine runs the sweep planned (its plan.json), the only cell files read. Per-cell
+    figures are medians over the engine runs (the running-batch series is engine run 0's); SLO
+    attainment pools the engine runs' requests, with Wilson's interval; a cell is saturated where any
+    engine run of it was, and a speculative cell where its baseline was. Speedups compare each engine
+    run with its own baseline engine run, then combine as in :mod:`specbench.stats`, the spread pooled
+    per regime (:data:`REGIMES`); a cell whose engine runs disagree on the E2E p50 speedup beyond the
+    other cells' spread is flagged. A run with zero goodput on either side leaves the cell's goodput
+    speedup empty, named in ``serving_goodput_note``. A cell pays at its rate by :func:`pays`.
+    Offline rows are returned unchanged.
     """
     serving = [r for r in rows if is_serving_row(r)]
     if not serving:
         return rows
-    runs = _cell_runs(cells_dir)
+    runs = _cell_runs(cells_dir, cell_ids)
     for row in serving:
-        mine = runs.get(row["config_hash"], [])
-        for column in CELL_COLUMNS:
-            known = [r[column] for r in mine if r.get(column) is not None]
-            if known and isinstance(known[0], (int, float)) and not isinstance(known[0], bool):
-                row[column] = statistics.median(known)
-        if mine:
-            row["running_batch_t_s"], row["running_batch"] = mine[0].get("running_batch_t_s"), mine[0].get("running_batch")
+        _combine_runs(row, runs.get(row["config_hash"], []))
+    by_cell = {r["cell_id"]: r for r in serving}
+    for row in serving:
+        base = by_cell.get(row.get("baseline_cell_id") or "")
+        if row.get("method") != "baseline" and base is not None and base.get("saturated"):
+            row["saturated"] = True
+            row["saturation_reason"] = "; ".join(
+                filter(None, [row.get("saturation_reason"), f"baseline: {base.get('saturation_reason')}"]))
     by_id = {r["cell_id"]: r for group in runs.values() for r in group}
     # Per speedup, per cell: engine run (its baseline's engine instance) -> ratio, and the cell's engine instances.
     ratios: dict[str, dict[str, dict[str, float]]] = {}
@@ -240,36 +377,94 @@ def with_serving_comparison(rows: list[dict[str, Any]], cells_dir: Path) -> list
     for row in serving:
         if row.get("method") == "baseline":
             continue
+        zero = []
         for name in SPEEDUPS:
-            per_run: dict[int, float] = {}
+            per_run: dict[str, float] = {}
             for run in runs.get(row["config_hash"], []):
                 base = by_id.get(run.get("baseline_cell_id") or "")
                 ratio = run_speedup(base, run, name)
                 if ratio is not None and base is not None:
                     per_run[engine_instance(base)] = ratio
                     engines.setdefault(row["cell_id"], []).append(engine_instance(run))
+                elif name == "goodput" and (side := _zero_goodput(base, run)):
+                    zero.append(f"engine run {run.get('engine_run') or 0}: {side}")
+            if name == "goodput" and zero:
+                row["serving_goodput_note"] = "goodput 0 in " + ", ".join(zero) + ": no goodput speedup"
+                continue
             if per_run:
                 ratios.setdefault(name, {})[row["cell_id"]] = per_run
     for name, cells in ratios.items():
-        # One engine serves every rate of its configuration in an engine run: its cells repeat its deviations.
-        spread = stats.engine_run_spread(list(cells.values()),
-                                         engines=[tuple(dict.fromkeys(engines[c])) for c in cells],
-                                         baselines=engine_groups([list(runs) for runs in cells.values()]))
-        for row in serving:
-            if row["cell_id"] in cells:
-                interval = stats.speedup_interval(list(cells[row["cell_id"]].values()), spread, None)
-                row[f"serving_speedup_{name}"] = interval.point
-                row[f"serving_speedup_{name}_ci_low"] = interval.ci_low
-                row[f"serving_speedup_{name}_ci_high"] = interval.ci_high
+        for cell_id, per_run in cells.items():
+            row = by_cell[cell_id]
+            regime = bool(row.get("saturated"))
+            peers = [c for c in cells if bool(by_cell[c].get("saturated")) == regime]
+            spread, pool = _spread(cells, engines, peers), REGIMES[regime]
+            if not spread.df:
+                spread, pool = _spread(cells, engines, list(cells)), "every rate (too few engine runs per regime)"
+            others = _spread(cells, engines, [c for c in peers if c != cell_id])
+            interval = stats.speedup_interval(list(per_run.values()), spread, None, cells=max(len(peers), 1),
+                                              others=others if others.df else None)
+            row[f"serving_speedup_{name}"] = interval.point
+            row[f"serving_speedup_{name}_ci_low"] = interval.ci_low
+            row[f"serving_speedup_{name}_ci_high"] = interval.ci_high
+            if name == PAYS_ON:
+                row["serving_speedup_ci_method"] = f"{interval.method}, spread pooled {pool}"
+                if interval.engine_runs_disagree:
+                    row["flag_reasons"] = list(row.get("flag_reasons") or []) + [
+                        "serving engine runs disagree on the E2E p50 speedup: "
+                        + ", ".join(f"{r:.2f}x" for r in per_run.values())
+                        + f" (beyond the other serving cells' engine-to-engine spread {pool}, "
+                        f"Bonferroni over {len(peers)} cells)"]
+                    row["flagged"] = True
     for row in serving:
         if row.get(f"serving_speedup_{PAYS_ON}") is not None:
             row["serving_pays"] = pays(row)
     return rows
 
 
+def _combine_runs(row: dict[str, Any], mine: list[dict[str, Any]]) -> None:
+    """A merged serving row's own figures from its engine runs (see :func:`with_serving_comparison`)."""
+    for column in CELL_COLUMNS:
+        known = [r[column] for r in mine if r.get(column) is not None]
+        if known and isinstance(known[0], (int, float)) and not isinstance(known[0], bool):
+            row[column] = statistics.median(known)
+    if not mine:
+        return
+    row["running_batch_t_s"], row["running_batch"] = mine[0].get("running_batch_t_s"), mine[0].get("running_batch")
+    # One seed per engine run: the merged row's single arrival_seed would be engine run 0's alone.
+    row["arrival_seed"], row["arrival_seeds"] = None, [r.get("arrival_seed") for r in mine]
+    row["offered_rate_realised_per_engine_run"] = [r.get("offered_rate_realised") for r in mine]
+    counted = [r for r in mine if r.get("slo_met_requests") is not None and r.get("served_requests")]
+    if counted:
+        met, n = sum(r["slo_met_requests"] for r in counted), sum(r["served_requests"] for r in counted)
+        row["slo_met_requests"], row["slo_attainment"] = met, met / n
+        row["slo_attainment_ci_low"], row["slo_attainment_ci_high"] = wilson(met, n)
+    saturated = [(r.get("engine_run") or 0, r.get("saturation_reason")) for r in mine if r.get("saturated")]
+    row["saturated"] = bool(saturated)
+    row["saturation_reason"] = "; ".join(f"engine run {run}: {why}" for run, why in saturated) or None
+
+
+def _spread(cells: Mapping[str, Mapping[str, float]], engines: Mapping[str, Sequence[str]],
+            chosen: Sequence[str]) -> stats.EngineRunSpread:
+    """The engine-to-engine spread pooled over the ``chosen`` cells' per-run ratios (each keyed by its
+    baseline's engine instance): one engine serves every rate of its configuration in an engine run, so
+    its cells repeat its deviations, and cells whose baselines shared an instance share its deviation."""
+    return stats.engine_run_spread([cells[c] for c in chosen],
+                                   engines=[tuple(dict.fromkeys(engines[c])) for c in chosen],
+                                   baselines=engine_groups([list(cells[c]) for c in chosen]))
+
+
+def _zero_goodput(base: Mapping[str, Any] | None, cell: Mapping[str, Any]) -> str | None:
+    """Which side of one engine run's comparison had no request meeting the SLOs; None if neither."""
+    if base is None or base.get("status") != "ok" or cell.get("status") != "ok":
+        return None
+    sides = [side for side, row in (("baseline", base), ("speculative", cell)) if row.get("goodput") == 0]
+    return " and ".join(sides) or None
+
+
 def run_speedup(base: Mapping[str, Any] | None, cell: Mapping[str, Any], name: str) -> float | None:
     """One engine run's speedup ``name`` (a key of :data:`SPEEDUPS`) against its baseline at the same
-    load; None where either side failed or lacks the figure."""
+    load; None where either side failed or lacks the figure (a zero goodput: see :func:`_zero_goodput`)."""
     if base is None or base.get("status") != "ok" or cell.get("status") != "ok":
         return None
     column, higher_better = SPEEDUPS[name]
@@ -279,11 +474,13 @@ def run_speedup(base: Mapping[str, Any] | None, cell: Mapping[str, Any], name: s
     return c / b if higher_better else b / c
 
 
-def _cell_runs(cells_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every serving cell file of the sweep (each engine run's), grouped by config hash."""
+def _cell_runs(cells_dir: Path, cell_ids: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
+    """The planned serving cells' files (each engine run's), grouped by config hash; a file another
+    sweep left in the directory is not read."""
     found: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(cells_dir.glob("*.parquet")):
-        if path.name.endswith(".tokens.parquet"):
+    for cell_id in cell_ids:
+        path = CellFiles(cells_dir, cell_id).row
+        if not path.exists():
             continue
         try:
             row = read_rows(path)[0]
