@@ -191,11 +191,14 @@ def _slope(x: Sequence[float], y: Sequence[float]) -> float | None:
 
 
 def saturation(offered: float | None, achieved: float | None, queue_growth: float | None,
-               ttft_slope: float | None) -> str | None:
+               ttft_slope: float | None, slack: float = 0.0) -> str | None:
     """Why a serving run is saturated, in words; None when it keeps up with its load.
 
     Three readings, each held to :data:`SATURATED_SHARE`: completions slower than that share of the
-    realised offered rate; vLLM's waiting queue growing by more than the rest of it
+    realised offered rate (``slack``: the rate one request makes over the window, granted because a
+    count of completions inside the window is off by up to one at its edges: with the six measured
+    requests of a CPU preset, one request sent just before the window closes, still in flight at its
+    end, would otherwise read as a backlog); vLLM's waiting queue growing by more than the rest of it
     (``queue_growth`` requests a second); each request's TTFT climbing with when it was sent by more
     than ``1 / SATURATED_SHARE - 1`` seconds a second. All at once (an infinite offered rate) is
     saturated by construction: every request but the first queues.
@@ -203,7 +206,7 @@ def saturation(offered: float | None, achieved: float | None, queue_growth: floa
     if offered is not None and math.isinf(offered):
         return "every request sent at once"
     reasons = []
-    if offered and achieved is not None and achieved < SATURATED_SHARE * offered:
+    if offered and achieved is not None and achieved + slack < SATURATED_SHARE * offered:
         reasons.append(f"completions {achieved:.2f} req/s behind the {offered:.2f} req/s offered")
     if offered and queue_growth is not None and queue_growth > (1.0 - SATURATED_SHARE) * offered:
         reasons.append(f"vLLM's waiting queue grew {queue_growth:.2f} requests/s")
@@ -241,7 +244,7 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
     ttft_slope = _slope([s for s, t in sent if t is not None], [t for _, t in sent if t is not None])
     # Every token streamed inside the window, warm-up requests' included: the engine's output rate under the load.
     tokens = sum(n for r in m.requests for t, n in zip(r.chunk_s, r.chunk_tokens) if start <= t <= end)
-    reason = saturation(offered, achieved, queue_growth, ttft_slope)
+    reason = saturation(offered, achieved, queue_growth, ttft_slope, slack=1.0 / span if span > 0 else 0.0)
     return {
         "load_request_rate": float(load["request_rate"]),
         "load_burstiness": float(load["burstiness"]),
