@@ -15,7 +15,7 @@ Saturation and the highest paying rate are decided in
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,6 +265,29 @@ def _with_legend(plot: plots.Plot, fig: Any, cells: pd.DataFrame, enc: plots.Enc
     return plots.replace(plot, image=plots._png(fig))
 
 
+def _per_configuration_against_rate(
+    plot: plots.Plot, df: pd.DataFrame, enc: plots.Encoding, column: str,
+    draw: Callable[[Any, pd.DataFrame, Any, Any, str], None], ylabel: str, missing: str,
+) -> plots.Plot:
+    """One panel per workload of the speculative serving cells that have ``column``: ``draw(ax, cells, x,
+    colour, marker)`` per configuration against request rate, a line at 1 and saturation marked."""
+    rows = _ok(df)
+    comp = rows[(rows["method"] != "baseline") & rows.get(column, pd.Series(dtype=float)).notna()]
+    if comp.empty:
+        return plots._without(plot, missing)
+    panels = sorted(comp[PANEL].unique())
+    with plots._style():
+        fig, axes = plots._facets(panels)
+        for ax, panel in zip(axes, panels):
+            where = _rates_axis(ax, [float(r) for r in rows[rows[PANEL] == panel]["load_request_rate"]])
+            for variant, k, s, x in _configurations(comp[comp[PANEL] == panel], where):
+                draw(ax, s, x, enc.colour(variant), enc.marker(k))
+            ax.axhline(1.0, color="0.3", ls=":", lw=1)
+            ax.set_ylabel(ylabel)
+            _mark_saturation(ax, saturation_rate(rows[rows[PANEL] == panel]), where)
+        return _with_legend(plot, fig, comp, enc)
+
+
 def speedup_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
     """Serving speedup against request rate, with intervals, the model's prediction and saturation marked."""
     plot = plots.Plot(
@@ -273,31 +296,20 @@ def speedup_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
                  "median end-to-end latency (filled, with 95% intervals across engine runs) and the median time "
                  "per output token (hollow); dashed: the analytic model's decode speedup at the measured mean "
                  "running batch. Grey: past saturation, where the baseline falls behind the load."))
-    rows = _ok(df)
-    comp = rows[(rows["method"] != "baseline") & rows.get("serving_speedup_e2e_p50", pd.Series(dtype=float)).notna()]
-    if comp.empty:
-        return plots._without(plot, "No serving cell was compared with a baseline at the same load.")
-    panels = sorted(comp[PANEL].unique())
-    with plots._style():
-        fig, axes = plots._facets(panels)
-        for ax, panel in zip(axes, panels):
-            these = comp[comp[PANEL] == panel]
-            where = _rates_axis(ax, [float(r) for r in rows[rows[PANEL] == panel]["load_request_rate"]])
-            for variant, k, s, x in _configurations(these, where):
-                y = s["serving_speedup_e2e_p50"].to_numpy(dtype=float)
-                low = (y - s["serving_speedup_e2e_p50_ci_low"].to_numpy(dtype=float, na_value=np.nan)).clip(min=0)
-                high = (s["serving_speedup_e2e_p50_ci_high"].to_numpy(dtype=float, na_value=np.nan) - y).clip(min=0)
-                colour = enc.colour(variant)
-                ax.errorbar(x, y, yerr=np.nan_to_num([low, high]), color=colour, marker=enc.marker(k),
-                            ms=6, lw=1.6, capsize=3, elinewidth=1)
-                ax.plot(x, s["serving_speedup_tpot_p50"].to_numpy(dtype=float), color=colour,
-                        marker=enc.marker(k), mfc="white", ls=":", lw=1)
-                if "serving_predicted_speedup" in s and s["serving_predicted_speedup"].notna().any():
-                    ax.plot(x, s["serving_predicted_speedup"].to_numpy(dtype=float), color=colour, ls="--", lw=1)
-            ax.axhline(1.0, color="0.3", ls=":", lw=1)
-            ax.set_ylabel("speedup (×)")
-            _mark_saturation(ax, saturation_rate(rows[rows[PANEL] == panel]), where)
-        return _with_legend(plot, fig, comp, enc)
+    def draw(ax: Any, s: pd.DataFrame, x: Any, colour: Any, marker: str) -> None:
+        y = s["serving_speedup_e2e_p50"].to_numpy(dtype=float)
+        low = (y - s["serving_speedup_e2e_p50_ci_low"].to_numpy(dtype=float, na_value=np.nan)).clip(min=0)
+        high = (s["serving_speedup_e2e_p50_ci_high"].to_numpy(dtype=float, na_value=np.nan) - y).clip(min=0)
+        ax.errorbar(x, y, yerr=np.nan_to_num([low, high]), color=colour, marker=marker,
+                    ms=6, lw=1.6, capsize=3, elinewidth=1)
+        ax.plot(x, s["serving_speedup_tpot_p50"].to_numpy(dtype=float), color=colour,
+                marker=marker, mfc="white", ls=":", lw=1)
+        if "serving_predicted_speedup" in s and s["serving_predicted_speedup"].notna().any():
+            ax.plot(x, s["serving_predicted_speedup"].to_numpy(dtype=float), color=colour, ls="--", lw=1)
+
+    return _per_configuration_against_rate(
+        plot, df, enc, "serving_speedup_e2e_p50", draw, "speedup (×)",
+        "No serving cell was compared with a baseline at the same load.")
 
 
 def latency_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
@@ -373,23 +385,12 @@ def acceptance_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
                  "requests alone, each counted from its own speculative counts (warm-up and requests outside "
                  "the measured ones left out), per configuration. With load.ignore_eos the text past each "
                  "EOS is the model's invention and its acceptance is not the workload's. Grey: past saturation."))
-    rows = _ok(df)
-    comp = rows[(rows["method"] != "baseline") & rows.get("acceptance_length", pd.Series(dtype=float)).notna()]
-    if comp.empty:
-        return plots._without(plot, "No speculative serving cell recorded its acceptance.")
-    panels = sorted(comp[PANEL].unique())
-    with plots._style():
-        fig, axes = plots._facets(panels)
-        for ax, panel in zip(axes, panels):
-            these = comp[comp[PANEL] == panel]
-            where = _rates_axis(ax, [float(r) for r in rows[rows[PANEL] == panel]["load_request_rate"]])
-            for variant, k, s, x in _configurations(these, where):
-                ax.plot(x, s["acceptance_length"].to_numpy(dtype=float), color=enc.colour(variant),
-                        marker=enc.marker(k), lw=1.6)
-            ax.axhline(1.0, color="0.3", ls=":", lw=1)
-            ax.set_ylabel("acceptance length")
-            _mark_saturation(ax, saturation_rate(rows[rows[PANEL] == panel]), where)
-        return _with_legend(plot, fig, comp, enc)
+    def draw(ax: Any, s: pd.DataFrame, x: Any, colour: Any, marker: str) -> None:
+        ax.plot(x, s["acceptance_length"].to_numpy(dtype=float), color=colour, marker=marker, lw=1.6)
+
+    return _per_configuration_against_rate(
+        plot, df, enc, "acceptance_length", draw, "acceptance length",
+        "No speculative serving cell recorded its acceptance.")
 
 
 FIGURES = (speedup_vs_rate, latency_vs_rate, acceptance_vs_rate, running_batch_over_time)
