@@ -34,15 +34,14 @@ from typing import Any
 
 from specbench import stats
 from specbench.analytic import prediction
+from specbench.results import serving as served
 from specbench.results.schema import curve_key, exactness_kind, recommendable, row_config
 
-SATURATED_SHARE = 0.85
-"""A serving rate is saturated when the baseline achieves less than this share of the offered rate: from there
-on the queue grows and latency measures waiting, not the engine."""
-
-PAYS_ON = "serving_speedup_e2e_p50"
-"""The serving speedup whose interval decides whether a configuration pays at a rate (the merge records the
-decision per cell as ``serving_pays``: :func:`specbench.results.serving.pays`)."""
+# The serving rules are the merge's (specbench.results.serving), stated once there: the share of the offered
+# rate below which a baseline has fallen behind, and the speedup whose interval decides whether a rate pays
+# (recorded per cell as ``serving_pays``).
+SATURATED_SHARE = served.SATURATED_SHARE
+PAYS_ON = f"serving_speedup_{served.PAYS_ON}"
 
 
 # --- one cell -------------------------------------------------------------------------------------
