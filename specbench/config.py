@@ -281,6 +281,7 @@ class Cell:
             worker_env=self._worker_env(),
             vllm_fixes=engine.get("vllm_fixes", True),
             serving=self.is_serving,
+            via_server=self.is_serving and self.identity["load"].get("via") == "server",
             async_scheduling=engine.get("async_scheduling"),
             cudagraph_capture_sizes=graphs.capture_sizes(
                 graphs.graph_batch(self.config), self.k, speculative, engine.get("max_num_batched_tokens")),

@@ -11,7 +11,8 @@ request goes out at ``N / rate``; all at once at rate ``inf``. Each engine run
 draws its own schedule from :func:`arrival_seed` (the cell's seed and engine
 run), so a speculative cell and its baseline in one engine run meet the same
 offered load, and the spread across engine runs holds the arrival process's
-own noise. This module is pure Python: no vLLM.
+own noise. ``load.via=server`` sends the same schedule over HTTP to a ``vllm serve``
+process of the cell's own (:mod:`specbench.engine.server`). This module is pure Python: no vLLM.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from omegaconf import MISSING
+
+from specbench.measure import SpecCounters
 
 
 @dataclass
@@ -45,6 +48,7 @@ class LoadSchema:
     num_requests: int = MISSING
     warmup_requests: int = MISSING
     ignore_eos: bool = False
+    via: str = "inprocess"
     slo: SloSchema = MISSING
 
 
@@ -52,6 +56,10 @@ class LoadSchema:
 # default, ENGINE_CONTEXT, has no entry in EngineArgs.get_batch_defaults and falls back to the scheduler's
 # generic defaults (2048 tokens a step), where vllm serve takes 8192 on an H100/H200 and 16384 from 160 GiB.
 USAGE_CONTEXT = "OPENAI_API_SERVER"
+
+# How a serving cell reaches its engine (``load.via``): vLLM's AsyncLLM inside the engine worker (no HTTP),
+# or a ``vllm serve`` process of its own driven over HTTP from the worker (specbench.engine.server).
+VIA = ("inprocess", "server")
 
 # Methods whose drafter needs the offline engine: controlled acceptance decodes each batch
 # plainly first and hands the outputs to its proposer inside the engine's own process.
@@ -71,25 +79,36 @@ def identity(plain: Mapping[str, Any]) -> dict[str, Any]:
         "warmup_requests": load["warmup_requests"],
         "ignore_eos": bool(load.get("ignore_eos", False)),
         "slo": {k: v for k, v in (load.get("slo") or {}).items() if v is not None},
+        # Through the server only: an in-process cell keeps the identity it had before load.via existed.
+        **({"via": "server"} if load.get("via") == "server" else {}),
     }}
 
 
 def id_part(load: Mapping[str, Any] | None) -> str:
-    """The serving part of a cell id (``-rate2``, ``-rate2-c4``, ``-rateinf``); '' for an offline cell."""
+    """The serving part of a cell id (``-rate2``, ``-rate2-c4``, ``-rateinf``, ``-rate2-server`` through
+    the server); '' for an offline cell."""
     if not load or load.get("request_rate") is None:
         return ""
     concurrency = f"-c{load['max_concurrency']}" if load.get("max_concurrency") is not None else ""
-    return f"-rate{load['request_rate']:g}{concurrency}"
+    server = "-server" if load.get("via") == "server" else ""
+    return f"-rate{load['request_rate']:g}{concurrency}{server}"
 
 
 def validate(plain: Mapping[str, Any]) -> list[str]:
     """Every problem with a cell's ``load.*`` keys and what a serving cell cannot be combined with.
 
-    Nothing to check for an offline cell (``load.request_rate`` null).
+    Nothing to check for an offline cell (``load.request_rate`` null) but that it does not ask for the server.
     """
     load = plain.get("load") or {}
     rate = load.get("request_rate")
+    via = load.get("via", "inprocess")
+    if via not in VIA:
+        return [f"load.via={via!r} must be one of {', '.join(VIA)} (inprocess: vLLM's async engine in the "
+                "engine worker; server: a vllm serve process driven over HTTP)"]
     if rate is None:
+        if via == "server":
+            return ["load.via=server needs a serving cell: set load.request_rate (offline cells run the "
+                    "offline engine in process)"]
         return []
     errors = []
     if not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
@@ -264,10 +283,13 @@ class ServingMeasurement:
 
     ``arrivals_s``: the schedule the requests were due on (the plan's; empty: unknown), what the
     offered load is read from, apart from when a request actually went out (``sent_s``, later under
-    ``max_concurrency``).
+    ``max_concurrency``). ``counters``: the engine's speculative counters over the measured
+    requests' lifetime, from the first measured send to the last token, where the requests carry no
+    counts of their own (through the server, from its ``/metrics``); None: the requests' own counts.
     """
 
     requests: tuple[ServedRequest, ...]
     steps: tuple[EngineStep, ...]
     warmup_requests: int
     arrivals_s: tuple[float, ...] = ()
+    counters: SpecCounters | None = None

@@ -69,6 +69,9 @@ class EngineSpec:
     vllm_fixes: bool = True
     # vLLM's async engine (AsyncLLM), for serving cells (specbench.engine.serving); False: the offline LLM.
     serving: bool = False
+    # A serving engine behind vLLM's OpenAI server, in a process of its own, driven over HTTP
+    # (specbench.engine.server, load.via=server); False: AsyncLLM in the worker.
+    via_server: bool = False
     # vLLM's async_scheduling; None keeps vLLM's choice for the method (off for ngram, on otherwise on CUDA).
     async_scheduling: bool | None = None
     # The CUDA-graph sizes (tokens) to capture, covering every step of the cells this engine serves
@@ -352,10 +355,14 @@ class EngineWorker:
                 pass
             self._process.join(timeout=wait_s)
         if self._process.is_alive():
-            # A serving worker's engine core is its child and would outlive a killed worker.
+            # A serving worker's engine core is its child and would outlive a killed worker. A vllm serve
+            # process leads a process group of its own (specbench.engine.server), its engine core in it.
             for child in _children(self._process.pid):
                 try:
-                    os.kill(child, signal.SIGKILL)
+                    if os.getpgid(child) == child:
+                        os.killpg(child, signal.SIGKILL)
+                    else:
+                        os.kill(child, signal.SIGKILL)
                 except OSError:
                     pass
             self._process.kill()

@@ -6,7 +6,8 @@ runs :func:`specbench.measure.measure` on each plan it receives. Around vLLM:
 hooks that count what vLLM's metrics leave out (drafts per position, tokens
 cut from a request's last pass), the memory an engine holds, and the near ties
 of greedy decoding. This module, :mod:`specbench.engine.preload` and
-:mod:`specbench.engine.fixes` are the only ones that import vLLM, and this one
+:mod:`specbench.engine.fixes` are the only ones that import vLLM (with :mod:`specbench.engine.serving`
+and :mod:`specbench.engine.server`, which the worker builds for serving cells), and this one
 only inside its functions, so the
 fork server can preload it and the sweep process can name :func:`serve`.
 """
@@ -21,7 +22,7 @@ import uuid
 import warnings
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from specbench.engine import (
     MEMORY_REQUEST, EngineInfo, EngineMemory, EngineMode, EngineSpec, describe_machine, fixes,
@@ -381,6 +382,11 @@ def _die_with_parent() -> None:
         pass
 
 
+# Called before the worker exits on its sweep's death (_exit_with): processes of the worker's that its
+# own death does not take down.
+_ON_SWEEP_DEATH: list[Callable[[], None]] = []
+
+
 def _exit_with(sweep_pid: int) -> None:
     """Exit this worker within a second of the sweep process's death.
 
@@ -398,6 +404,8 @@ def _exit_with(sweep_pid: int) -> None:
             try:
                 os.kill(sweep_pid, 0)
             except ProcessLookupError:
+                for stop in _ON_SWEEP_DEATH:
+                    stop()
                 os._exit(1)
             except PermissionError:  # a process of another user: the pid is alive
                 pass
@@ -427,10 +435,16 @@ def serve(
 
     try:
         start = time.perf_counter()
-        if spec.serving:
+        if spec.via_server:
+            from specbench.engine.server import ServerEngine
+
+            engine: Any = ServerEngine(spec)
+            # The server leads a process group of its own, which this worker's death would leave running.
+            _ON_SWEEP_DEATH.append(engine.kill)
+        elif spec.serving:
             from specbench.engine.serving import ServingEngine
 
-            engine: Any = ServingEngine(spec)
+            engine = ServingEngine(spec)
         else:
             engine = VllmEngine(spec)
         import torch

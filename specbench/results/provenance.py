@@ -113,9 +113,11 @@ class CpuTimes:
             busy = (sum(fields[:8]) - fields[3] - fields[4]) / tick
             own = sum(os.times()[:2])
             if worker_pid is not None:
-                # The worker and its live children: a serving engine's core runs in one (specbench.engine.serving).
+                # The worker and every live descendant: a serving engine's core runs in a child
+                # (specbench.engine.serving), and through the server in the server's own child
+                # (specbench.engine.server), a grandchild of the worker.
                 own += _cpu_seconds(worker_pid, tick)
-                for child in _children(worker_pid):
+                for child in _descendants(worker_pid):
                     try:
                         own += _cpu_seconds(child, tick)
                     except OSError:  # it exited between the listing and the reading
@@ -147,6 +149,15 @@ def _children(pid: int) -> list[int]:
             return [int(p) for p in f.read().split()]
     except (OSError, ValueError):
         return []
+
+
+def _descendants(pid: int) -> list[int]:
+    """A process's live children, their children, and so on (breadth first)."""
+    found, frontier = [], _children(pid)
+    while frontier:
+        found += frontier
+        frontier = [grandchild for child in frontier for grandchild in _children(child)]
+    return found
 
 
 def machine_state(load_before: float) -> dict[str, Any]:

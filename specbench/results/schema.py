@@ -65,7 +65,7 @@ from specbench import methods, sampling
 #     serving (specbench.results.serving): the offered rate the schedule realised and each engine run's
 #     arrival seed, throughput and goodput over the send span, SLO attainment with Wilson's interval, per-request
 #     TPOT mean and std, queue growth and TTFT slope, saturated and why, load_ignore_eos, the engine's usage
-#     context, the serving spread's method, zero-goodput runs named
+#     context, the serving spread's method, zero-goodput runs named, load_via (in process or through vllm serve)
 SCHEMA_VERSION = 14
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
@@ -246,6 +246,7 @@ SCHEMA = pa.schema(
         ("arrival_seed", _INT),  # the engine run's arrival schedule (load.arrival_seed; a cell and its baseline share it)
         ("arrival_seeds", pa.list_(_INT)),  # merged: each engine run's, in engine-run order
         ("engine_usage_context", _STR),  # vLLM usage context the serving engine started in (vllm serve's)
+        ("load_via", _STR),  # inprocess (AsyncLLM in the worker) | server (vllm serve over HTTP)
         ("offered_rate_realised", _F),  # measured requests' sends: (n - 1) / (last - first), from the schedule
         ("offered_rate_realised_per_engine_run", pa.list_(_F)),  # merged: each engine run's
         ("served_requests", _INT),  # measured requests (after the warm-up)

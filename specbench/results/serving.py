@@ -253,6 +253,7 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
         "load_ignore_eos": bool(load.get("ignore_eos", False)),
         "arrival_seed": plan.arrival_seed if plan is not None else None,
         "engine_usage_context": USAGE_CONTEXT,
+        "load_via": load.get("via", "inprocess"),
         "offered_rate_realised": offered,
         "served_requests": len(measured),
         "serving_window_s": span,
@@ -285,7 +286,9 @@ def as_measurement(m: ServingMeasurement, plan: ServingPlan) -> Measurement:
 
     Latencies are the client's (:func:`request_latencies`). Acceptance counts the measured requests
     alone, drafts, drafted tokens and accepted tokens each from the request's own speculative counts
-    (an engine step's counts would mix in the warm-up's and the requests in flight around the window).
+    (an engine step's counts would mix in the warm-up's and the requests in flight around the window);
+    through the server, which reports none per request, the engine's counters over the measured
+    requests' lifetime (``m.counters``).
     Token ids cover every request sent, warm-up included, so the exactness check covers them all.
     """
     measured = _measured(m)
@@ -306,7 +309,7 @@ def as_measurement(m: ServingMeasurement, plan: ServingPlan) -> Measurement:
         for n in r.drafted_per_step:
             for i in range(n):
                 drafted[i] += 1
-    counters = SpecCounters(
+    counters = m.counters if m.counters is not None else SpecCounters(
         drafts=sum(g.drafts or 0 for g in generated),
         draft_tokens=sum(r.draft_tokens or 0 for r in measured),
         accepted_tokens=sum(g.accepted_tokens or 0 for g in generated),
