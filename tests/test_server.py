@@ -1,0 +1,159 @@
+"""Serving cells through the real server (``load.via=server``): the key, the stream, the counts, the engine.
+
+The engine test serves one tiny greedy cell both ways (2 requests of 8 tokens) and holds the server's
+token ids to the in-process engine's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from specbench import job
+from specbench.config import ConfigError, cell_from_config, validate
+from specbench.engine import EngineWorker
+from specbench.engine.server import ServerError, SseStream, StreamedCompletion, metrics_state
+from specbench.load import ServedRequest, ServingMeasurement, ServingPlan
+from specbench.measure import SpecCounters
+from specbench.results import serving
+from specbench.results.provenance import _descendants
+
+SERVING = ["load.request_rate=2"]
+
+
+def test_an_unknown_via_is_refused_in_one_line_naming_the_key_and_the_values(compose_cell):
+    errors = validate(compose_cell([*SERVING, "load.via=http"]))
+    assert errors == [e for e in errors if e.startswith("load.via='http' must be one of inprocess, server")]
+    assert len(errors) == 1
+    with pytest.raises(ConfigError, match="load.via"):
+        cell_from_config(compose_cell([*SERVING, "load.via=http"]))
+
+
+def test_the_server_is_refused_on_an_offline_cell(compose_cell):
+    errors = validate(compose_cell(["load.via=server"]))
+    assert len(errors) == 1 and "load.via=server needs a serving cell" in errors[0]
+
+
+def test_only_the_server_joins_the_identity_and_the_id(compose_cell):
+    # An in-process cell keeps the id it had before load.via existed; the server's says so.
+    default = cell_from_config(compose_cell(SERVING))
+    inprocess = cell_from_config(compose_cell([*SERVING, "load.via=inprocess"]))
+    server = cell_from_config(compose_cell([*SERVING, "load.via=server"]))
+    assert inprocess.cell_id == default.cell_id and "via" not in default.identity["load"]
+    assert server.cell_id.startswith("ngram-k4-b1-summarize-rate2-server-")
+    assert server.config_hash != default.config_hash
+    assert server.engine_spec(prepare=False).via_server and not default.engine_spec(prepare=False).via_server
+    # Its baseline goes through the server too.
+    assert server.baseline().cell_id.startswith("baseline-k0-b1-summarize-rate2-server-")
+    assert server.baseline().engine_spec(prepare=False).via_server
+
+
+def test_events_are_parsed_across_chunk_boundaries():
+    stream = SseStream()
+    first = b'data: {"choices": [{"token_ids": [1, 2]}]}\n\ndata: {"choi'
+    assert stream.feed(first) == [{"choices": [{"token_ids": [1, 2]}]}]
+    assert stream.feed(b'ces": []}\n\n') == [{"choices": []}]
+    assert stream.feed(b"data: [DONE]\n\n") == [] and stream.done
+
+
+def test_ttft_and_chunks_count_only_chunks_with_tokens_and_usage_checks_them():
+    completion = StreamedCompletion()
+    completion.add({"choices": [{"text": "", "token_ids": []}]}, 0.1)  # nothing generated yet: no chunk
+    completion.add({"choices": [{"text": "a", "token_ids": [5]}]}, 0.5)
+    completion.add({"choices": [{"text": "bc", "token_ids": [6, 7, 8]}]}, 0.6)  # a speculative step: 3 tokens
+    completion.add({"choices": [], "usage": {"completion_tokens": 4}}, 0.7)
+    completion.checked(0)
+    assert completion.chunk_s == [0.5, 0.6] and completion.chunk_tokens == [1, 3]
+    assert completion.token_ids == [5, 6, 7, 8]
+    short = StreamedCompletion()
+    short.add({"choices": [{"token_ids": [5]}], "usage": {"completion_tokens": 2}}, 0.5)
+    with pytest.raises(ServerError, match="1 token ids streamed but the server's usage counts 2"):
+        short.checked(3)
+    with pytest.raises(ServerError, match="without usage"):
+        StreamedCompletion().checked(0)
+
+
+def test_the_running_batch_and_the_speculative_counters_are_read_from_metrics():
+    text = "\n".join([
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        'vllm:num_requests_running{engine="0",model_name="m"} 3.0',
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0',
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0',
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0',
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 25.0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 9.0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 16.0',
+    ])
+    running, waiting, counters = metrics_state(text)
+    assert (running, waiting) == (3, 1)
+    assert counters == SpecCounters(drafts=10, draft_tokens=40, accepted_tokens=25, accepted_per_pos=(16, 9))
+
+
+def test_acceptance_through_the_server_is_the_window_counters():
+    plan = ServingPlan(prompts=((1, 2), (1, 2), (1, 2)), arrivals_s=(0.0, 0.5, 1.0), max_tokens=4,
+                       max_concurrency=None, warmup_requests=1)
+    requests = tuple(ServedRequest(t, (t + 0.2, t + 0.3), (1, 3), None, (7, 8, 9, 10)) for t in plan.arrivals_s)
+    window = SpecCounters(drafts=4, draft_tokens=16, accepted_tokens=6, accepted_per_pos=(4, 2))
+    served = ServingMeasurement(requests=requests, steps=(), warmup_requests=1, arrivals_s=plan.arrivals_s,
+                                counters=window)
+    assert serving.as_measurement(served, plan).counters == window
+    assert serving.cell_columns(served, {"request_rate": 2, "burstiness": 1, "via": "server"}, plan)["load_via"] \
+        == "server"
+    assert serving.cell_columns(served, {"request_rate": 2, "burstiness": 1}, plan)["load_via"] == "inprocess"
+
+
+def test_cpu_accounting_reaches_grandchildren():
+    # A server's engine core is the worker's grandchild: its CPU time is the cell's own, not another process's.
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(found := _descendants(os.getpid())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert shell.pid in found and len(found) >= 2
+    finally:
+        for pid in _descendants(shell.pid):
+            os.kill(pid, signal.SIGKILL)
+        shell.kill()
+        shell.wait()
+
+
+@pytest.mark.engine
+def test_a_greedy_cell_gives_the_same_tokens_in_process_and_through_the_server(compose_cell):
+    overrides = ["method=ngram", "num_speculative_tokens=2", "workload.num_prompts=2", "workload.selection=first",
+                 "workload.max_prompt_tokens=480", "workload.max_tokens=8", "load.request_rate=4",
+                 "load.num_requests=2", "load.warmup_requests=0", "engine.enable_prefix_caching=true"]
+    tokens, windows = {}, {}
+    for via in ("inprocess", "server"):
+        cell = cell_from_config(compose_cell([*overrides, f"load.via={via}"]))
+        _, plan = job._requests(cell)
+        worker = EngineWorker(cell.engine_spec())
+        try:
+            served = worker.measure(plan, timeout_s=600)
+        finally:
+            worker.close()
+        assert all(r.chunk_s and len(r.token_ids) == 8 for r in served.requests)
+        tokens[via] = [r.token_ids for r in served.requests]
+        windows[via] = serving.as_measurement(served, plan).counters
+    assert tokens["server"] == tokens["inprocess"]
+    # Prompt lookup drafted on summaries both ways; through the server the counts are the engine's window.
+    assert windows["server"].drafts > 0 and windows["inprocess"].drafts > 0
+
+
+def test_the_server_gets_the_engine_arguments_the_in_process_engine_gets(compose_cell):
+    # Parsed back by vllm serve's own parser: every keyword argument of the in-process engine arrives as given.
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from specbench.engine.server import server_arguments
+
+    cell = cell_from_config(compose_cell([*SERVING, "load.via=server", "engine.max_num_batched_tokens=1024",
+                                          "engine.enable_prefix_caching=false"]))
+    spec = cell.engine_spec(prepare=False)
+    parsed = AsyncEngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(server_arguments(spec)))
+    for name, value in spec.llm_kwargs().items():
+        assert getattr(parsed, name) == value, name
