@@ -3,7 +3,8 @@
 Each pair serves the same schedule (its engine run's arrival seed) on a fresh engine each way, the
 order alternating from pair to pair so that a drift of the machine falls on both sides. Prints each
 run's TTFT, TPOT and E2E p50 and p90, the engine's start time, acceptance and the share of the cores
-other processes took, then the medians over the pairs and the gap in percent (server over in-process).
+other processes took, then the medians over the undisturbed pairs and the gap in percent (server over
+in-process).
 
     .venv/bin/python tests/benchmarks/serving_via_server.py [--pairs 3] [overrides ...]
 
@@ -24,6 +25,7 @@ from specbench import job, stats
 from specbench.config import cell_from_config
 from specbench.engine import EngineWorker
 from specbench.results import serving
+from specbench.results.merge import DISTURBED_SHARE
 from specbench.results.provenance import CpuTimes
 
 CELL = [
@@ -75,10 +77,16 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(shown), flush=True)
         mine = {r["via"]: r["token_ids"] for r in runs[-2:]}
         print(f"pair {pair}: outputs {'identical' if mine['inprocess'] == mine['server'] else 'DIFFER'}", flush=True)
-    print(f"\n| figure | in process | server | gap |\n|---|---:|---:|---:|")
+    # A pair either of whose runs other processes disturbed (the sweep's own threshold) is left out.
+    pairs = [runs[i:i + 2] for i in range(0, len(runs), 2)]
+    kept = [r for pair in pairs if all((r["other_cpu_share"] or 0) <= DISTURBED_SHARE for r in pair) for r in pair]
+    print(f"\n{len(kept) // 2} of {len(pairs)} pairs undisturbed (others <= {DISTURBED_SHARE:.0%} of the cores)")
+    if not kept:
+        return 1
+    print("\n| figure | in process | server | gap |\n|---|---:|---:|---:|")
     for name in (*FIGURES, "start_s", "acceptance_length"):
-        inside = statistics.median(r[name] for r in runs if r["via"] == "inprocess")
-        server = statistics.median(r[name] for r in runs if r["via"] == "server")
+        inside = statistics.median(r[name] for r in kept if r["via"] == "inprocess")
+        server = statistics.median(r[name] for r in kept if r["via"] == "server")
         scale = 1000 if name.endswith(("_p50", "_p90")) else 1
         print(f"| {name} | {inside * scale:.1f} | {server * scale:.1f} | {100 * (server / inside - 1):+.1f}% |")
     return 0
