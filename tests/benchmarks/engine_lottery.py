@@ -39,13 +39,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ATTEMPTS = 4  # measurements of one engine at most, while other processes disturb it
+ATTEMPTS = 6  # measurements of one engine at most, while other processes disturb it
 # Stricter than a sweep's 10% (results.merge.DISTURBED_SHARE): one busy thread beside the two OpenMP threads
 # of a 2-core engine can halve its speed, and the spread measured here is a few percent.
 QUIET_SHARE = 0.03
 
 KNOBS = ("LD_PRELOAD", "SPECBENCH_WORKER_START", "VLLM_CPU_OMP_THREADS_BIND", "OMP_PROC_BIND", "OMP_PLACES",
-         "THP_MEM_ALLOC_ENABLE", "SPECBENCH_ENGINE_THREAD_BINDING", "OMP_NUM_THREADS")
+         "THP_MEM_ALLOC_ENABLE", "SPECBENCH_ENGINE_THREAD_BINDING", "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+         "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER")
 
 
 def loaded_libraries(pid: int | None) -> str:
@@ -103,6 +104,26 @@ def machine_probe(seconds: float = 2.0) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
+def wait_for_quiet(limit_s: float = 300.0) -> float:
+    """Wait (at most ``limit_s``) until other processes keep under QUIET_SHARE of the cores busy for 2 s.
+
+    Returns the seconds waited. An engine started beside a busy neighbour would be measured again and
+    again (below) and then left out: waiting first keeps the engine count.
+    """
+    from specbench.results.provenance import CpuTimes
+
+    waited = 0.0
+    while waited < limit_s:
+        before = CpuTimes.now(None)
+        time.sleep(2.0)
+        share = before.other_share(CpuTimes.now(None))
+        if share is None or share <= QUIET_SHARE:
+            break
+        time.sleep(8.0)
+        waited += 10.0
+    return waited
+
+
 def log_sd(values: list[float]) -> float:
     return statistics.stdev(math.log(v) for v in values) if len(values) > 1 else float("nan")
 
@@ -125,7 +146,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the cell (default: method=baseline)")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
 
     from hydra import compose, initialize_config_module
 
@@ -145,6 +166,8 @@ def main() -> None:
 
     engines: list[dict] = []
     for i in range(args.engines):
+        if waited := wait_for_quiet():
+            print(f"engine {i}: waited {waited:.0f} s for the machine to go quiet", flush=True)
         gb_s, gflop_s = machine_probe()
         started = time.perf_counter()
         worker = EngineWorker(replace(spec, instance=i))
@@ -159,34 +182,44 @@ def main() -> None:
                 if others is None or others <= QUIET_SHARE:
                     break
                 print(f"engine {i}: others kept {100 * others:.0f}% of the cores busy, measuring again", flush=True)
-                time.sleep(5)
+                wait_for_quiet()
         finally:
             worker.close()
         rates = [tokens / wall for tokens, wall in zip(m.rep_output_tokens, m.rep_wall_s)]
         decode = m.decode_tokens / m.decode_s if m.decode_s else float("nan")
         engines.append(dict(start_s=start_s, worker_start_s=worker.info.start_s, warmup_s=m.warmup_s,
                             tok_per_s=rates, decode_tok_per_s=decode, libs=libs, affinity=affinity,
-                            other_cpu_share=others, probe_gb_s=gb_s, probe_gflop_s=gflop_s))
+                            other_cpu_share=others, attempts=attempt + 1, probe_gb_s=gb_s, probe_gflop_s=gflop_s))
         print(f"engine {i}: start {start_s:5.1f} s, warm-up {m.warmup_s:4.1f} s, tok/s "
               + " ".join(f"{r:6.2f}" for r in rates) + f"  (decode {decode:6.2f})  machine {gb_s:5.1f} GB/s {gflop_s:5.0f} GFLOP/s  others {100 * (others or 0):.1f}% of the cores  libs {libs}  threads {affinity}",
               flush=True)
 
+    disturbed = [i for i, e in enumerate(engines) if (e["other_cpu_share"] or 0) > QUIET_SHARE]
+    if disturbed:
+        # An engine that shared its cores measures the neighbours, not the lottery: named, then left out.
+        print(f"\nleft out, disturbed on every attempt: engines {', '.join(map(str, disturbed))}")
+    measured, engines = engines, [e for i, e in enumerate(engines) if i not in disturbed]
     means = [math.exp(statistics.fmean(math.log(r) for r in e["tok_per_s"])) for e in engines]
     later = [math.exp(statistics.fmean(math.log(r) for r in e["tok_per_s"][1:])) for e in engines] \
         if args.reps > 1 else means
     summary = dict(
         engines=len(engines),
+        disturbed_engines=disturbed,
         mean_tok_per_s=statistics.fmean(means),
         between_log_sd=log_sd(means),
         max_over_min=max(means) / min(means),
         within_log_sd=pooled_within([e["tok_per_s"] for e in engines]),
+        # The engines' own share of the spread: an engine's mean over its repetitions carries within / sqrt(reps)
+        # of repetition noise even when every engine is alike (one-way random effects, method of moments).
+        engine_log_sd=math.sqrt(max(0.0, log_sd(means) ** 2
+                                     - pooled_within([e["tok_per_s"] for e in engines]) ** 2 / args.reps)),
         between_log_sd_after_first_rep=log_sd(later),
         within_log_sd_after_first_rep=pooled_within([e["tok_per_s"][1:] for e in engines]),
         median_start_s=statistics.median(e["start_s"] for e in engines),
     )
     print(f"\n{len(engines)} engines: {summary['mean_tok_per_s']:.2f} tok/s mean; "
           f"between engines log SD {summary['between_log_sd']:.3f} (max/min {summary['max_over_min']:.3f}); "
-          f"within one engine {summary['within_log_sd']:.3f}")
+          f"within one engine {summary['within_log_sd']:.3f}; the engines' own share {summary['engine_log_sd']:.3f}")
     print(f"first repetition left out (a longer warm-up): between {summary['between_log_sd_after_first_rep']:.3f}, "
           f"within {summary['within_log_sd_after_first_rep']:.3f}")
     print(f"engine start: {summary['median_start_s']:.1f} s median")
@@ -196,7 +229,7 @@ def main() -> None:
           f"{statistics.correlation([math.log(v) for v in later], [math.log(v) for v in probes]):.2f}")
     if args.json:
         args.json.write_text(json.dumps(dict(cell=overrides, knobs={k: os.environ.get(k) for k in KNOBS},
-                                             engines=engines, summary=summary), indent=1))
+                                             engines=measured, summary=summary), indent=1))
 
 
 if __name__ == "__main__":
