@@ -30,9 +30,27 @@ from specbench.results import serving
 
 
 def split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The results frame's offline rows and its serving rows (a failed serving cell by the rate its id names)."""
+    """The results frame's offline rows and its serving rows (a failed serving cell by the rate its id names).
+
+    A serving row's panel names its load shape where it is not the default (no cap, Poisson): every
+    serving figure, table and verdict groups by panel, so cells of two shapes are never drawn or judged
+    along one rate axis.
+    """
     mask = pd.Series([decide.is_serving(r) for r in records(df)], index=df.index, dtype=bool)
-    return df[~mask], df[mask]
+    served = df[mask].copy()
+    served[PANEL] = [panel + shape_suffix(r) for panel, r in zip(served[PANEL], records(served))]
+    return df[~mask], served
+
+
+def shape_suffix(row: Mapping[str, Any]) -> str:
+    """`` · c8``, `` · burstiness 0.5``, `` · closed loop c8``: a serving panel's load shape; '' for the default."""
+    shape = decide.shape(row)
+    cell = decide.cell_name(str(row.get("cell_id") or ""))
+    rate = row.get("load_request_rate") if _known(row.get("load_request_rate")) else cell and cell.rate
+    text = shape.text()
+    if rate is not None and math.isinf(float(rate)) and shape.max_concurrency is not None:
+        text = "closed loop " + text
+    return f" · {text}" if text else ""
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
