@@ -208,11 +208,16 @@ def current_provenance(cell: Cell) -> dict[str, Any]:
 def _requests(cell: Cell) -> tuple[Workload, CellPlan | ServingPlan]:
     """The cell's workload, tokenized with its model's tokenizer, and the requests it submits
     (a serving cell's on their arrival schedule)."""
-    workload = _workload(json.dumps(cell.workload, sort_keys=True), cell.identity["model"]["path"])
+    workload = workload_of(cell)
     if cell.is_serving:
         return workload, load.serving_plan(cell.identity["load"], workload.token_ids, cell.workload["max_tokens"],
                                            cell.identity["seed"], cell.engine_run)
     return workload, _plan(cell, workload)
+
+
+def workload_of(cell: Cell) -> Workload:
+    """The cell's workload, tokenized with its model's tokenizer (once per process)."""
+    return _workload(json.dumps(cell.workload, sort_keys=True), cell.identity["model"]["path"])
 
 
 @lru_cache(maxsize=16)
