@@ -167,7 +167,7 @@ def verdicts(df: pd.DataFrame, grid: Grid | None = None) -> list[str]:
             if not compared:
                 lines.append(f"{panel}, {config}: not compared with a baseline at the same load")
                 continue
-            by_rate = ", ".join(f"{r['load_request_rate']:g} req/s {fmt_speedup(r['serving_speedup_e2e_p50'])}"
+            by_rate = ", ".join(f"{_rate(r['load_request_rate'])} {fmt_speedup(r['serving_speedup_e2e_p50'])}"
                                 for r in sorted(compared, key=lambda r: r["load_request_rate"]))
             mismatched = [r for r in compared if r.get("exactness") == "mismatch"]
             flagged = [r for r in compared if r.get("exactness") != "mismatch" and r.get("flagged")]
@@ -175,7 +175,9 @@ def verdicts(df: pd.DataFrame, grid: Grid | None = None) -> list[str]:
                 f"; {_rates(out)} req/s left out: {why}"
                 for out, why in ((mismatched, "mismatched outputs"), (flagged, "flagged (see Flagged cells)")) if out)
             stop = "" if decided.stop is None else f"; {decided.stop.text('req/s')}"
-            if decided.highest is not None:
+            if decided.highest is not None and math.isinf(decided.highest):
+                head = "pays"  # all at once, or a closed loop: one point, which the panel names
+            elif decided.highest is not None:
                 head = f"pays up to {decided.highest:g} req/s"
             elif decided.loss is not None:
                 head = f"does not pay at {decided.planned[0]:g} req/s, the lowest rate"
@@ -240,6 +242,11 @@ def offline_beside(offline: pd.DataFrame, served: pd.DataFrame) -> tuple[list[Of
         if errors:
             answer += f" The model is off the {name} speedup by {np.median(errors):.0%} at the median ({max(errors):.0%} at worst)."
     return rows, answer
+
+
+def _rate(rate: float) -> str:
+    """``"2 req/s"``; ``"all at once"`` for rate inf (every request ready at the start)."""
+    return f"{rate:g} req/s" if math.isfinite(rate) else "all at once"
 
 
 def _rates(rows: list[dict[str, Any]]) -> str:
