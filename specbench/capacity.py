@@ -93,7 +93,9 @@ def _probe(worker: Any, search: Search, prompts: list[tuple[int, ...]], timeout_
         found = capacity.probe_of(measured, keys, search.targets, search.settings.percentile,
                                   time.perf_counter() - started)
         outcome = "meets the SLOs" if found.passed else f"fails ({found.failed})"
-        print(f"  {search.label} at {rate:.3g} req/s: {outcome} [{found.duration_s:.0f} s]", flush=True)
+        figures = ", ".join(f"{capacity.SLO_METRICS[k]} p{search.settings.percentile:g} {v:.0f} ms"
+                            for k, v in sorted(found.figures_ms.items()) if v is not None)
+        print(f"  {search.label} at {rate:.3g} req/s: {outcome} [{figures}; {found.duration_s:.0f} s]", flush=True)
         return found
 
     return probe
@@ -149,7 +151,7 @@ def run(overrides: Sequence[str]) -> int:
         pool.discard()
     lines = _verdicts(results)
     print()
-    print(capacity.table([(s.label, c) for s, c, _ in results.values()]))
+    print(capacity.table([(s.label, c) for s, c, _ in results.values()], first.targets))
     print("\n".join(lines))
     document = {
         "slo": first.targets, "percentile": first.settings.percentile,
@@ -157,7 +159,8 @@ def run(overrides: Sequence[str]) -> int:
         "workload": first.cell.workload["name"], "load_shape": load.LoadShape(
             first.cell.identity["load"]["max_concurrency"], first.cell.identity["load"]["burstiness"]).text() or None,
         "overrides": list(overrides), "total_s": round(time.perf_counter() - started, 1),
-        "configurations": [capacity.as_json(s.label, c) | {"engine_start_s": round(e, 1), "cell_id": s.cell.cell_id}
+        "configurations": [capacity.as_json(s.label, c) | {"engine_start_s": round(e, 1), "cell_id": s.cell.cell_id,
+                                                             "limited_by": c.limited_by(s.targets)}
                            for s, c, e in results.values()],
         "failed": failed, "verdicts": lines, "machine": machine,
         "provenance": static_provenance(),

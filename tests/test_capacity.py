@@ -79,7 +79,7 @@ def test_a_probe_passes_when_every_target_holds_at_the_percentile_and_the_engine
     # p90 over ten requests, one of them slow: numpy's interpolation gives 65 ms, under the target.
     assert fast.passed and fast.figures_ms["tpot_ms"] == pytest.approx(65.0)
     slow = capacity.probe_of(_measurement([0.05] * 8 + [0.2] * 2), load, {"tpot_ms": 100.0}, 90.0)
-    assert not slow.passed and slow.failed == "TPOT p90 200.0 ms > 100 ms"
+    assert not slow.passed and slow.failed == "TPOT p90 200.0 ms > 100 ms" and slow.saturated is None
     # Ten requests sent each second while the rate named was 1 req/s: fine. Completions far behind the
     # schedule fail the probe whatever the latencies.
     assert capacity.judge({"tpot_ms": 50.0}, {"tpot_ms": 100.0}, 90.0, saturated="completions behind") \
@@ -150,3 +150,13 @@ def test_the_verdict_says_raises_only_where_the_intervals_part():
     none = capacity.Capacity(None, 0.0, 0.5)
     assert "from below 0.5 to 2.38 req/s [2.38, 2.83)" in capacity.verdict("ngram K=4", none, base, targets, 90)
     assert json.dumps(capacity.as_json("baseline", base))  # capacity.json is plain JSON
+
+
+def test_the_table_names_what_the_failed_probes_missed():
+    targets = {"tpot_ms": 100.0}
+    probes = (Probe(0.5, {"tpot_ms": 40.0}, None), Probe(8.0, {"tpot_ms": 150.0}, "x", saturated="behind"),
+              Probe(2.0, {"tpot_ms": 60.0}, "y", saturated="behind"))
+    found = capacity.Capacity(0.5, 0.5, 2.0, probes, 12.0)
+    assert found.limited_by(targets) == "TPOT, saturation"
+    text = capacity.table([("baseline", found)], targets)
+    assert text.splitlines()[1].split() == ["baseline", "0.5", "req/s", "[0.5,", "2)", "3", "12s", "TPOT,", "saturation"]

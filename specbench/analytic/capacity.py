@@ -119,13 +119,15 @@ def slo_text(targets: Mapping[str, float], percentile: float) -> str:
 
 @dataclass(frozen=True)
 class Probe:
-    """One probe: the rate served, each SLO metric at the percentile (ms), and why it failed (None: it passed)."""
+    """One probe: the rate served, each SLO metric at the percentile (ms), why it failed (None: it passed),
+    and, apart, why its engine fell behind the load (None: it kept up), part of ``failed`` too."""
 
     rate: float
     figures_ms: Mapping[str, float | None]
     failed: str | None
     duration_s: float = 0.0
     achieved_rate: float | None = None
+    saturated: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -158,8 +160,9 @@ def probe_of(m: ServingMeasurement, load: Mapping[str, Any], targets: Mapping[st
         known = [v for v in per_metric[key] if v is not None]
         figures[key] = float(np.percentile(known, percentile)) * 1000.0 if known else None
     columns = serving.cell_columns(m, dict(load, slo={}))
-    return Probe(float(load["request_rate"]), figures, judge(figures, targets, percentile, columns["saturation_reason"]),
-                 duration_s, columns["achieved_request_rate"])
+    saturated = columns["saturation_reason"]
+    return Probe(float(load["request_rate"]), figures, judge(figures, targets, percentile, saturated),
+                 duration_s, columns["achieved_request_rate"], saturated)
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,20 @@ class Capacity:
     high: float
     probes: tuple[Probe, ...] = field(default_factory=tuple)
     duration_s: float = 0.0
+
+    def limited_by(self, targets: Mapping[str, float]) -> str:
+        """What the failed probes missed: the SLO metrics over target and "saturation" (the engine fell
+        behind), each once; '' where no probe failed."""
+        missed: dict[str, None] = {}
+        for p in self.probes:
+            if p.passed:
+                continue
+            for key, target in sorted(targets.items()):
+                if (p.figures_ms.get(key) or 0.0) > target:
+                    missed[SLO_METRICS[key]] = None
+            if p.saturated:
+                missed["saturation"] = None
+        return ", ".join(missed)
 
     def text(self) -> str:
         """``"2.38 req/s [2.38, 2.83)"``, ``"below 0.25 req/s"``, ``"at least 8 req/s"``."""
@@ -244,14 +261,16 @@ def as_json(label: str, found: Capacity) -> dict[str, Any]:
         "configuration": label, "capacity_req_s": found.capacity, "interval_req_s": [found.low, finite(found.high)],
         "probes": len(found.probes), "search_s": round(found.duration_s, 2),
         "probe_results": [{"rate": p.rate, "passed": p.passed, "failed": p.failed, "figures_ms": dict(p.figures_ms),
-                           "achieved_rate": p.achieved_rate, "duration_s": round(p.duration_s, 2)}
-                          for p in found.probes],
+                           "saturated": p.saturated, "achieved_rate": p.achieved_rate,
+                           "duration_s": round(p.duration_s, 2)} for p in found.probes],
     }
 
 
-def table(found: Sequence[tuple[str, Capacity]]) -> str:
-    """The searches as a short text table: configuration, capacity and interval, probes, seconds."""
+def table(found: Sequence[tuple[str, Capacity]], targets: Mapping[str, float]) -> str:
+    """The searches as a short text table: configuration, capacity and interval, probes, seconds, and what the
+    failed probes missed (:meth:`Capacity.limited_by`)."""
     width = max([len("configuration"), *(len(label) for label, _ in found)])
-    lines = [f"{'configuration':<{width}}  {'capacity':<28} {'probes':>6} {'time':>7}"]
-    lines += [f"{label:<{width}}  {c.text():<28} {len(c.probes):>6} {c.duration_s:>6.0f}s" for label, c in found]
+    lines = [f"{'configuration':<{width}}  {'capacity':<28} {'probes':>6} {'time':>7}  limited by"]
+    lines += [f"{label:<{width}}  {c.text():<28} {len(c.probes):>6} {c.duration_s:>6.0f}s  "
+              f"{c.limited_by(targets) or '-'}" for label, c in found]
     return "\n".join(lines)
