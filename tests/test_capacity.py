@@ -159,4 +159,5 @@ def test_the_table_names_what_the_failed_probes_missed():
     found = capacity.Capacity(0.5, 0.5, 2.0, probes, 12.0)
     assert found.limited_by(targets) == "TPOT, saturation"
     text = capacity.table([("baseline", found)], targets)
-    assert text.splitlines()[1].split() == ["baseline", "0.5", "req/s", "[0.5,", "2)", "3", "12s", "TPOT,", "saturation"]
+    assert text.splitlines()[1].split() == ["baseline", "0.5", "req/s", "[0.5,", "2)", "3", "12s",
+                                            "TPOT,", "saturation"]
