@@ -584,6 +584,27 @@ def test_serving_verdicts_and_panels_group_by_load_shape(tmp_path):
     assert "summarize · closed loop c4" in write_report(tmp_path).read_text()
 
 
+@pytest.mark.parametrize("version", [13, 14])
+def test_serving_results_of_schema_13_and_14_still_read_and_judge(tmp_path, version):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from specbench.report import verdict_lines
+    from specbench.results.schema import SCHEMA, RESULTS_FILE, read_rows, rows_to_table
+
+    rows = [_serving_row("baseline", rate) for rate in (1.0, 2.0)] + [
+        _serving_row("ngram", rate, speedup=1.5) for rate in (1.0, 2.0)]
+    new = set(serving.ARRIVAL_COLUMNS)
+    table = rows_to_table([dict(r, schema_version=version) for r in rows])
+    old = pa.Table.from_pylist(table.to_pylist(), schema=pa.schema([f for f in SCHEMA if f.name not in new]))
+    pq.write_table(old, tmp_path / RESULTS_FILE)
+    read = read_rows(tmp_path / RESULTS_FILE)
+    assert all(r["wait_to_send_s_p50"] is None and r["schema_version"] == version for r in read)
+    assert verdicts.shape(read[0]) == load.LoadShape(None)
+    assert any(line.startswith("verdict under load: summarize, ngram K=4: pays up to 2 req/s")
+               for line in verdict_lines(tmp_path))
+
+
 def test_the_page_warns_that_ignore_eos_changes_acceptance(tmp_path):
     from rows import write_results
 
