@@ -339,7 +339,12 @@ def cell_label(cell: Cell) -> str:
     name it), batch size, workload, engine run."""
     label = methods.label(cell.config["method"], cell.k)
     # A serving cell's batch is what its load makes it: its offered rate names it instead.
-    load_point = f"at {cell.identity['load']['request_rate']:g} req/s" if cell.is_serving else f"batch {cell.batch_size}"
+    load_point = f"batch {cell.batch_size}"
+    if cell.is_serving:
+        keys = cell.identity["load"]
+        load_point = (f"closed loop c{keys['max_concurrency']}"
+                      if load.is_closed_loop(keys["request_rate"], keys["max_concurrency"])
+                      else f"at {keys['request_rate']:g} req/s")
     return f"{label} {load_point} {cell.workload['name']} engine run {cell.engine_run}"
 
 

@@ -323,6 +323,10 @@ def test_burstiness_joins_the_cell_id_only_away_from_poisson(compose_cell):
     assert "-rate2-" in poisson.cell_id and "burst" not in poisson.cell_id
     assert "-rate2-c4-burst0.5-" in bursty.cell_id
     assert "-rateinf-c8-" in closed.cell_id
+    from specbench.job import cell_label
+
+    assert cell_label(closed) == "ngram K=4 closed loop c8 summarize engine run 0"
+    assert cell_label(poisson) == "ngram K=4 at 2 req/s summarize engine run 0"
     named = verdicts.cell_name(bursty.cell_id)
     assert named.rate == 2.0 and named.shape == load.LoadShape(4, 0.5)
     assert verdicts.cell_name(closed.cell_id).shape == load.LoadShape(8, 1.0)
