@@ -572,6 +572,7 @@ def test_serving_verdicts_and_panels_group_by_load_shape(tmp_path):
         rows += [shaped("baseline", rate), shaped("ngram", rate, 1.5),
                  shaped("baseline", rate, cap=2), shaped("ngram", rate, 1.5 if rate == 1.0 else 0.8, cap=2)]
     rows += [shaped("baseline", math.inf, cap=4), shaped("ngram", math.inf, 1.3, cap=4)]
+    rows[-1] |= {"wait_to_send_s_p50": 1.5, "wait_to_send_s_p90": 2.5, "e2e_from_arrival_s_p50": 2.0}
     spec = [r for r in rows if r["method"] == "ngram"]
     with pytest.raises(ValueError, match="one load shape; these cells mix"):
         verdicts.serving_verdict(spec, rows)
@@ -585,7 +586,9 @@ def test_serving_verdicts_and_panels_group_by_load_shape(tmp_path):
     assert any(line.startswith("verdict under load: summarize · c2, ngram K=4: pays up to 1 req/s") for line in lines)
     assert "verdict under load: summarize · closed loop c4, ngram K=4: pays (E2E p50 speedup: all at once 1.30×)" \
         in lines, lines
-    assert "summarize · closed loop c4" in write_report(tmp_path).read_text()
+    page = write_report(tmp_path).read_text()
+    assert "summarize · closed loop c4" in page and "<td>all at once</td>" in page
+    assert "<td>1500.0 / 2500.0</td>" in page  # the slot wait, p50 / p90
 
 
 @pytest.mark.parametrize("version", [13, 14])

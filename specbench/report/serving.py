@@ -80,6 +80,8 @@ class ServingRow:
     tpot_p90_ms: str
     tpot_mean_ms: str
     queue_p50_ms: str
+    wait_ms: str
+    e2e_from_arrival_p50_ms: str
     tpot_speedup: str
     e2e_p50_speedup: str
     e2e_p90_speedup: str
@@ -130,7 +132,7 @@ def table(df: pd.DataFrame) -> list[ServingRow]:
             rate = float(row["load_request_rate"])
             pays = row.get("serving_pays")
             out.append(ServingRow(
-                panel=str(panel), config=str(row[CONFIG]), rate=f"{rate:g}",
+                panel=str(panel), config=str(row[CONFIG]), rate=f"{rate:g}" if math.isfinite(rate) else "all at once",
                 realised=fmt_number(row.get("offered_rate_realised"), 2),
                 saturated=bool(row.get("saturated")) if _known(row.get("saturated")) else False,
                 running_batch=fmt_number(row.get("running_batch_mean"), 2),
@@ -140,6 +142,9 @@ def table(df: pd.DataFrame) -> list[ServingRow]:
                 tpot_p50_ms=_ms(row.get("tpot_s_p50")), tpot_p90_ms=_ms(row.get("tpot_s_p90")),
                 tpot_mean_ms=_tpot_mean(row),
                 queue_p50_ms=_ms(row.get("queue_s_p50")),
+                wait_ms=(f"{_ms(row.get('wait_to_send_s_p50'))} / {_ms(row.get('wait_to_send_s_p90'))}"
+                         if _known(row.get("wait_to_send_s_p50")) else "–"),
+                e2e_from_arrival_p50_ms=_ms(row.get("e2e_from_arrival_s_p50")),
                 tpot_speedup=_speedup(row, "tpot_p50"), e2e_p50_speedup=_speedup(row, "e2e_p50"),
                 e2e_p90_speedup=_speedup(row, "e2e_p90"), goodput_speedup=_speedup(row, "goodput"),
                 predicted=fmt_speedup(row["serving_predicted_speedup"])
