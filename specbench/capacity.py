@@ -21,6 +21,7 @@ key: one line naming the keys), 1 when an engine failed, else 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -77,6 +78,11 @@ def searches(overrides: Sequence[str]) -> tuple[list[Search], Any]:
             first = first if first is not None else cfg
             found.setdefault(cell.config_hash, Search(methods.label(cell.config["method"], cell.k), cell,
                                                       targets, settings))
+    # Several workloads or models (a preset's grid): each label names its own, or the table could not tell them apart.
+    for key in ("workload", "model"):
+        if len({s.cell.identity[key]["name"] for s in found.values()}) > 1:
+            found = {h: dataclasses.replace(s, label=f"{s.label} · {s.cell.identity[key]['name']}")
+                     for h, s in found.items()}
     return list(found.values()), first
 
 

@@ -133,6 +133,10 @@ def test_the_command_searches_the_baseline_and_each_configuration_once():
     assert all(s.cell.is_serving and s.cell.identity["load"]["num_requests"] == 8 for s in found)
     assert found[1].cell.baseline().config_hash == found[0].cell.config_hash  # one baseline for both
     assert found[0].targets == {"tpot_ms": 100.0}
+    # A preset's grid: its rates give way to the probes', and each workload is searched and named apart.
+    found, _ = searches(["sweep=serving_cpu", "method=ngram", "load.slo.tpot_ms=100"])
+    assert [s.label for s in found] == ["baseline · summarize", "baseline · creative", "ngram K=4 · summarize",
+                                        "ngram K=4 · creative"]
 
 
 # --- the verdict ---------------------------------------------------------------------------------------
