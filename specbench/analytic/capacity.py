@@ -9,11 +9,12 @@ percentile (TPOT p90 <= 100 ms, say) and its engine keeps up with the load
 latency grows with the queue, so capacity is where the SLO breaks.
 
 The search (:func:`search`) is bisection on a log scale over a probe
-function, as ``vllm bench sweep serve_sla`` and GuideLLM's sweep look for the
-knee: probe the lowest rate (if it fails, capacity is below it), then the
+function: probe the lowest rate (if it fails, capacity is below it), then the
 highest (if it passes, capacity is at least it), then the geometric midpoint
 of the highest rate passed and the lowest failed, until the two are within
-the tolerance or the probes run out. The capacity is the highest rate that
+the tolerance or the probes run out. (GuideLLM's sweep spaces its rates
+evenly between a synchronous and a throughput probe; bisection spends its
+probes around the knee instead.) The capacity is the highest rate that
 passed, and the interval ``[passed, failed)`` says how finely the probes
 pinned it. A probe function serves one schedule at one rate and returns a
 :class:`Probe`; :func:`probe_of` reads one from a served measurement.
