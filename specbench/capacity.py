@@ -35,7 +35,8 @@ from omegaconf import OmegaConf
 from specbench import hub, load, logs, methods
 from specbench.analytic import capacity
 from specbench.config import ConfigError, Cell, cell_from_config
-from specbench.results.provenance import static_provenance
+from specbench.results.merge import DISTURBED_SHARE
+from specbench.results.provenance import CpuTimes, static_provenance
 
 OUTPUT = "capacity.json"
 
@@ -94,11 +95,16 @@ def _probe(worker: Any, search: Search, prompts: list[tuple[int, ...]], timeout_
         keys = dict(cell.identity["load"], request_rate=rate)
         # One arrival draw for every probe, stretched to each rate: probes differ in rate, not in the draw.
         plan = load.serving_plan(keys, prompts, cell.workload["max_tokens"], cell.identity["seed"], 0)
-        started = time.perf_counter()
+        started, before = time.perf_counter(), CpuTimes.now(worker.pid)
         measured = worker.measure(plan, timeout_s)
-        found = capacity.probe_of(measured, keys, search.targets, search.settings.percentile,
-                                  time.perf_counter() - started)
+        share = before.other_share(CpuTimes.now(worker.pid))
+        found = dataclasses.replace(capacity.probe_of(measured, keys, search.targets, search.settings.percentile,
+                                                      time.perf_counter() - started), other_cpu_share=share)
         outcome = "meets the SLOs" if found.passed else f"fails ({found.failed})"
+        if share is not None and share > DISTURBED_SHARE:
+            # Not measured again, unlike a sweep's cell: a probe is one step of a search, and the warning
+            # lets a reader weigh the capacity it led to.
+            outcome += f"; disturbed: other processes kept {share:.0%} of the cores busy"
         figures = ", ".join(f"{capacity.SLO_METRICS[k]} p{search.settings.percentile:g} {v:.0f} ms"
                             for k, v in sorted(found.figures_ms.items()) if v is not None)
         print(f"  {search.label} at {rate:.3g} req/s: {outcome} [{figures}; {found.duration_s:.0f} s]", flush=True)

@@ -129,6 +129,9 @@ class Probe:
     duration_s: float = 0.0
     achieved_rate: float | None = None
     saturated: str | None = None
+    # Share of the machine's cores other processes kept busy while it ran (None: not read): a probe
+    # disturbed by them may fail a rate its configuration serves on a quiet machine.
+    other_cpu_share: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -263,6 +266,7 @@ def as_json(label: str, found: Capacity) -> dict[str, Any]:
         "probes": len(found.probes), "search_s": round(found.duration_s, 2),
         "probe_results": [{"rate": p.rate, "passed": p.passed, "failed": p.failed, "figures_ms": dict(p.figures_ms),
                            "saturated": p.saturated, "achieved_rate": p.achieved_rate,
+                           "other_cpu_share": p.other_cpu_share,
                            "duration_s": round(p.duration_s, 2)} for p in found.probes],
     }
 
