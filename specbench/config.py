@@ -22,7 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from specbench import load, methods, models, sampling
 from specbench.sampling import Sampling
-from specbench.analytic import graphs, memory, prediction
+from specbench.analytic import capacity, graphs, memory, prediction
 from specbench.engine import EngineSpec, speculative_draft_architectures, speculative_sampling_choices
 from specbench.workloads import (
     SOURCE_KEYS,
@@ -125,6 +125,7 @@ class ConfigSchema:
     verbose: bool = MISSING
     engine: EngineSchema = field(default_factory=EngineSchema)
     load: load.LoadSchema = field(default_factory=load.LoadSchema)
+    capacity: capacity.CapacitySchema = field(default_factory=capacity.CapacitySchema)
 
 
 ConfigStore.instance().store(name="specbench_schema", node=ConfigSchema)

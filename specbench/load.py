@@ -75,11 +75,42 @@ def identity(plain: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def id_part(load: Mapping[str, Any] | None) -> str:
-    """The serving part of a cell id (``-rate2``, ``-rate2-c4``, ``-rateinf``); '' for an offline cell."""
+    """The serving part of a cell id (``-rate2``, ``-rate2-c4``, ``-rateinf-c8``, ``-rate2-burst0.5``); '' for
+    an offline cell. Burstiness shows only away from Poisson (1), so Poisson cells keep the ids they had."""
     if not load or load.get("request_rate") is None:
         return ""
     concurrency = f"-c{load['max_concurrency']}" if load.get("max_concurrency") is not None else ""
-    return f"-rate{load['request_rate']:g}{concurrency}"
+    burstiness = float(load.get("burstiness", 1.0))
+    burst = f"-burst{burstiness:g}" if burstiness != 1.0 else ""
+    return f"-rate{load['request_rate']:g}{concurrency}{burst}"
+
+
+def is_closed_loop(rate: float | None, max_concurrency: int | None) -> bool:
+    """Whether a load is a closed loop (GuideLLM's ``concurrent`` profile): every request ready at once
+    (rate ``inf``) and ``max_concurrency`` of them in flight, each completion letting the next one go.
+
+    Its offered load is what the slots let through, not a rate named in advance: it cannot fall behind
+    a schedule, and its queue is the client's (each request's wait for a slot).
+    """
+    return rate is not None and math.isinf(float(rate)) and max_concurrency is not None
+
+
+@dataclass(frozen=True)
+class LoadShape:
+    """How requests arrive, but for their rate: the concurrency cap and the burstiness of the gaps.
+
+    A point of load is a rate in a shape (rate x concurrency x burstiness); verdicts walk the rates
+    of one shape, and a closed loop (rate ``inf`` under a cap) is a shape of its own at each cap.
+    """
+
+    max_concurrency: int | None
+    burstiness: float = 1.0
+
+    def text(self) -> str:
+        """``"c8"``, ``"burstiness 0.5"``, ``"c4, burstiness 0.5"``; '' for the default (no cap, Poisson)."""
+        parts = ([f"c{self.max_concurrency}"] if self.max_concurrency is not None else []) + (
+            [f"burstiness {self.burstiness:g}"] if self.burstiness != 1.0 else [])
+        return ", ".join(parts)
 
 
 def validate(plain: Mapping[str, Any]) -> list[str]:
