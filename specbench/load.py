@@ -113,6 +113,16 @@ class LoadShape:
         return ", ".join(parts)
 
 
+def warmup_problems(requests_key: str, requests: Any, warmup_key: str, warmup: Any) -> list[str]:
+    """A run of ``requests`` whose first ``warmup`` are left out: both keys named, two measured requests at least."""
+    if not (isinstance(warmup, int) and warmup >= 0):
+        return [f"{warmup_key}={warmup!r} must be an integer >= 0"]
+    if not (isinstance(requests, int) and requests >= warmup + 2):
+        return [f"{requests_key}={requests!r} is too few for {warmup_key}={warmup}: "
+                f"at least {warmup + 2} (two measured requests after the warm-up)"]
+    return []
+
+
 def validate(plain: Mapping[str, Any]) -> list[str]:
     """Every problem with a cell's ``load.*`` keys and what a serving cell cannot be combined with.
 
@@ -131,12 +141,8 @@ def validate(plain: Mapping[str, Any]) -> list[str]:
     concurrency = load.get("max_concurrency")
     if concurrency is not None and not (isinstance(concurrency, int) and concurrency >= 1):
         errors.append(f"load.max_concurrency={concurrency!r} must be null or an integer >= 1")
-    requests, warmup = load.get("num_requests"), load.get("warmup_requests")
-    if not (isinstance(warmup, int) and warmup >= 0):
-        errors.append(f"load.warmup_requests={warmup!r} must be an integer >= 0")
-    elif not (isinstance(requests, int) and requests >= warmup + 2):
-        errors.append(f"load.num_requests={requests!r} is too few for load.warmup_requests={warmup}: "
-                      f"at least {warmup + 2} (two measured requests after the warm-up)")
+    errors += warmup_problems("load.num_requests", load.get("num_requests"),
+                              "load.warmup_requests", load.get("warmup_requests"))
     if not isinstance(load.get("ignore_eos", False), bool):
         errors.append(f"load.ignore_eos={load.get('ignore_eos')!r} must be true or false")
     for key, value in (load.get("slo") or {}).items():

@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from specbench.load import ServingMeasurement
+from specbench.load import ServingMeasurement, warmup_problems
 from specbench.results import serving
+
 
 # load.slo.<key> -> the per-request latency it bounds, and how the verdict names it.
 SLO_METRICS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2e_ms": "E2E"}
@@ -79,12 +80,8 @@ class Settings:
         if not (isinstance(capacity.get("max_probes"), int) and capacity["max_probes"] >= 2):
             errors.append(f"capacity.max_probes={capacity.get('max_probes')!r} must be an integer >= 2 "
                           "(the lowest and the highest rate)")
-        requests, warmup = capacity.get("requests_per_probe"), capacity.get("warmup")
-        if not (isinstance(warmup, int) and warmup >= 0):
-            errors.append(f"capacity.warmup={warmup!r} must be an integer >= 0")
-        elif not (isinstance(requests, int) and requests >= warmup + 2):
-            errors.append(f"capacity.requests_per_probe={requests!r} must be at least capacity.warmup + 2 "
-                          f"= {warmup + 2} (two measured requests)")
+        errors += warmup_problems("capacity.requests_per_probe", capacity.get("requests_per_probe"),
+                                  "capacity.warmup", capacity.get("warmup"))
         if not (isinstance(capacity.get("percentile"), (int, float)) and 0 < capacity["percentile"] <= 100):
             errors.append(f"capacity.percentile={capacity.get('percentile')!r} must be in (0, 100]")
         if not (isinstance(capacity.get("tolerance"), (int, float)) and capacity["tolerance"] > 0):
