@@ -83,7 +83,7 @@ class EngineSchema:
     cpu_kvcache_space_gib: int = MISSING  # VLLM_CPU_KVCACHE_SPACE: whole GiB
     cell_timeout_s: Optional[float] = None
     vllm_fixes: bool = True
-    cpu_allocator: str = "tcmalloc"
+    cpu_allocator: str = "system"
     async_scheduling: Optional[bool] = None
     cudagraph_batch_size: Optional[int] = None
 
@@ -318,8 +318,7 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
     method = plain["method"]
     baseline = method["name"] == "baseline"
     # The repairs join the identity only when turned off, async scheduling only when pinned, the CPU
-    # allocator only when tcmalloc: a cell keeps the identity it had before these keys existed (cells
-    # measured before the allocator key ran on glibc's malloc). The CUDA graphs' batch stays out too: the
+    # allocator only when tcmalloc: a cell keeps the identity it had before these keys existed. The CUDA graphs' batch stays out too: the
     # grid sets it per engine (specbench.grid.shared_graph_batches).
     engine = {k: v for k, v in plain["engine"].items()
               if k not in ("cell_timeout_s", "cudagraph_batch_size") and not (k == "vllm_fixes" and v is not False)

@@ -144,28 +144,28 @@ def test_the_vllm_repairs_are_on_by_default_and_join_the_identity_only_when_off(
     assert off.cell_id != default.cell_id and off.engine_spec(prepare=False).vllm_fixes is False
 
 
-def test_cpu_engines_preload_tcmalloc_unless_told_system_which_keeps_the_identity_cells_had(compose_cell, monkeypatch):
+def test_cpu_engines_preload_tcmalloc_when_asked_and_only_then_change_identity(compose_cell, monkeypatch):
     monkeypatch.setattr(config, "cpu_engine", lambda: True)
     default = cell_from_config(compose_cell([]))
-    system = cell_from_config(compose_cell(["engine.cpu_allocator=system"]))
-    assert default.engine_spec(prepare=False).preload.endswith("libtcmalloc_minimal.so.4")  # make setup put it there
-    assert system.engine_spec(prepare=False).preload is None
-    # Cells measured before the key existed ran on glibc's malloc: system keeps their identity, tcmalloc does not.
-    assert "cpu_allocator" not in system.identity["engine"] and default.identity["engine"]["cpu_allocator"] == "tcmalloc"
-    assert default.cell_id != system.cell_id
+    tcmalloc = cell_from_config(compose_cell(["engine.cpu_allocator=tcmalloc"]))
+    assert tcmalloc.engine_spec(prepare=False).preload.endswith("libtcmalloc_minimal.so.4")  # make setup put it there
+    assert default.engine_spec(prepare=False).preload is None
+    # The system's malloc is what cells ran on before the key existed: it keeps their identity, tcmalloc does not.
+    assert "cpu_allocator" not in default.identity["engine"]
+    assert tcmalloc.identity["engine"]["cpu_allocator"] == "tcmalloc" and tcmalloc.cell_id != default.cell_id
     # A GPU build's engines keep the system's malloc whatever the key says (vLLM's guidance is for its CPU build).
     monkeypatch.setattr(config, "cpu_engine", lambda: False)
-    assert default.engine_spec(prepare=False).preload is None
+    assert tcmalloc.engine_spec(prepare=False).preload is None
 
 
 def test_tcmalloc_missing_on_the_cpu_build_is_refused_naming_the_key_that_turns_it_off(compose_cell, monkeypatch):
     # No machine of ours lacks it once `make setup` ran: the lookup stands in for one that does.
     monkeypatch.setattr(config, "cpu_engine", lambda: True)
     monkeypatch.setattr(config, "tcmalloc_library", lambda: None)
-    errors = validate(compose_cell([]))
+    errors = validate(compose_cell(["engine.cpu_allocator=tcmalloc"]))
     assert any(e.startswith("engine.cpu_allocator=tcmalloc: libtcmalloc_minimal.so.4 is neither in .venv/lib")
                and "engine.cpu_allocator=system" in e for e in errors), errors
-    assert validate(compose_cell(["engine.cpu_allocator=system"])) == []
+    assert validate(compose_cell([])) == []
 
 
 def test_unknown_method_names_the_options(compose_cell):
@@ -267,8 +267,8 @@ def test_the_schema_keeps_engine_settings_as_vllm_reads_them(compose_cell):
         compose_cell(["engine.cpu_kvcache_space_gib=1.5"])
 
 
-# The defaults when the pinned cell ids below were computed; all are identity keys.
-THEN_DEFAULTS = ["repetitions=3", "engine.cpu_kvcache_space_gib=2", "engine.cpu_allocator=system"]
+# The defaults when the pinned cell ids below were computed; both are identity keys.
+THEN_DEFAULTS = ["repetitions=3", "engine.cpu_kvcache_space_gib=2"]
 
 
 def test_group_schemas_keep_cell_identities(compose_cell):
@@ -282,7 +282,7 @@ def test_group_schemas_keep_cell_identities(compose_cell):
         "eagle3-k4-b4-summarize-266d635ba36d-r0": ["method=eagle3", "batch_size=4"],
     }
     for cell_id, overrides in ids.items():
-        # repetitions=3, a 2 GiB CPU KV pool and glibc's malloc: the defaults when these ids were computed.
+        # repetitions=3 and a 2 GiB CPU KV pool: the defaults when these ids were computed (identity keys).
         assert cell_from_config(compose_cell([*overrides, *THEN_DEFAULTS])).cell_id == cell_id
 
 

@@ -41,8 +41,8 @@ from specbench.measure import CellPlan, Measurement
 MEMORY_REQUEST = "memory"
 
 # engine.cpu_allocator's values: the malloc a CPU engine's worker runs with. vLLM's CPU guidance preloads
-# tcmalloc; with glibc's malloc, fresh ngram engines on 2 cores decoded 7% apart (log SD) and 15% slower
-# (docs/methodology.md, "The engine lottery").
+# tcmalloc: on 2 cores it made ngram engines 7% faster than glibc's and left the spread between fresh
+# engines as it was (docs/methodology.md, "The engine lottery").
 CPU_ALLOCATORS = ("tcmalloc", "system")
 TCMALLOC = "libtcmalloc_minimal.so.4"
 
