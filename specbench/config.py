@@ -22,8 +22,14 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from specbench import load, methods, models, sampling
 from specbench.sampling import Sampling
-from specbench.analytic import graphs, memory, prediction
-from specbench.engine import EngineSpec, speculative_draft_architectures, speculative_sampling_choices
+from specbench.analytic import capacity, graphs, memory, prediction
+from specbench.engine import (
+    CPU_ALLOCATORS,
+    EngineSpec,
+    speculative_draft_architectures,
+    speculative_sampling_choices,
+    tcmalloc_library,
+)
 from specbench.workloads import (
     SOURCE_KEYS,
     WorkloadError,
@@ -77,6 +83,7 @@ class EngineSchema:
     cpu_kvcache_space_gib: int = MISSING  # VLLM_CPU_KVCACHE_SPACE: whole GiB
     cell_timeout_s: Optional[float] = None
     vllm_fixes: bool = True
+    cpu_allocator: str = "system"
     async_scheduling: Optional[bool] = None
     cudagraph_batch_size: Optional[int] = None
 
@@ -125,6 +132,7 @@ class ConfigSchema:
     verbose: bool = MISSING
     engine: EngineSchema = field(default_factory=EngineSchema)
     load: load.LoadSchema = field(default_factory=load.LoadSchema)
+    capacity: capacity.CapacitySchema = field(default_factory=capacity.CapacitySchema)
 
 
 ConfigStore.instance().store(name="specbench_schema", node=ConfigSchema)
@@ -280,6 +288,7 @@ class Cell:
             instance=self.engine_run,
             worker_env=self._worker_env(),
             vllm_fixes=engine.get("vllm_fixes", True),
+            preload=cpu_allocator_preload(engine),
             serving=self.is_serving,
             via_server=self.is_serving and self.identity["load"].get("via") == "server",
             async_scheduling=engine.get("async_scheduling"),
@@ -309,12 +318,12 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
     plain = with_schedule(_to_plain(cfg))
     method = plain["method"]
     baseline = method["name"] == "baseline"
-    # The repairs join the identity only when turned off, async scheduling only when pinned: a cell
-    # keeps the identity it had before these keys existed. The CUDA graphs' batch stays out too: the
+    # The repairs join the identity only when turned off, async scheduling only when pinned, the CPU
+    # allocator only when tcmalloc: a cell keeps the identity it had before these keys existed. The CUDA graphs' batch stays out too: the
     # grid sets it per engine (specbench.grid.shared_graph_batches).
     engine = {k: v for k, v in plain["engine"].items()
               if k not in ("cell_timeout_s", "cudagraph_batch_size") and not (k == "vllm_fixes" and v is not False)
-              and not (k == "async_scheduling" and v is None)}
+              and not (k == "async_scheduling" and v is None) and not (k == "cpu_allocator" and v == "system")}
     identity = {
         "model": {k: plain["model"][k] for k in ("name", "path", "dtype")},
         # A method's own keys that decide the measurement outside speculative_config
@@ -442,6 +451,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     if step_tokens is not None and not (isinstance(step_tokens, int) and step_tokens >= 1):
         errors.append(f"engine.max_num_batched_tokens={step_tokens!r} must be null or an integer >= 1")
     errors += _engine_mode_problems(engine, (method.get("speculative_config") or {}).get("method"))
+    errors += _cpu_allocator_problems(engine)
     graph_batch = engine.get("cudagraph_batch_size")
     if graph_batch is not None and not (isinstance(graph_batch, int) and graph_batch >= 1):
         errors.append(f"engine.cudagraph_batch_size={graph_batch!r} must be null or an integer >= 1")
@@ -493,6 +503,27 @@ def _engine_mode_problems(engine: Mapping[str, Any], vllm_method: Any) -> list[s
                       "allocates pinned memory for the GPU n-gram kernel and fails at engine start); "
                       "use method=ngram on CPU")
     return errors
+
+
+def cpu_allocator_preload(engine: Mapping[str, Any]) -> str | None:
+    """What a CPU engine's worker preloads for ``engine.cpu_allocator`` (tcmalloc's library); None: glibc's
+    malloc, and on a GPU build, which vLLM's guidance leaves to the system. ``engine`` may be a cell's
+    identity, which leaves the key out for glibc's (the malloc of cells measured before the key existed)."""
+    if engine.get("cpu_allocator", "system") != "tcmalloc" or not cpu_engine():
+        return None
+    return tcmalloc_library()
+
+
+def _cpu_allocator_problems(engine: Mapping[str, Any]) -> list[str]:
+    """``engine.cpu_allocator``: a known value, and tcmalloc installed where the CPU build will preload it."""
+    allocator = engine.get("cpu_allocator")
+    if allocator not in CPU_ALLOCATORS:
+        return [f"engine.cpu_allocator={allocator!r} must be one of {', '.join(CPU_ALLOCATORS)}"]
+    if allocator == "tcmalloc" and cpu_engine() and tcmalloc_library() is None:
+        return ["engine.cpu_allocator=tcmalloc: libtcmalloc_minimal.so.4 is neither in .venv/lib nor among the "
+                "system's libraries (`make setup` unpacks Debian's libtcmalloc-minimal4 there; elsewhere install "
+                "your system's gperftools); engine.cpu_allocator=system measures with glibc's malloc"]
+    return []
 
 
 def _seeded_prefill_problems(plain: Mapping[str, Any]) -> list[str]:

@@ -54,11 +54,12 @@ POOL = EnginePool()
 atexit.register(POOL.discard)
 
 
-def start_engine_server(engine_log: Path | None) -> None:
+def start_engine_server(engine_log: Path | None, preload: str | None) -> None:
     """Start the engine workers' fork server now, so that its import of vLLM (9 s on 2 cores, 20 s
     where Python caches no bytecode) runs while the first job prepares its prompts. Only for jobs that
-    run in this process; ``engine_log`` as :func:`run_cell` takes it."""
-    worker_context(engine_log)
+    run in this process; ``engine_log`` as :func:`run_cell` takes it; ``preload``: the engines'
+    LD_PRELOAD (:func:`specbench.config.cpu_allocator_preload`)."""
+    worker_context(engine_log, preload)
 
 
 class SweepProgress:
@@ -208,11 +209,16 @@ def current_provenance(cell: Cell) -> dict[str, Any]:
 def _requests(cell: Cell) -> tuple[Workload, CellPlan | ServingPlan]:
     """The cell's workload, tokenized with its model's tokenizer, and the requests it submits
     (a serving cell's on their arrival schedule)."""
-    workload = _workload(json.dumps(cell.workload, sort_keys=True), cell.identity["model"]["path"])
+    workload = workload_of(cell)
     if cell.is_serving:
         return workload, load.serving_plan(cell.identity["load"], workload.token_ids, cell.workload["max_tokens"],
                                            cell.identity["seed"], cell.engine_run)
     return workload, _plan(cell, workload)
+
+
+def workload_of(cell: Cell) -> Workload:
+    """The cell's workload, tokenized with its model's tokenizer (once per process)."""
+    return _workload(json.dumps(cell.workload, sort_keys=True), cell.identity["model"]["path"])
 
 
 @lru_cache(maxsize=16)
@@ -334,7 +340,12 @@ def cell_label(cell: Cell) -> str:
     name it), batch size, workload, engine run."""
     label = methods.label(cell.config["method"], cell.k)
     # A serving cell's batch is what its load makes it: its offered rate names it instead.
-    load_point = f"at {cell.identity['load']['request_rate']:g} req/s" if cell.is_serving else f"batch {cell.batch_size}"
+    load_point = f"batch {cell.batch_size}"
+    if cell.is_serving:
+        keys = cell.identity["load"]
+        load_point = (f"closed loop c{keys['max_concurrency']}"
+                      if load.is_closed_loop(keys["request_rate"], keys["max_concurrency"])
+                      else f"at {keys['request_rate']:g} req/s")
     return f"{label} {load_point} {cell.workload['name']} engine run {cell.engine_run}"
 
 

@@ -85,13 +85,54 @@ def identity(plain: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def id_part(load: Mapping[str, Any] | None) -> str:
-    """The serving part of a cell id (``-rate2``, ``-rate2-c4``, ``-rateinf``, ``-rate2-server`` through
-    the server); '' for an offline cell."""
+    """The serving part of a cell id (``-rate2``, ``-rate2-c4``, ``-rateinf-c8``, ``-rate2-burst0.5``,
+    ``-rate2-server`` through the server); '' for an offline cell. Burstiness shows only away from
+    Poisson (1), and the server only when asked for, so other cells keep the ids they had."""
     if not load or load.get("request_rate") is None:
         return ""
     concurrency = f"-c{load['max_concurrency']}" if load.get("max_concurrency") is not None else ""
+    burstiness = float(load.get("burstiness", 1.0))
+    burst = f"-burst{burstiness:g}" if burstiness != 1.0 else ""
     server = "-server" if load.get("via") == "server" else ""
-    return f"-rate{load['request_rate']:g}{concurrency}{server}"
+    return f"-rate{load['request_rate']:g}{concurrency}{burst}{server}"
+
+
+def is_closed_loop(rate: float | None, max_concurrency: int | None) -> bool:
+    """Whether a load is a closed loop (GuideLLM's ``concurrent`` profile): every request ready at once
+    (rate ``inf``) and ``max_concurrency`` of them in flight, each completion letting the next one go.
+
+    Its offered load is what the slots let through, not a rate named in advance: it cannot fall behind
+    a schedule, and its queue is the client's (each request's wait for a slot).
+    """
+    return rate is not None and math.isinf(float(rate)) and max_concurrency is not None
+
+
+@dataclass(frozen=True)
+class LoadShape:
+    """How requests arrive, but for their rate: the concurrency cap and the burstiness of the gaps.
+
+    A point of load is a rate in a shape (rate x concurrency x burstiness); verdicts walk the rates
+    of one shape, and a closed loop (rate ``inf`` under a cap) is a shape of its own at each cap.
+    """
+
+    max_concurrency: int | None
+    burstiness: float = 1.0
+
+    def text(self) -> str:
+        """``"c8"``, ``"burstiness 0.5"``, ``"c4, burstiness 0.5"``; '' for the default (no cap, Poisson)."""
+        parts = ([f"c{self.max_concurrency}"] if self.max_concurrency is not None else []) + (
+            [f"burstiness {self.burstiness:g}"] if self.burstiness != 1.0 else [])
+        return ", ".join(parts)
+
+
+def warmup_problems(requests_key: str, requests: Any, warmup_key: str, warmup: Any) -> list[str]:
+    """A run of ``requests`` whose first ``warmup`` are left out: both keys named, two measured requests at least."""
+    if not (isinstance(warmup, int) and warmup >= 0):
+        return [f"{warmup_key}={warmup!r} must be an integer >= 0"]
+    if not (isinstance(requests, int) and requests >= warmup + 2):
+        return [f"{requests_key}={requests!r} is too few for {warmup_key}={warmup}: "
+                f"at least {warmup + 2} (two measured requests after the warm-up)"]
+    return []
 
 
 def validate(plain: Mapping[str, Any]) -> list[str]:
@@ -119,12 +160,8 @@ def validate(plain: Mapping[str, Any]) -> list[str]:
     concurrency = load.get("max_concurrency")
     if concurrency is not None and not (isinstance(concurrency, int) and concurrency >= 1):
         errors.append(f"load.max_concurrency={concurrency!r} must be null or an integer >= 1")
-    requests, warmup = load.get("num_requests"), load.get("warmup_requests")
-    if not (isinstance(warmup, int) and warmup >= 0):
-        errors.append(f"load.warmup_requests={warmup!r} must be an integer >= 0")
-    elif not (isinstance(requests, int) and requests >= warmup + 2):
-        errors.append(f"load.num_requests={requests!r} is too few for load.warmup_requests={warmup}: "
-                      f"at least {warmup + 2} (two measured requests after the warm-up)")
+    errors += warmup_problems("load.num_requests", load.get("num_requests"),
+                              "load.warmup_requests", load.get("warmup_requests"))
     if not isinstance(load.get("ignore_eos", False), bool):
         errors.append(f"load.ignore_eos={load.get('ignore_eos')!r} must be true or false")
     for key, value in (load.get("slo") or {}).items():

@@ -230,6 +230,37 @@ def test_run_cell_records_a_timed_out_cell_as_failed_and_discards_the_engine(tmp
     assert row["status"] == "failed" and "timed out" in row["error"]
 
 
+def test_the_allocator_is_preloaded_first_and_what_the_user_preloaded_is_kept(monkeypatch):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert engine.preload_environment(None) == {}
+    assert engine.preload_environment("/v/libtcmalloc_minimal.so.4") == {"LD_PRELOAD": "/v/libtcmalloc_minimal.so.4"}
+    monkeypatch.setenv("LD_PRELOAD", "/opt/libiomp5.so")
+    assert engine.preload_environment("/v/libtcmalloc_minimal.so.4") == {
+        "LD_PRELOAD": "/v/libtcmalloc_minimal.so.4:/opt/libiomp5.so"}
+    env = engine.worker_environment(spec(preload="/v/libtcmalloc_minimal.so.4"))
+    assert env["LD_PRELOAD"].startswith("/v/libtcmalloc_minimal.so.4")
+
+
+def test_a_worker_whose_preload_the_fork_server_lacks_is_spawned(monkeypatch):
+    # Only a process's start applies LD_PRELOAD: a forked worker would run on the server's allocator.
+    monkeypatch.delenv("SPECBENCH_WORKER_START", raising=False)
+    monkeypatch.setattr(engine, "_SERVER_STARTED", True)
+    monkeypatch.setattr(engine, "_SERVER_PRELOAD", "/v/libtcmalloc_minimal.so.4")
+    assert engine.worker_context(None, "/v/libtcmalloc_minimal.so.4").get_start_method() == "forkserver"
+    assert engine.worker_context(None, None).get_start_method() == "spawn"
+
+
+def test_the_worker_names_the_malloc_it_runs_with_from_its_memory_map(tmp_path: Path):
+    from specbench.engine.worker import loaded_allocator
+
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert loaded_allocator(str(maps)) == "glibc"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /work/.venv/lib/libtcmalloc_minimal.so.4\n")
+    assert loaded_allocator(str(maps)) == "tcmalloc"
+    assert loaded_allocator(str(tmp_path / "missing")) is None
+
+
 @pytest.mark.engine
 def test_the_fork_server_imports_vllm_so_the_sweep_process_does_not():
     """Workers fork from a server that imported vLLM; the sweep process itself stays free of it."""

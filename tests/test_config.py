@@ -91,6 +91,7 @@ def test_identity_ignores_output_settings_but_not_measurement_settings(compose_c
          "method=draft_model (model.drafts.small)='/no/such/draft': no such directory"),
         (["batch_size=512"], "batch_size=512 exceeds engine.max_num_seqs=256"),
         (["engine.max_num_batched_tokens=0"], "engine.max_num_batched_tokens=0 must be null or an integer >= 1"),
+        (["engine.cpu_allocator=mimalloc"], "engine.cpu_allocator='mimalloc' must be one of tcmalloc, system"),
         (["workload.max_prompt_tokens=2000"],
          "workload.max_prompt_tokens=2000 + workload.max_tokens=128 exceeds engine.max_model_len=2048"),
         (["model.path=embedded:nope"], "unknown embedded model 'embedded:nope'"),
@@ -141,6 +142,30 @@ def test_the_vllm_repairs_are_on_by_default_and_join_the_identity_only_when_off(
     assert default.engine_spec(prepare=False).vllm_fixes is True
     off = cell_from_config(compose_cell(["engine.vllm_fixes=false"]))
     assert off.cell_id != default.cell_id and off.engine_spec(prepare=False).vllm_fixes is False
+
+
+def test_cpu_engines_preload_tcmalloc_when_asked_and_only_then_change_identity(compose_cell, monkeypatch):
+    monkeypatch.setattr(config, "cpu_engine", lambda: True)
+    default = cell_from_config(compose_cell([]))
+    tcmalloc = cell_from_config(compose_cell(["engine.cpu_allocator=tcmalloc"]))
+    assert tcmalloc.engine_spec(prepare=False).preload.endswith("libtcmalloc_minimal.so.4")  # make setup put it there
+    assert default.engine_spec(prepare=False).preload is None
+    # The system's malloc is what cells ran on before the key existed: it keeps their identity, tcmalloc does not.
+    assert "cpu_allocator" not in default.identity["engine"]
+    assert tcmalloc.identity["engine"]["cpu_allocator"] == "tcmalloc" and tcmalloc.cell_id != default.cell_id
+    # A GPU build's engines keep the system's malloc whatever the key says (vLLM's guidance is for its CPU build).
+    monkeypatch.setattr(config, "cpu_engine", lambda: False)
+    assert tcmalloc.engine_spec(prepare=False).preload is None
+
+
+def test_tcmalloc_missing_on_the_cpu_build_is_refused_naming_the_key_that_turns_it_off(compose_cell, monkeypatch):
+    # No machine of ours lacks it once `make setup` ran: the lookup stands in for one that does.
+    monkeypatch.setattr(config, "cpu_engine", lambda: True)
+    monkeypatch.setattr(config, "tcmalloc_library", lambda: None)
+    errors = validate(compose_cell(["engine.cpu_allocator=tcmalloc"]))
+    assert any(e.startswith("engine.cpu_allocator=tcmalloc: libtcmalloc_minimal.so.4 is neither in .venv/lib")
+               and "engine.cpu_allocator=system" in e for e in errors), errors
+    assert validate(compose_cell([])) == []
 
 
 def test_unknown_method_names_the_options(compose_cell):

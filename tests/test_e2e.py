@@ -35,6 +35,8 @@ def test_results_have_the_contract_columns_and_one_file_per_cell(reference_sweep
     cell_files = [p for p in cells.glob("*.parquet") if not p.name.endswith(".tokens.parquet")]
     assert len(cell_files) == len(results) == 10
     assert results["vllm_version"].str.len().gt(0).all() and results["machine"].str.len().gt(0).all()
+    # Read from each worker's memory map: the default engine.cpu_allocator, the system's malloc.
+    assert (results["engine_allocator"] == "glibc").all()
 
 
 def test_baseline_is_measured_once_per_batch_size(results):

@@ -19,7 +19,7 @@ def test_help_names_the_app_examples_groups_and_companion_commands_and_no_intern
     # The config groups, listed by Hydra from conf/: every method included.
     assert "method: baseline, controlled, draft_model, eagle, eagle3, ngram" in text
     assert re.search(r"^sweep: .*cpu_demo", text, flags=re.MULTILINE)
-    for module in ("specbench.plan", "specbench.calibrate", "specbench.analytic.recommend",
+    for module in ("specbench.plan", "specbench.calibrate", "specbench.capacity", "specbench.analytic.recommend",
                    "specbench.report", "specbench.heads"):
         assert f"python -m {module} " in text
     # Neither the composed config nor Hydra's boilerplate.

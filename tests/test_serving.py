@@ -266,6 +266,72 @@ def test_a_request_still_in_flight_as_the_window_closes_is_no_backlog():
     assert columns["saturated"] and "completions" in columns["saturation_reason"]
 
 
+# --- closed loop and the client's queue -------------------------------------------------------------
+
+
+def _closed_loop(slots: int, n: int = 8, service: float = 1.0) -> ServingMeasurement:
+    """``n`` requests all due at 0 (one warm-up), ``slots`` in flight: each served in ``service`` seconds,
+    the next sent as one completes."""
+    requests = []
+    for i in range(n):
+        sent = (i // slots) * service
+        requests.append(_request(sent, [sent + service / 2, sent + service], [1, 1]))
+    return ServingMeasurement(tuple(requests), (), warmup_requests=1, arrivals_s=(0.0,) * n)
+
+
+def test_a_closed_loop_is_read_against_its_sends_not_saturated_by_its_infinite_rate():
+    # Rate inf under two slots: GuideLLM's concurrent profile. Before, "every request sent at once" named it
+    # saturated whatever the engine did; it keeps pace with what its slots let through.
+    load_keys = {"request_rate": math.inf, "burstiness": 1.0, "max_concurrency": 2}
+    columns = serving.cell_columns(_closed_loop(2), load_keys)
+    assert not columns["saturated"], columns["saturation_reason"]
+    assert columns["offered_rate_realised"] == pytest.approx(6 / 3.0)  # sends of the measured requests: 1 to 3 s
+    assert columns["achieved_request_rate"] == pytest.approx(2.0)  # completions at 2 (two) and 3 (two) s
+    # The queue is the client's: measured requests waited 0 to 3 s for a slot, and their E2E counts it.
+    assert columns["wait_to_send_s_p50"] == pytest.approx(2.0) and columns["wait_to_send_s_p90"] == pytest.approx(3.0)
+    assert columns["e2e_from_arrival_s_p50"] == pytest.approx(3.0)
+    assert columns["e2e_from_arrival_s_p90"] == pytest.approx(4.0)
+    # The same schedule with no cap is all at once: saturated by construction.
+    uncapped = serving.cell_columns(_closed_loop(2), {"request_rate": math.inf, "burstiness": 1.0})
+    assert uncapped["saturated"] and uncapped["saturation_reason"] == "every request sent at once"
+    assert load.is_closed_loop(math.inf, 2) and not load.is_closed_loop(4.0, 2) and not load.is_closed_loop(math.inf, None)
+
+
+def test_an_open_loop_records_no_wait_where_each_request_goes_out_on_time():
+    columns = serving.cell_columns(_light(1.0), {"request_rate": 0.5, "burstiness": 1.0})
+    assert columns["wait_to_send_s_p50"] == 0.0 and columns["wait_to_send_s_p90"] == 0.0
+    assert columns["e2e_from_arrival_s_p50"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("slots", [None, 8])
+def test_all_at_once_is_timed_to_the_last_token_so_its_throughput_is_not_zero(slots):
+    # Every measured request sent at 0 (no cap, or a cap above the requests): the send span has no length.
+    # The window runs to the last measured token instead; before, a zero span read as 0 req/s.
+    m = _closed_loop(8, service=2.0)
+    columns = serving.cell_columns(m, {"request_rate": math.inf, "burstiness": 1.0, "max_concurrency": slots})
+    assert serving.window(m) == (0.0, 2.0)
+    assert columns["serving_window_s"] == pytest.approx(2.0)
+    assert columns["achieved_request_rate"] == pytest.approx(8 / 2.0)
+    assert columns["achieved_output_tokens_per_s"] > 0
+    assert columns["saturated"] is (slots is None)
+
+
+def test_burstiness_joins_the_cell_id_only_away_from_poisson(compose_cell):
+    poisson = cell_from_config(compose_cell(["load.request_rate=2"]))
+    bursty = cell_from_config(compose_cell(["load.request_rate=2", "load.burstiness=0.5", "load.max_concurrency=4"]))
+    closed = cell_from_config(compose_cell(["load.request_rate=inf", "load.max_concurrency=8"]))
+    assert "-rate2-" in poisson.cell_id and "burst" not in poisson.cell_id
+    assert "-rate2-c4-burst0.5-" in bursty.cell_id
+    assert "-rateinf-c8-" in closed.cell_id
+    from specbench.job import cell_label
+
+    assert cell_label(closed) == "ngram K=4 closed loop c8 summarize engine run 0"
+    assert cell_label(poisson) == "ngram K=4 at 2 req/s summarize engine run 0"
+    named = verdicts.cell_name(bursty.cell_id)
+    assert named.rate == 2.0 and named.shape == load.LoadShape(4, 0.5)
+    assert verdicts.cell_name(closed.cell_id).shape == load.LoadShape(8, 1.0)
+
+
 def test_the_running_batch_is_averaged_over_time_not_steps():
     # A step reports what it ran as it ends: 1 request from 0 to 3 s, then 4 until 4 s: 7/4, though half
     # the steps ran 4.
@@ -442,9 +508,10 @@ def _serving_row(method: str, rate: float, *, speedup: float | None = None, achi
         "saturated": saturated, "saturation_reason": "completions behind" if saturated else None,
         "slo_attainment": 0.75, "slo_attainment_ci_low": 0.41, "slo_attainment_ci_high": 0.93,
         "tpot_s_request_mean": 0.02, "tpot_s_std": 0.005,
-        "running_batch_mean": 1.0 + rate, "running_batch_p90": 2.0 + rate, "running_batch_max": 3 + int(rate),
+        "running_batch_mean": 1.0 + min(rate, 8.0), "running_batch_p90": 2.0 + min(rate, 8.0),
+        "running_batch_max": 3 + int(min(rate, 8.0)),
         "running_batch_t_s": [0.0, 1.0, 2.0], "running_batch": [1, 2, 1],
-        "queue_s_p50": 0.01 * rate, "ttft_s_p50": 0.1 * rate, "ttft_s_p90": 0.2 * rate,
+        "queue_s_p50": 0.01 * min(rate, 8.0), "ttft_s_p50": 0.1 * min(rate, 8.0), "ttft_s_p90": 0.2 * min(rate, 8.0),
         "exactness": None if baseline else exactness,
     }
     if not baseline and speedup is not None:
@@ -482,6 +549,67 @@ def test_the_report_draws_serving_cells_apart_and_names_where_each_configuration
     assert "ran with load.ignore_eos" not in page
     # The offline verdict still reads only offline cells: the serving cells' batch size 1 is not its axis.
     assert "ngram K=4" in page and "1.40×" in page
+
+
+def test_serving_verdicts_and_panels_group_by_load_shape(tmp_path):
+    from rows import write_results
+
+    from specbench.report import verdict_lines, write_report
+
+    # Poisson without a cap pays at 1 and 2 req/s; under a cap of 2 the same configuration stops paying at 2;
+    # a closed loop of 4 slots pays. Pooled on one rate axis the capped loss at 2 would end the uncapped walk.
+    def shaped(method, rate, speedup=None, cap=None):
+        row = _serving_row(method, rate, speedup=speedup)
+        if cap is not None:
+            row["load_max_concurrency"] = cap
+            for column in ("cell_id", "baseline_cell_id"):
+                if row[column]:
+                    row[column] = row[column].replace(f"-rate{rate:g}-", f"-rate{rate:g}-c{cap}-")
+        return row
+
+    rows = []
+    for rate in (1.0, 2.0):
+        rows += [shaped("baseline", rate), shaped("ngram", rate, 1.5),
+                 shaped("baseline", rate, cap=2), shaped("ngram", rate, 1.5 if rate == 1.0 else 0.8, cap=2)]
+    rows += [shaped("baseline", math.inf, cap=4), shaped("ngram", math.inf, 1.3, cap=4)]
+    rows[-1] |= {"wait_to_send_s_p50": 1.5, "wait_to_send_s_p90": 2.5, "e2e_from_arrival_s_p50": 2.0}
+    spec = [r for r in rows if r["method"] == "ngram"]
+    with pytest.raises(ValueError, match="one load shape; these cells mix"):
+        verdicts.serving_verdict(spec, rows)
+    uncapped = [r for r in spec if verdicts.shape(r) == load.LoadShape(None)]
+    assert verdicts.serving_verdict(uncapped, rows).highest == 2.0
+    capped = [r for r in spec if verdicts.shape(r) == load.LoadShape(2)]
+    assert verdicts.serving_verdict(capped, rows).highest == 1.0
+    write_results(tmp_path, rows)
+    lines = verdict_lines(tmp_path)
+    assert any(line.startswith("verdict under load: summarize, ngram K=4: pays up to 2 req/s") for line in lines), lines
+    assert any(line.startswith("verdict under load: summarize · c2, ngram K=4: pays up to 1 req/s") for line in lines)
+    assert "verdict under load: summarize · closed loop c4, ngram K=4: pays (E2E p50 speedup: all at once 1.30×)" \
+        in lines, lines
+    page = write_report(tmp_path).read_text()
+    assert "summarize · closed loop c4" in page and "<td>all at once</td>" in page
+    assert "<td>1500.0 / 2500.0</td>" in page  # the slot wait, p50 / p90
+
+
+@pytest.mark.parametrize("version", [13, 14])
+def test_serving_results_of_schema_13_and_14_still_read_and_judge(tmp_path, version):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from specbench.report import verdict_lines
+    from specbench.results.schema import SCHEMA, RESULTS_FILE, read_rows, rows_to_table
+
+    rows = [_serving_row("baseline", rate) for rate in (1.0, 2.0)] + [
+        _serving_row("ngram", rate, speedup=1.5) for rate in (1.0, 2.0)]
+    new = set(serving.ARRIVAL_COLUMNS)
+    table = rows_to_table([dict(r, schema_version=version) for r in rows])
+    old = pa.Table.from_pylist(table.to_pylist(), schema=pa.schema([f for f in SCHEMA if f.name not in new]))
+    pq.write_table(old, tmp_path / RESULTS_FILE)
+    read = read_rows(tmp_path / RESULTS_FILE)
+    assert all(r["wait_to_send_s_p50"] is None and r["schema_version"] == version for r in read)
+    assert verdicts.shape(read[0]) == load.LoadShape(None)
+    assert any(line.startswith("verdict under load: summarize, ngram K=4: pays up to 2 req/s")
+               for line in verdict_lines(tmp_path))
 
 
 def test_the_page_warns_that_ignore_eos_changes_acceptance(tmp_path):

@@ -44,6 +44,10 @@ def test_a_serving_sweep_records_latencies_the_running_batch_and_exact_outputs(t
         assert row["slo_attainment"] == 1.0
         assert row["goodput"] == pytest.approx(row["achieved_request_rate"])
         assert row["running_batch_max"] >= 1 and row["running_batch_mean"] > 0
+        # The client's queue: no cap, so each request goes out on time (the event loop's lateness aside),
+        # and E2E from the arrival is E2E from the send plus that wait.
+        assert 0 <= row["wait_to_send_s_p50"] <= row["wait_to_send_s_p90"] < 0.5
+        assert row["e2e_from_arrival_s_p50"] >= row["e2e_s_p50"] - 1e-9
         assert len(row["running_batch"]) == len(row["running_batch_t_s"]) > 0
     ngram = rows.loc["ngram"]
     assert ngram["baseline_cell_id"] == rows.loc["baseline", "cell_id"]

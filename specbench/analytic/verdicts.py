@@ -34,6 +34,7 @@ from typing import Any
 
 from specbench import stats
 from specbench.analytic import prediction
+from specbench.load import LoadShape
 from specbench.results import serving as served
 from specbench.results.schema import curve_key, exactness_kind, recommendable, row_config
 
@@ -113,10 +114,12 @@ def _items(value: Any) -> list[Any]:
 
 # --- the planned grid -----------------------------------------------------------------------------
 
-# A cell id (specbench.config.Cell.cell_id): method-k<K>-b<batch>-<workload>[-t<T>][-rate<R>[-c<C>]]-<hash>-r<run>.
+# A cell id (specbench.config.Cell.cell_id):
+# method-k<K>-b<batch>-<workload>[-t<T>][-rate<R>[-c<C>][-burst<B>]]-<hash>-r<run>.
 _CELL_ID = re.compile(r"^(?P<method>.+?)-k(?P<k>\d+)-b(?P<batch>\d+)-(?P<rest>.+)-(?P<hash>[0-9a-f]{12})-r\d+$")
 _NUMBER = r"(?:inf|\d+(?:\.\d*)?(?:e[+-]?\d+)?)"
-_REST = re.compile(rf"^(?P<workload>.+?)(?:-t(?P<t>{_NUMBER}))?(?:-rate(?P<rate>{_NUMBER})(?:-c\d+)?)?$")
+_REST = re.compile(rf"^(?P<workload>.+?)(?:-t(?P<t>{_NUMBER}))?"
+                   rf"(?:-rate(?P<rate>{_NUMBER})(?:-c(?P<c>\d+))?(?:-burst(?P<burst>{_NUMBER}))?)?$")
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,8 @@ class CellName:
     temperature: float
     rate: float | None
     config_hash: str
+    # Serving cells: the load's shape but for its rate (specbench.load.LoadShape); the default offline.
+    shape: LoadShape = LoadShape(None)
 
 
 def cell_name(cell_id: str) -> CellName | None:
@@ -138,8 +143,10 @@ def cell_name(cell_id: str) -> CellName | None:
     rest = _REST.match(found["rest"]) if found else None
     if found is None or rest is None:
         return None
+    shape = LoadShape(None if rest["c"] is None else int(rest["c"]), float(rest["burst"] or 1.0))
     return CellName(found["method"], int(found["k"]), int(found["batch"]), rest["workload"],
-                       float(rest["t"] or 0.0), None if rest["rate"] is None else float(rest["rate"]), found["hash"])
+                    float(rest["t"] or 0.0), None if rest["rate"] is None else float(rest["rate"]), found["hash"],
+                    shape)
 
 
 GridKey = tuple[str, str, float]
@@ -158,10 +165,13 @@ def _cell(row: Mapping[str, Any]) -> CellName | None:
     if (row.get("workload") is not None and _known(row.get("batch_size"))) or _known(rate):
         temperature = row.get("temperature")
         batch = row.get("batch_size")
+        # The load columns where the cell measured them; its id's where it failed before.
+        shape = served.load_shape(row) if _known(row.get("load_request_rate")) or named is None else named.shape
         return CellName(
             str(row.get("method")), int(row.get("num_speculative_tokens") or 0), int(batch) if _known(batch) else 1,
             str(row.get("workload")), float(temperature) if _known(temperature) else 0.0,
-            float(rate) if _known(rate) else None, str(row.get("config_hash") or (named and named.config_hash) or ""))
+            float(rate) if _known(rate) else None, str(row.get("config_hash") or (named and named.config_hash) or ""),
+            shape if _known(rate) else LoadShape(None))
     return named
 
 
@@ -175,7 +185,8 @@ class Grid:
     """
 
     batches: Mapping[GridKey, tuple[int, ...]] = field(default_factory=dict)
-    rates: Mapping[GridKey, tuple[float, ...]] = field(default_factory=dict)
+    # Per grid key and load shape: a walk runs along the rates of one shape.
+    rates: Mapping[tuple[GridKey, LoadShape], tuple[float, ...]] = field(default_factory=dict)
     unmeasured: tuple[CellName, ...] = ()
 
     @classmethod
@@ -187,7 +198,7 @@ class Grid:
         the rows carry (one, unless grids were merged into one directory).
         """
         batches: dict[GridKey, set[int]] = {}
-        rates: dict[GridKey, set[float]] = {}
+        rates: dict[tuple[GridKey, LoadShape], set[float]] = {}
         hashes: set[str] = set()
         sweeps: set[str] = set()
         for row in rows:
@@ -210,7 +221,7 @@ class Grid:
 
     def union(self, other: Grid) -> Grid:
         """Two sweeps' grids as one (the K schedule reads a sweep beside its verification sweep)."""
-        def merged(a: Mapping[GridKey, tuple[Any, ...]], b: Mapping[GridKey, tuple[Any, ...]]) -> dict[GridKey, Any]:
+        def merged(a: Mapping[Any, tuple[Any, ...]], b: Mapping[Any, tuple[Any, ...]]) -> dict[Any, Any]:
             return {k: tuple(sorted(set(a.get(k, ())) | set(b.get(k, ())))) for k in set(a) | set(b)}
 
         return Grid(merged(self.batches, other.batches), merged(self.rates, other.rates),
@@ -226,12 +237,13 @@ class Grid:
         return sorted(found)
 
     def request_rates(self, rows: Iterable[Mapping[str, Any]]) -> list[float]:
-        """The planned request rates of the sweeps and workloads of ``rows`` (serving cells), with the rows' own."""
+        """The planned request rates of the sweeps, workloads and load shapes of ``rows`` (serving cells), with
+        the rows' own."""
         found: set[float] = set()
         for row in rows:
             cell = _cell(row)
             if cell is not None and cell.rate is not None:
-                found |= {cell.rate, *self.rates.get((_sweep(row), cell.workload, cell.temperature), ())}
+                found |= {cell.rate, *self.rates.get(((_sweep(row), cell.workload, cell.temperature), cell.shape), ())}
         return sorted(found)
 
     def absent(self, like: Mapping[str, Any], batch: int | None = None, rate: float | None = None,
@@ -242,16 +254,18 @@ class Grid:
         for planned in self.unmeasured:
             if cell is not None and (planned.method, planned.workload, planned.temperature) == (
                     cell.method, cell.workload, cell.temperature) and (across_k or planned.k == cell.k) and (
-                    planned.rate == rate if rate is not None else planned.batch == batch and planned.rate is None):
+                    planned.rate == rate and planned.shape == cell.shape if rate is not None
+                    else planned.batch == batch and planned.rate is None):
                 return "planned, never measured"
         return "not measured for this configuration"
 
 
-def _add(batches: dict[GridKey, set[int]], rates: dict[GridKey, set[float]], key: GridKey, cell: CellName) -> None:
+def _add(batches: dict[GridKey, set[int]], rates: dict[tuple[GridKey, LoadShape], set[float]], key: GridKey,
+         cell: CellName) -> None:
     if cell.rate is None:
         batches.setdefault(key, set()).add(cell.batch)
     else:
-        rates.setdefault(key, set()).add(cell.rate)
+        rates.setdefault((key, cell.shape), set()).add(cell.rate)
 
 
 @dataclass(frozen=True)
@@ -501,6 +515,12 @@ def schedule_evidence(
 # --- serving: the highest rate at which a configuration pays --------------------------------------
 
 
+def shape(row: Mapping[str, Any]) -> LoadShape:
+    """A serving row's load shape: its load columns, or (a cell that failed before measuring) its id's."""
+    cell = _cell(row)
+    return cell.shape if cell is not None else LoadShape(None)
+
+
 def saturation_rate(rows: Iterable[Mapping[str, Any]]) -> float | None:
     """The lowest finite offered rate at which one workload's baseline falls behind the load; None: never.
 
@@ -566,7 +586,18 @@ def serving_verdict(cells: Sequence[Mapping[str, Any]], workload_rows: Sequence[
     so does the first rate at which it does not pay (``serving_pays``, the
     merge's :func:`specbench.results.serving.pays`): a noisy win past a loss
     does not extend it.
+
+    The walk runs along the rates of one load shape (:func:`shape`: concurrency cap and burstiness):
+    ``cells`` of several shapes are refused (:class:`ValueError`), and only ``workload_rows`` of the
+    cells' shape count towards its rates and its saturation.
     """
+    shapes = {shape(r) for r in cells}
+    if len(shapes) > 1:
+        raise ValueError("a serving verdict walks the rates of one load shape; these cells mix "
+                         + " and ".join(sorted(s.text() or "no cap, Poisson" for s in shapes))
+                         + ": group them by load shape (specbench.analytic.verdicts.shape) first")
+    if shapes:
+        workload_rows = [r for r in workload_rows if shape(r) in shapes]
     grid = grid or Grid.of(workload_rows)
     planned = tuple(grid.request_rates([*workload_rows, *cells]))
     knee = saturation_rate(workload_rows)

@@ -28,6 +28,7 @@ import multiprocessing as mp
 import os
 import platform
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,23 @@ from specbench.measure import CellPlan, Measurement
 
 # Sent to a worker instead of a CellPlan: asks for its EngineMemory.
 MEMORY_REQUEST = "memory"
+
+# engine.cpu_allocator's values: the malloc a CPU engine's worker runs with. vLLM's CPU guidance preloads
+# tcmalloc: on 2 cores it made ngram engines 7% faster than glibc's and left the spread between fresh
+# engines as it was (docs/methodology.md, "The engine lottery").
+CPU_ALLOCATORS = ("tcmalloc", "system")
+TCMALLOC = "libtcmalloc_minimal.so.4"
+
+
+def tcmalloc_library() -> str | None:
+    """tcmalloc for a CPU engine's LD_PRELOAD: the venv's copy (``make setup`` unpacks Debian's
+    libtcmalloc-minimal4 into .venv/lib, no root needed), else the system's; None where neither has it."""
+    local = Path(sys.prefix) / "lib" / TCMALLOC
+    if local.is_file():
+        return str(local)
+    import ctypes.util
+
+    return ctypes.util.find_library("tcmalloc_minimal")
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,8 @@ class EngineSpec:
     # The CUDA-graph sizes (tokens) to capture, covering every step of the cells this engine serves
     # (specbench.analytic.graphs); handed to vLLM only when the engine is not eager. Empty: vLLM's own.
     cudagraph_capture_sizes: tuple[int, ...] = ()
+    # What LD_PRELOAD loads into the worker before anything else (engine.cpu_allocator's tcmalloc); None: nothing.
+    preload: str | None = None
 
     @property
     def speculative_config(self) -> dict[str, Any] | None:
@@ -215,6 +235,8 @@ class EngineInfo:
     mode: EngineMode | None = None
     # This engine instance, named once as it starts (uuid4 hex): the cells it measured share its deviations.
     engine_id: str | None = None
+    # The malloc the worker runs with, read from the libraries mapped into it: tcmalloc, jemalloc or glibc.
+    allocator: str | None = None
 
 
 def worker_environment(spec: EngineSpec | None) -> dict[str, str]:
@@ -237,13 +259,25 @@ def worker_environment(spec: EngineSpec | None) -> dict[str, str]:
     }
     if spec is None:
         return shared
-    return shared | {"VLLM_CPU_KVCACHE_SPACE": str(spec.cpu_kvcache_space_gib)} | dict(spec.worker_env)
+    return (shared | preload_environment(spec.preload)
+            | {"VLLM_CPU_KVCACHE_SPACE": str(spec.cpu_kvcache_space_gib)} | dict(spec.worker_env))
+
+
+def preload_environment(preload: str | None) -> dict[str, str]:
+    """LD_PRELOAD for a worker: ``preload`` first, then whatever this process was given (kept, not replaced)."""
+    if not preload:
+        return {}
+    given = os.environ.get("LD_PRELOAD", "")
+    kept = [lib for lib in given.split(":") if lib and lib != preload]
+    return {"LD_PRELOAD": ":".join([preload, *kept])}
 
 
 _SERVER_STARTED = False
+# What the fork server was started with in LD_PRELOAD: a forked worker inherits the server's allocator.
+_SERVER_PRELOAD: str | None = None
 
 
-def worker_context(log_path: Path | None = None) -> Any:
+def worker_context(log_path: Path | None = None, preload: str | None = None) -> Any:
     """The multiprocessing context that engine workers start from.
 
     A fork server that has imported vLLM (:mod:`specbench.engine.preload`),
@@ -254,9 +288,14 @@ def worker_context(log_path: Path | None = None) -> Any:
     the platform has no fork server, or ``$SPECBENCH_WORKER_START`` is
     ``spawn`` (each worker imports vLLM itself, as before; the fork server was
     measured on the CPU build only), plain spawn.
+    ``preload``: the worker's LD_PRELOAD (:attr:`EngineSpec.preload`), which
+    only a process's start applies: the server starts with it, and a worker
+    whose preload differs from the server's is spawned instead.
     """
-    global _SERVER_STARTED
+    global _SERVER_STARTED, _SERVER_PRELOAD
     if os.environ.get("SPECBENCH_WORKER_START") == "spawn" or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    if _SERVER_STARTED and preload != _SERVER_PRELOAD:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     if not _SERVER_STARTED:
@@ -264,13 +303,13 @@ def worker_context(log_path: Path | None = None) -> Any:
 
         from specbench.logs import ENGINE_LOG_ENV  # not engine.preload: importing it imports vLLM
 
-        shared = worker_environment(None)
+        shared = worker_environment(None) | preload_environment(preload)
         if log_path is not None:
             shared[ENGINE_LOG_ENV] = str(log_path)
         ctx.set_forkserver_preload(["specbench.engine.preload", "specbench.engine.worker"])
         with patched_environ(shared):  # the server copies os.environ when it starts
             forkserver.ensure_running()
-        _SERVER_STARTED = True
+        _SERVER_STARTED, _SERVER_PRELOAD = True, preload
     return ctx
 
 
@@ -287,7 +326,7 @@ class EngineWorker:
         from specbench.engine.worker import serve
 
         self.spec = spec
-        ctx = worker_context(log_path)
+        ctx = worker_context(log_path, spec.preload)
         self._conn, child_conn = ctx.Pipe()
         environment = worker_environment(spec)
         with patched_environ(environment):  # spawn copies os.environ at start; a forked worker applies it itself

@@ -316,6 +316,18 @@ def _nvml_used_bytes(device: int) -> int | None:
         pynvml.nvmlShutdown()
 
 
+def loaded_allocator(maps: str = "/proc/self/maps") -> str | None:
+    """The malloc this process runs with, from the libraries mapped into it: ``tcmalloc``, ``jemalloc`` or
+    ``glibc``; None where the map cannot be read. What was loaded, not what was asked for: a preload
+    that failed to load (a missing file) shows as glibc."""
+    try:
+        with open(maps) as f:
+            text = f.read()
+    except OSError:
+        return None
+    return next((name for name in ("tcmalloc", "jemalloc") if f"lib{name}" in text), "glibc")
+
+
 def _request_result(output: Any) -> GeneratedRequest:
     completion = output.outputs[0]
     stats = output.metrics
@@ -460,6 +472,7 @@ def serve(
             vllm_fixes=engine.vllm_fixes,
             mode=engine.mode,
             engine_id=uuid.uuid4().hex,
+            allocator=loaded_allocator(),
         )
         conn.send(("ok", info))
     except BaseException:  # noqa: BLE001 - everything must reach the parent

@@ -30,9 +30,27 @@ from specbench.results import serving
 
 
 def split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The results frame's offline rows and its serving rows (a failed serving cell by the rate its id names)."""
+    """The results frame's offline rows and its serving rows (a failed serving cell by the rate its id names).
+
+    A serving row's panel names its load shape where it is not the default (no cap, Poisson): every
+    serving figure, table and verdict groups by panel, so cells of two shapes are never drawn or judged
+    along one rate axis.
+    """
     mask = pd.Series([decide.is_serving(r) for r in records(df)], index=df.index, dtype=bool)
-    return df[~mask], df[mask]
+    served = df[mask].copy()
+    served[PANEL] = [panel + shape_suffix(r) for panel, r in zip(served[PANEL], records(served))]
+    return df[~mask], served
+
+
+def shape_suffix(row: Mapping[str, Any]) -> str:
+    """`` · c8``, `` · burstiness 0.5``, `` · closed loop c8``: a serving panel's load shape; '' for the default."""
+    shape = decide.shape(row)
+    cell = decide.cell_name(str(row.get("cell_id") or ""))
+    rate = row.get("load_request_rate") if _known(row.get("load_request_rate")) else cell and cell.rate
+    text = shape.text()
+    if rate is not None and math.isinf(float(rate)) and shape.max_concurrency is not None:
+        text = "closed loop " + text
+    return f" · {text}" if text else ""
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -62,6 +80,8 @@ class ServingRow:
     tpot_p90_ms: str
     tpot_mean_ms: str
     queue_p50_ms: str
+    wait_ms: str
+    e2e_from_arrival_p50_ms: str
     tpot_speedup: str
     e2e_p50_speedup: str
     e2e_p90_speedup: str
@@ -112,7 +132,7 @@ def table(df: pd.DataFrame) -> list[ServingRow]:
             rate = float(row["load_request_rate"])
             pays = row.get("serving_pays")
             out.append(ServingRow(
-                panel=str(panel), config=str(row[CONFIG]), rate=f"{rate:g}",
+                panel=str(panel), config=str(row[CONFIG]), rate=f"{rate:g}" if math.isfinite(rate) else "all at once",
                 realised=fmt_number(row.get("offered_rate_realised"), 2),
                 saturated=bool(row.get("saturated")) if _known(row.get("saturated")) else False,
                 running_batch=fmt_number(row.get("running_batch_mean"), 2),
@@ -122,6 +142,9 @@ def table(df: pd.DataFrame) -> list[ServingRow]:
                 tpot_p50_ms=_ms(row.get("tpot_s_p50")), tpot_p90_ms=_ms(row.get("tpot_s_p90")),
                 tpot_mean_ms=_tpot_mean(row),
                 queue_p50_ms=_ms(row.get("queue_s_p50")),
+                wait_ms=(f"{_ms(row.get('wait_to_send_s_p50'))} / {_ms(row.get('wait_to_send_s_p90'))}"
+                         if _known(row.get("wait_to_send_s_p50")) else "–"),
+                e2e_from_arrival_p50_ms=_ms(row.get("e2e_from_arrival_s_p50")),
                 tpot_speedup=_speedup(row, "tpot_p50"), e2e_p50_speedup=_speedup(row, "e2e_p50"),
                 e2e_p90_speedup=_speedup(row, "e2e_p90"), goodput_speedup=_speedup(row, "goodput"),
                 predicted=fmt_speedup(row["serving_predicted_speedup"])
@@ -149,7 +172,7 @@ def verdicts(df: pd.DataFrame, grid: Grid | None = None) -> list[str]:
             if not compared:
                 lines.append(f"{panel}, {config}: not compared with a baseline at the same load")
                 continue
-            by_rate = ", ".join(f"{r['load_request_rate']:g} req/s {fmt_speedup(r['serving_speedup_e2e_p50'])}"
+            by_rate = ", ".join(f"{_rate(r['load_request_rate'])} {fmt_speedup(r['serving_speedup_e2e_p50'])}"
                                 for r in sorted(compared, key=lambda r: r["load_request_rate"]))
             mismatched = [r for r in compared if r.get("exactness") == "mismatch"]
             flagged = [r for r in compared if r.get("exactness") != "mismatch" and r.get("flagged")]
@@ -157,7 +180,9 @@ def verdicts(df: pd.DataFrame, grid: Grid | None = None) -> list[str]:
                 f"; {_rates(out)} req/s left out: {why}"
                 for out, why in ((mismatched, "mismatched outputs"), (flagged, "flagged (see Flagged cells)")) if out)
             stop = "" if decided.stop is None else f"; {decided.stop.text('req/s')}"
-            if decided.highest is not None:
+            if decided.highest is not None and math.isinf(decided.highest):
+                head = "pays"  # all at once, or a closed loop: one point, which the panel names
+            elif decided.highest is not None:
                 head = f"pays up to {decided.highest:g} req/s"
             elif decided.loss is not None:
                 head = f"does not pay at {decided.planned[0]:g} req/s, the lowest rate"
@@ -222,6 +247,11 @@ def offline_beside(offline: pd.DataFrame, served: pd.DataFrame) -> tuple[list[Of
         if errors:
             answer += f" The model is off the {name} speedup by {np.median(errors):.0%} at the median ({max(errors):.0%} at worst)."
     return rows, answer
+
+
+def _rate(rate: float) -> str:
+    """``"2 req/s"``; ``"all at once"`` for rate inf (every request ready at the start)."""
+    return f"{rate:g} req/s" if math.isfinite(rate) else "all at once"
 
 
 def _rates(rows: list[dict[str, Any]]) -> str:

@@ -260,6 +260,7 @@ def _measured_columns(m: Measurement, info: EngineInfo, workload: Workload, plan
         "transformers_version": info.transformers_version,
         "vllm_fixes": ",".join(info.vllm_fixes),
         "engine_id": info.engine_id,
+        "engine_allocator": info.allocator,
         "machine": info.machine,
         # How vLLM resolved the engine's mode (model runner, async scheduling, graphs, step budget).
         **(info.mode.columns() if info.mode is not None else dict.fromkeys(MODE_COLUMNS)),

@@ -65,8 +65,14 @@ from specbench import methods, sampling
 #     serving (specbench.results.serving): the offered rate the schedule realised and each engine run's
 #     arrival seed, throughput and goodput over the send span, SLO attainment with Wilson's interval, per-request
 #     TPOT mean and std, queue growth and TTFT slope, saturated and why, load_ignore_eos, the engine's usage
-#     context, the serving spread's method, zero-goodput runs named, load_via (in process or through vllm serve)
-SCHEMA_VERSION = 14
+#     context, the serving spread's method, zero-goodput runs named
+# 15: serving: the client's queue, each measured request's wait from its scheduled arrival to its send
+#     (wait_to_send_s_p50/p90; a slot under load.max_concurrency) and its E2E from the arrival
+#     (e2e_from_arrival_s_p50/p90); a closed loop (rate inf under load.max_concurrency) is read against
+#     its sends (offered_rate_realised) and not saturated by construction; burstiness away from 1 in
+#     the cell id (-burst<B>); engine_allocator (the malloc each engine's worker ran with; CPU engines preload
+#     tcmalloc by default, engine.cpu_allocator); load_via (a serving cell in process or through vllm serve)
+SCHEMA_VERSION = 15
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
 # at batch 1) and why: "tie" when the token emitted there is in the reference's own tied set (its
@@ -271,6 +277,11 @@ SCHEMA = pa.schema(
         ("queue_s_p90", _F),
         ("queue_s_p99", _F),
         ("queue_s_mean", _F),
+        # The client's queue: scheduled arrival to send (a slot under load.max_concurrency), and E2E from arrival.
+        ("wait_to_send_s_p50", _F),
+        ("wait_to_send_s_p90", _F),
+        ("e2e_from_arrival_s_p50", _F),
+        ("e2e_from_arrival_s_p90", _F),
         ("running_batch_mean", _F),  # time-weighted over the window's engine steps (scheduler stats)
         ("running_batch_p90", _F),
         ("running_batch_max", _INT),
@@ -304,6 +315,7 @@ SCHEMA = pa.schema(
         ("torch_version", _STR),
         ("transformers_version", _STR),
         ("vllm_fixes", _STR),  # repairs of known vLLM defects applied to the engine ("vllm#55005"); "": none
+        ("engine_allocator", _STR),  # the malloc the engine's worker ran with: tcmalloc, jemalloc, glibc
         ("python_version", _STR),
         ("machine", _STR),  # GPU name and count, or CPU model and cores (hardware_profile: the priced profile)
         # The engine's mode as vLLM resolved it, read from the running engine's vllm_config.

@@ -48,7 +48,15 @@ from typing import Any
 import numpy as np
 
 from specbench import stats
-from specbench.load import USAGE_CONTEXT, ServedRequest, ServingMeasurement, ServingPlan, realised_rate
+from specbench.load import (
+    USAGE_CONTEXT,
+    LoadShape,
+    ServedRequest,
+    ServingMeasurement,
+    ServingPlan,
+    is_closed_loop,
+    realised_rate,
+)
 from specbench.measure import GeneratedRequest, Measurement, SpecCounters
 from specbench.results.files import CellFiles
 from specbench.results.schema import ResultsError, engine_groups, engine_instance, read_rows
@@ -62,7 +70,12 @@ CELL_COLUMNS = (
     "itl_s_p50", "itl_s_p90", "itl_s_p99", "queue_s_p50", "queue_s_p90", "queue_s_p99", "queue_s_mean",
     "tpot_s_request_mean", "tpot_s_std", "queue_growth_per_s", "ttft_slope",
     "running_batch_mean", "running_batch_p90", "running_batch_max",
+    "wait_to_send_s_p50", "wait_to_send_s_p90", "e2e_from_arrival_s_p50", "e2e_from_arrival_s_p90",
 )
+# The client's queue (since schema 15): each measured request's wait from its scheduled arrival to its
+# send (a slot under load.max_concurrency, or the event loop's lateness), and its E2E counted from the
+# arrival, the latency a user who arrived then would see. Percentiles over the measured requests.
+ARRIVAL_COLUMNS = ("wait_to_send_s_p50", "wait_to_send_s_p90", "e2e_from_arrival_s_p50", "e2e_from_arrival_s_p90")
 # The speedups against the baseline at the same offered load (results.parquet only), each with its interval.
 SPEEDUPS = {
     "tpot_p50": ("tpot_s_p50", False),
@@ -90,6 +103,23 @@ def _arrivals(m: ServingMeasurement) -> list[float]:
     if len(m.arrivals_s) == len(m.requests):
         return list(m.arrivals_s[m.warmup_requests:])
     return [r.sent_s for r in _measured(m)]
+
+
+def arrival_waits(m: ServingMeasurement) -> list[tuple[float, float | None]]:
+    """Each measured request's wait from its scheduled arrival to its send, and its E2E from the arrival
+    (None where it streamed nothing); empty where the schedule was not recorded."""
+    if len(m.arrivals_s) != len(m.requests):
+        return []
+    return [(r.sent_s - due, r.chunk_s[-1] - due if r.chunk_s else None)
+            for due, r in zip(m.arrivals_s[m.warmup_requests:], _measured(m))]
+
+
+def _percentiles(values: Sequence[float], name: str) -> dict[str, float | None]:
+    """p50 and p90 of ``values`` as ``<name>_p50``, ``<name>_p90`` (None, None when empty)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return {f"{name}_p50": None, f"{name}_p90": None}
+    return {f"{name}_p{q}": float(np.percentile(known, q)) for q in (50, 90)}
 
 
 def request_latencies(request: ServedRequest) -> tuple[float | None, float | None, float | None, list[float]]:
@@ -191,7 +221,7 @@ def _slope(x: Sequence[float], y: Sequence[float]) -> float | None:
 
 
 def saturation(offered: float | None, achieved: float | None, queue_growth: float | None,
-               ttft_slope: float | None, slack: float = 0.0) -> str | None:
+               ttft_slope: float | None, slack: float = 0.0, closed_loop: bool = False) -> str | None:
     """Why a serving run is saturated, in words; None when it keeps up with its load.
 
     Three readings, each held to :data:`SATURATED_SHARE`: completions slower than that share of the
@@ -201,11 +231,16 @@ def saturation(offered: float | None, achieved: float | None, queue_growth: floa
     end, would otherwise read as a backlog); vLLM's waiting queue growing by more than the rest of it
     (``queue_growth`` requests a second); each request's TTFT climbing with when it was sent by more
     than ``1 / SATURATED_SHARE - 1`` seconds a second. All at once (an infinite offered rate) is
-    saturated by construction: every request but the first queues.
+    saturated by construction: every request but the first queues. A closed loop (``closed_loop``:
+    rate ``inf`` under ``load.max_concurrency``) is not: its requests wait for a slot on the client's
+    side, where ``wait_to_send_s_*`` shows it, and it is read by the same three tests against what its
+    slots let through (``offered``: its sends), never against the infinite rate it names.
     """
-    if offered is not None and math.isinf(offered):
+    if offered is not None and math.isinf(offered) and not closed_loop:
         return "every request sent at once"
     reasons = []
+    # A closed loop whose measured requests all fit its slots went out at once: no rate to fall behind.
+    offered = offered if offered is not None and math.isfinite(offered) else None
     if offered and achieved is not None and achieved + slack < SATURATED_SHARE * offered:
         reasons.append(f"completions {achieved:.2f} req/s behind the {offered:.2f} req/s offered")
     if offered and queue_growth is not None and queue_growth > (1.0 - SATURATED_SHARE) * offered:
@@ -221,7 +256,9 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
     measured = _measured(m)
     start, end = window(m)
     span = end - start
-    offered = realised_rate(_arrivals(m))
+    closed = is_closed_loop(load.get("request_rate"), load.get("max_concurrency"))
+    # A closed loop's offered load is what its slots let through (its sends), not its schedule (all at 0).
+    offered = realised_rate([r.sent_s for r in measured] if closed else _arrivals(m))
     # Completions inside the send span, warm-up requests' included: over (first send, last send] the
     # requests finishing as the span opens (sent before it) stand for those still in flight as it closes.
     # Below saturation they match the arrivals in it; past it, or when one long step holds every request,
@@ -244,7 +281,9 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
     ttft_slope = _slope([s for s, t in sent if t is not None], [t for _, t in sent if t is not None])
     # Every token streamed inside the window, warm-up requests' included: the engine's output rate under the load.
     tokens = sum(n for r in m.requests for t, n in zip(r.chunk_s, r.chunk_tokens) if start <= t <= end)
-    reason = saturation(offered, achieved, queue_growth, ttft_slope, slack=1.0 / span if span > 0 else 0.0)
+    reason = saturation(offered, achieved, queue_growth, ttft_slope, slack=1.0 / span if span > 0 else 0.0,
+                        closed_loop=closed)
+    waits = arrival_waits(m)
     return {
         "load_request_rate": float(load["request_rate"]),
         "load_burstiness": float(load["burstiness"]),
@@ -278,6 +317,8 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
         "running_batch_max": max(running) if running else None,
         "running_batch_t_s": [t - start for t in times],
         "running_batch": running,
+        **_percentiles([w for w, _ in waits], "wait_to_send_s"),
+        **_percentiles([e for _, e in waits if e is not None], "e2e_from_arrival_s"),
     }
 
 
@@ -346,6 +387,14 @@ def _ttft_e2e_tpot(request: ServedRequest) -> tuple[float | None, float | None, 
 def is_serving_row(row: Mapping[str, Any]) -> bool:
     """Whether a results row is a serving cell's."""
     return row.get("load_request_rate") is not None
+
+
+def load_shape(row: Mapping[str, Any]) -> LoadShape:
+    """A serving row's load shape (:class:`specbench.load.LoadShape`) from its load columns; a column that is
+    null (a row stored before it, or a failed cell) reads as the default: no cap, Poisson."""
+    cap, burstiness = row.get("load_max_concurrency"), row.get("load_burstiness")
+    known = [v is not None and not (isinstance(v, float) and math.isnan(v)) for v in (cap, burstiness)]
+    return LoadShape(int(cap) if known[0] else None, float(burstiness) if known[1] else 1.0)
 
 
 def with_serving_comparison(

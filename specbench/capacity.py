@@ -1,0 +1,222 @@
+"""``python -m specbench.capacity``: the highest request rate each configuration serves within the SLOs.
+
+Takes the overrides of ``python -m specbench`` (composed by Hydra the same
+way, grid points such as ``num_speculative_tokens=2,4`` included) and, for
+the baseline and each speculative configuration, bisects the request rate
+(:func:`specbench.analytic.capacity.search`) for the highest rate at which
+every ``load.slo.*`` target holds at ``capacity.percentile`` and the engine
+keeps up with the load. Each probe is a serving cell's measurement on the
+real path (:mod:`specbench.engine.serving`: the same arrivals, streams and
+saturation test as a sweep's serving cells), ``capacity.requests_per_probe``
+requests on one engine started once per configuration. It prints a line per
+probe, a table and a verdict per configuration, and writes
+``outputs/<sweep_name>/capacity.json``:
+
+    python -m specbench.capacity method=ngram num_speculative_tokens=4 load.slo.tpot_ms=100
+
+Exits 2 when the configuration is refused (no SLO set, a bad ``capacity.*``
+key: one line naming the keys), 1 when an engine failed, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from specbench import hub, load, logs, methods
+from specbench.analytic import capacity
+from specbench.config import ConfigError, Cell, cell_from_config, cpu_allocator_preload
+from specbench.results.merge import DISTURBED_SHARE
+from specbench.results.provenance import CpuTimes, static_provenance
+
+OUTPUT = "capacity.json"
+
+
+@dataclass(frozen=True)
+class Search:
+    """One configuration to search: its label, its cell (at the lowest rate), its SLOs and settings."""
+
+    label: str
+    cell: Cell
+    targets: dict[str, float]
+    settings: capacity.Settings
+
+
+def searches(overrides: Sequence[str]) -> tuple[list[Search], Any]:
+    """The configurations these overrides name, each speculative one's baseline first, and the first composed
+    config (its ``sweep_name``, ``verbose`` and engine timeout serve the whole run).
+
+    :class:`specbench.analytic.capacity.CapacityError` without an SLO or with a bad ``capacity.*`` key,
+    :class:`ConfigError` for a cell the sweep would refuse.
+    """
+    from hydra import initialize_config_module
+
+    from specbench.plan import GridComposer, grid_jobs, with_baselines
+
+    found: dict[str, Search] = {}
+    first = None
+    jobs = with_baselines(grid_jobs(overrides))
+    with initialize_config_module("specbench.conf", version_base="1.3"):
+        composer = GridComposer()
+        for job in jobs:
+            cfg = composer(job)
+            targets = capacity.slo_targets(OmegaConf.to_container(cfg.load.slo))
+            settings = capacity.Settings.of(OmegaConf.to_container(cfg.capacity))
+            # The probe's rate is set per probe; the cell stands for the configuration at the lowest.
+            cfg.load.request_rate = settings.min_rate
+            cfg.load.num_requests = cfg.capacity.requests_per_probe
+            cfg.load.warmup_requests = cfg.capacity.warmup
+            cell = cell_from_config(cfg)
+            first = first if first is not None else cfg
+            found.setdefault(cell.config_hash, Search(methods.label(cell.config["method"], cell.k), cell,
+                                                      targets, settings))
+    # Several workloads or models (a preset's grid): each label names its own, or the table could not tell them apart.
+    for key in ("workload", "model"):
+        if len({s.cell.identity[key]["name"] for s in found.values()}) > 1:
+            found = {h: dataclasses.replace(s, label=f"{s.label} · {s.cell.identity[key]['name']}")
+                     for h, s in found.items()}
+    return list(found.values()), first
+
+
+def _probe(worker: Any, search: Search, prompts: list[tuple[int, ...]], timeout_s: float | None) -> Any:
+    """The probe function of one configuration's engine: serve the schedule at a rate, read the probe."""
+    cell = search.cell
+
+    def probe(rate: float) -> capacity.Probe:
+        keys = dict(cell.identity["load"], request_rate=rate)
+        # One arrival draw for every probe, stretched to each rate: probes differ in rate, not in the draw.
+        plan = load.serving_plan(keys, prompts, cell.workload["max_tokens"], cell.identity["seed"], 0)
+        started, before = time.perf_counter(), CpuTimes.now(worker.pid)
+        measured = worker.measure(plan, timeout_s)
+        share = before.other_share(CpuTimes.now(worker.pid))
+        found = dataclasses.replace(capacity.probe_of(measured, keys, search.targets, search.settings.percentile,
+                                                      time.perf_counter() - started), other_cpu_share=share)
+        outcome = "meets the SLOs" if found.passed else f"fails ({found.failed})"
+        if share is not None and share > DISTURBED_SHARE:
+            # Not measured again, unlike a sweep's cell: a probe is one step of a search, and the warning
+            # lets a reader weigh the capacity it led to.
+            outcome += f"; disturbed: other processes kept {share:.0%} of the cores busy"
+        figures = ", ".join(f"{capacity.SLO_METRICS[k]} p{search.settings.percentile:g} {v:.0f} ms"
+                            for k, v in sorted(found.figures_ms.items()) if v is not None)
+        print(f"  {search.label} at {rate:.3g} req/s: {outcome} [{figures}; {found.duration_s:.0f} s]", flush=True)
+        return found
+
+    return probe
+
+
+def run(overrides: Sequence[str]) -> int:
+    """Search every configuration; print and write what was found. Returns the exit status."""
+    from specbench import job
+    from specbench.engine import EngineError, EnginePool
+    from specbench.workloads import WorkloadError, check_source
+
+    try:
+        todo, cfg = searches(overrides)
+        for search in todo:
+            hub.fetch_all(search.cell.checkpoints())
+            if problems := check_source(search.cell.workload, search.cell.identity["model"]["path"]):
+                raise WorkloadError("\n".join(problems))
+    except (capacity.CapacityError, ConfigError, WorkloadError, hub.HubError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = Path("outputs") / str(cfg.sweep_name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    engine_log = logs.engine_log(run_dir, bool(cfg.verbose))
+    timeout_s = cfg.engine.cell_timeout_s
+    first = todo[0]
+    print(f"capacity at {capacity.slo_text(first.targets, first.settings.percentile)}, "
+          f"{first.settings.min_rate:g}-{first.settings.max_rate:g} req/s, at most {first.settings.max_probes} probes "
+          f"of {cfg.capacity.requests_per_probe} requests ({cfg.capacity.warmup} warm-up) per configuration; "
+          f"engine log: {engine_log or 'the terminal'}", flush=True)
+    job.start_engine_server(engine_log, cpu_allocator_preload(cfg.engine))
+    pool = EnginePool()
+    results: dict[str, tuple[Search, capacity.Capacity, float]] = {}
+    failed: dict[str, str] = {}
+    machine = None
+    started = time.perf_counter()
+    try:
+        for search in todo:
+            prompts = job.workload_of(search.cell).token_ids
+            begun = time.perf_counter()
+            try:
+                worker = pool.get(search.cell.engine_spec(), engine_log)  # one engine per configuration
+                engine_s = time.perf_counter() - begun
+                machine = worker.info.machine
+                found = capacity.search(_probe(worker, search, prompts, timeout_s), search.settings)
+            except EngineError as exc:
+                failed[search.label] = str(exc).splitlines()[0]
+                print(f"  {search.label}: FAILED {failed[search.label]}", file=sys.stderr, flush=True)
+                pool.discard()
+                continue
+            pool.discard()
+            results[search.cell.config_hash] = (search, found, engine_s)
+    finally:
+        pool.discard()
+    lines = _verdicts(results)
+    print()
+    print(capacity.table([(s.label, c) for s, c, _ in results.values()], first.targets))
+    print("\n".join(lines))
+    document = {
+        "slo": first.targets, "percentile": first.settings.percentile,
+        "settings": OmegaConf.to_container(cfg.capacity), "model": first.cell.identity["model"]["name"],
+        "workload": first.cell.workload["name"], "load_shape": load.LoadShape(
+            first.cell.identity["load"]["max_concurrency"], first.cell.identity["load"]["burstiness"]).text() or None,
+        "overrides": list(overrides), "total_s": round(time.perf_counter() - started, 1),
+        "configurations": [capacity.as_json(s.label, c) | {"engine_start_s": round(e, 1), "cell_id": s.cell.cell_id,
+                                                             "limited_by": c.limited_by(s.targets)}
+                           for s, c, e in results.values()],
+        "failed": failed, "verdicts": lines, "machine": machine,
+        "provenance": static_provenance(),
+    }
+    (run_dir / OUTPUT).write_text(json.dumps(document, indent=2) + "\n")
+    print(f"capacity: {run_dir / OUTPUT}")
+    return 1 if failed else 0
+
+
+def _verdicts(results: dict[str, tuple[Search, capacity.Capacity, float]]) -> list[str]:
+    """A sentence per speculative configuration whose baseline was searched too."""
+    lines = []
+    for search, found, _ in results.values():
+        if search.cell.is_baseline:
+            continue
+        base = results.get(search.cell.baseline().config_hash)
+        if base is None:
+            lines.append(f"{search.label}: no verdict (its baseline's search failed)")
+            continue
+        lines.append(capacity.verdict(search.label, base[1], found, search.targets, search.settings.percentile))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and run the searches."""
+    parser = argparse.ArgumentParser(
+        prog="python -m specbench.capacity",
+        description="The highest request rate the baseline and each speculative configuration serve within "
+                    "the load.slo.* targets (bisection; capacity.* sets the search).",
+    )
+    parser.add_argument("overrides", nargs="*",
+                        help="Hydra overrides, as for python -m specbench, e.g. method=ngram load.slo.tpot_ms=100")
+    args = parser.parse_args(argv)
+    try:
+        return run(args.overrides)
+    except Exception as exc:  # Hydra's own message (and its cause's) names the bad override
+        from hydra.errors import HydraException
+
+        if not isinstance(exc, HydraException):
+            raise
+        cause = f"\n{exc.__cause__}" if exc.__cause__ is not None else ""
+        print(f"error: {exc}{cause}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
