@@ -109,19 +109,24 @@ def is_closed_loop(rate: float | None, max_concurrency: int | None) -> bool:
 
 @dataclass(frozen=True)
 class LoadShape:
-    """How requests arrive, but for their rate: the concurrency cap and the burstiness of the gaps.
+    """How requests arrive, but for their rate: the concurrency cap, the burstiness of the gaps, and
+    the path they take (``load.via``: in process, or through ``vllm serve`` over HTTP).
 
     A point of load is a rate in a shape (rate x concurrency x burstiness); verdicts walk the rates
     of one shape, and a closed loop (rate ``inf`` under a cap) is a shape of its own at each cap.
+    The two paths measure different latencies (docs/serving.md), so they never share a curve.
     """
 
     max_concurrency: int | None
     burstiness: float = 1.0
+    via: str = "inprocess"
 
     def text(self) -> str:
-        """``"c8"``, ``"burstiness 0.5"``, ``"c4, burstiness 0.5"``; '' for the default (no cap, Poisson)."""
+        """``"c8"``, ``"burstiness 0.5"``, ``"c4, burstiness 0.5, via server"``; '' for the default
+        (no cap, Poisson, in process)."""
         parts = ([f"c{self.max_concurrency}"] if self.max_concurrency is not None else []) + (
-            [f"burstiness {self.burstiness:g}"] if self.burstiness != 1.0 else [])
+            [f"burstiness {self.burstiness:g}"] if self.burstiness != 1.0 else []) + (
+            [f"via {self.via}"] if self.via != "inprocess" else [])
         return ", ".join(parts)
 
 

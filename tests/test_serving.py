@@ -330,6 +330,15 @@ def test_burstiness_joins_the_cell_id_only_away_from_poisson(compose_cell):
     named = verdicts.cell_name(bursty.cell_id)
     assert named.rate == 2.0 and named.shape == load.LoadShape(4, 0.5)
     assert verdicts.cell_name(closed.cell_id).shape == load.LoadShape(8, 1.0)
+    # Through vllm serve: another shape (its latencies include HTTP and the stream), named by the id and the row.
+    served = cell_from_config(compose_cell(["load.request_rate=2", "load.burstiness=0.5", "load.max_concurrency=4",
+                                            "load.via=server"]))
+    assert verdicts.cell_name(served.cell_id).shape == load.LoadShape(4, 0.5, "server") != named.shape
+    assert load.LoadShape(4, 0.5, "server").text() == "c4, burstiness 0.5, via server"
+    from specbench.results.serving import load_shape
+
+    row = {"load_max_concurrency": 4, "load_burstiness": 0.5}
+    assert load_shape(row | {"load_via": "server"}) != load_shape(row) == load.LoadShape(4, 0.5)
 
 
 def test_the_running_batch_is_averaged_over_time_not_steps():

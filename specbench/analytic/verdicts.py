@@ -119,7 +119,7 @@ def _items(value: Any) -> list[Any]:
 _CELL_ID = re.compile(r"^(?P<method>.+?)-k(?P<k>\d+)-b(?P<batch>\d+)-(?P<rest>.+)-(?P<hash>[0-9a-f]{12})-r\d+$")
 _NUMBER = r"(?:inf|\d+(?:\.\d*)?(?:e[+-]?\d+)?)"
 _REST = re.compile(rf"^(?P<workload>.+?)(?:-t(?P<t>{_NUMBER}))?"
-                   rf"(?:-rate(?P<rate>{_NUMBER})(?:-c(?P<c>\d+))?(?:-burst(?P<burst>{_NUMBER}))?)?$")
+                   rf"(?:-rate(?P<rate>{_NUMBER})(?:-c(?P<c>\d+))?(?:-burst(?P<burst>{_NUMBER}))?(?P<server>-server)?)?$")
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,8 @@ def cell_name(cell_id: str) -> CellName | None:
     rest = _REST.match(found["rest"]) if found else None
     if found is None or rest is None:
         return None
-    shape = LoadShape(None if rest["c"] is None else int(rest["c"]), float(rest["burst"] or 1.0))
+    shape = LoadShape(None if rest["c"] is None else int(rest["c"]), float(rest["burst"] or 1.0),
+                      "server" if rest["server"] else "inprocess")
     return CellName(found["method"], int(found["k"]), int(found["batch"]), rest["workload"],
                     float(rest["t"] or 0.0), None if rest["rate"] is None else float(rest["rate"]), found["hash"],
                     shape)

@@ -391,10 +391,11 @@ def is_serving_row(row: Mapping[str, Any]) -> bool:
 
 def load_shape(row: Mapping[str, Any]) -> LoadShape:
     """A serving row's load shape (:class:`specbench.load.LoadShape`) from its load columns; a column that is
-    null (a row stored before it, or a failed cell) reads as the default: no cap, Poisson."""
-    cap, burstiness = row.get("load_max_concurrency"), row.get("load_burstiness")
-    known = [v is not None and not (isinstance(v, float) and math.isnan(v)) for v in (cap, burstiness)]
-    return LoadShape(int(cap) if known[0] else None, float(burstiness) if known[1] else 1.0)
+    null (a row stored before it, or a failed cell) reads as the default: no cap, Poisson, in process."""
+    cap, burstiness, via = row.get("load_max_concurrency"), row.get("load_burstiness"), row.get("load_via")
+    known = [v is not None and not (isinstance(v, float) and math.isnan(v)) for v in (cap, burstiness, via)]
+    return LoadShape(int(cap) if known[0] else None, float(burstiness) if known[1] else 1.0,
+                     str(via) if known[2] else "inprocess")
 
 
 def with_serving_comparison(
