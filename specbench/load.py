@@ -17,12 +17,15 @@ process of the cell's own (:mod:`specbench.engine.server`). This module is pure 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
 import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, TypeVar
 
 from omegaconf import MISSING
 
@@ -128,6 +131,26 @@ class LoadShape:
             [f"burstiness {self.burstiness:g}"] if self.burstiness != 1.0 else []) + (
             [f"via {self.via}"] if self.via != "inprocess" else [])
         return ", ".join(parts)
+
+
+_Served = TypeVar("_Served")
+
+
+async def replay(arrivals_s: Sequence[float], max_concurrency: int | None, start: float,
+                 send: Callable[[int], Awaitable[_Served]]) -> list[_Served]:
+    """Send request ``i`` at ``start + arrivals_s[i]`` (``time.perf_counter``'s clock), the client's side of a
+    serving cell wherever the engine runs; under ``max_concurrency`` each first waits for a free slot, as
+    ``vllm bench serve``'s ``--max-concurrency``. Results in request order."""
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    async def one(index: int) -> _Served:
+        await asyncio.sleep(max(0.0, start + arrivals_s[index] - time.perf_counter()))
+        if slots is None:
+            return await send(index)
+        async with slots:
+            return await send(index)
+
+    return list(await asyncio.gather(*(one(i) for i in range(len(arrivals_s)))))
 
 
 def warmup_problems(requests_key: str, requests: Any, warmup_key: str, warmup: Any) -> list[str]:

@@ -709,3 +709,27 @@ def test_a_serving_cell_with_its_own_speedups_is_not_counted_failed(tmp_path):
     lost = dict(_serving_row("ngram", 2.0), speedup=None)  # never compared with its baseline
     frame = pd.DataFrame([_serving_row("baseline", 1.0), compared, lost])
     assert failed_mask(frame).tolist() == [False, False, True]
+
+
+def test_the_client_sends_on_schedule_and_holds_a_request_only_for_a_slot():
+    import asyncio
+    import time
+
+    from specbench.load import replay
+
+    def run(arrivals_s, max_concurrency):
+        sent: dict[int, float] = {}
+        start = time.perf_counter()
+
+        async def send(index: int) -> int:
+            sent[index] = time.perf_counter() - start
+            await asyncio.sleep(0.3)
+            return index
+
+        assert asyncio.run(replay(arrivals_s, max_concurrency, start, send)) == [0, 1, 2]
+        return sent
+
+    free = run([0.0, 0.0, 0.1], None)
+    assert free[2] >= 0.1 and free[1] < 0.3  # on schedule, nobody waits for anybody
+    one_slot = run([0.0, 0.0, 0.1], 1)
+    assert one_slot[1] >= 0.3 and one_slot[2] >= 0.6  # each waits for the request before it

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from specbench.engine import EngineError, EngineSpec
-from specbench.load import EngineStep, ServedRequest, ServingMeasurement, ServingPlan
+from specbench.load import EngineStep, ServedRequest, ServingMeasurement, ServingPlan, replay
 from specbench.measure import SpecCounters
 from specbench.sampling import GREEDY
 
@@ -262,20 +262,12 @@ class ServerEngine:
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=6 * 3600)) as session:
             steps: list[EngineStep] = []
             before, _ = await self._metrics(session)
-            slots = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
             start = time.perf_counter()
             window_start: list[asyncio.Task[Any]] = []
             sampling = asyncio.create_task(self._sample(session, steps, start))
-
-            async def one(index: int) -> ServedRequest:
-                await asyncio.sleep(max(0.0, start + plan.arrivals_s[index] - time.perf_counter()))
-                if slots is None:
-                    return await self._request(session, index, plan, start, window_start)
-                async with slots:  # the client waits for a free slot, as vllm bench serve's --max-concurrency
-                    return await self._request(session, index, plan, start, window_start)
-
             try:
-                served = await asyncio.gather(*(one(i) for i in range(len(plan.prompts))))
+                served = await replay(plan.arrivals_s, plan.max_concurrency, start,
+                                      lambda index: self._request(session, index, plan, start, window_start))
             finally:
                 sampling.cancel()
                 await asyncio.gather(sampling, return_exceptions=True)

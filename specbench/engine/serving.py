@@ -21,7 +21,7 @@ import uuid
 from typing import Any
 
 from specbench.engine import EngineSpec
-from specbench.load import USAGE_CONTEXT, EngineStep, ServedRequest, ServingMeasurement, ServingPlan
+from specbench.load import USAGE_CONTEXT, EngineStep, ServedRequest, ServingMeasurement, ServingPlan, replay
 from specbench.sampling import GREEDY
 
 
@@ -96,19 +96,11 @@ class ServingEngine:
 
         params = SamplingParams(max_tokens=plan.max_tokens, output_kind=RequestOutputKind.DELTA,
                                 ignore_eos=plan.ignore_eos, **GREEDY.params())
-        slots = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
         tag = uuid.uuid4().hex[:8]
         self._steps.clear()
         start = self._clock[0] = time.perf_counter()
-
-        async def one(index: int) -> ServedRequest:
-            await asyncio.sleep(max(0.0, start + plan.arrivals_s[index] - time.perf_counter()))
-            if slots is None:
-                return await self._request(index, plan, params, tag, start)
-            async with slots:  # the client waits for a free slot, as vllm bench serve's --max-concurrency
-                return await self._request(index, plan, params, tag, start)
-
-        served = await asyncio.gather(*(one(i) for i in range(len(plan.prompts))))
+        served = await replay(plan.arrivals_s, plan.max_concurrency, start,
+                              lambda index: self._request(index, plan, params, tag, start))
         return ServingMeasurement(requests=tuple(served), steps=tuple(self._steps),
                                   warmup_requests=plan.warmup_requests, arrivals_s=plan.arrivals_s)
 
