@@ -17,7 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from specbench import grid, hub, job, logs
-from specbench.config import ConfigError, cell_from_config, cpu_allocator_preload, refuse
+from specbench.config import ConfigError, cell_from_config, engine_start_environment, refuse
 from specbench.results.files import CellFiles
 from specbench.job import completed_row, run_cell
 from specbench.sweep import describe_plan, write_plan
@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> None:
     print("\n".join([describe_plan(run_dir, planned, todo, 1, cfg.verbose), *earlier]), flush=True)
     job.PROGRESS = job.SweepProgress(len(planned))
     if todo:
-        job.start_engine_server(engine_log, cpu_allocator_preload(cfg.engine))
+        job.start_engine_server(engine_log, engine_start_environment(cfg.engine))
     try:
         for p in planned:
             run_cell(p.cell, run_dir / "cells", engine_runs=cfg.engine_runs, timeout_s=timeout, engine_log=engine_log)

@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 
 from specbench import hub, load, logs, methods
 from specbench.analytic import capacity
-from specbench.config import ConfigError, Cell, cell_from_config, cpu_allocator_preload
+from specbench.config import ConfigError, Cell, cell_from_config, engine_start_environment
 from specbench.results.merge import DISTURBED_SHARE
 from specbench.results.provenance import CpuTimes, static_provenance
 
@@ -137,7 +137,7 @@ def run(overrides: Sequence[str]) -> int:
           f"{first.settings.min_rate:g}-{first.settings.max_rate:g} req/s, at most {first.settings.max_probes} probes "
           f"of {cfg.capacity.requests_per_probe} requests ({cfg.capacity.warmup} warm-up) per configuration; "
           f"engine log: {engine_log or 'the terminal'}", flush=True)
-    job.start_engine_server(engine_log, cpu_allocator_preload(cfg.engine))
+    job.start_engine_server(engine_log, engine_start_environment(cfg.engine))
     pool = EnginePool()
     results: dict[str, tuple[Search, capacity.Capacity, float]] = {}
     failed: dict[str, str] = {}

@@ -28,6 +28,7 @@ from specbench.engine import (
     EngineSpec,
     speculative_draft_architectures,
     speculative_sampling_choices,
+    start_environment,
     tcmalloc_library,
 )
 from specbench.workloads import (
@@ -84,6 +85,7 @@ class EngineSchema:
     cell_timeout_s: Optional[float] = None
     vllm_fixes: bool = True
     cpu_allocator: str = "system"
+    cpu_huge_pages: bool = True
     async_scheduling: Optional[bool] = None
     cudagraph_batch_size: Optional[int] = None
 
@@ -289,6 +291,7 @@ class Cell:
             worker_env=self._worker_env(),
             vllm_fixes=engine.get("vllm_fixes", True),
             preload=cpu_allocator_preload(engine),
+            cpu_huge_pages=cpu_huge_pages(engine),
             serving=self.is_serving,
             via_server=self.is_serving and self.identity["load"].get("via") == "server",
             async_scheduling=engine.get("async_scheduling"),
@@ -319,11 +322,13 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
     method = plain["method"]
     baseline = method["name"] == "baseline"
     # The repairs join the identity only when turned off, async scheduling only when pinned, the CPU
-    # allocator only when tcmalloc: a cell keeps the identity it had before these keys existed. The CUDA graphs' batch stays out too: the
+    # allocator only when tcmalloc, huge pages only when asked for: a cell keeps the identity it had
+    # before these keys existed (when it measured without them). The CUDA graphs' batch stays out too: the
     # grid sets it per engine (specbench.grid.shared_graph_batches).
     engine = {k: v for k, v in plain["engine"].items()
               if k not in ("cell_timeout_s", "cudagraph_batch_size") and not (k == "vllm_fixes" and v is not False)
-              and not (k == "async_scheduling" and v is None) and not (k == "cpu_allocator" and v == "system")}
+              and not (k == "async_scheduling" and v is None) and not (k == "cpu_allocator" and v == "system")
+              and not (k == "cpu_huge_pages" and v is False)}
     identity = {
         "model": {k: plain["model"][k] for k in ("name", "path", "dtype")},
         # A method's own keys that decide the measurement outside speculative_config
@@ -512,6 +517,17 @@ def cpu_allocator_preload(engine: Mapping[str, Any]) -> str | None:
     if engine.get("cpu_allocator", "system") != "tcmalloc" or not cpu_engine():
         return None
     return tcmalloc_library()
+
+
+def cpu_huge_pages(engine: Mapping[str, Any]) -> bool:
+    """Whether a CPU engine's torch asks for transparent huge pages (``engine.cpu_huge_pages``; the CPU build
+    only). ``engine`` may be a cell's identity, which leaves the key out when off."""
+    return bool(engine.get("cpu_huge_pages", False)) and cpu_engine()
+
+
+def engine_start_environment(engine: Mapping[str, Any]) -> dict[str, str]:
+    """What the engine workers' processes start with for these ``engine.*`` settings (the fork server's too)."""
+    return start_environment(cpu_allocator_preload(engine), cpu_huge_pages(engine))
 
 
 def _cpu_allocator_problems(engine: Mapping[str, Any]) -> list[str]:

@@ -54,12 +54,12 @@ POOL = EnginePool()
 atexit.register(POOL.discard)
 
 
-def start_engine_server(engine_log: Path | None, preload: str | None) -> None:
+def start_engine_server(engine_log: Path | None, start_env: dict[str, str]) -> None:
     """Start the engine workers' fork server now, so that its import of vLLM (9 s on 2 cores, 20 s
     where Python caches no bytecode) runs while the first job prepares its prompts. Only for jobs that
-    run in this process; ``engine_log`` as :func:`run_cell` takes it; ``preload``: the engines'
-    LD_PRELOAD (:func:`specbench.config.cpu_allocator_preload`)."""
-    worker_context(engine_log, preload)
+    run in this process; ``engine_log`` as :func:`run_cell` takes it; ``start_env``: what the engines'
+    processes start with (:func:`specbench.config.engine_start_environment`)."""
+    worker_context(engine_log, start_env)
 
 
 class SweepProgress:

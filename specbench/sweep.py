@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench import grid, hub, job
 from specbench.analytic import memory
-from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, cpu_allocator_preload, refuse, validate
+from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, engine_start_environment, refuse, validate
 from specbench.logs import LOG_FILE, engine_log
 from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep, with_serving_predictions
 from specbench.measure import WARMUP_MAX_TOKENS
@@ -293,7 +293,7 @@ class CellSweeper(BasicSweeper):
             job.PROGRESS = job.SweepProgress(len(todo))
             if todo:
                 job.start_engine_server(engine_log(sweep_dir, bool(self.config.get("verbose"))),
-                                          cpu_allocator_preload(self.config.engine))
+                                          engine_start_environment(self.config.engine))
         returns = []
         batch_size = self.max_batch_size or len(todo) or 1
         for start in range(0, len(todo), batch_size):

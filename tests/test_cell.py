@@ -230,24 +230,26 @@ def test_run_cell_records_a_timed_out_cell_as_failed_and_discards_the_engine(tmp
     assert row["status"] == "failed" and "timed out" in row["error"]
 
 
-def test_the_allocator_is_preloaded_first_and_what_the_user_preloaded_is_kept(monkeypatch):
+def test_a_workers_start_environment_preloads_the_allocator_first_and_keeps_what_the_user_preloaded(monkeypatch):
     monkeypatch.delenv("LD_PRELOAD", raising=False)
-    assert engine.preload_environment(None) == {}
-    assert engine.preload_environment("/v/libtcmalloc_minimal.so.4") == {"LD_PRELOAD": "/v/libtcmalloc_minimal.so.4"}
+    assert engine.start_environment(None, False) == {}
+    assert engine.start_environment(None, True) == {"THP_MEM_ALLOC_ENABLE": "1"}
+    assert engine.start_environment("/v/libtcmalloc_minimal.so.4", False) == {
+        "LD_PRELOAD": "/v/libtcmalloc_minimal.so.4"}
     monkeypatch.setenv("LD_PRELOAD", "/opt/libiomp5.so")
-    assert engine.preload_environment("/v/libtcmalloc_minimal.so.4") == {
+    assert engine.start_environment("/v/libtcmalloc_minimal.so.4", False) == {
         "LD_PRELOAD": "/v/libtcmalloc_minimal.so.4:/opt/libiomp5.so"}
-    env = engine.worker_environment(spec(preload="/v/libtcmalloc_minimal.so.4"))
-    assert env["LD_PRELOAD"].startswith("/v/libtcmalloc_minimal.so.4")
+    env = engine.worker_environment(spec(preload="/v/libtcmalloc_minimal.so.4", cpu_huge_pages=True))
+    assert env["LD_PRELOAD"].startswith("/v/libtcmalloc_minimal.so.4") and env["THP_MEM_ALLOC_ENABLE"] == "1"
 
 
-def test_a_worker_whose_preload_the_fork_server_lacks_is_spawned(monkeypatch):
-    # Only a process's start applies LD_PRELOAD: a forked worker would run on the server's allocator.
+def test_a_worker_whose_start_environment_the_fork_server_lacks_is_spawned(monkeypatch):
+    # Only a process's start applies LD_PRELOAD and torch's huge pages: a forked worker inherits the server's.
     monkeypatch.delenv("SPECBENCH_WORKER_START", raising=False)
     monkeypatch.setattr(engine, "_SERVER_STARTED", True)
-    monkeypatch.setattr(engine, "_SERVER_PRELOAD", "/v/libtcmalloc_minimal.so.4")
-    assert engine.worker_context(None, "/v/libtcmalloc_minimal.so.4").get_start_method() == "forkserver"
-    assert engine.worker_context(None, None).get_start_method() == "spawn"
+    monkeypatch.setattr(engine, "_SERVER_START_ENV", {"THP_MEM_ALLOC_ENABLE": "1"})
+    assert engine.worker_context(None, {"THP_MEM_ALLOC_ENABLE": "1"}).get_start_method() == "forkserver"
+    assert engine.worker_context(None, {}).get_start_method() == "spawn"
 
 
 def test_the_worker_names_the_malloc_it_runs_with_from_its_memory_map(tmp_path: Path):
@@ -259,6 +261,15 @@ def test_the_worker_names_the_malloc_it_runs_with_from_its_memory_map(tmp_path: 
     maps.write_text("7f00-7f01 r-xp 0 08:01 1 /work/.venv/lib/libtcmalloc_minimal.so.4\n")
     assert loaded_allocator(str(maps)) == "tcmalloc"
     assert loaded_allocator(str(tmp_path / "missing")) is None
+
+
+def test_the_worker_reads_its_huge_pages_from_the_kernel(tmp_path: Path):
+    from specbench.engine.worker import huge_page_bytes
+
+    rollup = tmp_path / "smaps_rollup"
+    rollup.write_text("Rss:             1048576 kB\nAnonHugePages:    614400 kB\n")
+    assert huge_page_bytes(str(rollup)) == 614400 * 1024
+    assert huge_page_bytes(str(tmp_path / "missing")) is None
 
 
 @pytest.mark.engine

@@ -158,6 +158,18 @@ def test_cpu_engines_preload_tcmalloc_when_asked_and_only_then_change_identity(c
     assert tcmalloc.engine_spec(prepare=False).preload is None
 
 
+def test_cpu_engines_ask_for_huge_pages_by_default_which_joins_the_identity(compose_cell, monkeypatch):
+    monkeypatch.setattr(config, "cpu_engine", lambda: True)
+    default = cell_from_config(compose_cell([]))
+    off = cell_from_config(compose_cell(["engine.cpu_huge_pages=false"]))
+    assert default.engine_spec(prepare=False).cpu_huge_pages and not off.engine_spec(prepare=False).cpu_huge_pages
+    assert config.engine_start_environment(default.config["engine"]) == {"THP_MEM_ALLOC_ENABLE": "1"}
+    # Off is how cells were measured before the key: their identity; on is another measurement.
+    assert "cpu_huge_pages" not in off.identity["engine"] and default.cell_id != off.cell_id
+    monkeypatch.setattr(config, "cpu_engine", lambda: False)  # torch's switch is for its CPU allocator
+    assert not default.engine_spec(prepare=False).cpu_huge_pages
+
+
 def test_tcmalloc_missing_on_the_cpu_build_is_refused_naming_the_key_that_turns_it_off(compose_cell, monkeypatch):
     # No machine of ours lacks it once `make setup` ran: the lookup stands in for one that does.
     monkeypatch.setattr(config, "cpu_engine", lambda: True)
@@ -267,8 +279,8 @@ def test_the_schema_keeps_engine_settings_as_vllm_reads_them(compose_cell):
         compose_cell(["engine.cpu_kvcache_space_gib=1.5"])
 
 
-# The defaults when the pinned cell ids below were computed; both are identity keys.
-THEN_DEFAULTS = ["repetitions=3", "engine.cpu_kvcache_space_gib=2"]
+# The defaults when the pinned cell ids below were computed; all are identity keys.
+THEN_DEFAULTS = ["repetitions=3", "engine.cpu_kvcache_space_gib=2", "engine.cpu_huge_pages=false"]
 
 
 def test_group_schemas_keep_cell_identities(compose_cell):
@@ -282,7 +294,7 @@ def test_group_schemas_keep_cell_identities(compose_cell):
         "eagle3-k4-b4-summarize-266d635ba36d-r0": ["method=eagle3", "batch_size=4"],
     }
     for cell_id, overrides in ids.items():
-        # repetitions=3 and a 2 GiB CPU KV pool: the defaults when these ids were computed (identity keys).
+        # repetitions=3, a 2 GiB CPU KV pool and no huge pages: the defaults when these ids were computed.
         assert cell_from_config(compose_cell([*overrides, *THEN_DEFAULTS])).cell_id == cell_id
 
 

@@ -37,6 +37,10 @@ def test_results_have_the_contract_columns_and_one_file_per_cell(reference_sweep
     assert results["vllm_version"].str.len().gt(0).all() and results["machine"].str.len().gt(0).all()
     # Read from each worker's memory map: the default engine.cpu_allocator, the system's malloc.
     assert (results["engine_allocator"] == "glibc").all()
+    # engine.cpu_huge_pages (default) reached every worker through the fork server, where the kernel allows it.
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        if "[never]" not in f.read():
+            assert (results["engine_huge_page_bytes"] > 0).all(), results["engine_huge_page_bytes"]
 
 
 def test_baseline_is_measured_once_per_batch_size(results):

@@ -97,6 +97,8 @@ class EngineSpec:
     cudagraph_capture_sizes: tuple[int, ...] = ()
     # What LD_PRELOAD loads into the worker before anything else (engine.cpu_allocator's tcmalloc); None: nothing.
     preload: str | None = None
+    # torch's CPU allocator asks for transparent huge pages for its large tensors (engine.cpu_huge_pages).
+    cpu_huge_pages: bool = False
 
     @property
     def speculative_config(self) -> dict[str, Any] | None:
@@ -237,6 +239,8 @@ class EngineInfo:
     engine_id: str | None = None
     # The malloc the worker runs with, read from the libraries mapped into it: tcmalloc, jemalloc or glibc.
     allocator: str | None = None
+    # Anonymous memory the kernel backs with huge pages once the engine is built (/proc/self/smaps_rollup).
+    huge_page_bytes: int | None = None
 
 
 def worker_environment(spec: EngineSpec | None) -> dict[str, str]:
@@ -259,25 +263,27 @@ def worker_environment(spec: EngineSpec | None) -> dict[str, str]:
     }
     if spec is None:
         return shared
-    return (shared | preload_environment(spec.preload)
+    return (shared | start_environment(spec.preload, spec.cpu_huge_pages)
             | {"VLLM_CPU_KVCACHE_SPACE": str(spec.cpu_kvcache_space_gib)} | dict(spec.worker_env))
 
 
-def preload_environment(preload: str | None) -> dict[str, str]:
-    """LD_PRELOAD for a worker: ``preload`` first, then whatever this process was given (kept, not replaced)."""
-    if not preload:
-        return {}
-    given = os.environ.get("LD_PRELOAD", "")
-    kept = [lib for lib in given.split(":") if lib and lib != preload]
-    return {"LD_PRELOAD": ":".join([preload, *kept])}
+def start_environment(preload: str | None, huge_pages: bool) -> dict[str, str]:
+    """What a worker's process must be started with (a forked one inherits the fork server's): LD_PRELOAD,
+    ``preload`` first, then whatever this process was given (kept, not replaced); and torch's switch for
+    huge pages (THP_MEM_ALLOC_ENABLE, read once, at the process's first allocation)."""
+    env = {"THP_MEM_ALLOC_ENABLE": "1"} if huge_pages else {}
+    if preload:
+        kept = [lib for lib in os.environ.get("LD_PRELOAD", "").split(":") if lib and lib != preload]
+        env["LD_PRELOAD"] = ":".join([preload, *kept])
+    return env
 
 
 _SERVER_STARTED = False
-# What the fork server was started with in LD_PRELOAD: a forked worker inherits the server's allocator.
-_SERVER_PRELOAD: str | None = None
+# What the fork server was started with (start_environment): a forked worker inherits the server's.
+_SERVER_START_ENV: dict[str, str] = {}
 
 
-def worker_context(log_path: Path | None = None, preload: str | None = None) -> Any:
+def worker_context(log_path: Path | None = None, start_env: dict[str, str] | None = None) -> Any:
     """The multiprocessing context that engine workers start from.
 
     A fork server that has imported vLLM (:mod:`specbench.engine.preload`),
@@ -288,14 +294,14 @@ def worker_context(log_path: Path | None = None, preload: str | None = None) -> 
     the platform has no fork server, or ``$SPECBENCH_WORKER_START`` is
     ``spawn`` (each worker imports vLLM itself, as before; the fork server was
     measured on the CPU build only), plain spawn.
-    ``preload``: the worker's LD_PRELOAD (:attr:`EngineSpec.preload`), which
-    only a process's start applies: the server starts with it, and a worker
-    whose preload differs from the server's is spawned instead.
+    ``start_env``: what only a process's start applies (:func:`start_environment`):
+    the server starts with it, and a worker that needs another is spawned instead.
     """
-    global _SERVER_STARTED, _SERVER_PRELOAD
+    global _SERVER_STARTED, _SERVER_START_ENV
+    start_env = start_env or {}
     if os.environ.get("SPECBENCH_WORKER_START") == "spawn" or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
-    if _SERVER_STARTED and preload != _SERVER_PRELOAD:
+    if _SERVER_STARTED and start_env != _SERVER_START_ENV:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     if not _SERVER_STARTED:
@@ -303,13 +309,13 @@ def worker_context(log_path: Path | None = None, preload: str | None = None) -> 
 
         from specbench.logs import ENGINE_LOG_ENV  # not engine.preload: importing it imports vLLM
 
-        shared = worker_environment(None) | preload_environment(preload)
+        shared = worker_environment(None) | start_env
         if log_path is not None:
             shared[ENGINE_LOG_ENV] = str(log_path)
         ctx.set_forkserver_preload(["specbench.engine.preload", "specbench.engine.worker"])
         with patched_environ(shared):  # the server copies os.environ when it starts
             forkserver.ensure_running()
-        _SERVER_STARTED, _SERVER_PRELOAD = True, preload
+        _SERVER_STARTED, _SERVER_START_ENV = True, dict(start_env)
     return ctx
 
 
@@ -326,7 +332,7 @@ class EngineWorker:
         from specbench.engine.worker import serve
 
         self.spec = spec
-        ctx = worker_context(log_path, spec.preload)
+        ctx = worker_context(log_path, start_environment(spec.preload, spec.cpu_huge_pages))
         self._conn, child_conn = ctx.Pipe()
         environment = worker_environment(spec)
         with patched_environ(environment):  # spawn copies os.environ at start; a forked worker applies it itself

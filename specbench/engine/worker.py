@@ -328,6 +328,19 @@ def loaded_allocator(maps: str = "/proc/self/maps") -> str | None:
     return next((name for name in ("tcmalloc", "jemalloc") if f"lib{name}" in text), "glibc")
 
 
+def huge_page_bytes(rollup: str = "/proc/self/smaps_rollup") -> int | None:
+    """Anonymous memory of this process the kernel backs with transparent huge pages (AnonHugePages);
+    None where the kernel does not say."""
+    try:
+        with open(rollup) as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _request_result(output: Any) -> GeneratedRequest:
     completion = output.outputs[0]
     stats = output.metrics
@@ -473,6 +486,7 @@ def serve(
             mode=engine.mode,
             engine_id=uuid.uuid4().hex,
             allocator=loaded_allocator(),
+            huge_page_bytes=huge_page_bytes(),
         )
         conn.send(("ok", info))
     except BaseException:  # noqa: BLE001 - everything must reach the parent

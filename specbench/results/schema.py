@@ -70,8 +70,9 @@ from specbench import methods, sampling
 #     (wait_to_send_s_p50/p90; a slot under load.max_concurrency) and its E2E from the arrival
 #     (e2e_from_arrival_s_p50/p90); a closed loop (rate inf under load.max_concurrency) is read against
 #     its sends (offered_rate_realised) and not saturated by construction; burstiness away from 1 in
-#     the cell id (-burst<B>); engine_allocator (the malloc each engine's worker ran with; CPU engines preload
-#     tcmalloc by default, engine.cpu_allocator); load_via (a serving cell in process or through vllm serve)
+#     the cell id (-burst<B>); engine_allocator (the malloc each engine's worker ran with, engine.cpu_allocator)
+#     and engine_huge_page_bytes (its memory in transparent huge pages: CPU engines ask for them by default,
+#     engine.cpu_huge_pages); load_via (a serving cell in process or through vllm serve)
 SCHEMA_VERSION = 15
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
@@ -316,6 +317,7 @@ SCHEMA = pa.schema(
         ("transformers_version", _STR),
         ("vllm_fixes", _STR),  # repairs of known vLLM defects applied to the engine ("vllm#55005"); "": none
         ("engine_allocator", _STR),  # the malloc the engine's worker ran with: tcmalloc, jemalloc, glibc
+        ("engine_huge_page_bytes", _INT),  # the worker's memory in transparent huge pages once built (CPU)
         ("python_version", _STR),
         ("machine", _STR),  # GPU name and count, or CPU model and cores (hardware_profile: the priced profile)
         # The engine's mode as vLLM resolved it, read from the running engine's vllm_config.

@@ -189,9 +189,10 @@ def main() -> None:
         decode = m.decode_tokens / m.decode_s if m.decode_s else float("nan")
         engines.append(dict(start_s=start_s, worker_start_s=worker.info.start_s, warmup_s=m.warmup_s,
                             tok_per_s=rates, decode_tok_per_s=decode, libs=libs, affinity=affinity,
-                            allocator=worker.info.allocator, other_cpu_share=others, attempts=attempt + 1, probe_gb_s=gb_s, probe_gflop_s=gflop_s))
+                            allocator=worker.info.allocator, huge_page_bytes=worker.info.huge_page_bytes,
+                            other_cpu_share=others, attempts=attempt + 1, probe_gb_s=gb_s, probe_gflop_s=gflop_s))
         print(f"engine {i}: start {start_s:5.1f} s, warm-up {m.warmup_s:4.1f} s, tok/s "
-              + " ".join(f"{r:6.2f}" for r in rates) + f"  (decode {decode:6.2f})  machine {gb_s:5.1f} GB/s {gflop_s:5.0f} GFLOP/s  others {100 * (others or 0):.1f}% of the cores  malloc {worker.info.allocator}  libs {libs}  threads {affinity}",
+              + " ".join(f"{r:6.2f}" for r in rates) + f"  (decode {decode:6.2f})  machine {gb_s:5.1f} GB/s {gflop_s:5.0f} GFLOP/s  others {100 * (others or 0):.1f}% of the cores  malloc {worker.info.allocator}  huge pages {(worker.info.huge_page_bytes or 0) / 2**20:.0f} MiB  libs {libs}  threads {affinity}",
               flush=True)
 
     disturbed = [i for i, e in enumerate(engines) if (e["other_cpu_share"] or 0) > QUIET_SHARE]
