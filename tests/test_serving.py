@@ -85,10 +85,10 @@ def test_a_plan_cycles_the_prompts_and_keeps_the_warm_up_apart():
 
 
 def test_offline_cells_keep_their_ids_and_serving_cells_name_their_load(compose_cell):
-    # Computed before load.* existed: an offline cell's id and file must not move. repetitions=3 and a
-    # 2 GiB KV pool: the defaults then (identity keys).
+    # Computed before load.* existed: an offline cell's id and file must not move. repetitions=3, a
+    # 2 GiB KV pool and no huge pages: the defaults then (identity keys).
     offline = cell_from_config(compose_cell(["load.num_requests=32", "load.burstiness=0.5", "repetitions=3",
-                                             "engine.cpu_kvcache_space_gib=2"]))
+                                             "engine.cpu_kvcache_space_gib=2", "engine.cpu_huge_pages=false"]))
     assert offline.cell_id == "ngram-k4-b1-summarize-28abaf57d9bd-r0"
     assert not offline.is_serving and "load" not in offline.identity
     cell = cell_from_config(compose_cell(["load.request_rate=2", "load.max_concurrency=4"]))
