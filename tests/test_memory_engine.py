@@ -17,7 +17,9 @@ pytestmark = pytest.mark.engine
 )
 def test_vllm_allocates_what_the_memory_model_predicts(overrides: list[str]) -> None:
     with initialize_config_module("specbench.conf", version_base="1.3"):
-        cfg = compose("config", overrides=overrides + ["workload.max_tokens=16"])
+        # Without huge pages: the model counts what vLLM allocates, and huge pages round a worker's RSS up by
+        # what the kernel gathered, which varies by run (draft_model: 3.90 GB against 3.35 predicted, once).
+        cfg = compose("config", overrides=overrides + ["workload.max_tokens=16", "engine.cpu_huge_pages=false"])
     cell = cell_from_config(cfg)
     spec = cell.engine_spec()
     worker = EngineWorker(spec)
