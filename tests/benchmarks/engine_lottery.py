@@ -23,7 +23,7 @@ the OpenMP runtime and allocator its process loaded. Then:
 
 Every environment knob the candidates turn (``LD_PRELOAD``,
 ``SPECBENCH_WORKER_START``, ``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_*``,
-``THP_MEM_ALLOC_ENABLE``, ``SPECBENCH_ENGINE_THREAD_BINDING``) is read from
+``THP_MEM_ALLOC_ENABLE``, ``OMP_WAIT_POLICY``, ``NUMBA_*``) is read from
 this process's environment and printed, so one figure is one command line.
 """
 
@@ -45,7 +45,7 @@ ATTEMPTS = 6  # measurements of one engine at most, while other processes distur
 QUIET_SHARE = 0.03
 
 KNOBS = ("LD_PRELOAD", "SPECBENCH_WORKER_START", "VLLM_CPU_OMP_THREADS_BIND", "OMP_PROC_BIND", "OMP_PLACES",
-         "THP_MEM_ALLOC_ENABLE", "SPECBENCH_ENGINE_THREAD_BINDING", "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+         "THP_MEM_ALLOC_ENABLE", "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
          "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER")
 
 
