@@ -19,7 +19,9 @@ the OpenMP runtime and allocator its process loaded. Then:
 - **within an engine**: the pooled standard deviation of log tok/s across one
   engine's repetitions;
 - the same two figures with the first repetition left out, which is what a
-  longer warm-up (one more untimed pass of the cell) would give.
+  longer warm-up (one more untimed pass of the cell) would give;
+- the machine's drift: log tok/s against the order the engines were measured
+  in, and the engines' own share with that trend removed.
 
 Every environment knob the candidates turn (``LD_PRELOAD``,
 ``SPECBENCH_WORKER_START``, ``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_*``,
@@ -140,6 +142,23 @@ def pooled_within(per_engine: list[list[float]]) -> float:
     return math.sqrt(num / den) if den else float("nan")
 
 
+def drift(order: list[int], means: list[float], within: float, reps: int) -> tuple[float, float, float]:
+    """The machine's drift over the run, told from the engines' lottery.
+
+    Engines are measured one after another, so a machine that speeds up or slows down over minutes
+    (a neighbour VM, its memory's speed) reads as a spread between engines that no engine setting
+    removes. Fits log tok/s against the order engines were measured in: the change per engine, the
+    correlation with the order, and the engines' own share of what the trend leaves (as ``engine_log_sd``,
+    over n - 2 degrees of freedom).
+    """
+    logs = [math.log(m) for m in means]
+    if len(logs) < 3:
+        return float("nan"), float("nan"), float("nan")
+    slope, intercept = statistics.linear_regression(order, logs)
+    residual = math.sqrt(sum((y - intercept - slope * x) ** 2 for x, y in zip(order, logs)) / (len(logs) - 2))
+    return slope, statistics.correlation(order, logs), math.sqrt(max(0.0, residual**2 - within**2 / reps))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, default=8)
@@ -200,6 +219,7 @@ def main() -> None:
         # An engine that shared its cores measures the neighbours, not the lottery: named, then left out.
         print(f"\nleft out, disturbed on every attempt: engines {', '.join(map(str, disturbed))}")
     measured, engines = engines, [e for i, e in enumerate(engines) if i not in disturbed]
+    order = [i for i in range(len(measured)) if i not in disturbed]
     means = [math.exp(statistics.fmean(math.log(r) for r in e["tok_per_s"])) for e in engines]
     later = [math.exp(statistics.fmean(math.log(r) for r in e["tok_per_s"][1:])) for e in engines] \
         if args.reps > 1 else means
@@ -218,11 +238,16 @@ def main() -> None:
         within_log_sd_after_first_rep=pooled_within([e["tok_per_s"][1:] for e in engines]),
         median_start_s=statistics.median(e["start_s"] for e in engines),
     )
+    summary["drift_log_per_engine"], summary["drift_correlation"], summary["engine_log_sd_detrended"] = drift(
+        order, means, summary["within_log_sd"], args.reps)
     print(f"\n{len(engines)} engines: {summary['mean_tok_per_s']:.2f} tok/s mean; "
           f"between engines log SD {summary['between_log_sd']:.3f} (max/min {summary['max_over_min']:.3f}); "
           f"within one engine {summary['within_log_sd']:.3f}; the engines' own share {summary['engine_log_sd']:.3f}")
     print(f"first repetition left out (a longer warm-up): between {summary['between_log_sd_after_first_rep']:.3f}, "
           f"within {summary['within_log_sd_after_first_rep']:.3f}")
+    print(f"machine drift over the run: {100 * summary['drift_log_per_engine']:+.1f}% per engine (correlation with "
+          f"the order measured {summary['drift_correlation']:+.2f}); the engines' own share without that trend "
+          f"{summary['engine_log_sd_detrended']:.3f}")
     print(f"engine start: {summary['median_start_s']:.1f} s median")
     probes = [e["probe_gb_s"] for e in engines]
     print(f"machine probe between engines: log SD {log_sd(probes):.3f} (GB/s), "
