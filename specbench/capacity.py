@@ -143,24 +143,21 @@ def run(overrides: Sequence[str]) -> int:
     failed: dict[str, str] = {}
     machine = None
     started = time.perf_counter()
-    try:
-        for search in todo:
-            prompts = job.workload_of(search.cell).token_ids
-            begun = time.perf_counter()
-            try:
-                worker = pool.get(search.cell.engine_spec(), engine_log)  # one engine per configuration
-                engine_s = time.perf_counter() - begun
-                machine = worker.info.machine
-                found = capacity.search(_probe(worker, search, prompts, timeout_s), search.settings)
-            except EngineError as exc:
-                failed[search.label] = str(exc).splitlines()[0]
-                print(f"  {search.label}: FAILED {failed[search.label]}", file=sys.stderr, flush=True)
-                pool.discard()
-                continue
+    for search in todo:
+        prompts = job.workload_of(search.cell).token_ids
+        begun = time.perf_counter()
+        try:
+            worker = pool.get(search.cell.engine_spec(), engine_log)  # one engine per configuration
+            engine_s = time.perf_counter() - begun
+            machine = worker.info.machine
+            found = capacity.search(_probe(worker, search, prompts, timeout_s), search.settings)
+        except EngineError as exc:
+            failed[search.label] = str(exc).splitlines()[0]
+            print(f"  {search.label}: FAILED {failed[search.label]}", file=sys.stderr, flush=True)
+            continue
+        finally:
             pool.discard()
-            results[search.cell.config_hash] = (search, found, engine_s)
-    finally:
-        pool.discard()
+        results[search.cell.config_hash] = (search, found, engine_s)
     lines = _verdicts(results)
     print()
     print(capacity.table([(s.label, c) for s, c, _ in results.values()], first.targets))

@@ -24,6 +24,7 @@ import pandas as pd
 
 from specbench.analytic import verdicts as decide
 from specbench.analytic.verdicts import SATURATED_SHARE, Grid  # noqa: F401 - the page states the share
+from specbench.load import is_closed_loop
 from specbench.report import plots
 from specbench.report.tables import CONFIG, PANEL, VARIANT, fmt_ci, fmt_number, fmt_speedup, grid_of, records
 from specbench.results import serving
@@ -48,7 +49,7 @@ def shape_suffix(row: Mapping[str, Any]) -> str:
     cell = decide.cell_name(str(row.get("cell_id") or ""))
     rate = row.get("load_request_rate") if _known(row.get("load_request_rate")) else cell and cell.rate
     text = shape.text()
-    if rate is not None and math.isinf(float(rate)) and shape.max_concurrency is not None:
+    if rate is not None and is_closed_loop(rate, shape.max_concurrency):
         text = "closed loop " + text
     return f" · {text}" if text else ""
 

@@ -61,6 +61,10 @@ from specbench.measure import GeneratedRequest, Measurement, SpecCounters
 from specbench.results.files import CellFiles
 from specbench.results.schema import ResultsError, engine_groups, engine_instance, read_rows
 
+# The client's queue (since schema 15): each measured request's wait from its scheduled arrival to its
+# send (a slot under load.max_concurrency, or the event loop's lateness), and its E2E counted from the
+# arrival, the latency a user who arrived then would see. Percentiles over the measured requests.
+ARRIVAL_COLUMNS = ("wait_to_send_s_p50", "wait_to_send_s_p90", "e2e_from_arrival_s_p50", "e2e_from_arrival_s_p90")
 # Per cell: the load it met and what it achieved (cells/<id>.parquet and results.parquet; also the
 # running batch at every step of the window, running_batch_t_s and running_batch).
 CELL_COLUMNS = (
@@ -70,12 +74,8 @@ CELL_COLUMNS = (
     "itl_s_p50", "itl_s_p90", "itl_s_p99", "queue_s_p50", "queue_s_p90", "queue_s_p99", "queue_s_mean",
     "tpot_s_request_mean", "tpot_s_std", "queue_growth_per_s", "ttft_slope",
     "running_batch_mean", "running_batch_p90", "running_batch_max",
-    "wait_to_send_s_p50", "wait_to_send_s_p90", "e2e_from_arrival_s_p50", "e2e_from_arrival_s_p90",
+    *ARRIVAL_COLUMNS,
 )
-# The client's queue (since schema 15): each measured request's wait from its scheduled arrival to its
-# send (a slot under load.max_concurrency, or the event loop's lateness), and its E2E counted from the
-# arrival, the latency a user who arrived then would see. Percentiles over the measured requests.
-ARRIVAL_COLUMNS = ("wait_to_send_s_p50", "wait_to_send_s_p90", "e2e_from_arrival_s_p50", "e2e_from_arrival_s_p90")
 # The speedups against the baseline at the same offered load (results.parquet only), each with its interval.
 SPEEDUPS = {
     "tpot_p50": ("tpot_s_p50", False),

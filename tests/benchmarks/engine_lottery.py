@@ -223,23 +223,23 @@ def main() -> None:
     means = [math.exp(statistics.fmean(math.log(r) for r in e["tok_per_s"])) for e in engines]
     later = [math.exp(statistics.fmean(math.log(r) for r in e["tok_per_s"][1:])) for e in engines] \
         if args.reps > 1 else means
+    between, within = log_sd(means), pooled_within([e["tok_per_s"] for e in engines])
     summary = dict(
         engines=len(engines),
         disturbed_engines=disturbed,
         mean_tok_per_s=statistics.fmean(means),
-        between_log_sd=log_sd(means),
+        between_log_sd=between,
         max_over_min=max(means) / min(means),
-        within_log_sd=pooled_within([e["tok_per_s"] for e in engines]),
+        within_log_sd=within,
         # The engines' own share of the spread: an engine's mean over its repetitions carries within / sqrt(reps)
         # of repetition noise even when every engine is alike (one-way random effects, method of moments).
-        engine_log_sd=math.sqrt(max(0.0, log_sd(means) ** 2
-                                     - pooled_within([e["tok_per_s"] for e in engines]) ** 2 / args.reps)),
+        engine_log_sd=math.sqrt(max(0.0, between**2 - within**2 / args.reps)),
         between_log_sd_after_first_rep=log_sd(later),
         within_log_sd_after_first_rep=pooled_within([e["tok_per_s"][1:] for e in engines]),
         median_start_s=statistics.median(e["start_s"] for e in engines),
     )
     summary["drift_log_per_engine"], summary["drift_correlation"], summary["engine_log_sd_detrended"] = drift(
-        order, means, summary["within_log_sd"], args.reps)
+        order, means, within, args.reps)
     print(f"\n{len(engines)} engines: {summary['mean_tok_per_s']:.2f} tok/s mean; "
           f"between engines log SD {summary['between_log_sd']:.3f} (max/min {summary['max_over_min']:.3f}); "
           f"within one engine {summary['within_log_sd']:.3f}; the engines' own share {summary['engine_log_sd']:.3f}")
