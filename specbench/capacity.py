@@ -165,8 +165,7 @@ def run(overrides: Sequence[str]) -> int:
     document = {
         "slo": first.targets, "percentile": first.settings.percentile,
         "settings": OmegaConf.to_container(cfg.capacity), "model": first.cell.identity["model"]["name"],
-        "workload": first.cell.workload["name"], "load_shape": load.LoadShape(
-            first.cell.identity["load"]["max_concurrency"], first.cell.identity["load"]["burstiness"]).text() or None,
+        "workload": first.cell.workload["name"], "load_shape": _load_shape(first.cell).text() or None,
         "overrides": list(overrides), "total_s": round(time.perf_counter() - started, 1),
         "configurations": [capacity.as_json(s.label, c) | {"engine_start_s": round(e, 1), "cell_id": s.cell.cell_id,
                                                              "limited_by": c.limited_by(s.targets)}
@@ -177,6 +176,12 @@ def run(overrides: Sequence[str]) -> int:
     (run_dir / OUTPUT).write_text(json.dumps(document, indent=2) + "\n")
     print(f"capacity: {run_dir / OUTPUT}")
     return 1 if failed else 0
+
+
+def _load_shape(cell: Cell) -> load.LoadShape:
+    """The probes' load shape: concurrency cap, burstiness, and the path (in process, or ``vllm serve``)."""
+    keys = cell.identity["load"]
+    return load.LoadShape(keys["max_concurrency"], keys["burstiness"], keys.get("via", "inprocess"))
 
 
 def _verdicts(results: dict[str, tuple[Search, capacity.Capacity, float]]) -> list[str]:

@@ -139,6 +139,16 @@ def test_the_command_searches_the_baseline_and_each_configuration_once():
                                         "ngram K=4 · creative"]
 
 
+def test_capacity_json_names_the_probes_load_shape_with_its_path():
+    from specbench.capacity import _load_shape, searches
+
+    found, _ = searches(["method=ngram", "load.slo.tpot_ms=100", "load.max_concurrency=4"])
+    assert _load_shape(found[0].cell).text() == "c4"
+    # Probes through vllm serve measure other latencies than in process: the file says which path it was.
+    found, _ = searches(["method=ngram", "load.slo.tpot_ms=100", "load.max_concurrency=4", "load.via=server"])
+    assert _load_shape(found[0].cell).text() == "c4, via server"
+
+
 # --- the verdict ---------------------------------------------------------------------------------------
 
 
