@@ -19,6 +19,7 @@ nothing of the analytic model, so the analytic layer may read it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -239,8 +240,9 @@ def check_schedule(name: Any, schedule: Any, max_k: int) -> list[str]:
     method = _REGISTRY.get(name) if isinstance(name, str) else None
     if method is None or not method.schedules:
         honoured = ", ".join(m.name for m in _REGISTRY.values() if m.schedules)
-        why = ("its custom_class proposer is called without the scheduled K and drafts num_speculative_tokens "
-               "at every batch size" if method is not None and method.name != BASELINE else "it does not speculate")
+        why = ("it does not speculate" if method is None or method.name == BASELINE
+               else _UNSCHEDULED.get(method.name, "its custom_class proposer is called without the scheduled K and "
+                                                  "drafts num_speculative_tokens at every batch size"))
         return [f"{key}: vLLM 0.32 does not schedule K for method={name} ({why}); a K schedule is allowed "
                 f"for method={honoured}"]
     form = "a list of [first batch size, last batch size, K] integer triples, e.g. [[1,4,4],[5,64,2]]"
@@ -270,6 +272,30 @@ def check_schedule(name: Any, schedule: Any, max_k: int) -> list[str]:
     elif max(ks) == 0:
         errors.append(f"{key}: every K is 0; plain decoding is method=baseline")
     return errors
+
+
+# Why vLLM 0.32 cannot run a K schedule for a method that does not honour one (custom_class's otherwise).
+_UNSCHEDULED = {"suffix": "its proposer asserts that the scheduled K is num_speculative_tokens "
+                          "(v1/spec_decode/suffix_decoding.py), so the first step off it would fail"}
+
+SUFFIX_PACKAGE = "arctic_inference"
+"""The module vLLM 0.32's suffix decoding imports (``arctic_inference.suffix_decoding``)."""
+
+SUFFIX_INSTALL = "pip install arctic-inference==0.1.1"
+"""How vLLM 0.32 says to install it (config/speculative.py, ``_validate_suffix_decoding``)."""
+
+
+def _check_suffix(config: Mapping[str, Any]) -> list[str]:
+    """method=suffix: refused where ``arctic_inference`` cannot be imported, which vLLM would only say at
+    engine start. Imported, not only found, as vLLM's own check does: its native kernels may fail to load."""
+    try:
+        if importlib.util.find_spec(SUFFIX_PACKAGE) is None:
+            raise ImportError(f"No module named {SUFFIX_PACKAGE!r}")
+        importlib.import_module(SUFFIX_PACKAGE)
+    except Exception as exc:  # a broken install (missing CUDA libraries) is as unusable as a missing one
+        return [f"method=suffix needs the arctic-inference package, which vLLM 0.32's suffix decoding imports "
+                f"({SUFFIX_PACKAGE}: {exc}); install it with `{SUFFIX_INSTALL}` (it builds CUDA kernels)"]
+    return []
 
 
 def _check_controlled(config: Mapping[str, Any]) -> list[str]:
@@ -306,6 +332,10 @@ register(Method("draft_model", cost="draft_model", checkpoint="model",
                 keys=(Key("draft", "/{}", identity=False),), schedules=True))
 # Prompt lookup in a GPU kernel: free as ngram, and run with async scheduling (ngram is not); GPU only.
 register(Method("ngram_gpu", cost="ngram", schedules=True, pads_drafts=("V2",)))
+# Suffix decoding (Arctic Inference): suffix trees over the prompt and earlier responses, model-free, so
+# drafting is as free as prompt lookup. vLLM 0.32 runs it on V1 on every device
+# (config/vllm.py, _get_v2_model_runner_unsupported_features), where only the drafts it found are verified.
+register(Method("suffix", cost="ngram", check=_check_suffix))
 # The target's own continuation, corrupted at a chosen rate: drafting costs
 # nothing next to a forward pass, as for prompt lookup.
 register(Method("controlled", cost="ngram", keys=(Key("alpha", " alpha={:g}", float),), check=_check_controlled,

@@ -11,6 +11,7 @@ kind of entry point, for the exit status a shell sees.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import subprocess
@@ -212,3 +213,15 @@ def test_a_module_command_exits_with_its_mains_status(tmp_path: Path) -> None:
     result = run(["-m", "specbench.report", str(damaged)], tmp_path)
     assert result.returncode == 2
     assert_refused(result, str(damaged), "not a readable Parquet file")
+
+
+def test_suffix_without_arctic_inference_is_refused_in_one_line_before_any_engine(tmp_path: Path) -> None:
+    """vLLM would say it only at engine start; arctic_inference is not installed in this venv (CUDA-only)."""
+    if importlib.util.find_spec("arctic_inference") is not None:
+        pytest.skip("arctic_inference is installed here: method=suffix is not refused")
+    result = run(sweep("method=suffix", multirun=False, out=tmp_path), tmp_path)
+    assert result.returncode == 2
+    assert_refused(result, "pip install arctic-inference==0.1.1")
+    refusals = [line for line in (result.stdout + result.stderr).splitlines() if "arctic-inference" in line]
+    assert len(refusals) == 1 and refusals[0].strip().startswith("method=suffix needs the arctic-inference"), refusals
+    assert not (tmp_path / "run" / "cells").exists()

@@ -4,6 +4,7 @@ a method with a drafter of its own adds its cost model, and touches nothing else
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,3 +216,54 @@ def test_variants_of_one_method_are_separate_series_rows_and_schedules(tmp_path)
     assert [s.method for s in tables.schedules(df)] == ["controlled alpha=0.5", "controlled alpha=0.9"]
     assert [r.label for r in recommend.recommend(tables.records(tables.compared(df)))] == [
         "controlled alpha=0.5 on summarize (smollm2-135m)", "controlled alpha=0.9 on summarize (smollm2-135m)"]
+
+
+def test_suffix_is_checked_for_the_package_vllm_imports_and_refuses_a_k_schedule(monkeypatch, tmp_path):
+    suffix = {"name": "suffix", "speculative_config": {"method": "suffix", "num_speculative_tokens": 4}}
+    check = methods.entry("suffix").check
+    assert check is not None
+    monkeypatch.syspath_prepend(str(tmp_path))
+    package = tmp_path / methods.SUFFIX_PACKAGE
+    package.mkdir()
+    try:
+        # Installed but broken (its native kernels fail to load): as unusable as missing, as vLLM judges it.
+        (package / "__init__.py").write_text("raise ImportError('libcudart.so.12: cannot open shared object file')\n")
+        (problem,) = check(suffix)
+        assert "arctic-inference" in problem and methods.SUFFIX_INSTALL in problem and "libcudart" in problem
+        (package / "__init__.py").write_text("")
+        assert check(suffix) == []
+    finally:  # a stand-in package must not outlive the test: others ask whether the real one is installed
+        sys.modules.pop(methods.SUFFIX_PACKAGE, None)
+    # Its proposer asserts the scheduled K is num_speculative_tokens: a schedule would fail at the first step.
+    (refusal,) = methods.check_schedule("suffix", [[1, 4, 4], [5, 64, 2]], 8)
+    assert "suffix_decoding.py" in refusal and "custom_class" not in refusal
+    assert methods.cost("suffix") == "ngram" and not methods.pads_drafts("suffix", "V1")
+
+
+def test_engines_load_only_vllms_own_plugins_and_rows_say_which(monkeypatch):
+    """arctic-inference (installed for method=suffix) registers a general plugin that patches vLLM: no engine
+    may load it, whatever it measures; vLLM's own plugins stay allowed and a user's VLLM_PLUGINS is kept."""
+    import importlib.metadata
+
+    import vllm.plugins
+
+    from specbench import engine
+    from specbench.engine import worker
+
+    installed = list(importlib.metadata.entry_points(group=engine.PLUGIN_GROUP))
+    arctic = importlib.metadata.EntryPoint("arctic_inference", "arctic_inference.vllm.plugins:arctic_inference_plugin",
+                                           engine.PLUGIN_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group=None: [*installed, arctic] if group == engine.PLUGIN_GROUP else [])
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    allowed = engine.worker_environment(None)["VLLM_PLUGINS"].split(",")
+    assert "arctic_inference" not in allowed
+    assert set(allowed) == {ep.name for ep in installed} or allowed == [""]
+    # The worker applies that environment; vLLM parses it as an allowlist, and the row names what it let in.
+    monkeypatch.setenv("VLLM_PLUGINS", ",".join(allowed))
+    monkeypatch.setattr(vllm.plugins, "plugins_loaded", True)
+    assert worker.loaded_plugins() == tuple(sorted(ep.name for ep in installed))
+    monkeypatch.delenv("VLLM_PLUGINS")  # unset: vLLM loads every installed one, the patching one too
+    assert "arctic_inference" in worker.loaded_plugins()
+    monkeypatch.setenv("VLLM_PLUGINS", "arctic_inference")  # a user's choice is theirs, and recorded
+    assert engine.worker_environment(None)["VLLM_PLUGINS"] == "arctic_inference"

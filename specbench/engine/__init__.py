@@ -241,6 +241,8 @@ class EngineInfo:
     allocator: str | None = None
     # Anonymous memory the kernel backs with huge pages once the engine is built (/proc/self/smaps_rollup).
     huge_page_bytes: int | None = None
+    # The general plugins vLLM loaded into the engine (VLLM_PLUGINS against the installed entry points).
+    plugins: tuple[str, ...] = ()
 
 
 def worker_environment(spec: EngineSpec | None) -> dict[str, str]:
@@ -260,11 +262,27 @@ def worker_environment(spec: EngineSpec | None) -> dict[str, str]:
         # vLLM otherwise drops torch to one thread "for serving"; an offline
         # benchmark owns the machine's cores.
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
+        # vLLM runs every installed general plugin in every process unless told which; a third-party one
+        # (arctic-inference's, installed for method=suffix) patches vLLM's classes, so the engine measured
+        # would no longer be the vLLM installed. A user's own VLLM_PLUGINS is kept (and the row says what ran).
+        "VLLM_PLUGINS": os.environ.get("VLLM_PLUGINS", ",".join(vllm_own_plugins())),
     }
     if spec is None:
         return shared
     return (shared | start_environment(spec.preload, spec.cpu_huge_pages)
             | {"VLLM_CPU_KVCACHE_SPACE": str(spec.cpu_kvcache_space_gib)} | dict(spec.worker_env))
+
+
+PLUGIN_GROUP = "vllm.general_plugins"
+"""The entry-point group of the plugins vLLM loads in every process (vllm/plugins/__init__.py)."""
+
+
+def vllm_own_plugins() -> list[str]:
+    """The installed general plugins that vLLM itself ships (its entry points point into ``vllm.``); not
+    another package's, which may patch vLLM. Read from the installed metadata, without importing vLLM."""
+    from importlib.metadata import entry_points
+
+    return sorted({ep.name for ep in entry_points(group=PLUGIN_GROUP) if ep.value.split(".")[0].split(":")[0] == "vllm"})
 
 
 def start_environment(preload: str | None, huge_pages: bool) -> dict[str, str]:

@@ -328,6 +328,22 @@ def loaded_allocator(maps: str = "/proc/self/maps") -> str | None:
     return next((name for name in ("tcmalloc", "jemalloc") if f"lib{name}" in text), "glibc")
 
 
+def loaded_plugins() -> tuple[str, ...]:
+    """The general plugins vLLM loaded into this process: the installed ones its ``VLLM_PLUGINS`` allows
+    (all where it is unset), as ``vllm.plugins.load_plugins_by_group`` picks them; empty before vLLM has
+    loaded any (``plugins_loaded`` still false)."""
+    from importlib.metadata import entry_points
+
+    import vllm.envs as envs
+    import vllm.plugins as plugins
+
+    if not plugins.plugins_loaded:
+        return ()
+    allowed = envs.VLLM_PLUGINS
+    return tuple(sorted(ep.name for ep in entry_points(group=plugins.DEFAULT_PLUGINS_GROUP)
+                        if allowed is None or ep.name in allowed))
+
+
 def huge_page_bytes(rollup: str = "/proc/self/smaps_rollup") -> int | None:
     """Anonymous memory of this process the kernel backs with transparent huge pages (AnonHugePages);
     None where the kernel does not say."""
@@ -487,6 +503,7 @@ def serve(
             engine_id=uuid.uuid4().hex,
             allocator=loaded_allocator(),
             huge_page_bytes=huge_page_bytes(),
+            plugins=loaded_plugins(),
         )
         conn.send(("ok", info))
     except BaseException:  # noqa: BLE001 - everything must reach the parent

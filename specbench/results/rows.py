@@ -262,6 +262,7 @@ def _measured_columns(m: Measurement, info: EngineInfo, workload: Workload, plan
         "engine_id": info.engine_id,
         "engine_allocator": info.allocator,
         "engine_huge_page_bytes": info.huge_page_bytes,
+        "vllm_plugins": ",".join(info.plugins),
         "machine": info.machine,
         # How vLLM resolved the engine's mode (model runner, async scheduling, graphs, step budget).
         **(info.mode.columns() if info.mode is not None else dict.fromkeys(MODE_COLUMNS)),

@@ -318,6 +318,7 @@ SCHEMA = pa.schema(
         ("vllm_fixes", _STR),  # repairs of known vLLM defects applied to the engine ("vllm#55005"); "": none
         ("engine_allocator", _STR),  # the malloc the engine's worker ran with: tcmalloc, jemalloc, glibc
         ("engine_huge_page_bytes", _INT),  # the worker's memory in transparent huge pages once built (CPU)
+        ("vllm_plugins", _STR),  # general plugins vLLM loaded into the engine, comma-separated; "": none
         ("python_version", _STR),
         ("machine", _STR),  # GPU name and count, or CPU model and cores (hardware_profile: the priced profile)
         # The engine's mode as vLLM resolved it, read from the running engine's vllm_config.
