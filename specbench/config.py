@@ -265,6 +265,15 @@ class Cell:
             found.append((_reference_key(method, self.config["method"]), reference))
         return found
 
+    def tokenizer_checkpoints(self) -> list[str]:
+        """The checkpoints of :meth:`checkpoints` whose tokenizer vLLM loads, so whose tokenizer files must be
+        there: the target's, and a heterogeneous-vocabulary draft model's (vLLM 0.32 builds its draft config with
+        the draft's own tokenizer, config/speculative.py, and its proposer loads both, v1/spec_decode/
+        draft_model.py). EAGLE heads and same-vocabulary drafts use the target's."""
+        speculative = self.identity["method"]["speculative_config"] or {}
+        drafts = [speculative["model"]] if speculative.get("use_heterogeneous_vocab") and speculative.get("model") else []
+        return [self.identity["model"]["path"], *drafts]
+
     def engine_spec(self, *, prepare: bool = True) -> EngineSpec:
         """The engine this cell runs on; model references resolved to local folders (and prepared:
         embedded checkpoints converted, hub checkpoints downloaded, :func:`specbench.models.resolve`)."""

@@ -25,7 +25,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # One bounded request decides whether the hub can be reached: huggingface_hub's own
@@ -76,13 +76,15 @@ def _repo_folder(repo_id: str) -> Path:
     return cache_dir() / ("models--" + repo_id.replace("/", "--"))
 
 
-def cached_snapshot(repo_id: str) -> Path | None:
+def cached_snapshot(repo_id: str, *, tokenizer: bool = False) -> Path | None:
     """The cache's snapshot folder of ``repo_id`` if it holds a loadable checkpoint; no network.
 
     The snapshot ``refs/main`` points to, else the newest complete one (a
     cache copied without its refs). Complete means a ``config.json`` and the
     weights: every shard an index names, or else a ``*.safetensors`` or
-    ``*.bin`` file (a tokenizer fetched alone does not make a checkpoint).
+    ``*.bin`` file (a tokenizer fetched alone does not make a checkpoint);
+    with ``tokenizer``, for a checkpoint whose tokenizer vLLM loads, also
+    its tokenizer's files (:func:`has_tokenizer`).
     """
     folder = _repo_folder(repo_id)
     snapshots = folder / "snapshots"
@@ -91,9 +93,9 @@ def cached_snapshot(repo_id: str) -> Path | None:
     ref = folder / "refs" / "main"
     if ref.is_file():
         pinned = snapshots / ref.read_text().strip()
-        if _complete(pinned):
+        if _complete(pinned, tokenizer):
             return pinned
-    complete = [s for s in snapshots.iterdir() if _complete(s)]
+    complete = [s for s in snapshots.iterdir() if _complete(s, tokenizer)]
     return max(complete, key=lambda s: s.stat().st_mtime) if complete else None
 
 
@@ -103,8 +105,21 @@ def snapshot_revision(folder: str | os.PathLike[str]) -> str | None:
     return path.name if path.parent.name == "snapshots" and _COMMIT.match(path.name) else None
 
 
-def _complete(snapshot: Path) -> bool:
+# A tokenizer's vocabulary, in each form transformers' AutoTokenizer reads: a fast tokenizer's
+# tokenizer.json, a SentencePiece model, a BPE vocab.json with its merges, a WordPiece vocab.txt, tiktoken ranks.
+TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",),
+                   ("*.tiktoken",))
+
+
+def has_tokenizer(snapshot: Path) -> bool:
+    """Whether a checkpoint folder holds a tokenizer vLLM can load: one of :data:`TOKENIZER_FILES`' forms."""
+    return any(all(any(p.is_file() for p in snapshot.glob(name)) for name in form) for form in TOKENIZER_FILES)
+
+
+def _complete(snapshot: Path, tokenizer: bool = False) -> bool:
     if not (snapshot / "config.json").is_file():
+        return False
+    if tokenizer and not has_tokenizer(snapshot):
         return False
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (snapshot / index).is_file():
@@ -140,12 +155,16 @@ def checkpoint_files(siblings: Iterable[tuple[str, int | None]]) -> dict[str, in
             if name.endswith(weights) or any(fnmatch(name, p) for p in AUXILIARY_PATTERNS)}
 
 
-def fetch_all(needed: Sequence[tuple[str, str]]) -> dict[str, Path]:
+def fetch_all(needed: Sequence[tuple[str, str]], tokenizers: Collection[str] | None = None) -> dict[str, Path]:
     """Every hub checkpoint in ``needed`` as a local snapshot folder, downloaded where missing.
 
     ``needed``: (config key, reference) pairs, e.g. ``("model.path", "Qwen/Qwen2.5-7B-Instruct")``;
     references that are not hub ids (embedded, shipped heads, local folders)
-    are left out, and a reference named under two keys is fetched once. Each
+    are left out, and a reference named under two keys is fetched once.
+    ``tokenizers``: the references whose tokenizer vLLM loads (the target's,
+    and a heterogeneous-vocabulary draft model's: :meth:`specbench.config.Cell.tokenizer_checkpoints`);
+    a cached snapshot of one without its tokenizer files is missing, since
+    every worker would fail on it. None: the target's (``model.path``) only. Each
     missing checkpoint's repository is looked up first, all of them before
     any download, and the downloads only start if the disk holds them all.
 
@@ -161,10 +180,12 @@ def fetch_all(needed: Sequence[tuple[str, str]]) -> dict[str, Path]:
     for key, reference in needed:
         if isinstance(reference, str) and is_hub_id(reference):
             keys.setdefault(reference, key)
+    if tokenizers is None:
+        tokenizers = {reference for key, reference in needed if key == "model.path"}
     found: dict[str, Path] = {}
     missing: list[str] = []
     for reference in keys:
-        snapshot = cached_snapshot(reference)
+        snapshot = cached_snapshot(reference, tokenizer=reference in tokenizers)
         if snapshot is None:
             missing.append(reference)
         else:
@@ -178,7 +199,7 @@ def fetch_all(needed: Sequence[tuple[str, str]]) -> dict[str, Path]:
         raise HubError("\n".join(errors))
     _check_room(downloads)
     for download in downloads:
-        found[download.repo_id] = _download(download)
+        found[download.repo_id] = _download(download, tokenizer=download.repo_id in tokenizers)
     return found
 
 
@@ -189,7 +210,11 @@ def fetch(reference: str, key: str) -> Path:
 
 def _refusal(repo_id: str, key: str, why: str) -> str:
     first = "unset HF_HUB_OFFLINE on a machine with network" if offline() else "connect this machine to the hub"
-    return (f"{key}={repo_id} is not in the Hugging Face cache ({cache_dir()}) and {why}: {first}, "
+    # Weights without the tokenizer vLLM loads for it: say so, or the user finds the model "in the cache".
+    where = (f"is in the Hugging Face cache ({cache_dir()}) without the tokenizer files vLLM loads for it "
+             f"(tokenizer.json, tokenizer.model or vocab.json with merges.txt)"
+             if cached_snapshot(repo_id) is not None else f"is not in the Hugging Face cache ({cache_dir()})")
+    return (f"{key}={repo_id} {where} and {why}: {first}, "
             f"or run `hf download {repo_id}` (huggingface-cli download on older huggingface_hub) on a machine "
             f"with network and copy its cache here, or set HF_HOME to a cache that holds it, "
             f"or point {key} at a local folder")
@@ -252,7 +277,7 @@ def _check_room(downloads: Sequence[_Download]) -> None:
                        f"free under {folder}; free some space, or set HF_HOME (or HF_HUB_CACHE) to a larger disk")
 
 
-def _download(download: _Download) -> Path:
+def _download(download: _Download, tokenizer: bool = False) -> Path:
     """Download one checkpoint's files into the cache, with huggingface_hub's progress bars."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError
@@ -271,6 +296,10 @@ def _download(download: _Download) -> Path:
     if not _complete(folder):
         raise HubError(f"{download.key}={download.repo_id}: downloaded, but {folder} holds no config.json and "
                        f"weights vLLM can load (*.safetensors or *.bin); point {download.key} at a checkpoint folder")
+    if tokenizer and not has_tokenizer(folder):
+        raise HubError(f"{download.key}={download.repo_id}: downloaded, but {folder} holds no tokenizer "
+                       f"(tokenizer.json, tokenizer.model or vocab.json with merges.txt), and vLLM loads this "
+                       f"checkpoint's tokenizer; point {download.key} at a checkpoint folder that has one")
     return folder
 
 

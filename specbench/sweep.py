@@ -93,7 +93,8 @@ def plan_cells(
     # Every point valid: each becomes its cell (once), and a sweep brings their checkpoints to disk.
     cells = [] if errors else [(job, cell_from_config(cfg), int(cfg.engine_runs)) for job, cfg in composed]
     if fetch and cells:
-        hub.fetch_all([pair for _, cell, _ in cells for pair in cell.checkpoints()])
+        hub.fetch_all([pair for _, cell, _ in cells for pair in cell.checkpoints()],
+                      {reference for _, cell, _ in cells for reference in cell.tokenizer_checkpoints()})
     sources_read: set[str] = set()
     for where, cfg in valid:
         # A prompt file that cannot be read, or too few prompts within

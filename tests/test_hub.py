@@ -80,7 +80,8 @@ def test_hub_ids_are_told_from_local_and_packaged_references(tmp_path, monkeypat
 
 
 def test_a_cached_checkpoint_resolves_to_its_snapshot_without_network(hf_home, monkeypatch) -> None:
-    snapshot = cache_checkpoint(hf_home, "Org/Small", {"config.json": "{}", "model.safetensors": "w"})
+    snapshot = cache_checkpoint(hf_home, "Org/Small", {"config.json": "{}", "model.safetensors": "w",
+                                                       "tokenizer.json": "{}"})
     no_network(monkeypatch)
     monkeypatch.setenv("HF_ENDPOINT", CLOSED_PORT)
     assert hub.fetch_all([("model.path", "Org/Small"), ("model.drafts.self", "Org/Small")]) == {"Org/Small": snapshot}
@@ -288,3 +289,32 @@ def test_a_checkpoint_in_the_hub_cache_runs_a_cell_with_the_network_out_of_reach
     assert row["model_revision"] == COMMIT and pd.isna(row["drafter_revision"])
     assert json.loads(row["config_json"])["model"]["path"] == "specbench/smollm2-135m-instruct"
     assert f"model='{snapshot}'" in (run_dir / "specbench.log").read_text()  # vLLM was handed the folder
+
+
+def test_a_checkpoint_whose_tokenizer_vllm_loads_is_not_complete_without_it(hf_home, monkeypatch,
+                                                                            compose_cell) -> None:
+    """The 0.5B Qwen draft of the 7B has another vocabulary size: vLLM loads its own tokenizer (the V1
+    proposer maps the two vocabularies). Cached without its tokenizer files, every worker would fail on it."""
+    cell = cell_from_config(compose_cell(["model=qwen2.5-7b-instruct", "method=draft_model"]))
+    target, draft = "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"
+    assert cell.tokenizer_checkpoints() == [target, draft]
+    weights = {"config.json": "{}", "model.safetensors": "w"}
+    cache_checkpoint(hf_home, target, weights | {"tokenizer.json": "{}"})
+    cache_checkpoint(hf_home, draft, weights)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(hub.HubError) as refused:
+        hub.fetch_all(cell.checkpoints(), cell.tokenizer_checkpoints())
+    (line,) = str(refused.value).splitlines()
+    assert line.startswith(f"model.drafts.small={draft} is in the Hugging Face cache") and "tokenizer files" in line
+    # An EAGLE head, or a draft of the target's vocabulary, uses the target's tokenizer: weights suffice.
+    head = cell_from_config(compose_cell(["model=qwen2.5-7b-instruct", "method=eagle3"]))
+    assert head.tokenizer_checkpoints() == [target]
+    same = cell_from_config(compose_cell(["model=llama-3.1-8b-instruct", "method=draft_model"]))
+    assert same.tokenizer_checkpoints() == [same.identity["model"]["path"]]
+    # The target's tokenizer is always loaded, also where a caller does not say.
+    assert hub.cached_snapshot(draft) is not None and hub.cached_snapshot(draft, tokenizer=True) is None
+    with pytest.raises(hub.HubError, match=r"^model.path=Qwen/Qwen2.5-0.5B-Instruct is in the Hugging Face cache"):
+        hub.fetch_all([("model.path", draft)])
+    for form in ({"tokenizer.model": "sp"}, {"vocab.json": "{}", "merges.txt": ""}):
+        complete = cache_checkpoint(hf_home, f"Org/{len(form)}", weights | form)
+        assert hub.cached_snapshot(f"Org/{len(form)}", tokenizer=True) == complete
