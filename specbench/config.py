@@ -750,7 +750,7 @@ def _check_heterogeneous_vocab(method: Any, speculative: Mapping[str, Any]) -> l
     return []
 
 
-def _with_draft_vocabulary(plain: dict[str, Any]) -> dict[str, Any]:
+def with_draft_vocabulary(plain: dict[str, Any]) -> dict[str, Any]:
     """method=draft_model with a draft listed in ``model.heterogeneous_vocab_drafts``: vLLM's
     ``use_heterogeneous_vocab`` set in its speculative_config (and so in the cell's identity).
 
@@ -788,5 +788,5 @@ def _to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
         cfg = cfg.copy()
         with open_dict(cfg):
             cfg.pop("hydra", None)  # resolving it outside a running job fails; it is not the cell
-        return _with_draft_vocabulary(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))  # type: ignore[arg-type]
-    return _with_draft_vocabulary(dict(cfg))
+        return with_draft_vocabulary(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))  # type: ignore[arg-type]
+    return with_draft_vocabulary(dict(cfg))

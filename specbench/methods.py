@@ -189,6 +189,29 @@ def pads_drafts(name: str, model_runner: str) -> bool:
     return method is not None and model_runner in method.pads_drafts
 
 
+V1_ONLY_METHODS = ("suffix", "medusa", "mlp_speculator", "custom_class")
+"""Speculative methods vLLM 0.32's Model Runner V2 does not run, so CUDA falls back to V1 for them."""
+
+
+def model_runner(device_runner: str, speculative: Mapping[str, Any] | None) -> str:
+    """The model runner vLLM 0.32 gives an engine with this ``speculative_config`` (None: plain decoding) on a
+    device whose runner is ``device_runner`` (:func:`specbench.analytic.profiles.device_model_runner`).
+
+    Where the device runs V2, vLLM falls back to V1 for the features V2 lacks
+    (config/vllm.py, ``VllmConfig._get_v2_model_runner_unsupported_features``, which
+    ``tests/test_vllm_config.py`` checks this against for every shipped GPU engine): the methods of
+    :data:`V1_ONLY_METHODS` (``controlled`` is a ``custom_class``), EAGLE parallel drafting, and a
+    heterogeneous-vocabulary draft model (``use_heterogeneous_vocab``: V2 has no vocabulary mapping).
+    """
+    if device_runner != "V2" or not speculative:
+        return device_runner
+    method = speculative.get("method")
+    if (method in V1_ONLY_METHODS or speculative.get("use_heterogeneous_vocab")
+            or (speculative.get("parallel_drafting") and method not in ("dflash", "dspark"))):
+        return "V1"
+    return "V2"
+
+
 def cost(name: str) -> str | None:
     """The cost model of method ``name``; None for an unknown or unpriced method."""
     method = _REGISTRY.get(name)

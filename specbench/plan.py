@@ -30,7 +30,8 @@ from omegaconf import OmegaConf
 
 from specbench import grid, methods
 from specbench.analytic import acceptance, footprint, graphs, memory, prediction, profiles, speedup
-from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, validate, with_schedule
+from specbench.config import (ConfigError, batch_prompt_tokens, cell_from_config, validate, with_draft_vocabulary,
+                              with_schedule)
 
 DEFAULT_ALPHA = 0.7
 
@@ -48,6 +49,8 @@ class PlannedRow:
     # process (max_num_batched_tokens); None where the engine captures no graphs or is unpriced.
     largest_step: int | None = None
     step_limit: int | None = None
+    # The model runner vLLM gives the cell's engine on the hardware priced (V1 or V2); None where unpriced.
+    model_runner: str | None = None
 
     @property
     def step_over_limit(self) -> bool:
@@ -81,6 +84,7 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
     """Price one composed cell."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("hydra", None)
+    plain = with_draft_vocabulary(plain)  # as the cell's engine gets it: the runner depends on it
     problems = tuple(validate(cfg))
     if not problems:
         plain = with_schedule(plain)
@@ -92,8 +96,10 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
     # A K schedule runs one K at this batch size: price that one.
     k = prediction.effective_k(plain["method"].get("speculative_config"), k, int(plain["batch_size"]))
     hardware = memory.resolve_hardware(plain.get("hardware"))
-    estimate = speedup = step = limit = None
+    estimate = speedup = step = limit = runner = None
     if hardware is not None:
+        runner = methods.model_runner(str(hardware.get("model_runner") or profiles.device_model_runner(hardware)),
+                                            plain["method"].get("speculative_config"))
         try:
             # The prompts the cell sends, as validation prices them; an invalid cell at the workload's cap.
             prompts = None if problems else batch_prompt_tokens(plain)
@@ -105,7 +111,7 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
         except memory.Unpriced:
             estimate = None
         speedup = _predicted_decode_speedup(plain, hardware, method, k, alpha)
-    return PlannedRow(job, label, estimate, speedup, problems, step, limit)
+    return PlannedRow(job, label, estimate, speedup, problems, step, limit, runner)
 
 
 def on_hardware(cfg: Any) -> Any:
@@ -223,15 +229,16 @@ def make_plan(overrides: Sequence[str], alpha: float = DEFAULT_ALPHA) -> list[Pl
 def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
     """The plan as a table, then the refused cells one line each, then a summary.
 
-    ``graphs``: the CUDA graphs' memory, taken from the KV cache; ``capture``:
+    ``runner``: the vLLM model runner the cell's engine gets (V2 on CUDA, V1 where V2 lacks a feature the
+    cell needs, and on the CPU build); ``graphs``: the CUDA graphs' memory, taken from the KV cache; ``capture``:
     the largest size (tokens) the cell's engine captures and, in brackets, how
     many sizes (``eager`` where it captures none).
     """
     gb = 1e9
     width = max([34, *(len(r.label) for r in rows)])  # a K schedule's label is longer
-    lines = [f"{'cell':<{width}} {'weights':>8} {'drafter':>8} {'graphs':>7} {'capture':>10} {'KV B/tok':>8} "
+    lines = [f"{'cell':<{width}} {'runner':>6} {'weights':>8} {'drafter':>8} {'graphs':>7} {'capture':>10} {'KV B/tok':>8} "
              f"{'KV pool':>8} {'fit reqs':>8} {'peak':>7} {'usable':>7} {'speedup':>7}  verdict",
-             f"{'':<{width}} {'GB':>8} {'GB':>8} {'GB':>7} {'tokens':>10} {'':>8} {'GB':>8} {'':>8} {'GB':>7} "
+             f"{'':<{width}} {'':>6} {'GB':>8} {'GB':>8} {'GB':>7} {'tokens':>10} {'':>8} {'GB':>8} {'':>8} {'GB':>7} "
              f"{'GB':>7} {f'a={alpha:g}':>7}"]
     for r in rows:
         e = r.estimate
@@ -248,7 +255,7 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
                    else f"fits, in waves of {e.batch_at_once}" if _in_waves(r) and e is not None else "fits")
         if r.step_over_limit:
             verdict += f"; step {r.largest_step} > max_num_batched_tokens {r.step_limit}, no graph"
-        lines.append(f"{r.label:<{width}} {memory_cols} {speedup}  {verdict}")
+        lines.append(f"{r.label:<{width}} {r.model_runner or '':>6} {memory_cols} {speedup}  {verdict}")
     refused = [r for r in rows if r.problems]
     if refused:
         lines.append("")

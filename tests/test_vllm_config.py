@@ -12,14 +12,30 @@ EAGLE architectures resolved through vLLM's model registry, draft lengths)
 and the engine config. What vLLM refuses there, a GPU engine would refuse
 at its start, after the weights were downloaded.
 
+It also asserts the model runner each engine gets on CUDA: vLLM's own
+``VllmConfig._get_v2_model_runner_unsupported_features`` on the config it
+built (V1 where it names anything) must be what specbench's plan shows
+(:func:`specbench.methods.model_runner`). That rule reads the
+speculative and parallel configs only, so the CPU platform does not bend it.
+
 The checkpoints are the published ``config.json`` files of the hub models
 the model configs name, shipped in ``tests/data/hub-configs/<org>/<name>/``
 (each folder's SOURCE says where it comes from); no weights
 (``load_format="dummy"``), no tokenizer (``skip_tokenizer_init``). The
 cells are composed as on a CUDA build of vLLM (``${cpu_engine:}`` false:
-CUDA graphs), but vLLM here takes its CPU platform's branches (the V1 model
-runner, no async scheduling); those do not decide what is checked: the
-vocabulary, architecture and speculative-config rules are platform-free.
+CUDA graphs).
+
+What this cannot see, and a GPU engine's start still can refuse: vLLM here
+takes its CPU platform's branches, which turn async scheduling off and empty
+the CUDA-graph capture sizes (so capture-size handling, V1's rounding of them
+to multiples of K+1, and async scheduling per method are untested here); the
+runner is read from the rule, not from ``use_v2_model_runner`` (which also
+asks for Triton); AWQ's conversion to Marlin kernels and its dtype checks
+need a CUDA device; no weights load (dummy), so no memory is profiled and
+vLLM's free-memory check at start never runs; and no tokenizer loads
+(``skip_tokenizer_init``), so a draft whose tokenizer the V1 proposer loads
+(the heterogeneous-vocabulary draft) is checked for its files only by
+:mod:`specbench.hub` (``tests/test_hub.py``).
 """
 
 from __future__ import annotations
@@ -115,23 +131,39 @@ def engines(cells: Sequence[Any]) -> dict[str, tuple[str, dict[str, Any]]]:
     return found
 
 
-def vllm_refusal(kwargs: dict[str, Any]) -> str | None:
-    """What vLLM's own configuration says against an engine of these LLM kwargs; None when it builds."""
+def vllm_build(kwargs: dict[str, Any]) -> tuple[str | None, str | None]:
+    """vLLM's own configuration of an engine of these LLM kwargs: what it says against it (None when it builds),
+    and the model runner it gives the engine on CUDA (None when refused): V1 where
+    ``_get_v2_model_runner_unsupported_features`` names anything, else V2."""
     from vllm.engine.arg_utils import EngineArgs
 
     try:
-        EngineArgs(**kwargs, skip_tokenizer_init=True, load_format="dummy").create_engine_config()
+        built = EngineArgs(**kwargs, skip_tokenizer_init=True, load_format="dummy").create_engine_config()
     except Exception as exc:  # vLLM raises pydantic, Value and NotImplemented errors alike
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         # A pydantic error's first line names the class; the second holds vLLM's message, then its input.
         message = lines[1] if len(lines) > 1 and lines[0].startswith("1 validation error") else lines[0]
         message = re.sub(r"^Value error, | \[type=.*$| Supported architectures: .*$", "", message)
-        return f"{type(exc).__name__}: {message}"
-    return None
+        return f"{type(exc).__name__}: {message}", None
+    return None, "V1" if built._get_v2_model_runner_unsupported_features() else "V2"
+
+
+def vllm_refusal(kwargs: dict[str, Any]) -> str | None:
+    """What vLLM's own configuration says against an engine of these LLM kwargs; None when it builds."""
+    return vllm_build(kwargs)[0]
 
 
 def _refusals(cells: Sequence[Any]) -> list[str]:
-    return [f"{label}: {why}" for label, kwargs in engines(cells).values() if (why := vllm_refusal(kwargs))]
+    """What vLLM refuses of the cells' engines, and every engine whose runner on CUDA is not the plan's."""
+    found = []
+    for label, kwargs in engines(cells).values():
+        why, runner = vllm_build(kwargs)
+        planned = methods.model_runner("V2", kwargs.get("speculative_config"))
+        if why:
+            found.append(f"{label}: {why}")
+        elif runner != planned:
+            found.append(f"{label}: vLLM gives it Model Runner {runner} on CUDA, specbench's plan says {planned}")
+    return found
 
 
 @pytest.fixture
@@ -254,7 +286,8 @@ def test_a_draft_of_another_vocabulary_runs_with_vllms_mapping_or_is_refused_nam
     assert speculative["use_heterogeneous_vocab"] is True  # the model config lists its small draft
     local = dict(speculative, model=str(HUB_CONFIGS / "Qwen/Qwen2.5-0.5B-Instruct"))
     target = {"model": str(HUB_CONFIGS / "Qwen/Qwen2.5-7B-Instruct"), "dtype": "bfloat16", "max_model_len": 2048}
-    assert vllm_refusal(dict(target, speculative_config=local)) is None
+    assert vllm_build(dict(target, speculative_config=local)) == (None, "V1")  # V2 has no vocabulary mapping
+    assert methods.model_runner("V2", local) == "V1"
     unmapped = {k: v for k, v in local.items() if k != "use_heterogeneous_vocab"}
     refusal = vllm_refusal(dict(target, speculative_config=unmapped))
     assert refusal is not None and "should have the same vocabulary size" in refusal
@@ -271,3 +304,17 @@ def test_a_draft_of_another_vocabulary_runs_with_vllms_mapping_or_is_refused_nam
     # A draft of the target's own vocabulary keeps the speculative_config it had.
     same = cell_from_config(_compose(["model=llama-3.1-8b-instruct", "method=draft_model"]))
     assert "use_heterogeneous_vocab" not in same.identity["method"]["speculative_config"]
+
+
+def test_the_plan_shows_the_model_runner_each_cell_gets(gpu_build):
+    """The README's GPU plan: V1 for the 0.5B heterogeneous-vocabulary draft (its baseline on V2), V2 for the rest;
+    the CPU build runs V1 whatever the method."""
+    rows = plan.make_plan(["sweep=k_sweep", "model=qwen2.5-7b-instruct-awq", "hardware=rtx4090",
+                           "num_speculative_tokens=2", "workload=summarize"])
+    runners = {r.label.split()[0]: r.model_runner for r in rows}
+    assert runners == {"baseline": "V2", "ngram": "V2", "eagle3": "V2", "draft_model/small": "V1"}
+    assert "runner" in plan.format_plan(rows, 0.7).splitlines()[0]
+    for method in ("suffix", "custom_class"):
+        assert methods.model_runner("V2", {"method": method}) == "V1"
+    assert methods.model_runner("V1", {"method": "eagle3"}) == "V1"
+    assert methods.model_runner("V2", {"method": "eagle3", "parallel_drafting": True}) == "V1"

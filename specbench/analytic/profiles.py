@@ -163,7 +163,9 @@ class HardwareProfile:
 
 
 MODEL_RUNNERS = ("V1", "V2")
-"""vLLM's model runners: V1 (the CPU build's, and CUDA's for custom_class proposers) and V2 (vLLM 0.32 on CUDA)."""
+"""vLLM's model runners: V1 (the CPU build's, and CUDA's for what V2 does not support:
+:func:`specbench.methods.model_runner`) and V2 (vLLM 0.32 on CUDA)."""
+
 
 
 def device_model_runner(d: Mapping) -> str:

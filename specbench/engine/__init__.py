@@ -182,8 +182,8 @@ class EngineMode:
     vLLM picks these itself from the platform and the method, and two engines
     of one sweep can differ in them: on CUDA, vLLM 0.32 runs Model Runner V2
     with async scheduling for plain decoding, but turns async scheduling off
-    for ``method: ngram`` and runs ``custom_class`` proposers on V1
-    (``config/vllm.py``). A speedup taken across such a difference measures
+    for ``method: ngram`` and runs ``custom_class`` and ``suffix`` proposers and heterogeneous-vocabulary
+    drafts on V1 (``config/vllm.py``; :func:`specbench.methods.model_runner`). A speedup taken across such a difference measures
     the mode as well as the method (:mod:`specbench.results.merge` says so).
     """
 

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, cast
 
-from specbench import stats
+from specbench import methods, stats
 from specbench.results import distribution, exactness
 from specbench.results.files import CellFiles
 from specbench.results.metrics import REPETITIVE_SHARE, median_known
@@ -840,7 +840,10 @@ def mode_mismatch(base: Mapping[str, Any], cell: Mapping[str, Any]) -> str | Non
     differences = []
     runner_b, runner_c = base.get("engine_model_runner"), cell.get("engine_model_runner")
     if None not in (runner_b, runner_c) and runner_b != runner_c:
-        why = f" (vLLM 0.32 runs {vllm_method} on V1)" if runner_c == "V1" and vllm_method == "custom_class" else ""
+        speculative = (row_config(cell).get("method") or {}).get("speculative_config") or {}
+        what = "heterogeneous-vocabulary drafts" if speculative.get("use_heterogeneous_vocab") else vllm_method
+        why = (f" (vLLM 0.32 runs {what} on V1)"
+               if runner_c == "V1" and methods.model_runner(runner_b, speculative) == "V1" else "")
         differences.append(f"model runner: baseline {runner_b}, cell {runner_c}{why}")
     async_b, async_c = base.get("engine_async_scheduling"), cell.get("engine_async_scheduling")
     if None not in (async_b, async_c) and async_b != async_c:
