@@ -318,3 +318,18 @@ def test_the_plan_shows_the_model_runner_each_cell_gets(gpu_build):
         assert methods.model_runner("V2", {"method": method}) == "V1"
     assert methods.model_runner("V1", {"method": "eagle3"}) == "V1"
     assert methods.model_runner("V2", {"method": "eagle3", "parallel_drafting": True}) == "V1"
+
+
+def test_each_model_config_computes_in_a_dtype_its_vllm_quantization_path_takes():
+    """The AWQ target runs in bfloat16 (Qwen2 activations can overflow float16): vLLM 0.32's CUDA AWQ path takes it."""
+    import torch
+    import yaml
+    from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig
+
+    for path in sorted((ROOT / "conf" / "model").glob("*.yaml")):
+        model = yaml.safe_load(path.read_text())
+        shipped = HUB_CONFIGS / model["path"] / "config.json"
+        quantization = json.loads(shipped.read_text()).get("quantization_config") if shipped.is_file() else None
+        if quantization and quantization["quant_method"] == "awq":
+            assert getattr(torch, model["dtype"]) in AutoAWQConfig.get_supported_act_dtypes(), path.name
+            assert model["dtype"] == "bfloat16", path.name
