@@ -98,8 +98,7 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
     hardware = memory.resolve_hardware(plain.get("hardware"))
     estimate = speedup = step = limit = runner = None
     if hardware is not None:
-        runner = methods.model_runner(str(hardware.get("model_runner") or profiles.device_model_runner(hardware)),
-                                            plain["method"].get("speculative_config"))
+        runner = memory.model_runner(plain, hardware)
         try:
             # The prompts the cell sends, as validation prices them; an invalid cell at the workload's cap.
             prompts = None if problems else batch_prompt_tokens(plain)

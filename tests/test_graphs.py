@@ -52,10 +52,16 @@ def test_graph_memory_follows_vllms_profile_shape_and_leaves_the_kv_cache_less()
     model = prediction.model_profile("Qwen/Qwen2.5-7B-Instruct", "bfloat16")
     small, large = graphs.capture_sizes(8, 0, None), graphs.capture_sizes(128, 4, None)
     assert footprint.cuda_graph_bytes([model], ()) == 0
-    # The pool of the largest capture, plus vLLM's 1 MiB floor per graph (FULL and PIECEWISE per size).
-    per_graph = footprint.GRAPHS_PER_SIZE * footprint.GRAPH_OVERHEAD_BYTES
-    assert footprint.cuda_graph_bytes([model], small) - len(small) * per_graph \
-        == pytest.approx(8 / 640 * (footprint.cuda_graph_bytes([model], large) - len(large) * per_graph), abs=1)
+    # Model Runner V2: the pool of the largest capture, every PIECEWISE graph (one per compiled piece, 29 for
+    # Qwen2.5-7B's 28 layers) at every size, and the FULL graphs past the first at vLLM's 1 MiB floor.
+    pieces = footprint.compiled_pieces(model)
+    assert pieces == 29
+
+    def beyond_pool(sizes):
+        return len(sizes) * pieces * footprint.PIECE_GRAPH_BYTES + (len(sizes) - 1) * footprint.GRAPH_OVERHEAD_BYTES
+
+    assert footprint.cuda_graph_bytes([model], small) - beyond_pool(small) \
+        == pytest.approx(8 / 640 * (footprint.cuda_graph_bytes([model], large) - beyond_pool(large)), abs=1)
     budget = footprint.MemoryBudget(total_bytes=40 * footprint.GIB)
     common = dict(batch_size=8, prompt_len=64, output_len=32, k=4, max_model_len=512, step_tokens=2048)
     eager = footprint.engine_memory(model, None, budget, **common)
@@ -155,3 +161,49 @@ def test_vllm_keeps_the_list_and_a_largest_size_alone_misses_off_grid_decode_ste
     assert sized(ours, None) == ours and compilation.max_cudagraph_capture_size == 500
     assert 500 not in sized(None, 500)  # truncated to the grid's 496: 100 requests x 5 get no graph
     assert max(sized(None, None)) == 512  # the default ceiling: 128 x 5 = 640 gets none
+
+
+def test_graph_memory_is_shaped_like_each_runners_accounting():
+    """V2 measures PIECEWISE graphs in full (every compiled piece at every size) and extrapolates FULL ones;
+    V1 extrapolates both from the second size, at least 1 MiB a size. The old charge, 2 x 1 MiB per size plus
+    the pool, was a fraction of either for the README's 4090 engines."""
+    model = prediction.model_profile("Qwen/Qwen2.5-7B-Instruct-AWQ", "bfloat16")
+    sizes = graphs.capture_sizes(64, 4, None)
+    pool = footprint.cuda_graph_bytes([model], sizes[-1:]) - 29 * footprint.PIECE_GRAPH_BYTES
+    n, mib = len(sizes), footprint.GRAPH_OVERHEAD_BYTES
+    v2 = footprint.cuda_graph_bytes([model], sizes, "V2")
+    v1 = footprint.cuda_graph_bytes([model], sizes, "V1")
+    assert v2 == pool + n * 29 * footprint.PIECE_GRAPH_BYTES + (n - 1) * mib
+    assert v1 == pool + (n - 1) * max(29 * footprint.PIECE_GRAPH_BYTES, mib) + (n - 1) * mib
+    old = pool + 2 * n * mib
+    assert v2 > 2 * (old - pool) + pool and v2 - v1 == 29 * footprint.PIECE_GRAPH_BYTES
+    # A drafter's pieces are captured too.
+    head = prediction.model_profile("Qwen/Qwen2.5-0.5B-Instruct", "bfloat16")
+    both = footprint.cuda_graph_bytes([model, head], sizes, "V2")
+    assert both - v2 > n * footprint.compiled_pieces(head) * footprint.PIECE_GRAPH_BYTES
+    with pytest.raises(ValueError, match="model_runner"):
+        footprint.cuda_graph_bytes([model], sizes, "V3")
+
+
+def test_v1_rounds_the_capture_list_to_multiples_of_k_plus_1():
+    """CompilationConfig.adjust_cudagraph_sizes_for_spec_decode, for engines vLLM runs on V1."""
+    from vllm.config.compilation import CompilationConfig
+
+    for batch, k in ((1, 4), (8, 2), (64, 4), (37, 3)):
+        sizes = graphs.capture_sizes(batch, k, None)
+        vllm_config = CompilationConfig(cudagraph_capture_sizes=list(sizes), max_cudagraph_capture_size=max(sizes))
+        vllm_config.adjust_cudagraph_sizes_for_spec_decode(k + 1)
+        assert graphs.v1_capture_sizes(sizes, k + 1) == tuple(vllm_config.cudagraph_capture_sizes), (batch, k)
+        assert batch * (k + 1) in graphs.v1_capture_sizes(sizes, k + 1)  # the widest decode step keeps its graph
+    assert graphs.v1_capture_sizes((1, 2, 4, 5), 5) == (5,) and graphs.v1_capture_sizes((1, 2), 1) == (1, 2)
+    # The plan's engines: the heterogeneous-vocabulary draft runs on V1 and gets the rounded list; V2 keeps it.
+    cfg = {"engine": {"enforce_eager": False, "max_num_seqs": 256, "max_num_batched_tokens": None},
+           "method": {"name": "draft_model", "speculative_config": {"method": "draft_model", "num_speculative_tokens": 4,
+                                                                   "use_heterogeneous_vocab": True}},
+           "num_speculative_tokens": 4, "batch_size": 64}
+    gpu = {"memory_bytes": 24 * footprint.GIB, "max_num_batched_tokens": 8192}
+    assert memory.model_runner(cfg, gpu) == "V1"
+    assert memory.capture_sizes(cfg, gpu) == graphs.v1_capture_sizes(graphs.capture_sizes(64, 4, None), 5)
+    same = {**cfg, "method": {"name": "draft_model", "speculative_config": {"method": "draft_model",
+                                                                          "num_speculative_tokens": 4}}}
+    assert memory.model_runner(same, gpu) == "V2" and memory.capture_sizes(same, gpu) == graphs.capture_sizes(64, 4, None)

@@ -24,11 +24,21 @@ DEFAULT_KV_BLOCK_SIZE = 16
 # Logits are materialised in float32 for every sequence of a step before sampling.
 _LOGIT_BYTES = 4
 # What vLLM's CUDA-graph profiler charges each captured graph at least (driver overhead):
-# _MIN_PER_GRAPH_BYTES in vllm/v1/worker/gpu/cudagraph_utils.py, 1 MiB in vLLM 0.32.
+# _MIN_PER_GRAPH_BYTES in vllm/v1/worker/gpu/cudagraph_utils.py, 1 MiB in vLLM 0.32 (V1's
+# profile_cudagraph_memory uses the same floor per captured size and mode).
 GRAPH_OVERHEAD_BYTES = 1 << 20
-# Graphs per capture size: a FULL graph for uniform decode steps and a PIECEWISE one for mixed
-# steps (vLLM 0.32's default cudagraph_mode, FULL_AND_PIECEWISE).
-GRAPHS_PER_SIZE = 2
+# What one PIECEWISE graph (one compiled piece of the model at one size) holds beyond the shared pool:
+# an assumed order of magnitude, not a measurement (no GPU has run specbench yet). A piecewise capture
+# records one graph per piece between attention splits, num_layers + 1 per model, and vLLM logs of
+# 7-8B models capturing ~67 sizes in well under a GiB put each near a quarter MiB. A GPU row's
+# recorded graph memory is the figure to trust over it.
+PIECE_GRAPH_BYTES = 1 << 18
+
+
+def compiled_pieces(model: ModelProfile) -> int:
+    """The pieces vLLM's piecewise compilation splits a model's forward into, one CUDA graph each per size:
+    the code between attention ops (which run outside the graphs), num_layers + 1."""
+    return model.num_layers + 1
 
 
 def kv_bytes_per_token(models: Sequence[ModelProfile]) -> int:
@@ -85,29 +95,45 @@ def _activation_bytes_per_token(model: ModelProfile) -> float:
     return per_token * model.kv_bytes_per_element
 
 
-def cuda_graph_bytes(models: Sequence[ModelProfile], capture_sizes: Sequence[int]) -> int:
+def cuda_graph_bytes(models: Sequence[ModelProfile], capture_sizes: Sequence[int], model_runner: str = "V2") -> int:
     """Device memory the CUDA graphs of an engine hold: what vLLM reserves before sizing the KV cache.
 
     vLLM 0.32 profiles it at start-up (``Worker.determine_available_memory``
-    in ``vllm/v1/worker/gpu_worker.py`` subtracts ``profile_cudagraph_memory()``
-    from the KV budget unless ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0``):
-    per graph mode, the first (largest) capture, which allocates the shared
-    graph pool, plus (graphs - 1) x the second capture's cost, at least
-    1 MiB a graph (``_extrapolate_full_graph_memory`` and
-    ``_MIN_PER_GRAPH_BYTES`` in ``vllm/v1/worker/gpu/cudagraph_utils.py``).
-    This estimate follows that shape without a device: the pool is the
-    activations of one pass at the largest size (:func:`activation_bytes`
-    per token, logits excluded: they are computed outside the graph), summed
-    over the target and its drafter (the speculator's graphs are captured
-    too); each graph adds :data:`GRAPH_OVERHEAD_BYTES`, with
-    :data:`GRAPHS_PER_SIZE` graphs per capture size. 0 without capture sizes
-    (eager engines, the CPU build).
+    in ``vllm/v1/worker/gpu_worker.py`` subtracts the runner's ``profile_cudagraph_memory()``
+    from the KV budget unless ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0``), under its default
+    FULL_AND_PIECEWISE mode: a FULL graph and a PIECEWISE capture per size, FULL and PIECEWISE
+    overlaid in one pool. The two runners account differently, and this follows each:
+
+    - Model Runner V2 (``vllm/v1/worker/gpu/cudagraph_utils.py``) measures the PIECEWISE,
+      speculator and encoder graphs in full, every size, and extrapolates only the FULL
+      ones from the two largest: the first capture (the pool) plus (sizes - 1) x the
+      second's cost, at least ``_MIN_PER_GRAPH_BYTES``.
+    - V1 (``GPUModelRunner.profile_cudagraph_memory``) extrapolates both modes that way:
+      per mode the first capture, then (sizes - 1) x max(the second capture, 1 MiB); the
+      largest first capture is the pool.
+
+    Without a device: the pool is the activations of one pass at the largest size
+    (:func:`activation_bytes` per token, logits excluded: they are computed outside the graph),
+    summed over the target and its drafter (the speculator's graphs are captured too); a FULL
+    graph costs :data:`GRAPH_OVERHEAD_BYTES`; a PIECEWISE capture of one size is one graph per
+    compiled piece (:func:`compiled_pieces`, of every model) at :data:`PIECE_GRAPH_BYTES`
+    each, and on V1 at least :data:`GRAPH_OVERHEAD_BYTES`. 0 without capture sizes (eager
+    engines, the CPU build).
     """
     if not capture_sizes:
         return 0
+    if model_runner not in ("V1", "V2"):
+        raise ValueError(f"model_runner must be V1 or V2, got {model_runner!r}")
+    sizes = len(capture_sizes)
     largest = max(check_int("capture size", s, 1) for s in capture_sizes)
     pool = largest * sum(_activation_bytes_per_token(m) for m in models)
-    return int(pool + GRAPHS_PER_SIZE * len(capture_sizes) * GRAPH_OVERHEAD_BYTES)
+    piecewise_size = sum(compiled_pieces(m) for m in models) * PIECE_GRAPH_BYTES
+    full = (sizes - 1) * GRAPH_OVERHEAD_BYTES
+    if model_runner == "V2":  # every PIECEWISE graph measured: the first size's too
+        piecewise = sizes * piecewise_size
+    else:  # extrapolated from the second size, with vLLM's floor per size
+        piecewise = (sizes - 1) * max(piecewise_size, GRAPH_OVERHEAD_BYTES)
+    return int(pool + full + piecewise)
 
 
 @dataclass(frozen=True)
@@ -234,6 +260,7 @@ def engine_memory(
     block_size: int = DEFAULT_KV_BLOCK_SIZE,
     batch_prompt_lens: Sequence[int] | None = None,
     capture_sizes: Sequence[int] = (),
+    model_runner: str = "V2",
 ) -> MemoryEstimate:
     """The memory model of one engine running one cell.
 
@@ -250,7 +277,7 @@ def engine_memory(
     one per request, as measured or bounded by the caller. None prices
     batch_size prompts of prompt_len tokens (the longest the workload admits).
     CUDA graphs: cuda_graph_bytes of target and drafter at capture_sizes
-    (empty for an eager engine), taken from the KV pool as vLLM takes them.
+    (empty for an eager engine) as model_runner accounts them, taken from the KV pool as vLLM takes them.
     """
     batch_size = check_int("batch_size", batch_size, 1)
     prompts = [prompt_len] * batch_size if batch_prompt_lens is None else list(batch_prompt_lens)
@@ -262,7 +289,7 @@ def engine_memory(
     target_weights = int(round(target.weight_bytes))
     drafter_weights = int(round(drafter.weight_bytes)) if drafter is not None else 0
     activations = activation_bytes(target, step_tokens=step_tokens, num_seqs=batch_size)
-    graphs = cuda_graph_bytes(models, capture_sizes)
+    graphs = cuda_graph_bytes(models, capture_sizes, model_runner)
     if budget.kv_pool_bytes is not None:
         pool = budget.kv_pool_bytes
     else:

@@ -17,13 +17,15 @@ which vLLM keeps as given, dropping only sizes above ``max_num_batched_tokens``)
 the token grid up to the engine's largest step, plus, for each tokens-per-request
 ``q`` its steps use (one for a fixed K, one per tier of a K schedule), ``n x q``
 for vLLM's own request-count grid up to the widest batch run at ``q``, that
-batch included. :func:`capture_sizes` builds it; the memory model prices it
+batch included. :func:`capture_sizes` builds it; an engine on vLLM's V1 model
+runner (a heterogeneous-vocabulary draft, suffix, custom_class on CUDA) rounds
+it to multiples of K+1 (:func:`v1_capture_sizes`); the memory model prices it
 (:func:`specbench.analytic.footprint.cuda_graph_bytes`). Pure Python.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specbench.analytic.checks import check_int
@@ -77,6 +79,26 @@ def capture_sizes(
     if step_limit is not None:
         sizes = {s for s in sizes if s <= check_int("step_limit", step_limit, 1)}
     return tuple(sorted(sizes))
+
+
+def v1_capture_sizes(sizes: Sequence[int], query_len: int) -> tuple[int, ...]:
+    """The capture sizes vLLM 0.32's V1 model runner captures of ``sizes`` for a speculative engine whose
+    uniform decode step verifies ``query_len`` (K+1) tokens per request.
+
+    V1 rounds every size up to a multiple of K+1 and keeps those not above the
+    list's largest (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``, applied
+    when the decode mode is FULL, as in the default FULL_AND_PIECEWISE, and K+1 > 1); where
+    none is left, K+1 itself if the largest allows it. V2 keeps the list as given.
+    A mixed step then pads to the next multiple of K+1, and fewer, coarser sizes remain.
+    """
+    query_len = check_int("query_len", query_len, 1)
+    if not sizes or query_len <= 1:
+        return tuple(sorted(sizes))
+    largest = max(sizes)
+    rounded = sorted({up for s in sizes if (up := -(-s // query_len) * query_len) <= largest})
+    if not rounded and query_len <= largest:
+        rounded = [query_len]
+    return tuple(rounded)
 
 
 def graph_batch(plain: Mapping[str, Any]) -> int:

@@ -46,7 +46,8 @@ from typing import Any
 
 import yaml
 
-from specbench.analytic import footprint, graphs, prediction
+from specbench import methods
+from specbench.analytic import footprint, graphs, prediction, profiles
 
 # Device memory a GPU engine holds outside the weights, activations and KV
 # cache (CUDA context, cuBLAS workspaces, NCCL, the sampler's buffers): of the
@@ -135,8 +136,16 @@ def capture_sizes(cfg: Mapping[str, Any], hardware: Mapping[str, Any]) -> tuple[
         return ()
     method = cfg["method"]
     k = 0 if method.get("name") == "baseline" else int(cfg["num_speculative_tokens"])
-    return graphs.capture_sizes(graphs.graph_batch(cfg), k, method.get("speculative_config"),
-                                step_tokens(hardware, engine))
+    sizes = graphs.capture_sizes(graphs.graph_batch(cfg), k, method.get("speculative_config"),
+                                 step_tokens(hardware, engine))
+    # V1 rounds the list handed to it to multiples of K+1 (K: the largest, num_speculative_tokens).
+    return graphs.v1_capture_sizes(sizes, k + 1) if model_runner(cfg, hardware) == "V1" else sizes
+
+
+def model_runner(cfg: Mapping[str, Any], hardware: Mapping[str, Any]) -> str:
+    """The vLLM model runner the cell's engine gets on this hardware (:func:`specbench.methods.model_runner`)."""
+    device = str(hardware.get("model_runner") or profiles.device_model_runner(hardware))
+    return methods.model_runner(device, (cfg.get("method") or {}).get("speculative_config"))
 
 
 def heaviest_batch(prompt_tokens: Sequence[int], batch_size: int) -> tuple[int, ...]:
@@ -186,6 +195,7 @@ def cell_estimate(
             block_size=block_size,
             batch_prompt_lens=batch_prompt_tokens,
             capture_sizes=capture_sizes(cfg, hardware),
+            model_runner=model_runner(cfg, hardware),
         )
     except Unpriced:
         raise
