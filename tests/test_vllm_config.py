@@ -20,7 +20,11 @@ speculative and parallel configs only, so the CPU platform does not bend it.
 
 The checkpoints are the published ``config.json`` files of the hub models
 the model configs name, shipped in ``tests/data/hub-configs/<org>/<name>/``
-(each folder's SOURCE says where it comes from); no weights
+(each folder's SOURCE says where it comes from). One is not wholly the
+published file: the thoughtworks Qwen2.5-7B EAGLE-3 head's, whose shape is
+verified (:func:`test_the_thoughtworks_eagle3_heads_shipped_shape_is_the_checkpoints`)
+but whose other fields are reconstructed, so for that head this checks vLLM's
+rules on its shape, not that vLLM loads the file the hub serves. No weights
 (``load_format="dummy"``), no tokenizer (``skip_tokenizer_init``). The
 cells are composed as on a CUDA build of vLLM (``${cpu_engine:}`` false:
 CUDA graphs).
@@ -333,3 +337,21 @@ def test_each_model_config_computes_in_a_dtype_its_vllm_quantization_path_takes(
         if quantization and quantization["quant_method"] == "awq":
             assert getattr(torch, model["dtype"]) in AutoAWQConfig.get_supported_act_dtypes(), path.name
             assert model["dtype"] == "bfloat16", path.name
+
+
+def test_the_thoughtworks_eagle3_heads_shipped_shape_is_the_checkpoints():
+    """Its config.json could not be read from here: only its shape fields are verified, by the 358,758,400
+    floating-point parameters a public report loaded from revision ff17dda64a036cf5bd7bc56c0ab728325f1c0d0b
+    (7 KV heads and intermediate 14336, not the 4 and 18944 of SpecForge's training config). The project's
+    own head profile of the shipped config gives exactly that count, plus its int64 d2t map."""
+    from specbench.analytic import drafting, prediction
+    from specbench.analytic.profiles import ModelProfile
+
+    reference = "thoughtworks/Qwen2.5-7B-Instruct-Eagle3"
+    shipped = json.loads((HUB_CONFIGS / reference / "config.json").read_text())
+    assert "ff17dda64a036cf5bd7bc56c0ab728325f1c0d0b" in (HUB_CONFIGS / reference / "SOURCE").read_text()
+    target = prediction.model_profile("Qwen/Qwen2.5-7B-Instruct", "bfloat16")
+    head = drafting.eagle_head_profile(target, "eagle3", ModelProfile.from_config_json(shipped, dtype="bfloat16"))
+    d2t = shipped["draft_vocab_size"] * 8 // 2  # int64 offsets, counted in bfloat16 widths
+    assert head.num_params - d2t == 358_758_400
+    assert (shipped["num_key_value_heads"], shipped["intermediate_size"]) == (7, 14336)
