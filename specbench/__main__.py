@@ -33,7 +33,7 @@ def main(cfg: DictConfig) -> None:
         # A multirun's sweeper has fetched the hub checkpoints and checked the prompts already, once per
         # workload and model; a single run does both here (its baseline loads a subset of its checkpoints).
         if hydra_cfg.mode != RunMode.MULTIRUN:
-            hub.fetch_all(cell.checkpoints(), cell.tokenizer_checkpoints())
+            hub.fetch_all(cell.checkpoints(), cell.tokenizer_checkpoints(), cell.revisions())
             if problems := check_source(cell.workload, cell.identity["model"]["path"]):
                 raise WorkloadError("\n".join(problems))
     except (ConfigError, WorkloadError, hub.HubError) as exc:

@@ -122,7 +122,8 @@ def run(overrides: Sequence[str]) -> int:
     try:
         todo, cfg = searches(overrides)
         for search in todo:
-            hub.fetch_all(search.cell.checkpoints(), search.cell.tokenizer_checkpoints())
+            hub.fetch_all(search.cell.checkpoints(), search.cell.tokenizer_checkpoints(),
+                          search.cell.revisions())
             if problems := check_source(search.cell.workload, search.cell.identity["model"]["path"]):
                 raise WorkloadError("\n".join(problems))
     except (capacity.CapacityError, ConfigError, WorkloadError, hub.HubError) as exc:

@@ -20,7 +20,7 @@ from typing import Any, Mapping, NoReturn, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from specbench import load, methods, models, sampling
+from specbench import hub, load, methods, models, sampling
 from specbench.sampling import Sampling
 from specbench.analytic import capacity, graphs, memory, prediction
 from specbench.engine import (
@@ -265,6 +265,12 @@ class Cell:
             found.append((_reference_key(method, self.config["method"]), reference))
         return found
 
+    def revisions(self) -> dict[str, str | None]:
+        """The hub commit pinned for each hub checkpoint this cell loads (the model config's ``revisions``;
+        None where it pins none)."""
+        pins = (self.config.get("model") or {}).get("revisions") or {}
+        return {reference: pins.get(reference) for _, reference in self.checkpoints() if hub.is_hub_id(reference)}
+
     def tokenizer_checkpoints(self) -> list[str]:
         """The checkpoints of :meth:`checkpoints` whose tokenizer vLLM loads, so whose tokenizer files must be
         there: the target's, and a heterogeneous-vocabulary draft model's (vLLM 0.32 builds its draft config with
@@ -283,9 +289,11 @@ class Cell:
         if speculative is not None and speculative.get("model"):
             reference = speculative["model"]
             speculative = dict(speculative, model=models.resolve(
-                reference, prepare=prepare, key=keys.get(reference, "method.speculative_config.model")))
+                reference, prepare=prepare, key=keys.get(reference, "method.speculative_config.model"),
+                revision=self.revisions().get(reference)))
         return EngineSpec(
-            model=models.resolve(self.identity["model"]["path"], prepare=prepare, key="model.path"),
+            model=models.resolve(self.identity["model"]["path"], prepare=prepare, key="model.path",
+                                 revision=self.revisions().get(self.identity["model"]["path"])),
             dtype=engine["dtype"],
             seed=self.identity["seed"],
             max_model_len=engine["max_model_len"],
@@ -453,6 +461,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         errors += problems
     errors += _check_heterogeneous_vocab(name, speculative)
     errors += _check_checkpoint("model.path", (plain.get("model") or {}).get("path"))
+    errors += _check_revisions((plain.get("model") or {}).get("revisions") or {})
 
     engine = plain.get("engine") or {}
     batch = plain.get("batch_size")
@@ -763,6 +772,14 @@ def with_draft_vocabulary(plain: dict[str, Any]) -> dict[str, Any]:
         return plain
     speculative = dict(method.get("speculative_config") or {}, use_heterogeneous_vocab=True)
     return dict(plain, method=dict(method, speculative_config=speculative))
+
+
+def _check_revisions(revisions: Mapping[str, Any]) -> list[str]:
+    """``model.revisions``: each a hub id's commit, 40 lowercase hex digits (or null: main, with a warning)."""
+    return [f"model.revisions.{reference}={revision!r} must be a commit of that repository (40 lowercase hex "
+            f"digits, as on its huggingface.co commits page) or null"
+            for reference, revision in revisions.items()
+            if revision is not None and not (isinstance(revision, str) and hub.is_commit(revision))]
 
 
 def _known_config(reference: str) -> Mapping[str, Any] | None:

@@ -25,7 +25,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Collection, Iterable, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # One bounded request decides whether the hub can be reached: huggingface_hub's own
@@ -76,7 +76,7 @@ def _repo_folder(repo_id: str) -> Path:
     return cache_dir() / ("models--" + repo_id.replace("/", "--"))
 
 
-def cached_snapshot(repo_id: str, *, tokenizer: bool = False) -> Path | None:
+def cached_snapshot(repo_id: str, *, tokenizer: bool = False, revision: str | None = None) -> Path | None:
     """The cache's snapshot folder of ``repo_id`` if it holds a loadable checkpoint; no network.
 
     The snapshot ``refs/main`` points to, else the newest complete one (a
@@ -84,12 +84,15 @@ def cached_snapshot(repo_id: str, *, tokenizer: bool = False) -> Path | None:
     weights: every shard an index names, or else a ``*.safetensors`` or
     ``*.bin`` file (a tokenizer fetched alone does not make a checkpoint);
     with ``tokenizer``, for a checkpoint whose tokenizer vLLM loads, also
-    its tokenizer's files (:func:`has_tokenizer`).
+    its tokenizer's files (:func:`has_tokenizer`). ``revision``: a pinned
+    commit; only that commit's snapshot will do.
     """
     folder = _repo_folder(repo_id)
     snapshots = folder / "snapshots"
     if not snapshots.is_dir():
         return None
+    if revision is not None:
+        return snapshots / revision if _complete(snapshots / revision, tokenizer) else None
     ref = folder / "refs" / "main"
     if ref.is_file():
         pinned = snapshots / ref.read_text().strip()
@@ -97,6 +100,11 @@ def cached_snapshot(repo_id: str, *, tokenizer: bool = False) -> Path | None:
             return pinned
     complete = [s for s in snapshots.iterdir() if _complete(s, tokenizer)]
     return max(complete, key=lambda s: s.stat().st_mtime) if complete else None
+
+
+def is_commit(revision: str) -> bool:
+    """Whether ``revision`` is a full commit hash (40 lowercase hex digits), as a pin must be."""
+    return bool(_COMMIT.match(revision))
 
 
 def snapshot_revision(folder: str | os.PathLike[str]) -> str | None:
@@ -140,6 +148,7 @@ class _Download:
     key: str
     files: tuple[str, ...]
     missing_bytes: int
+    revision: str | None = None  # a pinned commit; None: main
 
 
 def checkpoint_files(siblings: Iterable[tuple[str, int | None]]) -> dict[str, int | None]:
@@ -155,7 +164,8 @@ def checkpoint_files(siblings: Iterable[tuple[str, int | None]]) -> dict[str, in
             if name.endswith(weights) or any(fnmatch(name, p) for p in AUXILIARY_PATTERNS)}
 
 
-def fetch_all(needed: Sequence[tuple[str, str]], tokenizers: Collection[str] | None = None) -> dict[str, Path]:
+def fetch_all(needed: Sequence[tuple[str, str]], tokenizers: Collection[str] | None = None,
+              revisions: Mapping[str, str | None] | None = None) -> dict[str, Path]:
     """Every hub checkpoint in ``needed`` as a local snapshot folder, downloaded where missing.
 
     ``needed``: (config key, reference) pairs, e.g. ``("model.path", "Qwen/Qwen2.5-7B-Instruct")``;
@@ -164,7 +174,11 @@ def fetch_all(needed: Sequence[tuple[str, str]], tokenizers: Collection[str] | N
     ``tokenizers``: the references whose tokenizer vLLM loads (the target's,
     and a heterogeneous-vocabulary draft model's: :meth:`specbench.config.Cell.tokenizer_checkpoints`);
     a cached snapshot of one without its tokenizer files is missing, since
-    every worker would fail on it. None: the target's (``model.path``) only. Each
+    every worker would fail on it. None: the target's (``model.path``) only.
+    ``revisions``: the commit pinned for a hub id (the model config's
+    ``revisions``), fetched and used in place of main; one line on stderr names
+    each hub checkpoint without a pin (main's newest copy is used, and the rows
+    record its commit). None: nothing pinned, nothing said. Each
     missing checkpoint's repository is looked up first, all of them before
     any download, and the downloads only start if the disk holds them all.
 
@@ -182,10 +196,17 @@ def fetch_all(needed: Sequence[tuple[str, str]], tokenizers: Collection[str] | N
             keys.setdefault(reference, key)
     if tokenizers is None:
         tokenizers = {reference for key, reference in needed if key == "model.path"}
+    pins = dict(revisions or {})
+    if revisions is not None:
+        for reference, key in keys.items():
+            if pins.get(reference) is None:
+                print(f"warning: {key}={reference} has no pinned revision (model.revisions in its model config): "
+                      f"the cache's copy of main is used, whichever commit that is; rows record it",
+                      file=sys.stderr, flush=True)
     found: dict[str, Path] = {}
     missing: list[str] = []
     for reference in keys:
-        snapshot = cached_snapshot(reference, tokenizer=reference in tokenizers)
+        snapshot = cached_snapshot(reference, tokenizer=reference in tokenizers, revision=pins.get(reference))
         if snapshot is None:
             missing.append(reference)
         else:
@@ -193,8 +214,9 @@ def fetch_all(needed: Sequence[tuple[str, str]], tokenizers: Collection[str] | N
     if not missing:
         return found
     if offline():
-        raise HubError("\n".join(_refusal(r, keys[r], "HF_HUB_OFFLINE=1 forbids downloading it") for r in missing))
-    downloads, errors = _plan_downloads([(keys[r], r) for r in missing])
+        raise HubError("\n".join(_refusal(r, keys[r], "HF_HUB_OFFLINE=1 forbids downloading it", pins.get(r))
+                                  for r in missing))
+    downloads, errors = _plan_downloads([(keys[r], r) for r in missing], pins)
     if errors:
         raise HubError("\n".join(errors))
     _check_room(downloads)
@@ -203,24 +225,30 @@ def fetch_all(needed: Sequence[tuple[str, str]], tokenizers: Collection[str] | N
     return found
 
 
-def fetch(reference: str, key: str) -> Path:
-    """One hub checkpoint as a local snapshot folder (see :func:`fetch_all`)."""
-    return fetch_all([(key, reference)])[reference]
+def fetch(reference: str, key: str, revision: str | None = None) -> Path:
+    """One hub checkpoint (at ``revision``, a pinned commit, where given) as a local snapshot folder
+    (see :func:`fetch_all`)."""
+    return fetch_all([(key, reference)], revisions={reference: revision} if revision else None)[reference]
 
 
-def _refusal(repo_id: str, key: str, why: str) -> str:
+def _refusal(repo_id: str, key: str, why: str, revision: str | None = None) -> str:
     first = "unset HF_HUB_OFFLINE on a machine with network" if offline() else "connect this machine to the hub"
     # Weights without the tokenizer vLLM loads for it: say so, or the user finds the model "in the cache".
     where = (f"is in the Hugging Face cache ({cache_dir()}) without the tokenizer files vLLM loads for it "
              f"(tokenizer.json, tokenizer.model or vocab.json with merges.txt)"
-             if cached_snapshot(repo_id) is not None else f"is not in the Hugging Face cache ({cache_dir()})")
+             if cached_snapshot(repo_id, revision=revision) is not None
+             else f"is not in the Hugging Face cache ({cache_dir()})")
+    if revision is not None:
+        where += f" at its pinned revision {revision} (model.revisions)"
+    pinned = f" --revision {revision}" if revision else ""
     return (f"{key}={repo_id} {where} and {why}: {first}, "
-            f"or run `hf download {repo_id}` (huggingface-cli download on older huggingface_hub) on a machine "
+            f"or run `hf download {repo_id}{pinned}` (huggingface-cli download on older huggingface_hub) on a machine "
             f"with network and copy its cache here, or set HF_HOME to a cache that holds it, "
             f"or point {key} at a local folder")
 
 
-def _plan_downloads(needed: Sequence[tuple[str, str]]) -> tuple[list[_Download], list[str]]:
+def _plan_downloads(needed: Sequence[tuple[str, str]], revisions: Mapping[str, str | None] | None = None
+                    ) -> tuple[list[_Download], list[str]]:
     """Look each repository up once (files, sizes, access); the downloads, and one line per refusal."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
@@ -234,7 +262,8 @@ def _plan_downloads(needed: Sequence[tuple[str, str]]) -> tuple[list[_Download],
             errors.append(_refusal(repo_id, key, unreachable))
             continue
         try:
-            info = api.model_info(repo_id, files_metadata=True, timeout=PROBE_TIMEOUT_S)
+            info = api.model_info(repo_id, revision=(revisions or {}).get(repo_id), files_metadata=True,
+                                  timeout=PROBE_TIMEOUT_S)
             if info.gated:
                 api.auth_check(repo_id)
         except GatedRepoError:
@@ -255,7 +284,7 @@ def _plan_downloads(needed: Sequence[tuple[str, str]]) -> tuple[list[_Download],
         files = checkpoint_files((s.rfilename, s.size) for s in info.siblings or ())
         present = _repo_folder(repo_id) / "snapshots" / (info.sha or "")
         missing_bytes = sum(size or 0 for name, size in files.items() if not (present / name).is_file())
-        downloads.append(_Download(repo_id, key, tuple(sorted(files)), missing_bytes))
+        downloads.append(_Download(repo_id, key, tuple(sorted(files)), missing_bytes, (revisions or {}).get(repo_id)))
     return downloads, errors
 
 
@@ -285,9 +314,10 @@ def _download(download: _Download, tokenizer: bool = False) -> Path:
     print(f"downloading {download.repo_id} ({download.key}): {_gb(download.missing_bytes)} into {cache_dir()}",
           file=sys.stderr, flush=True)
     try:
-        # revision main (not the probed commit), so that refs/main is written and the next run finds it offline.
-        folder = Path(snapshot_download(download.repo_id, cache_dir=cache_dir(), endpoint=endpoint(),
-                                        allow_patterns=list(download.files)))
+        # The pinned commit, found again by its snapshot folder; else main (not the probed commit), so that
+        # refs/main is written and the next run finds it offline.
+        folder = Path(snapshot_download(download.repo_id, revision=download.revision, cache_dir=cache_dir(),
+                                        endpoint=endpoint(), allow_patterns=list(download.files)))
     except GatedRepoError:
         raise HubError(_gated(download.repo_id, download.key)) from None
     except (HfHubHTTPError, OSError) as exc:

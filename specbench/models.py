@@ -58,6 +58,9 @@ class ModelSchema:
     # Drafts (names in ``drafts``) whose vocabulary size differs from the target's: method=draft_model
     # runs them with vLLM's use_heterogeneous_vocab (greedy drafts only), which vLLM requires for them.
     heterogeneous_vocab_drafts: List[str] = field(default_factory=list)
+    # The hub commit (40 hex digits) each hub checkpoint above is fetched and loaded at, by hub id; null, or
+    # a hub id not listed: main, with a warning before any engine (specbench.hub.fetch_all).
+    revisions: Dict[str, Optional[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ def embedded_path(reference: str) -> Path:
     return paths.models_dir() / embedded_name(reference)
 
 
-def resolve(reference: str, *, prepare: bool = True, key: str = "model.path") -> str:
+def resolve(reference: str, *, prepare: bool = True, key: str = "model.path", revision: str | None = None) -> str:
     """Turn a model reference into what vLLM's ``model=`` accepts: a local folder where there is one.
 
     Embedded references become their prepared folder (prepared now unless
@@ -174,15 +177,15 @@ def resolve(reference: str, *, prepare: bool = True, key: str = "model.path") ->
     specbench (:mod:`specbench.heads`), a hub id its snapshot folder in the
     Hugging Face cache (downloaded now if missing unless ``prepare`` is false,
     :func:`specbench.hub.fetch`; ``key``, the config key naming it, is what a
-    refusal names: the target's unless told). A hub id not cached with ``prepare`` false, and anything
-    else, is returned unchanged.
+    refusal names: the target's unless told; ``revision``, a pinned commit: its snapshot only). A hub id
+    not cached with ``prepare`` false, and anything else, is returned unchanged.
     """
     if is_shipped_head(reference):
         return str(shipped_head_path(reference))
     if hub.is_hub_id(reference):
-        snapshot = hub.cached_snapshot(reference)
+        snapshot = hub.cached_snapshot(reference, revision=revision)
         if snapshot is None and prepare:
-            snapshot = hub.fetch(reference, key)
+            snapshot = hub.fetch(reference, key, revision)
         return reference if snapshot is None else str(snapshot)
     if not is_embedded(reference):
         return reference

@@ -94,7 +94,8 @@ def plan_cells(
     cells = [] if errors else [(job, cell_from_config(cfg), int(cfg.engine_runs)) for job, cfg in composed]
     if fetch and cells:
         hub.fetch_all([pair for _, cell, _ in cells for pair in cell.checkpoints()],
-                      {reference for _, cell, _ in cells for reference in cell.tokenizer_checkpoints()})
+                      {reference for _, cell, _ in cells for reference in cell.tokenizer_checkpoints()},
+                      {ref: pin for _, cell, _ in cells for ref, pin in cell.revisions().items()})
     sources_read: set[str] = set()
     for where, cfg in valid:
         # A prompt file that cannot be read, or too few prompts within

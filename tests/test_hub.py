@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import pandas as pd
 import pytest
 
-from specbench import hub, job, models
+from specbench import config, hub, job, models
 from specbench.config import cell_from_config
 from specbench.sweep import plan_cells
 
@@ -139,7 +139,8 @@ class FakeHub(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         path = self.path.split("?")[0]
-        repo_id = path.removeprefix("/api/models/").removesuffix("/auth-check")
+        # /api/models/<id>, its /auth-check, or /api/models/<id>/revision/<commit> (huggingface_hub's pinned lookup).
+        repo_id = path.removeprefix("/api/models/").removesuffix("/auth-check").split("/revision/")[0]
         repo = self.repos.get(repo_id)
         if repo is None:
             self._answer(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
@@ -318,3 +319,58 @@ def test_a_checkpoint_whose_tokenizer_vllm_loads_is_not_complete_without_it(hf_h
     for form in ({"tokenizer.model": "sp"}, {"vocab.json": "{}", "merges.txt": ""}):
         complete = cache_checkpoint(hf_home, f"Org/{len(form)}", weights | form)
         assert hub.cached_snapshot(f"Org/{len(form)}", tokenizer=True) == complete
+
+
+PINNED = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+def test_a_pinned_revision_is_fetched_and_loaded_at_that_commit(hf_home, monkeypatch, compose_cell, capsys) -> None:
+    """model.revisions pins a hub id's commit: the cache's main is not taken for it, the engine is handed that
+    commit's snapshot folder (so its workers load exactly it), and the row records it."""
+    files = {"config.json": "{}", "model.safetensors": "w", "tokenizer.json": "{}"}
+    main = cache_checkpoint(hf_home, "Org/Small", files)
+    pinned = main.parent / PINNED
+    pinned.mkdir()
+    for name in files:
+        (pinned / name).symlink_to((main / name).resolve())
+    no_network(monkeypatch)
+    assert hub.fetch_all([("model.path", "Org/Small")], revisions={"Org/Small": PINNED}) == {"Org/Small": pinned}
+    assert "warning" not in capsys.readouterr().err
+    assert hub.fetch_all([("model.path", "Org/Small")], revisions={"Org/Small": None}) == {"Org/Small": main}
+    assert ("warning: model.path=Org/Small has no pinned revision (model.revisions in its model config)"
+            in capsys.readouterr().err)
+    def pinned_to(revision: str) -> Any:
+        cfg = compose_cell(["model.path=Org/Small"])
+        cfg.model.revisions = {"Org/Small": revision}  # a model config's revisions, as its YAML sets them
+        return cfg
+
+    cell = cell_from_config(pinned_to(PINNED))
+    assert cell.revisions() == {"Org/Small": PINNED}
+    spec = cell.engine_spec(prepare=False)
+    assert spec.model == str(pinned) and job._revisions(spec)["model_revision"] == PINNED
+    # A pin the cache does not hold is not replaced by main: offline, it is refused with the command that fetches it.
+    other = "0" * 40
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(hub.HubError) as refused:
+        hub.fetch_all([("model.path", "Org/Small")], revisions={"Org/Small": other})
+    assert f"at its pinned revision {other}" in str(refused.value)
+    assert f"hf download Org/Small --revision {other}" in str(refused.value)
+    bad = config.validate(pinned_to("main"))
+    assert any(e.startswith("model.revisions.Org/Small='main' must be a commit") for e in bad), bad
+
+
+def test_a_pinned_checkpoint_is_downloaded_at_its_commit(fake_hub, hf_home, monkeypatch) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def download(repo_id: str, **kwargs: Any) -> str:  # the transfer: no hub to download from here
+        calls.append(kwargs)
+        folder = hf_home / "hub" / "models--Org--Open" / "snapshots" / kwargs["revision"]
+        folder.mkdir(parents=True)
+        for name in ("config.json", "model.safetensors", "tokenizer.json"):
+            (folder / name).write_text("{}")
+        return str(folder)
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", download)
+    found = hub.fetch_all([("model.path", "Org/Open")], revisions={"Org/Open": PINNED})
+    assert found == {"Org/Open": hf_home / "hub" / "models--Org--Open" / "snapshots" / PINNED}
+    assert [c["revision"] for c in calls] == [PINNED]

@@ -355,3 +355,28 @@ def test_the_thoughtworks_eagle3_heads_shipped_shape_is_the_checkpoints():
     d2t = shipped["draft_vocab_size"] * 8 // 2  # int64 offsets, counted in bfloat16 widths
     assert head.num_params - d2t == 358_758_400
     assert (shipped["num_key_value_heads"], shipped["intermediate_size"]) == (7, 14336)
+
+
+# Hub checkpoints the model configs name whose commit could not be found yet: null in model.revisions
+# (main, with a warning before any engine). Pin each when its commit is known.
+UNPINNED = {"Qwen/Qwen2.5-0.5B-Instruct-AWQ", "yuhuili/EAGLE-LLaMA3.1-Instruct-8B", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+
+
+def test_every_hub_checkpoint_a_model_config_names_is_pinned_to_a_commit():
+    import yaml
+
+    from specbench import hub
+
+    for path in sorted((ROOT / "conf" / "model").glob("*.yaml")):
+        model = yaml.safe_load(path.read_text())
+        named = {r for r in [model["path"], *model.get("drafts", {}).values(), model.get("eagle"), model.get("eagle3")]
+                 if isinstance(r, str) and hub.is_hub_id(r)}
+        revisions = model.get("revisions") or {}
+        assert set(revisions) == named, path.name  # every hub id it names, and nothing else
+        assert model["path"] not in UNPINNED, path.name  # every hub target is pinned
+        for reference, revision in revisions.items():
+            if reference in UNPINNED:
+                assert revision is None, (path.name, reference)
+            else:
+                assert isinstance(revision, str) and hub.is_commit(revision), (path.name, reference, revision)
+        assert config.validate(_compose([f"model={path.stem}"])) == [], path.name
