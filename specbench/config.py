@@ -277,7 +277,8 @@ class Cell:
         the draft's own tokenizer, config/speculative.py, and its proposer loads both, v1/spec_decode/
         draft_model.py). EAGLE heads and same-vocabulary drafts use the target's."""
         speculative = self.identity["method"]["speculative_config"] or {}
-        drafts = [speculative["model"]] if speculative.get("use_heterogeneous_vocab") and speculative.get("model") else []
+        mapped = speculative.get("use_heterogeneous_vocab") and speculative.get("model")
+        drafts = [speculative["model"]] if mapped else []
         return [self.identity["model"]["path"], *drafts]
 
     def engine_spec(self, *, prepare: bool = True) -> EngineSpec:

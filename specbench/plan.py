@@ -235,7 +235,8 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
     """
     gb = 1e9
     width = max([34, *(len(r.label) for r in rows)])  # a K schedule's label is longer
-    lines = [f"{'cell':<{width}} {'runner':>6} {'weights':>8} {'drafter':>8} {'graphs':>7} {'capture':>10} {'KV B/tok':>8} "
+    lines = [f"{'cell':<{width}} {'runner':>6} {'weights':>8} {'drafter':>8} {'graphs':>7} {'capture':>10} "
+             f"{'KV B/tok':>8} "
              f"{'KV pool':>8} {'fit reqs':>8} {'peak':>7} {'usable':>7} {'speedup':>7}  verdict",
              f"{'':<{width}} {'':>6} {'GB':>8} {'GB':>8} {'GB':>7} {'tokens':>10} {'':>8} {'GB':>8} {'':>8} {'GB':>7} "
              f"{'GB':>7} {f'a={alpha:g}':>7}"]

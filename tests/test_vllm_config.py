@@ -359,7 +359,8 @@ def test_the_thoughtworks_eagle3_heads_shipped_shape_is_the_checkpoints():
 
 # Hub checkpoints the model configs name whose commit could not be found yet: null in model.revisions
 # (main, with a warning before any engine). Pin each when its commit is known.
-UNPINNED = {"Qwen/Qwen2.5-0.5B-Instruct-AWQ", "yuhuili/EAGLE-LLaMA3.1-Instruct-8B", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+UNPINNED = {"Qwen/Qwen2.5-0.5B-Instruct-AWQ", "yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
+            "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
 
 
 def test_every_hub_checkpoint_a_model_config_names_is_pinned_to_a_commit():

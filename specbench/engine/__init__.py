@@ -182,8 +182,9 @@ class EngineMode:
     vLLM picks these itself from the platform and the method, and two engines
     of one sweep can differ in them: on CUDA, vLLM 0.32 runs Model Runner V2
     with async scheduling for plain decoding, but turns async scheduling off
-    for ``method: ngram`` and runs ``custom_class`` and ``suffix`` proposers and heterogeneous-vocabulary
-    drafts on V1 (``config/vllm.py``; :func:`specbench.methods.model_runner`). A speedup taken across such a difference measures
+    for ``method: ngram`` and runs ``custom_class`` and ``suffix`` proposers and
+    heterogeneous-vocabulary drafts on V1 (``config/vllm.py``;
+    :func:`specbench.methods.model_runner`). A speedup taken across such a difference measures
     the mode as well as the method (:mod:`specbench.results.merge` says so).
     """
 
@@ -282,7 +283,8 @@ def vllm_own_plugins() -> list[str]:
     another package's, which may patch vLLM. Read from the installed metadata, without importing vLLM."""
     from importlib.metadata import entry_points
 
-    return sorted({ep.name for ep in entry_points(group=PLUGIN_GROUP) if ep.value.split(".")[0].split(":")[0] == "vllm"})
+    return sorted({ep.name for ep in entry_points(group=PLUGIN_GROUP)
+                   if ep.value.split(":")[0].split(".")[0] == "vllm"})
 
 
 def start_environment(preload: str | None, huge_pages: bool) -> dict[str, str]:

@@ -322,7 +322,9 @@ SCHEMA = pa.schema(
         ("python_version", _STR),
         ("machine", _STR),  # GPU name and count, or CPU model and cores (hardware_profile: the priced profile)
         # The engine's mode as vLLM resolved it, read from the running engine's vllm_config.
-        ("engine_model_runner", _STR),  # V1 | V2 (vLLM 0.32: V2 on CUDA but V1 for custom_class, suffix, heterogeneous-vocabulary drafts; V1 on CPU)
+        # V1 | V2 (vLLM 0.32: V2 on CUDA, but V1 for custom_class, suffix and heterogeneous-vocabulary drafts;
+        # V1 on the CPU build)
+        ("engine_model_runner", _STR),
         ("engine_async_scheduling", _BOOL),  # scheduler_config.async_scheduling (off for ngram, and on CPU)
         ("engine_cudagraph_mode", _STR),  # compilation_config.cudagraph_mode: NONE, PIECEWISE, FULL_AND_PIECEWISE, ...
         ("engine_cudagraph_capture_sizes", pa.list_(_INT)),  # step sizes (tokens) with a captured graph
