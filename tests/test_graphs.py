@@ -163,7 +163,7 @@ def test_vllm_keeps_the_list_and_a_largest_size_alone_misses_off_grid_decode_ste
     assert max(sized(None, None)) == 512  # the default ceiling: 128 x 5 = 640 gets none
 
 
-def test_graph_memory_is_shaped_like_each_runners_accounting():
+def test_graph_memory_is_shaped_like_each_runners_accounting(monkeypatch):
     """V2 measures PIECEWISE graphs in full (every compiled piece at every size) and extrapolates FULL ones;
     V1 extrapolates both from the second size, at least 1 MiB a size. The old charge, 2 x 1 MiB per size plus
     the pool, was a fraction of either for the README's 4090 engines."""
@@ -174,15 +174,20 @@ def test_graph_memory_is_shaped_like_each_runners_accounting():
     v2 = footprint.cuda_graph_bytes([model], sizes, "V2")
     v1 = footprint.cuda_graph_bytes([model], sizes, "V1")
     assert v2 == pool + n * 29 * footprint.PIECE_GRAPH_BYTES + (n - 1) * mib
-    assert v1 == pool + (n - 1) * max(29 * footprint.PIECE_GRAPH_BYTES, mib) + (n - 1) * mib
+    assert v1 == pool + 29 * footprint.PIECE_GRAPH_BYTES + (n - 1) * max(29 * footprint.PIECE_GRAPH_BYTES, mib) \
+        + (n - 1) * mib
     old = pool + 2 * n * mib
-    assert v2 > 2 * (old - pool) + pool and v2 - v1 == 29 * footprint.PIECE_GRAPH_BYTES
+    assert v2 > 2 * (old - pool) + pool and v1 == v2  # pieces above the floor: both count every size's graphs
     # A drafter's pieces are captured too.
     head = prediction.model_profile("Qwen/Qwen2.5-0.5B-Instruct", "bfloat16")
     both = footprint.cuda_graph_bytes([model, head], sizes, "V2")
     assert both - v2 > n * footprint.compiled_pieces(head) * footprint.PIECE_GRAPH_BYTES
     with pytest.raises(ValueError, match="model_runner"):
         footprint.cuda_graph_bytes([model], sizes, "V3")
+    # Below the floor, V1's extrapolation reserves vLLM's 1 MiB a size, V2 only what the graphs hold.
+    monkeypatch.setattr(footprint, "PIECE_GRAPH_BYTES", 1024)
+    assert footprint.cuda_graph_bytes([model], sizes, "V1") - footprint.cuda_graph_bytes([model], sizes, "V2") \
+        == (n - 1) * (mib - 29 * 1024)
 
 
 def test_v1_rounds_the_capture_list_to_multiples_of_k_plus_1():

@@ -110,7 +110,8 @@ def cuda_graph_bytes(models: Sequence[ModelProfile], capture_sizes: Sequence[int
       second's cost, at least ``_MIN_PER_GRAPH_BYTES``.
     - V1 (``GPUModelRunner.profile_cudagraph_memory``) extrapolates both modes that way:
       per mode the first capture, then (sizes - 1) x max(the second capture, 1 MiB); the
-      largest first capture is the pool.
+      largest first capture is the pool. Where a size's graphs cost less than the floor, V1
+      reserves more than V2.
 
     Without a device: the pool is the activations of one pass at the largest size
     (:func:`activation_bytes` per token, logits excluded: they are computed outside the graph),
@@ -129,10 +130,10 @@ def cuda_graph_bytes(models: Sequence[ModelProfile], capture_sizes: Sequence[int
     pool = largest * sum(_activation_bytes_per_token(m) for m in models)
     piecewise_size = sum(compiled_pieces(m) for m in models) * PIECE_GRAPH_BYTES
     full = (sizes - 1) * GRAPH_OVERHEAD_BYTES
-    if model_runner == "V2":  # every PIECEWISE graph measured: the first size's too
+    if model_runner == "V2":  # every PIECEWISE graph measured
         piecewise = sizes * piecewise_size
-    else:  # extrapolated from the second size, with vLLM's floor per size
-        piecewise = (sizes - 1) * max(piecewise_size, GRAPH_OVERHEAD_BYTES)
+    else:  # the first size measured, the others extrapolated from the second, with vLLM's floor per size
+        piecewise = piecewise_size + (sizes - 1) * max(piecewise_size, GRAPH_OVERHEAD_BYTES)
     return int(pool + full + piecewise)
 
 
