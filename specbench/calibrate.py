@@ -19,8 +19,9 @@ shared with other work, interference only ever adds time.
 (weight and KV bandwidth, linear and attention FLOP/s, overhead per step and
 per sequence, the overlap of weight reads and compute) to those samples.
 Before the engine starts, torch times the machine's copy bandwidth and
-matmul rate (:func:`measure_device_rates`; ``--device-rates`` gives them
-instead): no fitted rate may pass them by more than 5%, since weight reads
+matmul rate in a child process (:func:`measure_device_rates`; ``--device-rates`` gives them
+instead), which has exited, its CUDA context and memory with it, before any
+engine asks vLLM for its share of the device: no fitted rate may pass them by more than 5%, since weight reads
 and fixed cost are otherwise interchangeable in a decode grid (the fit once
 reported 68 GB/s on cores that copy at 20). A rate at its bound, or a
 residual beyond 10%, is printed as a warning and written as ``fit_warnings``.
@@ -34,6 +35,10 @@ K = :data:`DRAFT_K`, and :func:`specbench.analytic.profile_fit.fit_draft_overhea
 the per-draft-pass overhead that the fitted step time and the head's own
 roofline work leave unexplained. Without a head, draft passes are charged
 the step's overhead (an upper bound) and the profile says so.
+
+Each engine captures CUDA graphs for every batch it decodes
+(``engine.cudagraph_batch_size``: the largest batch of its points, unless
+the overrides set one), so that its steps replay graphs as a sweep's do.
 
 Only grid points whose whole batch prefills in one engine step are measured
 (batch size x prompt length <= ``--max-step-tokens``, which the calibration
@@ -66,9 +71,9 @@ from typing import Any
 
 import yaml
 
-from specbench import hub, models
+from specbench import gpu_timing, hub, models
 from specbench.analytic import prediction, profile_fit, profiles
-from specbench.config import ConfigError, cell_from_config
+from specbench.config import Cell, ConfigError, cell_from_config
 from specbench.engine import EngineError, EngineWorker
 from specbench.gpu_timing import positive_ints
 from specbench.measure import CellPlan
@@ -150,6 +155,24 @@ def engine_overrides(overrides: Sequence[str], max_step_tokens: int) -> list[str
     if not any(o.lstrip("+").startswith("engine.max_num_batched_tokens=") for o in out):
         out.append(f"engine.max_num_batched_tokens={max_step_tokens}")
     return out
+
+
+def with_graphs_for(cell: Cell, points: Sequence[GridPoint]) -> Cell:
+    """``cell`` on an engine whose CUDA graphs cover every step of ``points``, unless the overrides
+    set ``engine.cudagraph_batch_size``.
+
+    A calibration cell's own ``batch_size`` is 1, and graphs sized from it
+    cover batch 1 only (:func:`specbench.analytic.graphs.graph_batch`): the
+    larger batches would decode eagerly on a GPU, unlike any sweep's.
+    """
+    if cell.config["engine"].get("cudagraph_batch_size") is not None:
+        return cell
+    return cell.with_graph_batch(max(p.batch_size for p in points))
+
+
+def calibration_cell(overrides: Sequence[str], points: Sequence[GridPoint]) -> Cell:
+    """The plain-decoding cell whose engine decodes ``points``, graphs captured for each of their batches."""
+    return with_graphs_for(cell_from_config(_compose(overrides)), points)
 
 
 def step_sample(
@@ -276,7 +299,7 @@ def profile_document(
     """The YAML document: conf/hardware keys, then the evidence behind them
     (the device rates that bounded the fit, and what makes it suspect).
 
-    ``device_memory_bytes``: the GPU's memory (:func:`read_device_memory_bytes`);
+    ``device_memory_bytes``: the GPU's memory (:attr:`specbench.gpu_timing.DeviceProbe.memory_bytes`);
     given, the profile states ``memory_bytes`` (and ``memory_gb``, its GB) and
     vLLM's default ``max_num_batched_tokens`` for the device, so the memory
     model prices a GPU engine (``specbench.analytic.memory.budget``). Without
@@ -385,16 +408,6 @@ def _load() -> str:
         return "unknown"
 
 
-def read_device_memory_bytes() -> int | None:
-    """The first GPU's total memory in bytes, as vLLM sizes its budget from it
-    (``gpu_memory_utilization`` x total); None without a GPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return int(torch.cuda.get_device_properties(0).total_memory)
-
-
 def _host_memory_gb() -> float | None:
     try:
         return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)
@@ -466,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         points = grid(positive_ints(args.batch_sizes, "--batch-sizes"),
                       positive_ints(args.prompt_lengths, "--prompt-lengths"), args.max_step_tokens)
-        cell = cell_from_config(_compose(overrides))
+        cell = calibration_cell(overrides, points)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -491,7 +504,9 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or prediction.calibrated_path()
     engine_log = out.with_suffix(".log")
-    bounds = given_rates or measure_device_rates(dtype)
+    # In a child that has exited before the engine starts: this process never opens the device.
+    probe = gpu_timing.probe_device(dtype, tries=0 if given_rates else DEVICE_RATE_TRIES)
+    bounds = given_rates or device_bounds(probe, dtype)
     print(f"device rates ({bounds.source}): copy {bounds.copy_bandwidth / 1e9:.1f} GB/s, "
           f"matmul {bounds.matmul_flops / 1e12:.4f} TFLOP/s: no fitted rate may exceed them by more than "
           f"{bounds.slack:.0%}")
@@ -518,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
                              [t for m in measured[p] for t in m.rep_output_tokens]) for p in points]
         pairs += [prefill_sample(p, [m.ttft_s for m in measured[p]]) for p in points]
         profile, records = fit([s for s, _ in pairs], [r for _, r in pairs], model,
-                               args.name or _slug(worker.info.machine), bounds, shared_attention=_on_gpu())
+                               args.name or _slug(worker.info.machine), bounds,
+                               shared_attention=probe.device == "cuda")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -551,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": overrides},
         draft_records=draft_records, draft_method=draft_method, bounds=bounds, warnings=warnings,
-        device_memory_bytes=read_device_memory_bytes(),
+        device_memory_bytes=probe.memory_bytes,
     )
     write_profile(doc, out)
     print(f"profile: {out}")
@@ -569,23 +585,26 @@ def _labels(records: Sequence[dict[str, Any]]) -> list[str]:
     return [f"{r.get('kind', 'decode')} batch {r['batch_size']} x {r['prompt_tokens']} tokens" for r in records]
 
 
-def _on_gpu() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
+# Tries at the device rates; each keeps its best, since other work on the machine only ever slows them.
+DEVICE_RATE_TRIES = 3
 
 
-def measure_device_rates(dtype: str) -> profile_fit.DeviceBounds:
-    """This machine's copy bandwidth and matmul rate at ``dtype``, timed with torch
-    (:func:`specbench.gpu_timing.device_rates`): the best of 3 tries, since other
-    work on the machine only ever slows them."""
-    from specbench.gpu_timing import device_rates
+def measure_device_rates(dtype: str, *, copy_bytes: int | None = None,
+                         matmul_size: int | None = None) -> profile_fit.DeviceBounds:
+    """This machine's copy bandwidth and matmul rate at ``dtype``, timed with torch in a child process
+    (:func:`specbench.gpu_timing.probe_device`; sizes as :func:`specbench.gpu_timing.device_rates`):
+    the best of :data:`DEVICE_RATE_TRIES` tries."""
+    return device_bounds(gpu_timing.probe_device(dtype, tries=DEVICE_RATE_TRIES, copy_bytes=copy_bytes,
+                                                 matmul_size=matmul_size), dtype)
 
-    device = "cuda" if _on_gpu() else "cpu"
-    tries = [device_rates(device, dtype) for _ in range(3)]
+
+def device_bounds(probe: gpu_timing.DeviceProbe, dtype: str) -> profile_fit.DeviceBounds:
+    """The fit's bounds from a probe that timed the device's rates; ValueError if it did not."""
+    if probe.copy_bandwidth is None or probe.matmul_flops is None:
+        raise ValueError("the device probe did not time the device's rates")
     return profile_fit.DeviceBounds(
-        copy_bandwidth=max(b for b, _ in tries), matmul_flops=max(f for _, f in tries),
-        source=f"measured here with torch ({device}, {dtype}, {now_iso()})")
+        copy_bandwidth=probe.copy_bandwidth, matmul_flops=probe.matmul_flops,
+        source=f"measured here with torch ({probe.device}, {dtype}, {now_iso()})")
 
 
 def _device_rates(text: str) -> profile_fit.DeviceBounds:
@@ -659,8 +678,8 @@ def _draft_cell(overrides: Sequence[str]) -> tuple[Any, str]:
     reasons = []
     for method in DRAFT_METHODS:
         try:
-            return cell_from_config(_compose(
-                overrides, (f"method={method}", f"num_speculative_tokens={DRAFT_K}"))), ""
+            return with_graphs_for(cell_from_config(_compose(
+                overrides, (f"method={method}", f"num_speculative_tokens={DRAFT_K}"))), DRAFT_POINTS), ""
         except ValueError as exc:
             reasons.append(f"{method}: {str(exc).splitlines()[-1].strip()}")
     return None, "; ".join(reasons)

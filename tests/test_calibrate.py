@@ -207,12 +207,11 @@ def test_bad_device_rates_are_refused_before_anything_runs(bad, capsys):
 
 
 def test_a_gpu_calibration_states_the_device_memory_so_the_fit_check_still_refuses(tmp_path, monkeypatch):
-    # The device read is one function (read_device_memory_bytes); a GPU's answer cannot be caused on this
+    # The device read is the probe's (gpu_timing.DeviceProbe.memory_bytes); a GPU's answer cannot be caused on this
     # CPU machine, so the test hands profile_document the figure an RTX 4090 reports (24564 MiB).
     from specbench.analytic import memory
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
-    assert calibrate.read_device_memory_bytes() is None  # no GPU here: a CPU profile states host memory
     samples, records = _synthetic_samples()
     profile, fitted = calibrate.fit(samples, records, MODEL, "gpu")
     common = {"model": {"name": "m", "path": "embedded:x", "dtype": "bfloat16"}, "device": "1x NVIDIA GeForce RTX 4090",
@@ -236,3 +235,43 @@ def test_a_gpu_calibration_states_the_device_memory_so_the_fit_check_still_refus
            "num_speculative_tokens": 4, "batch_size": 1}
     problems = memory.fit_problems(cfg)
     assert len(problems) == 1 and "too big for the device" in problems[0] and "hardware=gpu" in problems[0]
+
+
+def test_device_rates_are_timed_in_a_child_so_the_engine_finds_the_device_free(monkeypatch):
+    # What stands for a GPU here: this process's torch says CUDA is there, and anything that would
+    # initialise CUDA in it (a context, torch's cache) raises, as would the timing itself if it ran
+    # here. vLLM refuses an engine unless gpu_memory_utilization x total is free (v1/worker/utils.py);
+    # on a 24 GB card a context plus 2 GiB of cached timing buffers left here exceeds the headroom.
+    import torch
+
+    from specbench import gpu_timing
+
+    def opened_here(*args, **kwargs):
+        raise AssertionError("the calibrating process touched the device itself")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("init", "_lazy_init", "get_device_properties", "get_device_name", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, opened_here)
+    monkeypatch.setattr(gpu_timing, "device_rates", opened_here)
+    # The child is a fresh interpreter: none of the above reaches it, and with no CUDA it times the CPU.
+    bounds = calibrate.measure_device_rates("float32", copy_bytes=1 << 16, matmul_size=16)
+    assert bounds.copy_bandwidth > 0 and bounds.matmul_flops > 0 and "(cpu, float32" in bounds.source
+    assert not torch.cuda.is_initialized()
+    untimed = gpu_timing.DeviceProbe("cpu", "CPU", None, None, None)  # a probe asked for no tries
+    with pytest.raises(ValueError, match="did not time"):
+        calibrate.device_bounds(untimed, "float32")
+
+
+def test_calibration_engines_capture_graphs_for_every_batch_they_decode():
+    # The calibration cell's batch_size is 1; its engine decodes every batch of the grid, and the
+    # draft engine batches of DRAFT_POINTS at K+1 tokens each: each step must replay a captured graph.
+    points = calibrate.grid(calibrate.DEFAULT_BATCH_SIZES, calibrate.DEFAULT_PROMPT_LENGTHS, 8192)
+    overrides = calibrate.engine_overrides([], 8192)
+    sizes = calibrate.calibration_cell(overrides, points).engine_spec(prepare=False).cudagraph_capture_sizes
+    assert {p.batch_size for p in points} <= set(sizes)
+    draft, _ = calibrate._draft_cell(overrides)
+    sizes = draft.engine_spec(prepare=False).cudagraph_capture_sizes
+    assert {p.batch_size * (calibrate.DRAFT_K + 1) for p in calibrate.DRAFT_POINTS} <= set(sizes)
+    # A graph batch the overrides set is the user's to choose.
+    mine = calibrate.calibration_cell([*overrides, "engine.cudagraph_batch_size=2"], points)
+    assert mine.engine_spec(prepare=False).cudagraph_capture_sizes == (1, 2)
