@@ -521,12 +521,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
-        measured = _measure_grid(worker, points, stream, args.max_tokens, args.rounds, _step_line)
+        try:
+            measured = _measure_grid(worker, points, stream, args.max_tokens, args.rounds, _step_line)
+        finally:
+            worker.close()  # raises where the engine's processes or memory do not go: the draft engine needs them
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    finally:
-        worker.close()
     print(f"load average after: {_load()}")
     try:
         pairs = [step_sample(p, args.max_tokens, [m.tpot_s for m in measured[p]],

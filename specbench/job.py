@@ -269,9 +269,12 @@ def _run_cell(
             memory_columns = rows.memory_columns(
                 engine_memory, request_tokens=request_tokens, checkpoint_bytes=_checkpoint_bytes(worker.spec))
     except Exception as exc:  # noqa: BLE001 - a failed cell is data, not a crash
-        if isinstance(exc, EngineError):
-            pool.discard()
         error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, EngineError):
+            try:
+                pool.discard()
+            except EngineError as teardown:  # the engine did not go: the next one would meet its memory
+                error += f"; then {teardown}"
         log.error("%s failed: %s", cell.cell_id, error)
         row = rows.failed_row(cell, engine_runs, provenance, error=error, machine=_local_machine())
         files.set_aside()
