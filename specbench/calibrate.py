@@ -29,12 +29,16 @@ residual beyond 10%, is printed as a warning and written as ``fit_warnings``.
 
 A draft pass (an EAGLE head's forward inside the engine step) skips the
 scheduler and sampler that make up most of a step's fixed cost here, so it
-gets its own: where the model config names an EAGLE head (EAGLE-3 first, the
-cheaper to run), a second engine decodes :data:`DRAFT_POINTS` with it at
+gets its own: for each EAGLE head the model config names (EAGLE-3, then
+EAGLE-1), an engine decodes :data:`DRAFT_POINTS` with it at
 K = :data:`DRAFT_K`, and :func:`specbench.analytic.profile_fit.fit_draft_overhead` takes
 the per-draft-pass overhead that the fitted step time and the head's own
-roofline work leave unexplained. Without a head, draft passes are charged
-the step's overhead (an upper bound) and the profile says so.
+roofline work leave unexplained. Each head is priced with its own
+(``head_draft_overhead_ms``): one head's overhead priced the other 12-29%
+off, since the passes differ in more than the work the model counts. The
+first head's is ``draft_overhead_ms``, which every other drafter pays, and
+the output says which heads were timed. Without a head, draft passes are
+charged the step's overhead (an upper bound) and the profile says so.
 
 Each engine captures CUDA graphs for every batch it decodes
 (``engine.cudagraph_batch_size``: the largest batch of its points, unless
@@ -64,7 +68,7 @@ import os
 import re
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -112,8 +116,8 @@ class GridPoint:
 # The draft-pass samples: a context of the workloads' order, two batch sizes.
 DRAFT_POINTS = (GridPoint(1, 512), GridPoint(4, 512))
 DRAFT_K = 3
-# Tried in order: the first method the model config names a head for is timed
-# (EAGLE-3 first: its reduced LM head makes it the cheaper to run).
+# Every method the model config names a head for is timed, in this order; the first one's overhead is the
+# profile's draft_overhead_ms, paid by drafters without a timed head of their own.
 DRAFT_METHODS = ("eagle3", "eagle")
 
 
@@ -292,6 +296,7 @@ def profile_document(
     settings: dict[str, Any],
     draft_records: Sequence[dict[str, Any]] = (),
     draft_method: str | None = None,
+    head_records: Mapping[str, Sequence[dict[str, Any]]] | None = None,
     bounds: profile_fit.DeviceBounds | None = None,
     warnings: Sequence[str] = (),
     device_memory_bytes: int | None = None,
@@ -299,7 +304,8 @@ def profile_document(
     """The YAML document: conf/hardware keys, then the evidence behind them
     (the device rates that bounded the fit, and what makes it suspect).
 
-    ``device_memory_bytes``: the GPU's memory (:attr:`specbench.gpu_timing.DeviceProbe.memory_bytes`);
+    ``head_records``: every timed head's draft records by method (``draft_records``
+    are the first's). ``device_memory_bytes``: the GPU's memory (:attr:`specbench.gpu_timing.DeviceProbe.memory_bytes`);
     given, the profile states ``memory_bytes`` (and ``memory_gb``, its GB) and
     vLLM's default ``max_num_batched_tokens`` for the device, so the memory
     model prices a GPU engine (``specbench.analytic.memory.budget``). Without
@@ -345,6 +351,10 @@ def profile_document(
         "residuals": residuals,
         "samples": list(records),
     }
+    if profile.head_overheads:
+        doc["head_draft_overhead_ms"] = {m: round(s * 1e3, 4) for m, s in profile.head_overheads}
+    if head_records:
+        doc["head_draft_samples"] = {m: list(r) for m, r in head_records.items()}
     if draft_records:
         doc["draft_samples"] = {"method": draft_method, "samples": list(draft_records)}
     else:
@@ -483,10 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # The head whose draft passes are timed after the target's steps: its checkpoint is fetched with the target's.
-    draft_cell, skipped = _draft_cell(overrides)
+    # The heads whose draft passes are timed after the target's steps: their checkpoints are fetched with the target's.
+    draft_cells, skipped = _draft_cells(overrides)
     try:
-        hub.fetch_all(cell.checkpoints() + (draft_cell.checkpoints() if draft_cell is not None else []))
+        hub.fetch_all(cell.checkpoints() + [c for d in draft_cells.values() for c in d.checkpoints()])
     except hub.HubError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -540,24 +550,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(format_fit(profile, records))
-    draft_method, draft_records = None, []
-    if draft_cell is None:
-        print(f"draft passes: not timed ({skipped}); each is charged the step's fixed overhead")
-    else:
-        draft_method = draft_cell.method
+    head_records: dict[str, list[dict[str, Any]]] = {}
+    overheads: dict[str, float] = {}
+    for method, draft_cell in draft_cells.items():
         try:
             rounds = _measure_draft_passes(draft_cell, stream, args.max_tokens, args.rounds,
                                            None if args.verbose else engine_log)
             pairs = [draft_sample(p, DRAFT_K, args.max_tokens, rounds[p]) for p in DRAFT_POINTS]
-            head = prediction.drafter_profile(draft_cell.identity["method"], model, dtype)
-            overhead, residuals = profile_fit.fit_draft_overhead(
-                [s for s, _ in pairs], method=draft_method, target=model, head=head, hw=profile)
+            overheads[method], head_records[method] = fit_head(
+                method, draft_cell.identity["method"], [r for _, r in pairs], model, dtype, profile)
         except (EngineError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        profile = replace(profile, draft_overhead_s=overhead)
-        draft_records = [dict(r, residual=res) for (_, r), res in zip(pairs, residuals)]
-        print(format_draft_fit(draft_method, overhead, draft_records))
+        print(format_draft_fit(method, overheads[method], head_records[method]))
+    profile = with_head_overheads(profile, overheads)
+    print(format_heads_timed(overheads, skipped))
+    draft_method = next(iter(head_records), None)
+    draft_records = head_records.get(draft_method, []) if draft_method else []
     warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds, _labels(records))
     print(format_warnings(warnings))
     doc = profile_document(
@@ -567,8 +576,8 @@ def main(argv: list[str] | None = None) -> int:
         vllm_version=worker.info.vllm_version,
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": overrides},
-        draft_records=draft_records, draft_method=draft_method, bounds=bounds, warnings=warnings,
-        device_memory_bytes=probe.memory_bytes,
+        draft_records=draft_records, draft_method=draft_method, head_records=head_records,
+        bounds=bounds, warnings=warnings, device_memory_bytes=probe.memory_bytes,
     )
     write_profile(doc, out)
     print(f"profile: {out}")
@@ -652,38 +661,80 @@ def _refit(path: Path, out: Path, given: profile_fit.DeviceBounds | None) -> int
         return 1
     print(format_fit(profile, records))
     draft = doc.get("draft_samples") or {}
-    draft_records = [dict(r) for r in draft.get("samples") or []]
-    if draft_records:
-        draft_cell, _ = _draft_cell(list((doc.get("settings") or {}).get("overrides") or []))
-        method = draft_cell.identity["method"] if draft_cell is not None else {"name": draft["method"]}
-        head = prediction.drafter_profile(method, model, doc["model"]["dtype"])
-        overhead, residuals = profile_fit.fit_draft_overhead(
-            [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"])
-             for r in draft_records], method=draft["method"], target=model, head=head, hw=profile)
-        profile = replace(profile, draft_overhead_s=overhead)
-        draft_records = [dict(r, residual=res) for r, res in zip(draft_records, residuals)]
-        print(format_draft_fit(draft["method"], overhead, draft_records))
+    # Every head an earlier calibration timed (one written before each head had its own: its draft_samples).
+    timed = doc.get("head_draft_samples") or ({draft["method"]: draft["samples"]} if draft.get("samples") else {})
+    draft_cells, _ = _draft_cells(list((doc.get("settings") or {}).get("overrides") or []))
+    head_records: dict[str, list[dict[str, Any]]] = {}
+    overheads: dict[str, float] = {}
+    for method, written in timed.items():
+        identity = draft_cells[method].identity["method"] if method in draft_cells else {"name": method}
+        overheads[method], head_records[method] = fit_head(
+            method, identity, written, model, doc["model"]["dtype"], profile)
+        print(format_draft_fit(method, overheads[method], head_records[method]))
+    profile = with_head_overheads(profile, overheads)
+    draft_records = head_records.get(draft.get("method"), []) if draft.get("method") else []
     warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds, _labels(records))
     print(format_warnings(warnings))
     write_profile(profile_document(
         profile, records, model=doc["model"], device=doc.get("device", ""), measured_at=doc.get("measured_at", ""),
         vllm_version=doc.get("vllm_version"), settings=dict(doc.get("settings") or {}, refit_from=str(path)),
-        draft_records=draft_records, draft_method=draft.get("method"), bounds=bounds, warnings=warnings,
+        draft_records=draft_records, draft_method=draft.get("method"),
+        head_records=head_records if doc.get("head_draft_samples") else None, bounds=bounds, warnings=warnings,
         device_memory_bytes=doc.get("memory_bytes")), out)
     print(f"profile: {out}")
     return 0
 
 
-def _draft_cell(overrides: Sequence[str]) -> tuple[Any, str]:
-    """The cell whose head the draft passes are timed with, or None and why not."""
-    reasons = []
+def _draft_cells(overrides: Sequence[str]) -> tuple[dict[str, Cell], str]:
+    """The cells whose heads the draft passes are timed with, by method in :data:`DRAFT_METHODS` order,
+    and why each other method has none ("" when every one has)."""
+    cells, reasons = {}, []
     for method in DRAFT_METHODS:
         try:
-            return with_graphs_for(cell_from_config(_compose(
-                overrides, (f"method={method}", f"num_speculative_tokens={DRAFT_K}"))), DRAFT_POINTS), ""
+            cells[method] = with_graphs_for(cell_from_config(_compose(
+                overrides, (f"method={method}", f"num_speculative_tokens={DRAFT_K}"))), DRAFT_POINTS)
         except ValueError as exc:
             reasons.append(f"{method}: {str(exc).splitlines()[-1].strip()}")
-    return None, "; ".join(reasons)
+    return cells, "; ".join(reasons)
+
+
+def _draft_cell(overrides: Sequence[str]) -> tuple[Cell | None, str]:
+    """The first head's cell (:func:`_draft_cells`), or None and why not: what tests/test_vllm_config.py
+    validates."""
+    cells, skipped = _draft_cells(overrides)
+    return next(iter(cells.values()), None), skipped
+
+
+def fit_head(
+    method: str, identity: Mapping[str, Any], records: Sequence[dict[str, Any]], model: profiles.ModelProfile,
+    dtype: str, profile: profiles.HardwareProfile,
+) -> tuple[float, list[dict[str, Any]]]:
+    """One head's draft-pass overhead from its timed passes (records as :func:`draft_sample` writes them),
+    priced with its own shapes (``identity``: the cell's method config, which names its checkpoint);
+    the records gain their residuals."""
+    head = prediction.drafter_profile(dict(identity), model, dtype)
+    overhead, residuals = profile_fit.fit_draft_overhead(
+        [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"]) for r in records],
+        method=method, target=model, head=head, hw=profile)
+    return overhead, [dict(r, residual=res) for r, res in zip(records, residuals)]
+
+
+def with_head_overheads(profile: profiles.HardwareProfile, overheads: Mapping[str, float]) -> profiles.HardwareProfile:
+    """``profile`` with each timed head's draft-pass overhead (:attr:`HardwareProfile.head_overheads`);
+    the first is also its ``draft_overhead_s``, which drafters without a timed head pay. Unchanged when none."""
+    if not overheads:
+        return profile
+    return replace(profile, draft_overhead_s=next(iter(overheads.values())), head_overheads=tuple(overheads.items()))
+
+
+def format_heads_timed(overheads: Mapping[str, float], skipped: str) -> str:
+    """Which drafters are priced from their own head's passes, and what the others pay."""
+    if not overheads:
+        return f"draft passes: not timed ({skipped}); each is charged the step's fixed overhead"
+    first = next(iter(overheads))
+    line = (f"draft passes priced from their own head's: {', '.join(overheads)}; "
+            f"other drafters pay {first}'s {overheads[first] * 1e3:.2f} ms")
+    return line + (f" (not timed: {skipped})" if skipped else "")
 
 
 def _measure_draft_passes(
