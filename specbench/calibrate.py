@@ -56,7 +56,7 @@ The profile, the samples and their residuals are printed and written to
 ``~/.cache/specbench/hardware/``), where :mod:`specbench.analytic.prediction` finds it
 for every later sweep that names no ``hardware``.
 
-    python -m specbench.calibrate                      # 4-6 min on 2 CPU cores (two engines)
+    python -m specbench.calibrate                      # minutes on 2 CPU cores (an engine per head)
     python -m specbench.calibrate model=qwen2.5-7b-instruct --max-step-tokens 8192
 """
 
