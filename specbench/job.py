@@ -12,9 +12,11 @@ import atexit
 import json
 import logging
 import math
+import multiprocessing
 import multiprocessing.util
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -491,7 +493,10 @@ def _distribution_plan(cell: Cell, workload: Workload) -> DistributionPlan:
 
 @lru_cache(maxsize=1)
 def _local_machine() -> str:
-    return describe_machine()
+    """The machine a failed cell ran on, read in a child process: torch would otherwise open the device in
+    this one, and keep its context for the rest of the sweep, while the next engine needs the free memory."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(describe_machine).result()
 
 
 @lru_cache(maxsize=4)
