@@ -35,7 +35,9 @@ def _worker(target: Any, free_before: int | None = None) -> EngineWorker:
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe()
     worker = object.__new__(EngineWorker)
-    worker.spec, worker._conn, worker._free_before = SPEC, parent, free_before
+    worker.spec, worker._conn = SPEC, parent
+    if free_before is not None:
+        worker._free_before = free_before
     # A daemon: a test that fails before close() must not leave pytest waiting on it at exit.
     worker._process = ctx.Process(target=target, args=(child,), daemon=True)
     worker._process.start()

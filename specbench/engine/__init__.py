@@ -335,6 +335,9 @@ class EngineWorker:
     leaves them on the terminal.
     """
 
+    # The device's free memory before this engine started (set as it starts; None: no GPU, nothing to await).
+    _free_before: int | None = None
+
     def __init__(self, spec: EngineSpec, start_timeout_s: float = 900.0, log_path: Path | None = None) -> None:
         # Imported here: the worker module imports this package. It imports vLLM only inside its functions.
         from specbench.engine.worker import serve
