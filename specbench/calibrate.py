@@ -19,8 +19,9 @@ shared with other work, interference only ever adds time.
 (weight and KV bandwidth, linear and attention FLOP/s, overhead per step and
 per sequence, the overlap of weight reads and compute) to those samples.
 Before the engine starts, torch times the machine's copy bandwidth and
-matmul rate (:func:`measure_device_rates`; ``--device-rates`` gives them
-instead): no fitted rate may pass them by more than 5%, since weight reads
+matmul rate in a child process (:func:`measure_device_rates`; ``--device-rates`` gives them
+instead), which has exited, its CUDA context and memory with it, before any
+engine asks vLLM for its share of the device: no fitted rate may pass them by more than 5%, since weight reads
 and fixed cost are otherwise interchangeable in a decode grid (the fit once
 reported 68 GB/s on cores that copy at 20). A rate at its bound, or a
 residual beyond 10%, is printed as a warning and written as ``fit_warnings``.
@@ -28,12 +29,20 @@ residual beyond 10%, is printed as a warning and written as ``fit_warnings``.
 
 A draft pass (an EAGLE head's forward inside the engine step) skips the
 scheduler and sampler that make up most of a step's fixed cost here, so it
-gets its own: where the model config names an EAGLE head (EAGLE-3 first, the
-cheaper to run), a second engine decodes :data:`DRAFT_POINTS` with it at
+gets its own: for each EAGLE head the model config names (EAGLE-3, then
+EAGLE-1), an engine decodes :data:`DRAFT_POINTS` with it at
 K = :data:`DRAFT_K`, and :func:`specbench.analytic.profile_fit.fit_draft_overhead` takes
 the per-draft-pass overhead that the fitted step time and the head's own
-roofline work leave unexplained. Without a head, draft passes are charged
-the step's overhead (an upper bound) and the profile says so.
+roofline work leave unexplained. Each head is priced with its own
+(``head_draft_overhead_ms``): one head's overhead priced the other 12-29%
+off, since the passes differ in more than the work the model counts. The
+first head's is ``draft_overhead_ms``, which every other drafter pays, and
+the output says which heads were timed. Without a head, draft passes are
+charged the step's overhead (an upper bound) and the profile says so.
+
+Each engine captures CUDA graphs for every batch it decodes
+(``engine.cudagraph_batch_size``: the largest batch of its points, unless
+the overrides set one), so that its steps replay graphs as a sweep's do.
 
 Only grid points whose whole batch prefills in one engine step are measured
 (batch size x prompt length <= ``--max-step-tokens``, which the calibration
@@ -47,7 +56,7 @@ The profile, the samples and their residuals are printed and written to
 ``~/.cache/specbench/hardware/``), where :mod:`specbench.analytic.prediction` finds it
 for every later sweep that names no ``hardware``.
 
-    python -m specbench.calibrate                      # 4-6 min on 2 CPU cores (two engines)
+    python -m specbench.calibrate                      # minutes on 2 CPU cores (an engine per head)
     python -m specbench.calibrate model=qwen2.5-7b-instruct --max-step-tokens 8192
 """
 
@@ -59,16 +68,16 @@ import os
 import re
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from specbench import hub, models
+from specbench import gpu_timing, hub, models
 from specbench.analytic import prediction, profile_fit, profiles
-from specbench.config import ConfigError, cell_from_config
+from specbench.config import Cell, ConfigError, cell_from_config
 from specbench.engine import EngineError, EngineWorker
 from specbench.gpu_timing import positive_ints
 from specbench.measure import CellPlan
@@ -107,8 +116,8 @@ class GridPoint:
 # The draft-pass samples: a context of the workloads' order, two batch sizes.
 DRAFT_POINTS = (GridPoint(1, 512), GridPoint(4, 512))
 DRAFT_K = 3
-# Tried in order: the first method the model config names a head for is timed
-# (EAGLE-3 first: its reduced LM head makes it the cheaper to run).
+# Every method the model config names a head for is timed, in this order; the first one's overhead is the
+# profile's draft_overhead_ms, paid by drafters without a timed head of their own.
 DRAFT_METHODS = ("eagle3", "eagle")
 
 
@@ -150,6 +159,24 @@ def engine_overrides(overrides: Sequence[str], max_step_tokens: int) -> list[str
     if not any(o.lstrip("+").startswith("engine.max_num_batched_tokens=") for o in out):
         out.append(f"engine.max_num_batched_tokens={max_step_tokens}")
     return out
+
+
+def with_graphs_for(cell: Cell, points: Sequence[GridPoint]) -> Cell:
+    """``cell`` on an engine whose CUDA graphs cover every step of ``points``, unless the overrides
+    set ``engine.cudagraph_batch_size``.
+
+    A calibration cell's own ``batch_size`` is 1, and graphs sized from it
+    cover batch 1 only (:func:`specbench.analytic.graphs.graph_batch`): the
+    larger batches would decode eagerly on a GPU, unlike any sweep's.
+    """
+    if cell.config["engine"].get("cudagraph_batch_size") is not None:
+        return cell
+    return cell.with_graph_batch(max(p.batch_size for p in points))
+
+
+def calibration_cell(overrides: Sequence[str], points: Sequence[GridPoint]) -> Cell:
+    """The plain-decoding cell whose engine decodes ``points``, graphs captured for each of their batches."""
+    return with_graphs_for(cell_from_config(_compose(overrides)), points)
 
 
 def step_sample(
@@ -269,6 +296,7 @@ def profile_document(
     settings: dict[str, Any],
     draft_records: Sequence[dict[str, Any]] = (),
     draft_method: str | None = None,
+    head_records: Mapping[str, Sequence[dict[str, Any]]] | None = None,
     bounds: profile_fit.DeviceBounds | None = None,
     warnings: Sequence[str] = (),
     device_memory_bytes: int | None = None,
@@ -276,7 +304,8 @@ def profile_document(
     """The YAML document: conf/hardware keys, then the evidence behind them
     (the device rates that bounded the fit, and what makes it suspect).
 
-    ``device_memory_bytes``: the GPU's memory (:func:`read_device_memory_bytes`);
+    ``head_records``: every timed head's draft records by method (``draft_records``
+    are the first's). ``device_memory_bytes``: the GPU's memory (:attr:`specbench.gpu_timing.DeviceProbe.memory_bytes`);
     given, the profile states ``memory_bytes`` (and ``memory_gb``, its GB) and
     vLLM's default ``max_num_batched_tokens`` for the device, so the memory
     model prices a GPU engine (``specbench.analytic.memory.budget``). Without
@@ -322,6 +351,10 @@ def profile_document(
         "residuals": residuals,
         "samples": list(records),
     }
+    if profile.head_overheads:
+        doc["head_draft_overhead_ms"] = {m: round(s * 1e3, 4) for m, s in profile.head_overheads}
+    if head_records:
+        doc["head_draft_samples"] = {m: list(r) for m, r in head_records.items()}
     if draft_records:
         doc["draft_samples"] = {"method": draft_method, "samples": list(draft_records)}
     else:
@@ -383,16 +416,6 @@ def _load() -> str:
         return ", ".join(f"{v:.2f}" for v in os.getloadavg()) + f" on {os.cpu_count()} cores"
     except OSError:
         return "unknown"
-
-
-def read_device_memory_bytes() -> int | None:
-    """The first GPU's total memory in bytes, as vLLM sizes its budget from it
-    (``gpu_memory_utilization`` x total); None without a GPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return int(torch.cuda.get_device_properties(0).total_memory)
 
 
 def _host_memory_gb() -> float | None:
@@ -466,14 +489,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         points = grid(positive_ints(args.batch_sizes, "--batch-sizes"),
                       positive_ints(args.prompt_lengths, "--prompt-lengths"), args.max_step_tokens)
-        cell = cell_from_config(_compose(overrides))
+        cell = calibration_cell(overrides, points)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # The head whose draft passes are timed after the target's steps: its checkpoint is fetched with the target's.
-    draft_cell, skipped = _draft_cell(overrides)
+    # The heads whose draft passes are timed after the target's steps: their checkpoints are fetched with the target's.
+    draft_cells, skipped = _draft_cells(overrides)
     try:
-        hub.fetch_all(cell.checkpoints() + (draft_cell.checkpoints() if draft_cell is not None else []))
+        hub.fetch_all(cell.checkpoints() + [c for d in draft_cells.values() for c in d.checkpoints()])
     except hub.HubError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -491,7 +514,9 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or prediction.calibrated_path()
     engine_log = out.with_suffix(".log")
-    bounds = given_rates or measure_device_rates(dtype)
+    # In a child that has exited before the engine starts: this process never opens the device.
+    probe = gpu_timing.probe_device(dtype, tries=0 if given_rates else DEVICE_RATE_TRIES)
+    bounds = given_rates or device_bounds(probe, dtype)
     print(f"device rates ({bounds.source}): copy {bounds.copy_bandwidth / 1e9:.1f} GB/s, "
           f"matmul {bounds.matmul_flops / 1e12:.4f} TFLOP/s: no fitted rate may exceed them by more than "
           f"{bounds.slack:.0%}")
@@ -506,41 +531,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
-        measured = _measure_grid(worker, points, stream, args.max_tokens, args.rounds, _step_line)
+        try:
+            measured = _measure_grid(worker, points, stream, args.max_tokens, args.rounds, _step_line)
+        finally:
+            worker.close()  # raises where the engine's processes or memory do not go: the draft engine needs them
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    finally:
-        worker.close()
     print(f"load average after: {_load()}")
     try:
         pairs = [step_sample(p, args.max_tokens, [m.tpot_s for m in measured[p]],
                              [t for m in measured[p] for t in m.rep_output_tokens]) for p in points]
         pairs += [prefill_sample(p, [m.ttft_s for m in measured[p]]) for p in points]
         profile, records = fit([s for s, _ in pairs], [r for _, r in pairs], model,
-                               args.name or _slug(worker.info.machine), bounds, shared_attention=_on_gpu())
+                               args.name or _slug(worker.info.machine), bounds,
+                               shared_attention=probe.device == "cuda")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(format_fit(profile, records))
-    draft_method, draft_records = None, []
-    if draft_cell is None:
-        print(f"draft passes: not timed ({skipped}); each is charged the step's fixed overhead")
-    else:
-        draft_method = draft_cell.method
+    head_records: dict[str, list[dict[str, Any]]] = {}
+    overheads: dict[str, float] = {}
+    for method, draft_cell in draft_cells.items():
         try:
             rounds = _measure_draft_passes(draft_cell, stream, args.max_tokens, args.rounds,
                                            None if args.verbose else engine_log)
             pairs = [draft_sample(p, DRAFT_K, args.max_tokens, rounds[p]) for p in DRAFT_POINTS]
-            head = prediction.drafter_profile(draft_cell.identity["method"], model, dtype)
-            overhead, residuals = profile_fit.fit_draft_overhead(
-                [s for s, _ in pairs], method=draft_method, target=model, head=head, hw=profile)
+            overheads[method], head_records[method] = fit_head(
+                method, draft_cell.identity["method"], [r for _, r in pairs], model, dtype, profile)
         except (EngineError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        profile = replace(profile, draft_overhead_s=overhead)
-        draft_records = [dict(r, residual=res) for (_, r), res in zip(pairs, residuals)]
-        print(format_draft_fit(draft_method, overhead, draft_records))
+        print(format_draft_fit(method, overheads[method], head_records[method]))
+    profile = with_head_overheads(profile, overheads)
+    print(format_heads_timed(overheads, skipped))
+    draft_method = next(iter(head_records), None)
+    draft_records = head_records.get(draft_method, []) if draft_method else []
     warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds, _labels(records))
     print(format_warnings(warnings))
     doc = profile_document(
@@ -550,8 +576,8 @@ def main(argv: list[str] | None = None) -> int:
         vllm_version=worker.info.vllm_version,
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": overrides},
-        draft_records=draft_records, draft_method=draft_method, bounds=bounds, warnings=warnings,
-        device_memory_bytes=read_device_memory_bytes(),
+        draft_records=draft_records, draft_method=draft_method, head_records=head_records,
+        bounds=bounds, warnings=warnings, device_memory_bytes=probe.memory_bytes,
     )
     write_profile(doc, out)
     print(f"profile: {out}")
@@ -569,23 +595,26 @@ def _labels(records: Sequence[dict[str, Any]]) -> list[str]:
     return [f"{r.get('kind', 'decode')} batch {r['batch_size']} x {r['prompt_tokens']} tokens" for r in records]
 
 
-def _on_gpu() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
+# Tries at the device rates; each keeps its best, since other work on the machine only ever slows them.
+DEVICE_RATE_TRIES = 3
 
 
-def measure_device_rates(dtype: str) -> profile_fit.DeviceBounds:
-    """This machine's copy bandwidth and matmul rate at ``dtype``, timed with torch
-    (:func:`specbench.gpu_timing.device_rates`): the best of 3 tries, since other
-    work on the machine only ever slows them."""
-    from specbench.gpu_timing import device_rates
+def measure_device_rates(dtype: str, *, copy_bytes: int | None = None,
+                         matmul_size: int | None = None) -> profile_fit.DeviceBounds:
+    """This machine's copy bandwidth and matmul rate at ``dtype``, timed with torch in a child process
+    (:func:`specbench.gpu_timing.probe_device`; sizes as :func:`specbench.gpu_timing.device_rates`):
+    the best of :data:`DEVICE_RATE_TRIES` tries."""
+    return device_bounds(gpu_timing.probe_device(dtype, tries=DEVICE_RATE_TRIES, copy_bytes=copy_bytes,
+                                                 matmul_size=matmul_size), dtype)
 
-    device = "cuda" if _on_gpu() else "cpu"
-    tries = [device_rates(device, dtype) for _ in range(3)]
+
+def device_bounds(probe: gpu_timing.DeviceProbe, dtype: str) -> profile_fit.DeviceBounds:
+    """The fit's bounds from a probe that timed the device's rates; ValueError if it did not."""
+    if probe.copy_bandwidth is None or probe.matmul_flops is None:
+        raise ValueError("the device probe did not time the device's rates")
     return profile_fit.DeviceBounds(
-        copy_bandwidth=max(b for b, _ in tries), matmul_flops=max(f for _, f in tries),
-        source=f"measured here with torch ({device}, {dtype}, {now_iso()})")
+        copy_bandwidth=probe.copy_bandwidth, matmul_flops=probe.matmul_flops,
+        source=f"measured here with torch ({probe.device}, {dtype}, {now_iso()})")
 
 
 def _device_rates(text: str) -> profile_fit.DeviceBounds:
@@ -632,38 +661,80 @@ def _refit(path: Path, out: Path, given: profile_fit.DeviceBounds | None) -> int
         return 1
     print(format_fit(profile, records))
     draft = doc.get("draft_samples") or {}
-    draft_records = [dict(r) for r in draft.get("samples") or []]
-    if draft_records:
-        draft_cell, _ = _draft_cell(list((doc.get("settings") or {}).get("overrides") or []))
-        method = draft_cell.identity["method"] if draft_cell is not None else {"name": draft["method"]}
-        head = prediction.drafter_profile(method, model, doc["model"]["dtype"])
-        overhead, residuals = profile_fit.fit_draft_overhead(
-            [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"])
-             for r in draft_records], method=draft["method"], target=model, head=head, hw=profile)
-        profile = replace(profile, draft_overhead_s=overhead)
-        draft_records = [dict(r, residual=res) for r, res in zip(draft_records, residuals)]
-        print(format_draft_fit(draft["method"], overhead, draft_records))
+    # Every head an earlier calibration timed (one written before each head had its own: its draft_samples).
+    timed = doc.get("head_draft_samples") or ({draft["method"]: draft["samples"]} if draft.get("samples") else {})
+    draft_cells, _ = _draft_cells(list((doc.get("settings") or {}).get("overrides") or []))
+    head_records: dict[str, list[dict[str, Any]]] = {}
+    overheads: dict[str, float] = {}
+    for method, written in timed.items():
+        identity = draft_cells[method].identity["method"] if method in draft_cells else {"name": method}
+        overheads[method], head_records[method] = fit_head(
+            method, identity, written, model, doc["model"]["dtype"], profile)
+        print(format_draft_fit(method, overheads[method], head_records[method]))
+    profile = with_head_overheads(profile, overheads)
+    draft_records = head_records.get(draft.get("method"), []) if draft.get("method") else []
     warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds, _labels(records))
     print(format_warnings(warnings))
     write_profile(profile_document(
         profile, records, model=doc["model"], device=doc.get("device", ""), measured_at=doc.get("measured_at", ""),
         vllm_version=doc.get("vllm_version"), settings=dict(doc.get("settings") or {}, refit_from=str(path)),
-        draft_records=draft_records, draft_method=draft.get("method"), bounds=bounds, warnings=warnings,
+        draft_records=draft_records, draft_method=draft.get("method"),
+        head_records=head_records if doc.get("head_draft_samples") else None, bounds=bounds, warnings=warnings,
         device_memory_bytes=doc.get("memory_bytes")), out)
     print(f"profile: {out}")
     return 0
 
 
-def _draft_cell(overrides: Sequence[str]) -> tuple[Any, str]:
-    """The cell whose head the draft passes are timed with, or None and why not."""
-    reasons = []
+def _draft_cells(overrides: Sequence[str]) -> tuple[dict[str, Cell], str]:
+    """The cells whose heads the draft passes are timed with, by method in :data:`DRAFT_METHODS` order,
+    and why each other method has none ("" when every one has)."""
+    cells, reasons = {}, []
     for method in DRAFT_METHODS:
         try:
-            return cell_from_config(_compose(
-                overrides, (f"method={method}", f"num_speculative_tokens={DRAFT_K}"))), ""
+            cells[method] = with_graphs_for(cell_from_config(_compose(
+                overrides, (f"method={method}", f"num_speculative_tokens={DRAFT_K}"))), DRAFT_POINTS)
         except ValueError as exc:
             reasons.append(f"{method}: {str(exc).splitlines()[-1].strip()}")
-    return None, "; ".join(reasons)
+    return cells, "; ".join(reasons)
+
+
+def _draft_cell(overrides: Sequence[str]) -> tuple[Cell | None, str]:
+    """The first head's cell (:func:`_draft_cells`), or None and why not: what tests/test_vllm_config.py
+    validates."""
+    cells, skipped = _draft_cells(overrides)
+    return next(iter(cells.values()), None), skipped
+
+
+def fit_head(
+    method: str, identity: Mapping[str, Any], records: Sequence[dict[str, Any]], model: profiles.ModelProfile,
+    dtype: str, profile: profiles.HardwareProfile,
+) -> tuple[float, list[dict[str, Any]]]:
+    """One head's draft-pass overhead from its timed passes (records as :func:`draft_sample` writes them),
+    priced with its own shapes (``identity``: the cell's method config, which names its checkpoint);
+    the records gain their residuals."""
+    head = prediction.drafter_profile(dict(identity), model, dtype)
+    overhead, residuals = profile_fit.fit_draft_overhead(
+        [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"]) for r in records],
+        method=method, target=model, head=head, hw=profile)
+    return overhead, [dict(r, residual=res) for r, res in zip(records, residuals)]
+
+
+def with_head_overheads(profile: profiles.HardwareProfile, overheads: Mapping[str, float]) -> profiles.HardwareProfile:
+    """``profile`` with each timed head's draft-pass overhead (:attr:`HardwareProfile.head_overheads`);
+    the first is also its ``draft_overhead_s``, which drafters without a timed head pay. Unchanged when none."""
+    if not overheads:
+        return profile
+    return replace(profile, draft_overhead_s=next(iter(overheads.values())), head_overheads=tuple(overheads.items()))
+
+
+def format_heads_timed(overheads: Mapping[str, float], skipped: str) -> str:
+    """Which drafters are priced from their own head's passes, and what the others pay."""
+    if not overheads:
+        return f"draft passes: not timed ({skipped}); each is charged the step's fixed overhead"
+    first = next(iter(overheads))
+    line = (f"draft passes priced from their own head's: {', '.join(overheads)}; "
+            f"other drafters pay {first}'s {overheads[first] * 1e3:.2f} ms")
+    return line + (f" (not timed: {skipped})" if skipped else "")
 
 
 def _measure_draft_passes(

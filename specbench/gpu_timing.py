@@ -38,10 +38,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing as mp
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -188,7 +190,57 @@ def device_rates(device: str, dtype: str, *, copy_bytes: int | None = None,
     a = torch.randn(matmul_size, matmul_size, device=device, dtype=dt)
     b = torch.randn(matmul_size, matmul_size, device=device, dtype=dt)
     flops = 2 * matmul_size ** 3 / best(lambda: a @ b)
+    del a, b
+    if cuda:
+        # Hand torch's cached blocks (2 GiB at the defaults) back to the device.
+        torch.cuda.empty_cache()
     return bandwidth, flops
+
+
+@dataclass(frozen=True)
+class DeviceProbe:
+    """What :func:`probe_device` read in its child process: the device, its memory, its rates."""
+
+    device: str  # "cuda" or "cpu": where the rates were timed
+    name: str  # the GPU's name, or the CPU's thread count
+    memory_bytes: int | None  # the first GPU's total memory, as vLLM sizes its budget from it; None on a CPU
+    copy_bandwidth: float | None  # bytes/s, the best of the tries; None when not timed
+    matmul_flops: float | None  # FLOP/s, the best of the tries; None when not timed
+
+
+def probe_device(dtype: str, *, tries: int = 3, copy_bytes: int | None = None,
+                 matmul_size: int | None = None) -> DeviceProbe:
+    """The device's memory and, for ``tries`` >= 1, its best copy bandwidth and matmul rate
+    (:func:`device_rates`, best of ``tries``: other work only ever slows them), read in a child process.
+
+    A command that opens an engine afterwards must not hold the device itself:
+    vLLM refuses to start unless free memory is at least
+    ``gpu_memory_utilization`` x total (``v1/worker/utils.py``,
+    ``request_memory``), and on a 24 GB card at 0.9 that leaves about 2.4 GiB,
+    less than a CUDA context (0.3-0.5 GiB) and the 2 GiB of timing buffers
+    torch keeps cached. The child is spawned (a fork would share this
+    process's state, and a CUDA context cannot cross a fork), and has exited,
+    its context and memory with it, when this returns; this process never
+    initialises CUDA.
+    """
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(_probe_here, dtype, tries, copy_bytes, matmul_size).result()
+
+
+def _probe_here(dtype: str, tries: int, copy_bytes: int | None, matmul_size: int | None) -> DeviceProbe:
+    """:func:`probe_device`'s work, in the child it spawns."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    rates = [device_rates(device, dtype, copy_bytes=copy_bytes, matmul_size=matmul_size) for _ in range(tries)]
+    return DeviceProbe(
+        device=device,
+        name=torch.cuda.get_device_name(0) if cuda else f"CPU ({torch.get_num_threads()} threads)",
+        memory_bytes=int(torch.cuda.get_device_properties(0).total_memory) if cuda else None,
+        copy_bandwidth=max((b for b, _ in rates), default=None),
+        matmul_flops=max((f for _, f in rates), default=None),
+    )
 
 
 def time_passes(

@@ -12,9 +12,11 @@ import atexit
 import json
 import logging
 import math
+import multiprocessing
 import multiprocessing.util
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -269,9 +271,12 @@ def _run_cell(
             memory_columns = rows.memory_columns(
                 engine_memory, request_tokens=request_tokens, checkpoint_bytes=_checkpoint_bytes(worker.spec))
     except Exception as exc:  # noqa: BLE001 - a failed cell is data, not a crash
-        if isinstance(exc, EngineError):
-            pool.discard()
         error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, EngineError):
+            try:
+                pool.discard()
+            except EngineError as teardown:  # the engine did not go: the next one would meet its memory
+                error += f"; then {teardown}"
         log.error("%s failed: %s", cell.cell_id, error)
         row = rows.failed_row(cell, engine_runs, provenance, error=error, machine=_local_machine())
         files.set_aside()
@@ -488,7 +493,10 @@ def _distribution_plan(cell: Cell, workload: Workload) -> DistributionPlan:
 
 @lru_cache(maxsize=1)
 def _local_machine() -> str:
-    return describe_machine()
+    """The machine a failed cell ran on, read in a child process: torch would otherwise open the device in
+    this one, and keep its context for the rest of the sweep, while the next engine needs the free memory."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(describe_machine).result()
 
 
 @lru_cache(maxsize=4)

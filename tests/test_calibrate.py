@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from specbench import calibrate
-from specbench.analytic import prediction, profile_fit, profiles, steps
+from specbench.analytic import drafting, prediction, profile_fit, profiles, steps
 from specbench.calibrate import GridPoint
 
 MODEL = profiles.ModelProfile(
@@ -207,12 +207,11 @@ def test_bad_device_rates_are_refused_before_anything_runs(bad, capsys):
 
 
 def test_a_gpu_calibration_states_the_device_memory_so_the_fit_check_still_refuses(tmp_path, monkeypatch):
-    # The device read is one function (read_device_memory_bytes); a GPU's answer cannot be caused on this
+    # The device read is the probe's (gpu_timing.DeviceProbe.memory_bytes); a GPU's answer cannot be caused on this
     # CPU machine, so the test hands profile_document the figure an RTX 4090 reports (24564 MiB).
     from specbench.analytic import memory
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
-    assert calibrate.read_device_memory_bytes() is None  # no GPU here: a CPU profile states host memory
     samples, records = _synthetic_samples()
     profile, fitted = calibrate.fit(samples, records, MODEL, "gpu")
     common = {"model": {"name": "m", "path": "embedded:x", "dtype": "bfloat16"}, "device": "1x NVIDIA GeForce RTX 4090",
@@ -236,3 +235,96 @@ def test_a_gpu_calibration_states_the_device_memory_so_the_fit_check_still_refus
            "num_speculative_tokens": 4, "batch_size": 1}
     problems = memory.fit_problems(cfg)
     assert len(problems) == 1 and "too big for the device" in problems[0] and "hardware=gpu" in problems[0]
+
+
+def test_device_rates_are_timed_in_a_child_so_the_engine_finds_the_device_free(monkeypatch):
+    # What stands for a GPU here: this process's torch says CUDA is there, and anything that would
+    # initialise CUDA in it (a context, torch's cache) raises, as would the timing itself if it ran
+    # here. vLLM refuses an engine unless gpu_memory_utilization x total is free (v1/worker/utils.py);
+    # on a 24 GB card a context plus 2 GiB of cached timing buffers left here exceeds the headroom.
+    import torch
+
+    from specbench import gpu_timing
+
+    def opened_here(*args, **kwargs):
+        raise AssertionError("the calibrating process touched the device itself")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("init", "_lazy_init", "get_device_properties", "get_device_name", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, opened_here)
+    monkeypatch.setattr(gpu_timing, "device_rates", opened_here)
+    # The child is a fresh interpreter: none of the above reaches it, and with no CUDA it times the CPU.
+    bounds = calibrate.measure_device_rates("float32", copy_bytes=1 << 16, matmul_size=16)
+    assert bounds.copy_bandwidth > 0 and bounds.matmul_flops > 0 and "(cpu, float32" in bounds.source
+    assert not torch.cuda.is_initialized()
+    untimed = gpu_timing.DeviceProbe("cpu", "CPU", None, None, None)  # a probe asked for no tries
+    with pytest.raises(ValueError, match="did not time"):
+        calibrate.device_bounds(untimed, "float32")
+
+
+def test_calibration_engines_capture_graphs_for_every_batch_they_decode():
+    # The calibration cell's batch_size is 1; its engine decodes every batch of the grid, and the
+    # draft engine batches of DRAFT_POINTS at K+1 tokens each: each step must replay a captured graph.
+    points = calibrate.grid(calibrate.DEFAULT_BATCH_SIZES, calibrate.DEFAULT_PROMPT_LENGTHS, 8192)
+    overrides = calibrate.engine_overrides([], 8192)
+    sizes = calibrate.calibration_cell(overrides, points).engine_spec(prepare=False).cudagraph_capture_sizes
+    assert {p.batch_size for p in points} <= set(sizes)
+    draft, _ = calibrate._draft_cell(overrides)
+    sizes = draft.engine_spec(prepare=False).cudagraph_capture_sizes
+    assert {p.batch_size * (calibrate.DRAFT_K + 1) for p in calibrate.DRAFT_POINTS} <= set(sizes)
+    # A graph batch the overrides set is the user's to choose.
+    mine = calibrate.calibration_cell([*overrides, "engine.cudagraph_batch_size=2"], points)
+    assert mine.engine_spec(prepare=False).cudagraph_capture_sizes == (1, 2)
+
+
+def test_every_shipped_head_is_timed_and_each_drafter_pays_its_own_heads_overhead(tmp_path, monkeypatch):
+    # The default model ships an EAGLE-3 and an EAGLE-1 head: calibrate starts an engine for each.
+    cells, skipped = calibrate._draft_cells(calibrate.engine_overrides([], 8192))
+    assert list(cells) == ["eagle3", "eagle"] and skipped == ""
+    assert [c.method for c in cells.values()] == ["eagle3", "eagle"]
+    # A machine whose EAGLE-1 pass carries 1 ms of fixed cost and whose EAGLE-3 pass 4 ms (the order of
+    # the 2-core machine's 3.97 ms), each pass timed at DRAFT_POINTS as vLLM would report it.
+    true = {"eagle3": 4e-3, "eagle": 1e-3}
+    machine = replace(TRUE, head_overheads=tuple(true.items()))
+    records = {}
+    for method in true:
+        records[method] = []
+        for p in calibrate.DRAFT_POINTS:
+            context = p.prompt_len + 8
+            seconds = steps.verify_step(MODEL, TRUE, p.batch_size, calibrate.DRAFT_K, context) + drafting.draft_time(
+                method, hw=machine, batch_size=p.batch_size, k=calibrate.DRAFT_K, context_len=context, target=MODEL)
+            _, record = calibrate.draft_sample(p, calibrate.DRAFT_K, 16, [(seconds * 10, 10)])
+            records[method].append(record)
+    fitted = {m: calibrate.fit_head(m, {"name": m}, records[m], MODEL, "float32", TRUE) for m in true}
+    assert {m: o for m, (o, _) in fitted.items()} == pytest.approx(true, rel=1e-6)
+    profile = calibrate.with_head_overheads(TRUE, {m: o for m, (o, _) in fitted.items()})
+    samples, step_records = _synthetic_samples()
+    _, step_fitted = calibrate.fit(samples, step_records, MODEL, "my-cpu")
+    doc = calibrate.profile_document(
+        profile, step_fitted, model={"name": "m", "path": "embedded:x", "dtype": "float32"}, device="CPU",
+        measured_at="2026-01-01T00:00:00+00:00", vllm_version="0.32.0", settings={},
+        draft_records=fitted["eagle3"][1], draft_method="eagle3", head_records={m: r for m, (_, r) in fitted.items()})
+    assert doc["head_draft_overhead_ms"] == {"eagle3": 4.0, "eagle": 1.0} and doc["draft_overhead_ms"] == 4.0
+    path = tmp_path / "p.yaml"
+    calibrate.write_profile(doc, path)
+    loaded = prediction.load_hardware_file(path).profile
+    # Through the model's own pricing: EAGLE-1's draft is EAGLE-1's, no longer EAGLE-3's; a drafter
+    # without a timed head of its own (a draft model) pays the first head's.
+    for k in (2, 4, 8):
+        priced = {m: drafting.draft_time(m, hw=loaded, batch_size=1, k=k, context_len=600.0, target=MODEL)
+                  for m in ("eagle", "eagle3")}
+        assert priced == pytest.approx({m: drafting.draft_time(m, hw=machine, batch_size=1, k=k, context_len=600.0,
+                                                               target=MODEL) for m in priced}, rel=1e-6)
+        as_before = drafting.draft_time("eagle", hw=replace(loaded, head_overheads=()), batch_size=1, k=k,
+                                        context_len=600.0, target=MODEL)
+        assert as_before - priced["eagle"] == pytest.approx(k * 3e-3, rel=1e-6)  # what EAGLE-3's overhead added
+    assert loaded.for_drafter("draft_model").draft_pass_overhead_s == pytest.approx(4e-3)
+    # A refit refits every head it finds (the target, and the heads' shapes, read as MODEL's).
+    monkeypatch.setattr(prediction, "model_profile", lambda path, dtype, name="m": MODEL)
+    out = tmp_path / "refit.yaml"
+    assert calibrate.main(["--refit", str(path), "--out", str(out), "--device-rates", "40,1"]) == 0
+    refit = yaml.safe_load(out.read_text())
+    assert set(refit["head_draft_overhead_ms"]) == {"eagle3", "eagle"} and set(refit["head_draft_samples"]) == set(true)
+    assert "draft passes priced from their own head's: eagle3, eagle" in calibrate.format_heads_timed(true, "")
+    with pytest.raises(ValueError, match="head_draft_overhead_ms"):
+        profiles.HardwareProfile.from_mapping(dict(doc, head_draft_overhead_ms=[1.0]))

@@ -120,7 +120,10 @@ class EagleHeadCost:
     one decoder layer with its own one-layer KV cache, the fc layer, and the
     LM head the head reads: the target's full vocabulary for EAGLE-1, the
     head's own reduced one for EAGLE-3). Without the head's profile the head
-    is assumed to have the target's shapes and full vocabulary.
+    is assumed to have the target's shapes and full vocabulary. Each pass
+    pays the fixed cost timed on a head of this kind where the profile has
+    one (:meth:`HardwareProfile.for_drafter`), else the profile's draft
+    overhead, whichever head it was timed on.
     """
 
     kind: str
@@ -140,7 +143,7 @@ class EagleHeadCost:
             self.kind, draft or target, target, num_tokens=batch_size, num_seqs=batch_size,
             context_len=context_len, logits=batch_size,
         )
-        return k * roofline_time(hw, work, draft=True)
+        return k * roofline_time(hw.for_drafter(self.kind), work, draft=True)
 
     def prefill_time(
         self, *, hw: HardwareProfile, batch_size: int, prompt_len: float, max_step_tokens: int,
@@ -155,7 +158,7 @@ class EagleHeadCost:
             self.kind, draft or target, target, num_tokens=num_tokens, num_seqs=batch_size,
             context_len=prompt_len / 2.0, logits=batch_size / steps,
         )
-        return steps * roofline_time(hw, work, draft=True)
+        return steps * roofline_time(hw.for_drafter(self.kind), work, draft=True)
 
 
 COST_MODELS: dict[str, DraftCost] = {

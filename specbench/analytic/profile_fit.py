@@ -343,7 +343,7 @@ def fit_draft_overhead(
         raise ValueError(f"method must be an EAGLE head ({', '.join(EAGLE_FC_INPUTS)}); got {method!r}")
     if not samples:
         raise ValueError("samples must not be empty")
-    free = replace(hw, draft_overhead_s=0.0)
+    free = replace(hw, draft_overhead_s=0.0, head_overheads=())
     # Per sample: measured seconds, and the pass priced without the draft overhead.
     priced = []
     for i, s in enumerate(samples):
@@ -377,7 +377,7 @@ def fit_draft_step_overhead(
         raise ValueError(f"method must be an EAGLE head ({', '.join(EAGLE_FC_INPUTS)}); got {method!r}")
     if not samples:
         raise ValueError("samples must not be empty")
-    free = replace(hw, draft_overhead_s=0.0)
+    free = replace(hw, draft_overhead_s=0.0, head_overheads=())
     priced = [(check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True),
                draft_time(method, hw=free, batch_size=check_int(f"samples[{i}].num_seqs", s.num_seqs, 1), k=1,
                           context_len=s.context_len, draft=head, target=target))

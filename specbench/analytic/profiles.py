@@ -58,6 +58,12 @@ class HardwareProfile:
     sampler's bookkeeping, so it can be far below fixed_overhead_s; None (a
     vendor profile, or a calibration without a head to time) charges each
     draft pass the full fixed_overhead_s, an upper bound.
+    head_overheads holds a draft pass's fixed cost timed on each head
+    (method name, seconds): calibrate times every EAGLE head the model
+    ships, since their passes differ in more than the work the model prices
+    (EAGLE-1 reads the target's LM head, EAGLE-3 its own reduced one through
+    the d2t map, behind an fc over three layers' states); a drafter of
+    another method pays draft_overhead_s (:meth:`for_drafter`).
     source is "vendor" (datasheet figures) or "calibrated" (fitted on the
     device by fit_hardware_profile).
     model_runner is the vLLM model runner that device runs (:data:`MODEL_RUNNERS`):
@@ -78,8 +84,11 @@ class HardwareProfile:
     overlap_exponent: float = math.inf
     per_layer_overhead_s: float = 0.0
     model_runner: str = "V1"
+    head_overheads: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
+        for method, seconds in self.head_overheads:
+            check_real(f"head_overheads[{method!r}]", seconds, 0.0)
         if self.model_runner not in MODEL_RUNNERS:
             raise ValueError(f"model_runner must be one of {', '.join(MODEL_RUNNERS)}, got {self.model_runner!r}")
         check_real("per_layer_overhead_s", self.per_layer_overhead_s, 0.0)
@@ -106,6 +115,12 @@ class HardwareProfile:
         """Seconds of fixed cost per draft pass: draft_overhead_s, else fixed_overhead_s."""
         return self.fixed_overhead_s if self.draft_overhead_s is None else self.draft_overhead_s
 
+    def for_drafter(self, method: str) -> HardwareProfile:
+        """This profile as a drafter of ``method`` pays it: its draft passes at the overhead timed on that
+        method's head where :attr:`head_overheads` has one, else this profile unchanged."""
+        timed = dict(self.head_overheads).get(method)
+        return self if timed is None else replace(self, draft_overhead_s=timed)
+
     @property
     def kv_read_bandwidth(self) -> float:
         """Bytes/s of KV-cache reads: kv_bandwidth, else memory_bandwidth."""
@@ -125,6 +140,8 @@ class HardwareProfile:
         per_sequence_overhead_ms, draft_overhead_ms (milliseconds),
         kv_bandwidth_gbps (GB/s), attention_tflops (TFLOP/s; .inf: free),
         per_layer_overhead_ms (milliseconds per decoder layer and pass),
+        head_draft_overhead_ms (method name -> milliseconds: a draft pass's
+        fixed cost timed on that method's head),
         overlap_exponent (>= 1; absent or .inf: reads and compute overlap
         fully, the max() of a plain roofline), notes, model_runner (absent:
         :func:`device_model_runner`). Other keys (e.g. memory_gb, the
@@ -159,7 +176,18 @@ class HardwareProfile:
                 math.inf if d["overlap_exponent"] == math.inf
                 else check_real("overlap_exponent", d["overlap_exponent"], 1.0)),
             model_runner=str(d.get("model_runner") or device_model_runner(d)),
+            head_overheads=_head_overheads(d.get("head_draft_overhead_ms")),
         )
+
+
+def _head_overheads(value: object) -> tuple[tuple[str, float], ...]:
+    """``head_draft_overhead_ms`` (a mapping of method name to milliseconds, or absent) in seconds."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ValueError(f"head_draft_overhead_ms must map method names to milliseconds, got {value!r}")
+    return tuple((str(method), 1e-3 * check_real(f"head_draft_overhead_ms.{method}", ms, 0.0))
+                 for method, ms in sorted(value.items()))
 
 
 MODEL_RUNNERS = ("V1", "V2")

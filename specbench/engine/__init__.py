@@ -46,6 +46,14 @@ MEMORY_REQUEST = "memory"
 CPU_ALLOCATORS = ("tcmalloc", "system")
 TCMALLOC = "libtcmalloc_minimal.so.4"
 
+# How long a stopped engine's processes, then its device memory, may take to go before close() says so:
+# the next engine cannot start without them gone (vLLM refuses unless gpu_memory_utilization x total is
+# free, v1/worker/utils.py, request_memory).
+TEARDOWN_BOUND_S = 60.0
+# Free device memory this close to what it was before the engine started counts as returned (the driver's
+# own figure moves by a few MiB between reads).
+MEMORY_SLACK_BYTES = 256 << 20
+
 
 def tcmalloc_library() -> str | None:
     """tcmalloc for a CPU engine's LD_PRELOAD: the venv's copy (``make setup`` unpacks Debian's
@@ -347,11 +355,16 @@ class EngineWorker:
     leaves them on the terminal.
     """
 
+    # The device's free memory before this engine started (set as it starts; None: no GPU, nothing to await).
+    _free_before: int | None = None
+
     def __init__(self, spec: EngineSpec, start_timeout_s: float = 900.0, log_path: Path | None = None) -> None:
         # Imported here: the worker module imports this package. It imports vLLM only inside its functions.
         from specbench.engine.worker import serve
 
         self.spec = spec
+        # What the device had free before this engine: close() waits until it has again.
+        self._free_before = device_free_bytes()
         ctx = worker_context(log_path, start_environment(spec.preload, spec.cpu_huge_pages))
         self._conn, child_conn = ctx.Pipe()
         environment = worker_environment(spec)
@@ -401,7 +414,10 @@ class EngineWorker:
                 )
             if deadline is not None and time.monotonic() > deadline:
                 # A hung engine reads no stop message: kill it now rather than wait for one.
-                self.close(wait_s=0.0)
+                try:
+                    self.close(wait_s=0.0)
+                except EngineError as exc:
+                    raise EngineError(f"timed out after {timeout_s:.0f} s while {doing}; {exc}") from exc
                 raise EngineError(f"timed out after {timeout_s:.0f} s while {doing}")
         try:
             status, payload = self._conn.recv()
@@ -411,8 +427,15 @@ class EngineWorker:
             raise EngineError(payload)
         return payload
 
-    def close(self, wait_s: float = 30.0) -> None:
-        """Stop the worker; kill it if it does not exit within ``wait_s`` seconds."""
+    def close(self, wait_s: float = 30.0, bound_s: float = TEARDOWN_BOUND_S) -> None:
+        """Stop the worker; kill it if it does not exit within ``wait_s`` seconds. Then wait until the engine
+        is gone: every process it started (a serving engine's core, a ``vllm serve`` process group) has
+        exited, asked to stop and after ``wait_s`` killed, and on a GPU the device's free memory is back to
+        what it was before the engine started. EngineError, saying which, when either is not within
+        ``bound_s`` seconds: the next engine could not start (vLLM refuses unless
+        ``gpu_memory_utilization`` x total is free)."""
+        # Read now: once the worker exits, its children are re-parented and no longer listed under it.
+        started = _descendants(self._process.pid) if self._process.is_alive() else []
         if self._process.is_alive() and wait_s > 0:
             try:
                 self._conn.send(None)
@@ -422,28 +445,116 @@ class EngineWorker:
         if self._process.is_alive():
             # A serving worker's engine core is its child and would outlive a killed worker. A vllm serve
             # process leads a process group of its own (specbench.engine.server), its engine core in it.
-            for child in _children(self._process.pid):
-                try:
-                    if os.getpgid(child) == child:
-                        os.killpg(child, signal.SIGKILL)
-                    else:
-                        os.kill(child, signal.SIGKILL)
-                except OSError:
-                    pass
+            _signal_all(_children(self._process.pid), signal.SIGKILL)
             self._process.kill()
             self._process.join()
         self._conn.close()
         if self.spec.serving:
             atexit.unregister(self.close)
+        _await_exit(started, wait_s, bound_s)
+        _await_free_memory(self._free_before, bound_s)
 
 
 def _children(pid: int | None) -> list[int]:
-    """A process's live children, from /proc (none where the kernel does not list them)."""
+    """A process's live children, from /proc, over all its threads (none where the kernel does not list them)."""
+    found: list[int] = []
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(p) for p in f.read().split()]
     except (OSError, ValueError):
-        return []
+        pass
+    return found
+
+
+def _descendants(pid: int | None) -> list[int]:
+    """Every live process below ``pid``: its children, theirs, and so on."""
+    out: list[int] = []
+    todo = _children(pid)
+    while todo:
+        child = todo.pop()
+        if child not in out:
+            out.append(child)
+            todo += _children(child)
+    return out
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie does not (it holds no memory, and its new parent reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    """``sig`` to each of ``pids``, to its whole group where it leads one (a ``vllm serve`` and its core)."""
+    for pid in pids:
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _await_exit(pids: list[int], grace_s: float, bound_s: float, poll_s: float = 0.1) -> None:
+    """Wait until none of an engine's ``pids`` runs: those left are asked to stop (SIGTERM), and after
+    ``grace_s`` killed; EngineError naming them if any still runs ``bound_s`` after that."""
+    left = [p for p in pids if _running(p)]
+    if not left:
+        return
+    _signal_all(left, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while (left := [p for p in left if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    if left:
+        _signal_all(left, signal.SIGKILL)
+        deadline = time.monotonic() + bound_s
+        while (left := [p for p in left if _running(p)]) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+    if left:
+        raise EngineError(f"engine process(es) {', '.join(map(str, left))} still running {bound_s:.0f} s "
+                          "after they were killed; the next engine would not find their memory free")
+
+
+def device_free_bytes() -> int | None:
+    """Free memory of the first visible GPU in bytes, as its driver counts it (NVML: no CUDA context is
+    opened in this process); None without NVML or a GPU (a CPU machine)."""
+    try:
+        import pynvml  # ships with CUDA builds of vLLM (nvidia-ml-py)
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no library, no driver or no GPU: nothing to wait for
+        return None
+    try:
+        # NVML numbers every GPU; CUDA_VISIBLE_DEVICES names the engine's first by index or UUID.
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        handle = (pynvml.nvmlDeviceGetHandleByUUID(first) if first.startswith(("GPU-", "MIG-"))
+                  else pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0))
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+    except Exception:  # noqa: BLE001 - a GPU NVML cannot read: nothing to wait for
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _await_free_memory(before: int | None, bound_s: float, poll_s: float = 0.5) -> None:
+    """Wait until the device has ``before`` bytes free again (less :data:`MEMORY_SLACK_BYTES`); EngineError
+    after ``bound_s``. The driver frees a dead process's memory a moment after it exits, not at once.
+    Nothing to wait for where ``before`` is None (no GPU, or it could not be read)."""
+    if before is None:
+        return
+    deadline = time.monotonic() + bound_s
+    while (free := device_free_bytes()) is not None and free < before - MEMORY_SLACK_BYTES:
+        if time.monotonic() >= deadline:
+            raise EngineError(
+                f"GPU memory did not return within {bound_s:.0f} s of the engine's exit: "
+                f"{free / 2**30:.2f} GiB free, {before / 2**30:.2f} GiB before it started "
+                "(another process may hold it); the next engine would be refused its share")
+        time.sleep(poll_s)
 
 
 class EnginePool:
