@@ -266,8 +266,9 @@ class ServerEngine:
             window_start: list[asyncio.Task[Any]] = []
             sampling = asyncio.create_task(self._sample(session, steps, start))
             try:
-                served = await replay(plan.arrivals_s, plan.max_concurrency, start,
-                                      lambda index: self._request(session, index, plan, start, window_start))
+                served, due = await replay(plan.arrivals_s, plan.max_concurrency, start,
+                                           lambda index: self._request(session, index, plan, start, window_start),
+                                           plan.warmup_requests)
             finally:
                 sampling.cancel()
                 await asyncio.gather(sampling, return_exceptions=True)
@@ -277,7 +278,7 @@ class ServerEngine:
                 opened = await window_start[0] if window_start else before
                 counters = after - opened
         return ServingMeasurement(requests=tuple(served), steps=tuple(steps), warmup_requests=plan.warmup_requests,
-                                  arrivals_s=plan.arrivals_s, counters=counters)
+                                  arrivals_s=due, counters=counters)
 
     async def _metrics(self, session: Any) -> tuple[SpecCounters, tuple[int, int]]:
         """The speculative counters and the requests running and waiting, now."""

@@ -99,10 +99,10 @@ class ServingEngine:
         tag = uuid.uuid4().hex[:8]
         self._steps.clear()
         start = self._clock[0] = time.perf_counter()
-        served = await replay(plan.arrivals_s, plan.max_concurrency, start,
-                              lambda index: self._request(index, plan, params, tag, start))
+        served, due = await replay(plan.arrivals_s, plan.max_concurrency, start,
+                                   lambda index: self._request(index, plan, params, tag, start), plan.warmup_requests)
         return ServingMeasurement(requests=tuple(served), steps=tuple(self._steps),
-                                  warmup_requests=plan.warmup_requests, arrivals_s=plan.arrivals_s)
+                                  warmup_requests=plan.warmup_requests, arrivals_s=due)
 
     async def _request(self, index: int, plan: ServingPlan, params: Any, tag: str, start: float) -> ServedRequest:
         sent = time.perf_counter() - start
