@@ -16,6 +16,15 @@ request to request (log-normal, coefficient of variation 0.5, still never queuei
 test's power, a FIFO engine that serves at a share of the offered rate (it falls behind) and
 should be flagged.
 
+**Capacity.** A server whose requests never queue but slow with the load: each request's E2E is
+log-normal (coefficient of variation 0.3) around a median that grows linearly with the offered rate,
+so the share of requests within an E2E target at each rate, and the rate where it crosses 90% (the
+server's capacity at E2E p90 <= 4 s), are known exactly. :func:`specbench.analytic.capacity.search`
+searches it with the default settings (probes of 100 requests or 30 s, lengthened while
+unresolved, the bracket's ends measured three times more), each probe read by
+:func:`specbench.analytic.capacity.probe_of`; it prints how often the reported interval covers the
+true capacity over 200 searches (the target: 90% or more) and the intervals' median width.
+
 Each run's time is the simulated clock's, not the machine's: nothing here is timed.
 """
 
@@ -28,6 +37,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from specbench import load
+from specbench.analytic import capacity
 from specbench.load import ServedRequest, ServingMeasurement
 from specbench.results import serving
 
@@ -109,9 +119,62 @@ def saturation_table(draws: int, in_flight: Sequence[int] = IN_FLIGHT) -> list[t
     return rows
 
 
+# The capacity server: median E2E = SLOW_E2E_S x (1 + rate / SLOW_RATE), coefficient of variation SLOW_CV.
+SLOW_E2E_S, SLOW_RATE, SLOW_CV = 1.0, 2.0, 0.3
+E2E_TARGET_MS = 4000.0
+SETTINGS = capacity.Settings.of({"min_rate": 0.5, "max_rate": 16.0, "max_probes": 6, "requests_per_probe": 100,
+                                 "warmup": 4, "percentile": 90.0, "tolerance": 0.1, "min_probe_s": 30.0,
+                                 "max_extensions": 3, "confirmations": 3})
+
+
+def true_capacity(target: float = SETTINGS.target) -> float:
+    """The rate at which the capacity server's share of requests within :data:`E2E_TARGET_MS` is ``target``."""
+    sigma = math.sqrt(math.log1p(SLOW_CV * SLOW_CV))
+    z = float(np.sqrt(2.0) * _erfinv(2.0 * target - 1.0))
+    # E2E = m x exp(sigma N - sigma^2 / 2): within T with probability Phi((ln(T / m) + sigma^2 / 2) / sigma).
+    median = (E2E_TARGET_MS / 1000.0) * math.exp(sigma * sigma / 2.0 - sigma * z)
+    return SLOW_RATE * (median / SLOW_E2E_S - 1.0)
+
+
+def _erfinv(y: float) -> float:
+    """The inverse error function, by bisection on math.erf (enough digits for a rate)."""
+    low, high = -6.0, 6.0
+    for _ in range(100):
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if math.erf(middle) < y else (low, middle)
+    return (low + high) / 2.0
+
+
+def capacity_search(index: int, settings: capacity.Settings = SETTINGS) -> capacity.Capacity:
+    """One search of the capacity server, its arrival draws and E2E noise seeded by ``index`` and each probe's draw."""
+    targets = {"e2e_ms": E2E_TARGET_MS}
+
+    def probe(rate: float, draw: int) -> capacity.Probe:
+        keys = {"request_rate": rate, "burstiness": 1.0, "max_concurrency": None,
+                "num_requests": settings.requests(rate), "warmup_requests": settings.warmup}
+        engine = unlimited(SLOW_E2E_S * (1.0 + rate / SLOW_RATE), SLOW_CV)
+        return capacity.probe_of(run(engine, keys, index * 1000 + draw), keys, targets, settings.percentile, draw=draw)
+
+    return capacity.search(probe, settings)
+
+
+def coverage(searches: int, settings: capacity.Settings = SETTINGS) -> tuple[float, float, float]:
+    """(share of searches whose interval covers the true capacity, median relative width, median probes)."""
+    truth = true_capacity(settings.target)
+    found = [capacity_search(i, settings) for i in range(searches)]
+    widths = [c.high / c.low - 1.0 for c in found if c.low > 0 and math.isfinite(c.high)]
+    return (sum(c.covers(truth) for c in found) / searches, float(np.median(widths)) if widths else math.nan,
+            float(np.median([len(c.probes) for c in found])))
+
+
 def main(argv: Sequence[str]) -> int:
-    """Print the saturation table."""
+    """Print the saturation table and the capacity search's coverage."""
     draws = int(argv[0]) if argv else 1000
+    searches = int(argv[1]) if len(argv) > 1 else 200
+    covered, width, probes = coverage(searches)
+    print(f"capacity server (true capacity {true_capacity():.3f} req/s at E2E p90 <= {E2E_TARGET_MS:g} ms): "
+          f"the interval covers it in {covered:.1%} of {searches} searches; median width {width:.1%} of its "
+          f"lower end; median {probes:g} probes a search")
     print(f"share of {draws} draws flagged saturated (E2E {E2E_S:g} s; in flight = rate x E2E)")
     print(f"{'engine':<24} {'requests':>8}  " + "  ".join(f"{n:>5}" for n in IN_FLIGHT))
     rows = saturation_table(draws)
