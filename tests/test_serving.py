@@ -770,3 +770,24 @@ def test_the_client_sends_on_schedule_and_holds_a_request_only_for_a_slot():
     warmed, due = run([0.0, 0.0, 0.1], None, warmup=1)
     assert warmed[1] >= 0.3 and warmed[2] >= warmed[1] + 0.1
     assert due[0] == 0.0 and due[1] >= 0.3 and due[2] == pytest.approx(due[1] + 0.1)
+
+
+def test_the_serving_engine_and_the_engine_worker_do_not_import_each_other():
+    # At 913428f each imported the other inside a function (the worker the serving engine, the serving
+    # engine the worker's engine_mode): the house's only import circle. The worker may start a serving
+    # engine; the serving engine reads the engine's mode from specbench.engine.mode.
+    import ast
+    from pathlib import Path
+
+    import specbench.engine
+
+    root = Path(specbench.engine.__file__).parent
+
+    def imports(name: str) -> set[str]:
+        tree = ast.parse((root / f"{name}.py").read_text())
+        return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module} | {
+            alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+
+    assert "specbench.engine.worker" not in imports("serving")
+    assert "specbench.engine.serving" in imports("worker")
+    assert "specbench.engine.worker" not in imports("mode") and "specbench.engine.serving" not in imports("mode")

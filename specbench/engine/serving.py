@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 
 from specbench.engine import EngineSpec
+from specbench.engine.mode import engine_mode
 from specbench.load import USAGE_CONTEXT, EngineStep, ServedRequest, ServingMeasurement, ServingPlan, replay
 from specbench.sampling import GREEDY
 
@@ -78,8 +79,6 @@ class ServingEngine:
                                              stat_loggers=[_steps_recorder(self._steps, self._clock)])
 
         self.engine = self._loop.run_until_complete(start())
-        from specbench.engine.worker import engine_mode
-
         # The front end's copy of the config, resolved before the engine core started (its own process).
         self.mode = engine_mode(self.engine.vllm_config)
         # specbench.engine.fixes repairs sampled decoding only, and serving cells decode greedily
