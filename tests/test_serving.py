@@ -791,3 +791,35 @@ def test_the_serving_engine_and_the_engine_worker_do_not_import_each_other():
     assert "specbench.engine.worker" not in imports("serving")
     assert "specbench.engine.serving" in imports("worker")
     assert "specbench.engine.worker" not in imports("mode") and "specbench.engine.serving" not in imports("mode")
+
+
+def test_each_serving_cell_starts_from_a_cold_prefix_cache():
+    # At 913428f the prefix cache was never reset: a cell's prompts, cached by the cell before it on the
+    # same engine, gave it cheaper prefills than its baseline had (and a capacity probe than the one before).
+    import asyncio
+    from types import SimpleNamespace
+
+    from specbench.engine.serving import ServingEngine
+
+    calls: list[str] = []
+
+    class Engine:
+        async def reset_prefix_cache(self) -> bool:
+            calls.append("reset")
+            return True
+
+        async def generate(self, prompt, params, request_id):
+            calls.append("request")
+            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7], spec_decode_metrics=None)], metrics=None)
+
+    served = object.__new__(ServingEngine)
+    served._steps, served._clock, served._loop, served.engine = [], [0.0], asyncio.new_event_loop(), Engine()
+    plan = ServingPlan(prompts=((1,), (2,), (3,)), arrivals_s=(0.0, 0.0, 0.0), max_tokens=1, max_concurrency=None,
+                       warmup_requests=1)
+    try:
+        for _ in range(2):
+            measured = served.serve(plan)
+            assert [r.token_ids for r in measured.requests] == [(7,)] * 3
+    finally:
+        served._loop.close()
+    assert calls == ["reset", "request", "request", "request"] * 2

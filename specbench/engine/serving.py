@@ -96,6 +96,11 @@ class ServingEngine:
         params = SamplingParams(max_tokens=plan.max_tokens, output_kind=RequestOutputKind.DELTA,
                                 ignore_eos=plan.ignore_eos, **GREEDY.params())
         tag = uuid.uuid4().hex[:8]
+        # Every cell (and every capacity probe) meets a cold prefix cache: one cell's prompts cached by
+        # the cell before it would give it prefills the next cell's baseline pays for. Nothing runs between
+        # cells, so the reset has no blocks held to fail on; its warm-up then warms the cache on purpose.
+        if not await self.engine.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset the prefix cache before a serving cell")
         self._steps.clear()
         start = self._clock[0] = time.perf_counter()
         served, due = await replay(plan.arrivals_s, plan.max_concurrency, start,
