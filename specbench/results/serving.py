@@ -394,7 +394,7 @@ def as_measurement(m: ServingMeasurement, plan: ServingPlan) -> Measurement:
     Latencies are the client's (:func:`request_latencies`). Acceptance counts the measured requests
     alone, drafts, drafted tokens and accepted tokens each from the request's own speculative counts
     (an engine step's counts would mix in the warm-up's and the requests in flight around the window);
-    through the server, which reports none per request, the engine's counters over the measured
+    where a request came without its own (a server that sent none), the engine's counters over the measured
     requests' lifetime (``m.counters``).
     Token ids cover every request sent, warm-up included, so the exactness check covers them all.
     """
