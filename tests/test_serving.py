@@ -802,9 +802,13 @@ def test_each_serving_cell_starts_from_a_cold_prefix_cache():
     from specbench.engine.serving import ServingEngine
 
     calls: list[str] = []
+    refusals = [True]  # vLLM refuses while a block is still held: the first try of the first cell
 
     class Engine:
         async def reset_prefix_cache(self) -> bool:
+            if refusals:
+                refusals.pop()
+                return False
             calls.append("reset")
             return True
 

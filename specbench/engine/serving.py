@@ -25,6 +25,9 @@ from specbench.engine.mode import engine_mode
 from specbench.load import USAGE_CONTEXT, EngineStep, ServedRequest, ServingMeasurement, ServingPlan, replay
 from specbench.sampling import GREEDY
 
+# Tries, and the wait between them, at resetting the prefix cache before a cell (:meth:`ServingEngine.serve`).
+RESET_TRIES, RESET_WAIT_S = 40, 0.05
+
 
 def _steps_recorder(sink: list[EngineStep], clock: list[float]) -> Any:
     """A stat-logger factory for AsyncLLM whose loggers append each step's scheduler state to ``sink``.
@@ -97,10 +100,16 @@ class ServingEngine:
                                 ignore_eos=plan.ignore_eos, **GREEDY.params())
         tag = uuid.uuid4().hex[:8]
         # Every cell (and every capacity probe) meets a cold prefix cache: one cell's prompts cached by
-        # the cell before it would give it prefills the next cell's baseline pays for. Nothing runs between
-        # cells, so the reset has no blocks held to fail on; its warm-up then warms the cache on purpose.
-        if not await self.engine.reset_prefix_cache():
-            raise RuntimeError("vLLM could not reset the prefix cache before a serving cell")
+        # the cell before it would give it prefills the next cell's baseline pays for; its warm-up then
+        # warms the cache on purpose. vLLM refuses the reset while any block is held, so a block the last
+        # cell's final step has not yet released is waited for, briefly.
+        for _ in range(RESET_TRIES):
+            if await self.engine.reset_prefix_cache():
+                break
+            await asyncio.sleep(RESET_WAIT_S)
+        else:
+            raise RuntimeError(f"vLLM refused to reset the prefix cache before a serving cell "
+                               f"{RESET_TRIES} times: blocks still held with no request in flight")
         self._steps.clear()
         start = self._clock[0] = time.perf_counter()
         served, due = await replay(plan.arrivals_s, plan.max_concurrency, start,

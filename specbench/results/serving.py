@@ -12,17 +12,19 @@ of a short light-load run) weighs on no rate. ``vllm bench serve`` divides
 by its whole run, schedule start to last token; over its thousand requests
 the drain is a sliver, over a few it is not. The offered rate is the one the
 schedule realised over the measured requests (:func:`specbench.load.realised_rate`:
-the arrivals after the first over the span), the achieved rate the requests
-completed inside the span (warm-up ones included) over it: below saturation
-completions follow the arrivals one E2E later and the two agree; past it
-completions come at the engine's own pace. Goodput is, as in vLLM, the
-achieved rate times the share of measured requests meeting every SLO
+the arrivals after the first over the span), the achieved rate the measured
+requests completed inside the span shifted by their median E2E, over its
+length (:func:`completions`): below saturation completions follow the
+arrivals one E2E later and the two agree; past it completions come at the
+engine's own pace. The warm-up requests are served to completion before the
+measured ones start (:func:`specbench.load.replay`). Goodput is, as in vLLM,
+the achieved rate times the share of measured requests meeting every SLO
 (``slo_attainment``).
 
 A cell is *saturated* (:func:`saturation`) when its completions fall behind
 the realised offered rate, or the engine's queue grows across the send span
-(vLLM's waiting count, or each request's TTFT against when it was sent).
-Saturated rates are named and left out of the verdicts.
+(vLLM's waiting count, or each request's TTFT against when it was sent), each
+significant at 5%. Saturated rates are named and left out of the verdicts.
 
 Across engine runs (read from the sweep's plan, never a directory listing),
 each speedup is the geometric mean of the per-run ratios, with the interval of
