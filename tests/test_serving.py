@@ -827,3 +827,14 @@ def test_each_serving_cell_starts_from_a_cold_prefix_cache():
     finally:
         served._loop.close()
     assert calls == ["reset", "request", "request", "request"] * 2
+
+
+def test_the_plan_says_when_a_serving_schedule_cycles_its_prompts():
+    # 16 requests through 4 prompts: three in four repeat a prompt, and with prefix caching on their
+    # prefill comes from the cache. At 913428f the plan said nothing of it.
+    from specbench.plan import format_plan, make_plan
+
+    common = ["method=ngram", "load.request_rate=2", "load.num_requests=16", "load.warmup_requests=2"]
+    cycling = format_plan(make_plan(common + ["workload.num_prompts=4"]), 0.7)
+    assert "2 serving cell(s) cycle their prompts (up to 16 requests through 4 prompts)" in cycling
+    assert "cycle their prompts" not in format_plan(make_plan(common + ["workload.num_prompts=16"]), 0.7)
