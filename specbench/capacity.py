@@ -2,14 +2,18 @@
 
 Takes the overrides of ``python -m specbench`` (composed by Hydra the same
 way, grid points such as ``num_speculative_tokens=2,4`` included) and, for
-the baseline and each speculative configuration, bisects the request rate
+the baseline and each speculative configuration, searches the request rate
 (:func:`specbench.analytic.capacity.search`) for the highest rate at which
-every ``load.slo.*`` target holds at ``capacity.percentile`` and the engine
-keeps up with the load. Each probe is a serving cell's measurement on the
-real path (:mod:`specbench.engine.serving`: the same arrivals, streams and
-saturation test as a sweep's serving cells), ``capacity.requests_per_probe``
-requests on one engine started once per configuration. It prints a line per
-probe, a table and a verdict per configuration, and writes
+the Wilson interval of the share of requests meeting every ``load.slo.*``
+target lies at or above ``capacity.percentile`` % and the engine keeps up
+with the load. Each probe is a serving cell's measurement on the real path
+(:mod:`specbench.engine.serving`: the same arrivals, streams and saturation
+test as a sweep's serving cells): ``capacity.requests_per_probe`` measured
+requests or ``capacity.min_probe_s`` seconds of the rate, whichever is more,
+each probe on an arrival draw of its own. The search runs on one engine per
+configuration; the bracket's ends are measured again
+``capacity.confirmations`` times each, each time on a fresh engine. It prints
+a line per probe, a table and a verdict per configuration, and writes
 ``outputs/<sweep_name>/capacity.json``:
 
     python -m specbench.capacity method=ngram num_speculative_tokens=4 load.slo.tpot_ms=100
@@ -73,8 +77,8 @@ def searches(overrides: Sequence[str]) -> tuple[list[Search], Any]:
             settings = capacity.Settings.of(OmegaConf.to_container(cfg.capacity))
             # The probe's rate is set per probe; the cell stands for the configuration at the lowest.
             cfg.load.request_rate = settings.min_rate
-            cfg.load.num_requests = cfg.capacity.requests_per_probe
-            cfg.load.warmup_requests = cfg.capacity.warmup
+            cfg.load.num_requests = settings.requests(settings.min_rate)
+            cfg.load.warmup_requests = settings.warmup
             cell = cell_from_config(cfg)
             first = first if first is not None else cfg
             found.setdefault(cell.config_hash, Search(methods.label(cell.config["method"], cell.k), cell,
@@ -87,27 +91,33 @@ def searches(overrides: Sequence[str]) -> tuple[list[Search], Any]:
     return list(found.values()), first
 
 
-def _probe(worker: Any, search: Search, prompts: list[tuple[int, ...]], timeout_s: float | None) -> Any:
-    """The probe function of one configuration's engine: serve the schedule at a rate, read the probe."""
+def _probe(engine: Any, search: Search, prompts: list[tuple[int, ...]], timeout_s: float | None) -> Any:
+    """The probe function of one configuration: serve arrival draw ``draw`` at a rate on the engine
+    ``engine()`` returns now (a confirmation renews it), and read the probe."""
     cell = search.cell
 
-    def probe(rate: float) -> capacity.Probe:
-        keys = dict(cell.identity["load"], request_rate=rate)
-        # One arrival draw for every probe, stretched to each rate: probes differ in rate, not in the draw.
-        plan = load.serving_plan(keys, prompts, cell.workload["max_tokens"], cell.identity["seed"], 0)
+    def probe(rate: float, draw: int) -> capacity.Probe:
+        worker = engine()
+        keys = dict(cell.identity["load"], request_rate=rate, num_requests=search.settings.requests(rate),
+                    warmup_requests=search.settings.warmup)
+        # Each probe its own arrival draw: a rate measured again meets other arrivals, not the same ones.
+        plan = load.serving_plan(keys, prompts, cell.workload["max_tokens"], cell.identity["seed"], draw)
         started, before = time.perf_counter(), CpuTimes.now(worker.pid)
         measured = worker.measure(plan, timeout_s)
         share = before.other_share(CpuTimes.now(worker.pid))
         found = dataclasses.replace(capacity.probe_of(measured, keys, search.targets, search.settings.percentile,
-                                                      time.perf_counter() - started), other_cpu_share=share)
-        outcome = "meets the SLOs" if found.passed else f"fails ({found.failed})"
+                                                      time.perf_counter() - started, draw=draw),
+                                    other_cpu_share=share)
+        outcome = (f"{found.met} of {found.requests} within the SLOs"
+                   + (f"; saturated: {found.saturated}" if found.saturated else ""))
         if share is not None and share > DISTURBED_SHARE:
             # Not measured again, unlike a sweep's cell: a probe is one step of a search, and the warning
             # lets a reader weigh the capacity it led to.
             outcome += f"; disturbed: other processes kept {share:.0%} of the cores busy"
         figures = ", ".join(f"{capacity.SLO_METRICS[k]} p{search.settings.percentile:g} {v:.0f} ms"
                             for k, v in sorted(found.figures_ms.items()) if v is not None)
-        print(f"  {search.label} at {rate:.3g} req/s: {outcome} [{figures}; {found.duration_s:.0f} s]", flush=True)
+        print(f"  {search.label} at {rate:.3g} req/s (draw {draw}): {outcome} [{figures}; {found.duration_s:.0f} s]",
+              flush=True)
         return found
 
     return probe
@@ -134,9 +144,12 @@ def run(overrides: Sequence[str]) -> int:
     engine_log = logs.engine_log(run_dir, bool(cfg.verbose))
     timeout_s = cfg.engine.cell_timeout_s
     first = todo[0]
-    print(f"capacity at {capacity.slo_text(first.targets, first.settings.percentile)}, "
-          f"{first.settings.min_rate:g}-{first.settings.max_rate:g} req/s, at most {first.settings.max_probes} probes "
-          f"of {cfg.capacity.requests_per_probe} requests ({cfg.capacity.warmup} warm-up) per configuration; "
+    settings = first.settings
+    print(f"capacity at {capacity.slo_text(first.targets, settings.percentile)}, "
+          f"{settings.min_rate:g}-{settings.max_rate:g} req/s, at most {settings.max_probes} rates per configuration, "
+          f"each probe {settings.requests_per_probe} requests or {settings.min_probe_s:g} s ({settings.warmup} "
+          f"warm-up first), lengthened up to {settings.max_extensions} times while unresolved, the bracket's "
+          f"ends measured {settings.confirmations} more times on fresh engines; "
           f"engine log: {engine_log or 'the terminal'}", flush=True)
     job.start_engine_server(engine_log, engine_start_environment(cfg.engine))
     pool = EnginePool()
@@ -151,7 +164,14 @@ def run(overrides: Sequence[str]) -> int:
             worker = pool.get(search.cell.engine_spec(), engine_log)  # one engine per configuration
             engine_s = time.perf_counter() - begun
             machine = worker.info.machine
-            found = capacity.search(_probe(worker, search, prompts, timeout_s), search.settings)
+            current = [worker]
+
+            def renew(spec: Any = search.cell.engine_spec()) -> None:
+                pool.discard()  # a bracket's end measured again: on a fresh engine, as a rerun would be
+                current[0] = pool.get(spec, engine_log)
+
+            found = capacity.search(_probe(lambda: current[0], search, prompts, timeout_s), search.settings,
+                                    renew=renew)
         except EngineError as exc:
             failed[search.label] = str(exc).splitlines()[0]
             print(f"  {search.label}: FAILED {failed[search.label]}", file=sys.stderr, flush=True)

@@ -137,20 +137,31 @@ _Served = TypeVar("_Served")
 
 
 async def replay(arrivals_s: Sequence[float], max_concurrency: int | None, start: float,
-                 send: Callable[[int], Awaitable[_Served]]) -> list[_Served]:
+                 send: Callable[[int], Awaitable[_Served]], warmup: int = 0) -> tuple[list[_Served], tuple[float, ...]]:
     """Send request ``i`` at ``start + arrivals_s[i]`` (``time.perf_counter``'s clock), the client's side of a
     serving cell wherever the engine runs; under ``max_concurrency`` each first waits for a free slot, as
-    ``vllm bench serve``'s ``--max-concurrency``. Results in request order."""
+    ``vllm bench serve``'s ``--max-concurrency``.
+
+    The first ``warmup`` requests go first, on their own (a plan has them all due at 0: a burst), and
+    every one of them completes before the measured schedule's clock starts, as ``vllm bench serve``'s
+    ``--num-warmups``: the measured requests then meet an engine that is warm and empty, not the tail
+    of the warm-up's queue. Returns the results in request order and when each request was due, in
+    seconds from ``start`` (the measured ones shifted by the time the warm-up took).
+    """
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
-    async def one(index: int) -> _Served:
-        await asyncio.sleep(max(0.0, start + arrivals_s[index] - time.perf_counter()))
+    async def one(index: int, due: float) -> _Served:
+        await asyncio.sleep(max(0.0, start + due - time.perf_counter()))
         if slots is None:
             return await send(index)
         async with slots:
             return await send(index)
 
-    return list(await asyncio.gather(*(one(i) for i in range(len(arrivals_s)))))
+    warm = list(await asyncio.gather(*(one(i, arrivals_s[i]) for i in range(warmup))))
+    offset = time.perf_counter() - start if warmup else 0.0
+    due = (*arrivals_s[:warmup], *(offset + t for t in arrivals_s[warmup:]))
+    measured = await asyncio.gather(*(one(i, due[i]) for i in range(warmup, len(arrivals_s))))
+    return warm + list(measured), tuple(due)
 
 
 def warmup_problems(requests_key: str, requests: Any, warmup_key: str, warmup: Any) -> list[str]:
@@ -259,8 +270,9 @@ def realised_rate(times: list[float] | tuple[float, ...]) -> float | None:
 class ServingPlan:
     """What a serving cell sends: its requests, when, how many at most in flight, which are warm-up.
 
-    ``prompts[i]`` is sent ``arrivals_s[i]`` seconds after the first; the
-    first ``warmup_requests`` are sent and served but left out of every figure.
+    ``prompts[i]`` is due ``arrivals_s[i]`` seconds after the schedule's start; the first
+    ``warmup_requests`` (due at once) are sent and served before the measured ones start
+    (:func:`replay`) and left out of every figure.
     """
 
     prompts: tuple[tuple[int, ...], ...]
@@ -289,16 +301,21 @@ class ServingPlan:
 def serving_plan(
     load: Mapping[str, Any], prompts: list[tuple[int, ...]], max_tokens: int, seed: int, engine_run: int,
 ) -> ServingPlan:
-    """A serving cell's plan in one engine run: ``load.num_requests`` requests cycling through the prompts,
-    on the engine run's schedule (:func:`arrival_seed`)."""
-    count = load["num_requests"]
+    """A serving cell's plan in one engine run: ``load.num_requests`` requests cycling through the prompts.
+
+    The ``load.warmup_requests`` first are due at once (a burst that :func:`replay` serves to completion
+    before the measured schedule starts); the measured requests follow the engine run's schedule
+    (:func:`arrival_seed`), drawn for them alone, so that they offer the rate named over their own span.
+    """
+    count, warmup = load["num_requests"], load["warmup_requests"]
     arrivals = arrival_seed(seed, engine_run)
+    measured = arrival_times(float(load["request_rate"]), float(load["burstiness"]), count - warmup, arrivals)
     return ServingPlan(
         prompts=tuple(prompts[i % len(prompts)] for i in range(count)),
-        arrivals_s=tuple(arrival_times(float(load["request_rate"]), float(load["burstiness"]), count, arrivals)),
+        arrivals_s=(0.0,) * warmup + tuple(measured),
         max_tokens=max_tokens,
         max_concurrency=load.get("max_concurrency"),
-        warmup_requests=load["warmup_requests"],
+        warmup_requests=warmup,
         ignore_eos=bool(load.get("ignore_eos", False)),
         arrival_seed=arrivals,
     )

@@ -51,6 +51,8 @@ class PlannedRow:
     step_limit: int | None = None
     # The model runner vLLM gives the cell's engine on the hardware priced (V1 or V2); None where unpriced.
     model_runner: str | None = None
+    # A serving cell whose schedule cycles its prompts: (requests sent, distinct prompts); None otherwise.
+    cycled_prompts: tuple[int, int] | None = None
 
     @property
     def step_over_limit(self) -> bool:
@@ -110,7 +112,18 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
         except memory.Unpriced:
             estimate = None
         speedup = _predicted_decode_speedup(plain, hardware, method, k, alpha)
-    return PlannedRow(job, label, estimate, speedup, problems, step, limit, runner)
+    return PlannedRow(job, label, estimate, speedup, problems, step, limit, runner, cycled_prompts(plain))
+
+
+def cycled_prompts(plain: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(requests, prompts) where a serving cell sends more requests than its workload has prompts, so that
+    its schedule repeats them (:func:`specbench.load.serving_plan` cycles them); None otherwise, and where
+    the workload takes every prompt that fits (``num_prompts: all``: not counted before it is read)."""
+    load = plain.get("load") or {}
+    prompts, requests = (plain.get("workload") or {}).get("num_prompts"), load.get("num_requests")
+    if load.get("request_rate") is None or not isinstance(prompts, int) or not isinstance(requests, int):
+        return None
+    return (requests, prompts) if requests > prompts else None
 
 
 def on_hardware(cfg: Any) -> Any:
@@ -269,6 +282,13 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
         + (" (" + ", ".join(f"{n} {c}" for c, n in classes.most_common()) + ")" if classes else "")
         + (f"; {waves} run their batch in waves (the KV cache holds fewer requests at once)" if waves else "")
     )
+    cycling = [r.cycled_prompts for r in rows if r.cycled_prompts is not None and not r.problems]
+    if cycling:
+        requests, prompts = max(cycling, key=lambda c: c[0] / c[1])
+        lines.append(
+            f"{len(cycling)} serving cell(s) cycle their prompts (up to {requests} requests through {prompts} "
+            f"prompts): a repeated prompt's prefill comes from the prefix cache where engine.enable_prefix_caching "
+            "is on, and its TTFT reads low; set workload.num_prompts to load.num_requests for unique prompts")
     graphed = [r for r in rows if r.largest_step is not None]
     if graphed:
         lines.append(

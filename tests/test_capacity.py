@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -16,39 +17,88 @@ from specbench.load import ServedRequest, ServingMeasurement
 SETTINGS = Settings(min_rate=0.5, max_rate=8.0, max_probes=6, percentile=90.0, tolerance=0.1)
 
 
-def _knee(at: float, rates: list[float] | None = None):
-    """A probe function whose configuration meets its SLOs up to ``at`` req/s (recording the rates probed)."""
-    def probe(rate: float) -> Probe:
+def _knee(at: float, rates: list[float] | None = None, requests: int = 100):
+    """A probe function whose configuration meets its SLOs up to ``at`` req/s (recording the rates probed):
+    every request within them at or below, half of them above."""
+    def probe(rate: float, draw: int) -> Probe:
         if rates is not None:
             rates.append(rate)
-        return Probe(rate, {"tpot_ms": 50.0 if rate <= at else 150.0}, None if rate <= at else "TPOT too slow")
+        good = rate <= at
+        return Probe(rate, {"tpot_ms": 50.0 if good else 150.0}, None if good else "TPOT too slow",
+                     met=requests if good else requests // 2, requests=requests, draw=draw)
     return probe
 
 
-def test_bisection_probes_the_ends_then_geometric_midpoints_and_names_the_highest_rate_passed():
+def test_bisection_probes_the_ends_then_geometric_midpoints_and_measures_the_bracket_again():
     rates: list[float] = []
-    found = capacity.search(_knee(2.5, rates), SETTINGS)
-    # 0.5 passes, 8 fails, then sqrt(low * high): 2 passes, 4 fails, 2.83 fails, 2.38 passes.
-    assert rates == pytest.approx([0.5, 8.0, 2.0, 4.0, math.sqrt(8.0), math.sqrt(2.0 * math.sqrt(8.0))])
+    renewed: list[int] = []
+    found = capacity.search(_knee(2.5, rates), SETTINGS, renew=lambda: renewed.append(len(rates)))
+    # 0.5 passes, 8 fails, then sqrt(low * high): 2 passes, 4 fails, 2.83 fails, 2.38 passes; then the
+    # bracket's ends, 2.38 and 2.83, three times more each, each on a fresh engine.
+    low, high = math.sqrt(2.0 * math.sqrt(8.0)), math.sqrt(8.0)
+    assert rates == pytest.approx([0.5, 8.0, 2.0, 4.0, high, low] + [low] * 3 + [high] * 3)
+    assert renewed == list(range(6, 12))
     assert found.capacity == pytest.approx(2.378, abs=1e-3) and found.capacity <= 2.5
-    assert (found.low, found.high) == pytest.approx((2.378, math.sqrt(8.0)), abs=1e-3)
-    assert len(found.probes) == SETTINGS.max_probes
+    assert (found.low, found.high) == pytest.approx((low, high))
+    assert [p.draw for p in found.probes] == list(range(12))  # every probe its own arrival draw
     assert all(p.passed == (p.rate <= 2.5) for p in found.probes)
+
+
+def test_a_rate_is_passed_or_failed_by_the_wilson_interval_and_lengthened_while_it_straddles_the_target():
+    def probe(met: int, requests: int = 100, saturated: str | None = None) -> Probe:
+        return Probe(1.0, {}, None, met=met, requests=requests, saturated=saturated)
+
+    # 14 of 14 within the SLOs: Wilson's lower bound 0.785, so no 14-request probe could show 90%
+    # (at 913428f it passed on its p90 alone).
+    assert capacity.outcome([probe(14, 14)], 0.9) == capacity.OPEN
+    assert capacity.outcome([probe(100)], 0.9) == capacity.PASSED        # lower bound 0.963
+    assert capacity.outcome([probe(80)], 0.9) == capacity.FAILED         # upper bound 0.867
+    assert capacity.outcome([probe(93)], 0.9) == capacity.OPEN           # (0.862, 0.966)
+    assert capacity.outcome([probe(93)] * 4 + [probe(100)], 0.9) == capacity.PASSED  # pooled: 0.923 lower
+    # One saturated probe may be the test's false alarm: lengthen; most of several saturated: failed.
+    assert capacity.outcome([probe(100, saturated="behind")], 0.9) == capacity.OPEN
+    assert capacity.outcome([probe(100, saturated="behind")] * 2 + [probe(100)], 0.9) == capacity.FAILED
+    assert capacity.outcome([probe(100, saturated="behind")] + [probe(100)] * 2, 0.9) == capacity.PASSED
+    # The search lengthens a straddling rate with fresh draws, up to max_extensions more probes.
+    draws: list[int] = []
+
+    def straddling(rate: float, draw: int) -> Probe:
+        draws.append(draw)
+        return Probe(rate, {}, None, met=92, requests=100, draw=draw)
+
+    found = capacity.search(straddling, dataclasses.replace(SETTINGS, confirmations=0))
+    assert [p.rate for p in found.probes] == [0.5] * 4 and draws == [0, 1, 2, 3]
+    assert found.capacity is None  # 368 of 400 pooled: (0.889, 0.943), still open at the lowest rate
+
+
+def test_a_bracket_end_that_does_not_hold_when_measured_again_widens_the_interval():
+    # 2.38 passes its first probe, then falls short on fresh engines: pooled, it fails, and becomes the
+    # interval's upper end; its lower end moves to the next rate passed (2), measured again in turn.
+    calls: dict[float, int] = {}
+
+    def probe(rate: float, draw: int) -> Probe:
+        calls[rate] = calls.get(rate, 0) + 1
+        good = rate <= 2.0 or (rate < 2.5 and calls[rate] == 1)
+        return Probe(rate, {}, None, met=100 if good else 50, requests=100, draw=draw)
+
+    found = capacity.search(probe, SETTINGS)
+    assert found.low == pytest.approx(2.0) and found.high == pytest.approx(math.sqrt(2.0 * math.sqrt(8.0)))
+    assert calls[2.0] == 4 and calls[math.sqrt(8.0)] == 4
 
 
 def test_the_search_stops_once_the_interval_is_within_the_tolerance():
     coarse = Settings(0.5, 8.0, max_probes=20, tolerance=0.5)
     found = capacity.search(_knee(2.5), coarse)
-    assert found.high / found.low <= 1.5 and len(found.probes) < 20
+    assert found.high / found.low <= 1.5 and len({p.rate for p in found.probes}) < 20
     assert found.low <= 2.5 < found.high
 
 
 def test_capacity_outside_the_rates_searched_is_a_bound_not_a_figure():
     below = capacity.search(_knee(0.1), SETTINGS)
-    assert below.capacity is None and below.high == 0.5 and len(below.probes) == 1
+    assert below.capacity is None and below.high == 0.5 and len(below.probes) == 4  # the failed end, confirmed
     assert below.text() == "below 0.5 req/s"
     above = capacity.search(_knee(100.0), SETTINGS)
-    assert above.capacity == 8.0 and math.isinf(above.high) and len(above.probes) == 2
+    assert above.capacity == 8.0 and math.isinf(above.high) and len(above.probes) == 5
     assert above.text() == "at least 8 req/s"
     assert capacity.as_json("x", above)["interval_req_s"] == [8.0, None]
 
@@ -57,6 +107,17 @@ def test_the_search_times_itself():
     ticks = iter([10.0, 25.5])
     found = capacity.search(_knee(100.0), SETTINGS, clock=lambda: next(ticks))
     assert found.duration_s == pytest.approx(15.5)
+
+
+def test_the_capacity_interval_covers_a_known_capacity():
+    # A simulated server whose share of requests within the E2E target crosses 90% at a known rate, searched
+    # with the default settings through probe_of and search; tests/benchmarks/serving_sim.py runs 200 searches.
+    from benchmarks import serving_sim
+
+    truth = serving_sim.true_capacity()
+    found = [serving_sim.capacity_search(i) for i in range(4)]
+    assert all(c.covers(truth) for c in found), [c.text() for c in found]
+    assert all(c.high / c.low < 1.6 for c in found)
 
 
 # --- a probe's SLO check ------------------------------------------------------------------------------
@@ -104,14 +165,21 @@ def test_a_search_without_an_slo_is_refused_naming_the_keys(slo):
 
 def test_bad_capacity_settings_are_refused_naming_every_key():
     with pytest.raises(CapacityError) as refused:
-        Settings.of({"min_rate": 4.0, "max_rate": 2.0, "max_probes": 1, "requests_per_probe": 3, "warmup": 2,
-                     "percentile": 0, "tolerance": 0.1})
+        Settings.of({"min_rate": 4.0, "max_rate": 2.0, "max_probes": 1, "requests_per_probe": 1, "warmup": 2,
+                     "percentile": 0, "tolerance": 0.1, "confirmations": -1})
     message = str(refused.value)
-    for key in ("capacity.max_rate=2.0", "capacity.max_probes=1", "capacity.requests_per_probe=3",
-                "capacity.percentile=0"):
+    for key in ("capacity.max_rate=2.0", "capacity.max_probes=1", "capacity.requests_per_probe=1",
+                "capacity.percentile=0", "capacity.confirmations=-1"):
         assert key in message
-    assert Settings.of({"min_rate": 0.5, "max_rate": 8, "max_probes": 6, "requests_per_probe": 16, "warmup": 2,
+    assert Settings.of({"min_rate": 0.5, "max_rate": 8, "max_probes": 6, "requests_per_probe": 100, "warmup": 4,
                         "percentile": 90, "tolerance": 0.1}) == SETTINGS
+    # Probes no number of which, every request within the SLOs, could show the target: refused, with the least.
+    with pytest.raises(CapacityError, match=r"capacity.requests_per_probe=8 is too few for capacity.percentile=90: "
+                                            r".*; at least 9$"):
+        Settings.of({"min_rate": 0.5, "max_rate": 8, "max_probes": 6, "requests_per_probe": 8, "warmup": 2,
+                     "percentile": 90, "tolerance": 0.1})
+    # A probe is requests_per_probe measured requests or min_probe_s seconds of the rate, whichever is more.
+    assert SETTINGS.requests(0.5) == 4 + 100 and SETTINGS.requests(8.0) == 4 + 240
 
 
 def test_the_command_refuses_a_search_without_an_slo_before_any_engine(tmp_path):
@@ -128,9 +196,9 @@ def test_the_command_searches_the_baseline_and_each_configuration_once():
     from specbench.capacity import searches
 
     found, cfg = searches(["method=ngram", "num_speculative_tokens=2,4", "load.slo.tpot_ms=100",
-                           "capacity.requests_per_probe=8"])
+                           "capacity.requests_per_probe=12", "capacity.min_probe_s=0"])
     assert [s.label for s in found] == ["baseline", "ngram K=2", "ngram K=4"]
-    assert all(s.cell.is_serving and s.cell.identity["load"]["num_requests"] == 8 for s in found)
+    assert all(s.cell.is_serving and s.cell.identity["load"]["num_requests"] == 12 + 4 for s in found)
     assert found[1].cell.baseline().config_hash == found[0].cell.config_hash  # one baseline for both
     assert found[0].targets == {"tpot_ms": 100.0}
     # A preset's grid: its rates give way to the probes', and each workload is searched and named apart.
@@ -156,11 +224,12 @@ def test_the_verdict_says_raises_only_where_the_intervals_part():
     targets = {"tpot_ms": 100.0}
     base = capacity.Capacity(2.38, 2.38, 2.83)
     spec = capacity.Capacity(3.80, 3.80, 4.0)
+    # The factor is the least the intervals allow, not the ratio of the two lower ends (1.60x).
     assert capacity.verdict("ngram K=4", base, spec, targets, 90) == \
-        "ngram K=4 raises capacity at TPOT p90 <= 100 ms from 2.38 to 3.8 req/s (1.60x)"
+        "ngram K=4 raises capacity at TPOT p90 <= 100 ms from 2.38 req/s [2.38, 2.83) to 3.8 req/s [3.8, 4) (at least 1.34x)"
     assert "lowers capacity" in capacity.verdict("eagle3 K=4", spec, base, targets, 90)
     close = capacity.Capacity(2.6, 2.6, 3.0)
-    assert "within the search's resolution" in capacity.verdict("ngram K=2", base, close, targets, 90)
+    assert "where the baseline's is, as far as the intervals tell" in capacity.verdict("ngram K=2", base, close, targets, 90)
     none = capacity.Capacity(None, 0.0, 0.5)
     assert "from below 0.5 to 2.38 req/s [2.38, 2.83)" in capacity.verdict("ngram K=4", none, base, targets, 90)
     assert json.dumps(capacity.as_json("baseline", base))  # capacity.json is plain JSON

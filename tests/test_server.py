@@ -77,6 +77,30 @@ def test_ttft_and_chunks_count_only_chunks_with_tokens_and_usage_checks_them():
         StreamedCompletion().checked(0)
 
 
+def test_each_request_carries_its_own_acceptance_from_the_final_usage_chunk():
+    # vLLM 0.32 started with --per-request-spec-decode-metrics puts the request's own counts in its final
+    # usage chunk (metrics.speculative_decoding). At 913428f they were dropped and acceptance came from
+    # /metrics differenced over a window that held other requests' steps.
+    completion = StreamedCompletion()
+    completion.add({"choices": [{"token_ids": [5, 6, 7]}]}, 0.5)
+    completion.add({"choices": [{"token_ids": [8]}]}, 0.6)
+    completion.add({"choices": [], "usage": {"completion_tokens": 4}, "metrics": {"speculative_decoding": {
+        "mean_acceptance_length": 2.0, "draft_acceptance_rate": 0.25, "acceptance_histogram": [1, 0, 1, 0],
+        "num_spec_steps": 2, "num_accepted_draft_tokens": 2, "num_draft_tokens": 6, "num_spec_tokens": 3,
+        "per_step_accepted": [2, 0], "per_step_drafted": [3, 3]}}}, 0.7)
+    completion.checked(0)
+    counts = completion.spec_counts()
+    assert counts == {"drafts": 2, "accepted_tokens": 2, "accepted_histogram": (1, 0, 1, 0), "last_accepted": 0,
+                      "draft_tokens": 6, "drafted_per_step": (3, 3)}
+    served = ServedRequest(0.0, tuple(completion.chunk_s), tuple(completion.chunk_tokens), None,
+                           tuple(completion.token_ids), **counts)
+    plan = ServingPlan(((1,), (1,)), (0.0, 0.0), 4, None, 1)
+    measured = serving.as_measurement(ServingMeasurement((served, served), (), 1, (0.0, 0.0)), plan)
+    assert measured.counters.drafts == 2 and measured.counters.accepted_tokens == 2
+    assert measured.counters.draft_tokens == 6
+    assert StreamedCompletion().spec_counts() == {}  # no speculation: the request has no counts
+
+
 def test_the_running_batch_and_the_speculative_counters_are_read_from_metrics():
     text = "\n".join([
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",

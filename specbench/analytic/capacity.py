@@ -1,23 +1,28 @@
-"""Capacity: the highest request rate at which a configuration meets every SLO, found by bisection.
+"""Capacity: the highest request rate at which a configuration meets every SLO, with an interval.
 
 An operator asks of speculative decoding "how much more traffic does it let me
 serve within my latency targets?", not "how much faster is one request?". The
 answer is a *capacity*: the highest offered rate (requests/s) at which a
-configuration's probe meets every ``load.slo.*`` target at the chosen
-percentile (TPOT p90 <= 100 ms, say) and its engine keeps up with the load
-(not saturated: :func:`specbench.results.serving.saturation`). Past that rate
-latency grows with the queue, so capacity is where the SLO breaks.
+configuration's requests meet every ``load.slo.*`` target often enough (SLO
+attainment at or above ``percentile``/100: 90% of requests, TPOT p90 <= 100 ms,
+say) and its engine keeps up with the load (not saturated:
+:func:`specbench.results.serving.saturation`).
 
-The search (:func:`search`) is bisection on a log scale over a probe
-function: probe the lowest rate (if it fails, capacity is below it), then the
-highest (if it passes, capacity is at least it), then the geometric midpoint
-of the highest rate passed and the lowest failed, until the two are within
-the tolerance or the probes run out. (GuideLLM's sweep spaces its rates
-evenly between a synchronous and a throughput probe; bisection spends its
-probes around the knee instead.) The capacity is the highest rate that
-passed, and the interval ``[passed, failed)`` says how finely the probes
-pinned it. A probe function serves one schedule at one rate and returns a
-:class:`Probe`; :func:`probe_of` reads one from a served measurement.
+A probe serves one arrival draw at one rate (:func:`probe_of` reads it). A rate
+is *passed* when the Wilson lower bound of its SLO attainment, over the
+requests of every probe at that rate pooled, is at or above the target;
+*failed* when the upper bound is below it, or most of its probes saturated;
+otherwise it is lengthened, another probe with a fresh arrival draw, up to
+``max_extensions`` times (GuideLLM's goodput search resolves a probe only when
+the interval lies wholly on one side of the target). The search
+(:func:`search`) bisects on a log scale: the lowest rate, the highest, then
+geometric midpoints of the highest rate passed and the lowest not passed. Its
+bracket's ends are then measured again, ``confirmations`` times each with fresh
+arrival draws (and fresh engines, where the probe function starts them), as
+vLLM's sweeps run each level several times, and judged again with every probe
+at the rate. The capacity is the highest rate passed below the lowest failed,
+reported with the interval ``[passed, failed)``: the true capacity lies in it
+unless a pass or a fail was wrong, which each interval bounds at 2.5%.
 
 Pure Python: probes are functions handed in (``python -m specbench.capacity``
 drives them through the engine); nothing here measures.
@@ -33,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from specbench.load import ServingMeasurement, warmup_problems
+from specbench.load import ServingMeasurement
 from specbench.results import serving
 
 
@@ -52,21 +57,44 @@ class CapacitySchema:
     min_rate: float = 0.5
     max_rate: float = 8.0
     max_probes: int = 6
-    requests_per_probe: int = 16
-    warmup: int = 2
+    requests_per_probe: int = 100
+    min_probe_s: float = 30.0
+    warmup: int = 4
     percentile: float = 90.0
     tolerance: float = 0.1
+    max_extensions: int = 3
+    confirmations: int = 3
+
+
+# What a rate's probes say of it (:func:`outcome`).
+PASSED, FAILED, OPEN = "passed", "failed", "unresolved"
 
 
 @dataclass(frozen=True)
 class Settings:
-    """How one search runs: the rates it spans, its probes, the percentile the SLOs are read at."""
+    """How one search runs: the rates it spans, its probes' length, the share of requests the SLOs must hold
+    for (``percentile`` / 100), how often an unresolved rate is lengthened and the bracket's ends measured again."""
 
     min_rate: float
     max_rate: float
     max_probes: int
     percentile: float = 90.0
     tolerance: float = 0.1
+    requests_per_probe: int = 100
+    warmup: int = 4
+    min_probe_s: float = 30.0
+    max_extensions: int = 3
+    confirmations: int = 3
+
+    @property
+    def target(self) -> float:
+        """The SLO attainment a rate must show: the share of requests meeting every target."""
+        return self.percentile / 100.0
+
+    def requests(self, rate: float) -> int:
+        """How many requests a probe at ``rate`` sends, warm-up included: ``requests_per_probe`` measured,
+        or as many as ``min_probe_s`` seconds of the rate, whichever is more (a trend needs a duration)."""
+        return self.warmup + max(self.requests_per_probe, math.ceil(self.min_probe_s * rate))
 
     @classmethod
     def of(cls, capacity: Mapping[str, Any]) -> Settings:
@@ -80,16 +108,43 @@ class Settings:
         if not (isinstance(capacity.get("max_probes"), int) and capacity["max_probes"] >= 2):
             errors.append(f"capacity.max_probes={capacity.get('max_probes')!r} must be an integer >= 2 "
                           "(the lowest and the highest rate)")
-        errors += warmup_problems("capacity.requests_per_probe", capacity.get("requests_per_probe"),
-                                  "capacity.warmup", capacity.get("warmup"))
-        if not (isinstance(capacity.get("percentile"), (int, float)) and 0 < capacity["percentile"] <= 100):
-            errors.append(f"capacity.percentile={capacity.get('percentile')!r} must be in (0, 100]")
+        warmup, per_probe = capacity.get("warmup"), capacity.get("requests_per_probe")
+        if not (isinstance(warmup, int) and warmup >= 0):
+            errors.append(f"capacity.warmup={warmup!r} must be an integer >= 0")
+        if not (isinstance(per_probe, int) and per_probe >= 2):
+            errors.append(f"capacity.requests_per_probe={per_probe!r} must be an integer >= 2 (measured requests)")
+        percentile = capacity.get("percentile")
+        if not (isinstance(percentile, (int, float)) and 0 < percentile < 100):
+            errors.append(f"capacity.percentile={percentile!r} must be in (0, 100): the share of "
+                          "requests that must meet the SLOs")
         if not (isinstance(capacity.get("tolerance"), (int, float)) and capacity["tolerance"] > 0):
             errors.append(f"capacity.tolerance={capacity.get('tolerance')!r} must be > 0 (relative width)")
+        seconds = capacity.get("min_probe_s", cls.min_probe_s)
+        if not (isinstance(seconds, (int, float)) and 0 <= seconds < math.inf):
+            errors.append(f"capacity.min_probe_s={seconds!r} must be a finite number of seconds >= 0")
+        for key in ("max_extensions", "confirmations"):
+            value = capacity.get(key, getattr(cls, key))
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                errors.append(f"capacity.{key}={value!r} must be an integer >= 0")
+        extensions = capacity.get("max_extensions", cls.max_extensions)
+        if not errors and not _can_pass(per_probe * (1 + extensions), percentile / 100.0):
+            least = next(n for n in range(per_probe, 100_000) if _can_pass(n * (1 + extensions), percentile / 100.0))
+            errors.append(f"capacity.requests_per_probe={per_probe} is too few for capacity.percentile={percentile:g}: "
+                          f"{1 + extensions} probes of a rate (capacity.max_extensions={extensions}), every request "
+                          f"within the SLOs, would not show {percentile:g}% attainment by Wilson's lower bound; "
+                          f"at least {least}")
         if errors:
             raise CapacityError("; ".join(errors))
         return cls(float(low), float(high), int(capacity["max_probes"]), float(capacity["percentile"]),
-                   float(capacity["tolerance"]))
+                   float(capacity["tolerance"]), int(capacity["requests_per_probe"]), int(capacity["warmup"]),
+                   float(seconds), int(capacity.get("max_extensions", cls.max_extensions)),
+                   int(capacity.get("confirmations", cls.confirmations)))
+
+
+def _can_pass(requests: int, target: float) -> bool:
+    """Whether ``requests`` requests, all within the SLOs, show an attainment of ``target`` by Wilson's lower bound."""
+    low, _ = serving.wilson(requests, requests)
+    return low is not None and low >= target
 
 
 def slo_targets(slo: Mapping[str, Any] | None) -> dict[str, float]:
@@ -117,8 +172,9 @@ def slo_text(targets: Mapping[str, float], percentile: float) -> str:
 
 @dataclass(frozen=True)
 class Probe:
-    """One probe: the rate served, each SLO metric at the percentile (ms), why it failed (None: it passed),
-    and, apart, why its engine fell behind the load (None: it kept up), part of ``failed`` too."""
+    """One probe: the rate served, each SLO metric at the percentile (ms), what it missed (None: nothing),
+    the measured requests and how many met every target, and, apart, why its engine fell behind the load
+    (None: it kept up)."""
 
     rate: float
     figures_ms: Mapping[str, float | None]
@@ -129,18 +185,39 @@ class Probe:
     # Share of the machine's cores other processes kept busy while it ran (None: not read): a probe
     # disturbed by them may fail a rate its configuration serves on a quiet machine.
     other_cpu_share: float | None = None
+    met: int = 0
+    requests: int = 0
+    # Which arrival draw it served (each probe of a search draws its own).
+    draw: int = 0
 
     @property
     def passed(self) -> bool:
-        """Whether the probe met every SLO and its engine kept up."""
+        """Whether the probe met every SLO at the percentile and its engine kept up."""
         return self.failed is None
+
+
+def outcome(probes: Sequence[Probe], target: float) -> str:
+    """What the probes of one rate say of it, their requests pooled: :data:`PASSED` when the Wilson lower
+    bound of the SLO attainment is at or above ``target`` and fewer than half of them saturated;
+    :data:`FAILED` when its upper bound is below ``target``, or more than half of two or more saturated;
+    else :data:`OPEN` (lengthen it: one saturated probe may be the test's 5% of false alarms)."""
+    met, requests = sum(p.met for p in probes), sum(p.requests for p in probes)
+    saturated = sum(1 for p in probes if p.saturated)
+    low, high = serving.wilson(met, requests)
+    if low is None or high is None:
+        return OPEN
+    if high < target or (len(probes) >= 2 and 2 * saturated > len(probes)):
+        return FAILED
+    if low >= target and 2 * saturated < len(probes):
+        return PASSED
+    return OPEN
 
 
 def judge(figures_ms: Mapping[str, float | None], targets: Mapping[str, float], percentile: float,
           saturated: str | None = None) -> str | None:
-    """Why a probe fails, in words (every target missed, and saturation); None when it meets them all.
-
-    A metric that no request reported (a TPOT where every request produced one token) cannot fail.
+    """What a probe missed, in words (every target over at the percentile, and saturation); None when it
+    meets them all. A metric that no request reported (a TPOT where every request produced one token)
+    cannot miss.
     """
     reasons = [f"{SLO_METRICS[k]} p{percentile:g} {figures_ms[k]:.1f} ms > {v:g} ms"
                for k, v in sorted(targets.items()) if figures_ms.get(k) is not None and figures_ms[k] > v]
@@ -150,10 +227,12 @@ def judge(figures_ms: Mapping[str, float | None], targets: Mapping[str, float], 
 
 
 def probe_of(m: ServingMeasurement, load: Mapping[str, Any], targets: Mapping[str, float], percentile: float,
-             duration_s: float = 0.0) -> Probe:
+             duration_s: float = 0.0, draw: int = 0) -> Probe:
     """A probe read from a served measurement at ``load`` (its ``request_rate`` the probe's rate): each SLO
-    metric at the percentile over the measured requests, and the saturation test of a serving cell."""
-    latencies = [serving.request_latencies(r) for r in m.requests[m.warmup_requests:]]
+    metric at the percentile over the measured requests, how many met every target, and the saturation
+    test of a serving cell."""
+    measured = m.requests[m.warmup_requests:]
+    latencies = [serving.request_latencies(r) for r in measured]
     per_metric = {"ttft_ms": [t for t, _, _, _ in latencies], "tpot_ms": [t for _, t, _, _ in latencies],
                   "e2e_ms": [e for _, _, e, _ in latencies]}
     figures = {}
@@ -163,13 +242,14 @@ def probe_of(m: ServingMeasurement, load: Mapping[str, Any], targets: Mapping[st
     columns = serving.cell_columns(m, dict(load, slo={}))
     saturated = columns["saturation_reason"]
     return Probe(float(load["request_rate"]), figures, judge(figures, targets, percentile, saturated),
-                 duration_s, columns["achieved_request_rate"], saturated)
+                 duration_s, columns["achieved_request_rate"], saturated,
+                 met=sum(serving.meets_slo(r, targets) for r in measured), requests=len(measured), draw=draw)
 
 
 @dataclass(frozen=True)
 class Capacity:
-    """What a search found: the highest rate that passed (None: not even the lowest), the interval the probes
-    pinned it to (``low`` passed, ``high`` failed; inf: the highest rate searched passed), and every probe."""
+    """What a search found: the highest rate passed below the lowest failed (None: none), the interval the
+    probes pinned it to (``low`` passed, ``high`` failed; inf: no rate searched failed), and every probe."""
 
     capacity: float | None
     low: float
@@ -191,6 +271,10 @@ class Capacity:
                 missed["saturation"] = None
         return ", ".join(missed)
 
+    def covers(self, rate: float) -> bool:
+        """Whether ``rate`` lies in the interval the search reports (``[low, high)``)."""
+        return self.low <= rate < self.high
+
     def text(self) -> str:
         """``"2.38 req/s [2.38, 2.83)"``, ``"below 0.25 req/s"``, ``"at least 8 req/s"``."""
         if self.capacity is None:
@@ -200,56 +284,92 @@ class Capacity:
         return f"{self.capacity:.3g} req/s [{self.low:.3g}, {self.high:.3g})"
 
 
-def search(probe: Callable[[float], Probe], settings: Settings,
-           clock: Callable[[], float] = time.perf_counter) -> Capacity:
-    """Bisect ``probe`` over the rates of ``settings`` for the highest rate that passes (see the module).
+def search(probe: Callable[[float, int], Probe], settings: Settings,
+           clock: Callable[[], float] = time.perf_counter, renew: Callable[[], None] | None = None) -> Capacity:
+    """Search ``probe`` over the rates of ``settings`` for the highest rate that passes (see the module).
 
-    Assumes a rate that fails fails at every higher rate (latency grows with load); a noisy probe that
-    breaks it costs resolution, not correctness of the interval's lower end: the capacity named is
-    always a rate that passed.
+    ``probe(rate, draw)`` serves arrival draw ``draw`` at ``rate``; every call gets a draw of its own.
+    ``renew`` (where given) starts a fresh engine; it is called before each probe that measures a bracket's
+    end again, so that the confirmations hold the engine-to-engine spread as well as the arrivals'.
+    Bisection assumes a rate that fails fails at every higher rate (latency grows with load); the interval
+    reported is read from every probe at the end, so a probe that broke it widens the interval rather
+    than moving it.
     """
     started = clock()
     probes: list[Probe] = []
+    by_rate: dict[float, list[Probe]] = {}
 
-    def run(rate: float) -> Probe:
-        probes.append(probe(rate))
-        return probes[-1]
+    def measure(rate: float) -> None:
+        probes.append(probe(rate, len(probes)))
+        by_rate.setdefault(rate, []).append(probes[-1])
 
-    if not run(settings.min_rate).passed:
-        return Capacity(None, 0.0, settings.min_rate, tuple(probes), clock() - started)
-    low, high = settings.min_rate, settings.max_rate
-    if run(high).passed:
-        return Capacity(high, high, math.inf, tuple(probes), clock() - started)
-    while len(probes) < settings.max_probes and high / low > 1.0 + settings.tolerance:
-        rate = math.sqrt(low * high)
-        if run(rate).passed:
-            low = rate
-        else:
-            high = rate
+    def level(rate: float) -> str:
+        """A rate's outcome, lengthened (fresh draws) while it is unresolved."""
+        measure(rate)
+        while outcome(by_rate[rate], settings.target) == OPEN and len(by_rate[rate]) <= settings.max_extensions:
+            measure(rate)
+        return outcome(by_rate[rate], settings.target)
+
+    if level(settings.min_rate) == PASSED and level(settings.max_rate) != PASSED:
+        low, high = settings.min_rate, settings.max_rate
+        while len(by_rate) < settings.max_probes and high / low > 1.0 + settings.tolerance:
+            rate = math.sqrt(low * high)
+            if level(rate) == PASSED:
+                low = rate
+            else:
+                high = rate
+    confirmed: set[float] = set()
+    while True:
+        low, high = _bracket(by_rate, settings.target)
+        todo = [r for r in (low, high) if r is not None and math.isfinite(r) and r not in confirmed]
+        if not todo or not settings.confirmations:
+            break
+        for rate in todo:
+            confirmed.add(rate)
+            for _ in range(settings.confirmations):
+                if renew is not None:
+                    renew()
+                measure(rate)
+    if low is None:
+        # Not even the lowest rate passed: capacity is below the lowest rate that failed, or, where none
+        # failed outright, below the lowest searched.
+        return Capacity(None, 0.0, min(high, settings.min_rate), tuple(probes), clock() - started)
     return Capacity(low, low, high, tuple(probes), clock() - started)
+
+
+def _bracket(by_rate: Mapping[float, Sequence[Probe]], target: float) -> tuple[float | None, float]:
+    """The lowest rate failed (inf: none) and the highest passed below it (None: none), every probe of a
+    rate pooled."""
+    outcomes = {rate: outcome(found, target) for rate, found in by_rate.items()}
+    high = min((r for r, o in outcomes.items() if o == FAILED), default=math.inf)
+    low = max((r for r, o in outcomes.items() if o == PASSED and r < high), default=None)
+    return low, high
 
 
 def verdict(label: str, baseline: Capacity, speculative: Capacity, targets: Mapping[str, float],
             percentile: float) -> str:
     """One sentence: how a configuration moves capacity at the SLOs against the baseline's.
 
-    It *raises* (or *lowers*) capacity only where the two intervals do not overlap; otherwise the
-    probes cannot tell the two apart at the search's resolution, and the sentence says so.
+    It *raises* (or *lowers*) capacity only where the two intervals do not overlap: the one configuration
+    passed a rate the other failed, each judged on its own Wilson intervals and measured again at its
+    bracket's ends. The factor is then given as the least the intervals allow. Otherwise the sentence
+    says the searches cannot tell the two apart.
     """
     at = slo_text(targets, percentile)
     base, spec = baseline.capacity, speculative.capacity
     if base is None and spec is None:
         return f"{label}: neither it nor the baseline meets {at} at {baseline.high:.3g} req/s, the lowest rate searched"
-    if base is None:
+    if base is None and speculative.low >= baseline.high:
         return f"{label} raises capacity at {at} from below {baseline.high:.3g} to {speculative.text()}"
-    if spec is None:
+    if spec is None and baseline.low >= speculative.high:
         return f"{label} lowers capacity at {at} from {baseline.text()} to below {speculative.high:.3g} req/s"
-    ratio = spec / base
-    if speculative.low >= baseline.high:
-        return f"{label} raises capacity at {at} from {base:.3g} to {spec:.3g} req/s ({ratio:.2f}x)"
-    if speculative.high <= baseline.low:
-        return f"{label} lowers capacity at {at} from {base:.3g} to {spec:.3g} req/s ({ratio:.2f}x)"
-    return (f"{label} leaves capacity at {at} where the baseline's is, within the search's resolution "
+    if base is not None and spec is not None and speculative.low >= baseline.high:
+        return (f"{label} raises capacity at {at} from {baseline.text()} to {speculative.text()} "
+                f"(at least {speculative.low / baseline.high:.2f}x)")
+    if base is not None and spec is not None and speculative.high <= baseline.low:
+        return (f"{label} lowers capacity at {at} from {baseline.text()} to {speculative.text()} "
+                f"(at most {speculative.high / baseline.low:.2f}x)")
+    return (f"{label} leaves capacity at {at} where the baseline's is, as far as the intervals tell "
             f"({speculative.text()} against {baseline.text()})")
 
 
@@ -261,7 +381,8 @@ def as_json(label: str, found: Capacity) -> dict[str, Any]:
     return {
         "configuration": label, "capacity_req_s": found.capacity, "interval_req_s": [found.low, finite(found.high)],
         "probes": len(found.probes), "search_s": round(found.duration_s, 2),
-        "probe_results": [{"rate": p.rate, "passed": p.passed, "failed": p.failed, "figures_ms": dict(p.figures_ms),
+        "probe_results": [{"rate": p.rate, "draw": p.draw, "met": p.met, "requests": p.requests,
+                           "passed": p.passed, "failed": p.failed, "figures_ms": dict(p.figures_ms),
                            "saturated": p.saturated, "achieved_rate": p.achieved_rate,
                            "other_cpu_share": p.other_cpu_share,
                            "duration_s": round(p.duration_s, 2)} for p in found.probes],

@@ -14,10 +14,13 @@ from the worker's own process, as ``vllm bench serve`` sends them
 ITL the gaps between such chunks, and the output length the server's
 ``usage.completion_tokens``, checked against the token ids streamed.
 
+Each request's own speculative counts come in its final usage chunk
+(``metrics.speculative_decoding``, vLLM 0.32 with ``--per-request-spec-decode-metrics``).
 What the HTTP path cannot read per request is read from the server's
 ``/metrics``: the running and waiting requests every :data:`METRICS_PERIOD_S`
-(the running batch), and the speculative counters differenced from the first
-measured send to the last token (acceptance). The server, its engine core
+(the running batch), and, only where a measured request came without its own
+counts, the speculative counters differenced from the first measured send to
+the last token (acceptance). The server, its engine core
 and the server's log go with :meth:`ServerEngine.shutdown`.
 
 The client uses ``aiohttp``, which vLLM itself depends on. This module
@@ -130,6 +133,9 @@ class StreamedCompletion:
     chunk_tokens: list[int] = dataclasses.field(default_factory=list)
     token_ids: list[int] = dataclasses.field(default_factory=list)
     completion_tokens: int | None = None
+    # The request's own speculative counts, from the final usage chunk's metrics.speculative_decoding
+    # (vLLM 0.32 with --per-request-spec-decode-metrics; None without speculation or on an older server).
+    speculative: Mapping[str, Any] | None = None
 
     def add(self, event: Mapping[str, Any], at_s: float) -> None:
         """Count one event received at ``at_s``: a chunk's token ids, or the final usage."""
@@ -144,6 +150,25 @@ class StreamedCompletion:
         usage = event.get("usage")
         if usage and usage.get("completion_tokens") is not None:
             self.completion_tokens = int(usage["completion_tokens"])
+        speculative = (event.get("metrics") or {}).get("speculative_decoding")
+        if speculative:
+            self.speculative = speculative
+
+    def spec_counts(self) -> dict[str, Any]:
+        """The request's own speculative counts as :class:`ServedRequest` holds them (as the in-process
+        path reads them from ``RequestOutput``'s ``spec_decode_metrics``); {} where the server sent none."""
+        if self.speculative is None:
+            return {}
+        histogram = tuple(int(n) for n in self.speculative.get("acceptance_histogram") or ())
+        steps = self.speculative.get("per_step_accepted") or ()
+        return {
+            "drafts": sum(histogram),
+            "accepted_tokens": sum(j * n for j, n in enumerate(histogram)),
+            "accepted_histogram": histogram,
+            "last_accepted": int(steps[-1]) if steps else None,
+            "draft_tokens": int(self.speculative.get("num_draft_tokens") or 0),
+            "drafted_per_step": tuple(int(n) for n in self.speculative.get("per_step_drafted") or ()),
+        }
 
     def checked(self, index: int) -> None:
         """Raise unless the tokens streamed are the ones the server counted (``vllm bench serve``'s count)."""
@@ -266,18 +291,21 @@ class ServerEngine:
             window_start: list[asyncio.Task[Any]] = []
             sampling = asyncio.create_task(self._sample(session, steps, start))
             try:
-                served = await replay(plan.arrivals_s, plan.max_concurrency, start,
-                                      lambda index: self._request(session, index, plan, start, window_start))
+                served, due = await replay(plan.arrivals_s, plan.max_concurrency, start,
+                                           lambda index: self._request(session, index, plan, start, window_start),
+                                           plan.warmup_requests)
             finally:
                 sampling.cancel()
                 await asyncio.gather(sampling, return_exceptions=True)
             after, _ = await self._metrics(session)
             counters = None
-            if self.speculative:
+            # Each request's own counts, from its final usage chunk, where every measured request carried
+            # them (the in-process figure's definition); else the server's counters over the measured window.
+            if self.speculative and any(r.drafts is None for r in served[plan.warmup_requests:]):
                 opened = await window_start[0] if window_start else before
                 counters = after - opened
         return ServingMeasurement(requests=tuple(served), steps=tuple(steps), warmup_requests=plan.warmup_requests,
-                                  arrivals_s=plan.arrivals_s, counters=counters)
+                                  arrivals_s=due, counters=counters)
 
     async def _metrics(self, session: Any) -> tuple[SpecCounters, tuple[int, int]]:
         """The speculative counters and the requests running and waiting, now."""
@@ -324,8 +352,8 @@ class ServerEngine:
         completion.checked(index)
         return ServedRequest(
             sent_s=sent, chunk_s=tuple(completion.chunk_s), chunk_tokens=tuple(completion.chunk_tokens),
-            # Not reported over HTTP: the engine's queueing delay and the request's own speculative counts.
-            queue_s=None, token_ids=tuple(completion.token_ids),
+            # Not reported over HTTP: the engine's queueing delay.
+            queue_s=None, token_ids=tuple(completion.token_ids), **completion.spec_counts(),
         )
 
     async def _counters(self, session: Any) -> SpecCounters:

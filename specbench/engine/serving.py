@@ -21,8 +21,12 @@ import uuid
 from typing import Any
 
 from specbench.engine import EngineSpec
+from specbench.engine.mode import engine_mode
 from specbench.load import USAGE_CONTEXT, EngineStep, ServedRequest, ServingMeasurement, ServingPlan, replay
 from specbench.sampling import GREEDY
+
+# Tries, and the wait between them, at resetting the prefix cache before a cell (:meth:`ServingEngine.serve`).
+RESET_TRIES, RESET_WAIT_S = 40, 0.05
 
 
 def _steps_recorder(sink: list[EngineStep], clock: list[float]) -> Any:
@@ -78,8 +82,6 @@ class ServingEngine:
                                              stat_loggers=[_steps_recorder(self._steps, self._clock)])
 
         self.engine = self._loop.run_until_complete(start())
-        from specbench.engine.worker import engine_mode
-
         # The front end's copy of the config, resolved before the engine core started (its own process).
         self.mode = engine_mode(self.engine.vllm_config)
         # specbench.engine.fixes repairs sampled decoding only, and serving cells decode greedily
@@ -97,12 +99,23 @@ class ServingEngine:
         params = SamplingParams(max_tokens=plan.max_tokens, output_kind=RequestOutputKind.DELTA,
                                 ignore_eos=plan.ignore_eos, **GREEDY.params())
         tag = uuid.uuid4().hex[:8]
+        # Every cell (and every capacity probe) meets a cold prefix cache: one cell's prompts cached by
+        # the cell before it would give it prefills the next cell's baseline pays for; its warm-up then
+        # warms the cache on purpose. vLLM refuses the reset while any block is held, so a block the last
+        # cell's final step has not yet released is waited for, briefly.
+        for _ in range(RESET_TRIES):
+            if await self.engine.reset_prefix_cache():
+                break
+            await asyncio.sleep(RESET_WAIT_S)
+        else:
+            raise RuntimeError(f"vLLM refused to reset the prefix cache before a serving cell "
+                               f"{RESET_TRIES} times: blocks still held with no request in flight")
         self._steps.clear()
         start = self._clock[0] = time.perf_counter()
-        served = await replay(plan.arrivals_s, plan.max_concurrency, start,
-                              lambda index: self._request(index, plan, params, tag, start))
+        served, due = await replay(plan.arrivals_s, plan.max_concurrency, start,
+                                   lambda index: self._request(index, plan, params, tag, start), plan.warmup_requests)
         return ServingMeasurement(requests=tuple(served), steps=tuple(self._steps),
-                                  warmup_requests=plan.warmup_requests, arrivals_s=plan.arrivals_s)
+                                  warmup_requests=plan.warmup_requests, arrivals_s=due)
 
     async def _request(self, index: int, plan: ServingPlan, params: Any, tag: str, start: float) -> ServedRequest:
         sent = time.perf_counter() - start

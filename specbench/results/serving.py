@@ -12,17 +12,19 @@ of a short light-load run) weighs on no rate. ``vllm bench serve`` divides
 by its whole run, schedule start to last token; over its thousand requests
 the drain is a sliver, over a few it is not. The offered rate is the one the
 schedule realised over the measured requests (:func:`specbench.load.realised_rate`:
-the arrivals after the first over the span), the achieved rate the requests
-completed inside the span (warm-up ones included) over it: below saturation
-completions follow the arrivals one E2E later and the two agree; past it
-completions come at the engine's own pace. Goodput is, as in vLLM, the
-achieved rate times the share of measured requests meeting every SLO
+the arrivals after the first over the span), the achieved rate the measured
+requests completed inside the span shifted by their median E2E, over its
+length (:func:`completions`): below saturation completions follow the
+arrivals one E2E later and the two agree; past it completions come at the
+engine's own pace. The warm-up requests are served to completion before the
+measured ones start (:func:`specbench.load.replay`). Goodput is, as in vLLM,
+the achieved rate times the share of measured requests meeting every SLO
 (``slo_attainment``).
 
 A cell is *saturated* (:func:`saturation`) when its completions fall behind
 the realised offered rate, or the engine's queue grows across the send span
-(vLLM's waiting count, or each request's TTFT against when it was sent).
-Saturated rates are named and left out of the verdicts.
+(vLLM's waiting count, or each request's TTFT against when it was sent), each
+significant at 5%. Saturated rates are named and left out of the verdicts.
 
 Across engine runs (read from the sweep's plan, never a directory listing),
 each speedup is the geometric mean of the per-run ratios, with the interval of
@@ -90,6 +92,12 @@ PAYS_ON = "e2e_p50"
 # grows by a - c requests a second, and the n-th request, sent at n / a, waits n / c - n / a, a TTFT
 # that climbs a / c - 1 seconds per second of arrivals.
 SATURATED_SHARE = 0.85
+# Each of the three readings must also be significant at this level (one-sided): a run is called
+# saturated on evidence, not on a point estimate that the arrival noise of a few requests can tip.
+SATURATION_ALPHA = 0.05
+# Shuffles of the requests' E2Es behind the completions test's p-value (seeded: a cell's columns are
+# a function of its measurement).
+SHUFFLES = 400
 # Regimes of the pooled spread: one interval's noise at light load says little about the noise past saturation.
 REGIMES = {False: "below saturation", True: "at saturation"}
 
@@ -213,41 +221,104 @@ def time_weighted(times: Sequence[float], values: Sequence[int], start: float) -
     return float(np.average(values, weights=durations)), p90
 
 
-def _slope(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Least-squares slope of y on x; None with fewer than three points or no spread in x."""
+def trend(x: Sequence[float], y: Sequence[float], alpha: float = SATURATION_ALPHA) -> tuple[float, float] | None:
+    """Least-squares slope of y on x and the lower end of its one-sided ``1 - alpha`` interval (Student's t
+    on n - 2 degrees of freedom); None with fewer than three points or no spread in x.
+
+    A trend is judged by that lower end, so that a slope the noise of a few points could make is not
+    read as a growing queue. (Successive engine steps are correlated, which makes the interval of the
+    waiting queue's slope narrower than it should be; its threshold, a share of the offered rate, is
+    what guards it.)
+    """
     if len(x) < 3 or max(x) - min(x) <= 0:
         return None
-    return float(np.polyfit(np.asarray(x, dtype=float), np.asarray(y, dtype=float), 1)[0])
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    slope, intercept = np.polyfit(xs, ys, 1)
+    residual = ys - (slope * xs + intercept)
+    error = math.sqrt(float(residual @ residual) / (len(xs) - 2) / float(((xs - xs.mean()) ** 2).sum()))
+    # Past a thousand degrees of freedom t is the normal to four digits, and its quantile's cost grows with df.
+    return float(slope), float(slope) - stats.student_t_quantile(1.0 - alpha, min(len(xs) - 2, 1000)) * error
 
 
-def saturation(offered: float | None, achieved: float | None, queue_growth: float | None,
-               ttft_slope: float | None, slack: float = 0.0, closed_loop: bool = False) -> str | None:
+def completions(m: ServingMeasurement, shuffles: int = SHUFFLES) -> tuple[float | None, float | None, float]:
+    """The measured requests' completion rate over the send span shifted by their median E2E; the
+    one-sided p-value of so few completions were each request's E2E unrelated to when it was sent; and
+    the shift (seconds).
+
+    A request sent in the span completes one E2E later: below saturation, the completions inside
+    ``(first send + median E2E, last send + median E2E]`` are the arrivals inside the span, whatever the
+    E2E, so the rate matches the offered one (over the unshifted span it would miss every request
+    still in flight as the span closes, about rate x E2E of them, once the warm-up no longer fills the
+    engine as the span opens). Past saturation each request waits longer than the one before, the late
+    ones complete past the shifted window, and the rate reads the engine's own. Near the window's edges
+    a request with an E2E far from the median falls out of it, so the count is compared with the same
+    count over the requests' E2Es shuffled among them (what the run would show if latency did not grow
+    with time): the p-value is the share of shuffles with as few completions. Where every measured
+    request went out at once the window runs to the last token (:func:`window`), unshifted, with no
+    p-value. (None, None, 0) with fewer than two measured requests that completed, or no window.
+    """
+    sent, e2e = [], []
+    for r in _measured(m):
+        if r.chunk_s:
+            sent.append(r.sent_s)
+            e2e.append(r.chunk_s[-1] - r.sent_s)
+    start, end = window(m)
+    if len(sent) < 2 or end <= start:
+        return None, None, 0.0
+    sends, latencies = np.asarray(sent), np.asarray(e2e)
+    if max(r.sent_s for r in _measured(m)) <= start:  # all at once: the window is the burst's own
+        return int(((sends + latencies) <= end).sum()) / (end - start), None, 0.0
+    shift = float(np.median(latencies))
+    low, high = start + shift, end + shift
+
+    def inside(done: np.ndarray) -> np.ndarray:
+        return ((done > low) & (done <= high)).sum(axis=-1)
+
+    observed = int(inside(sends + latencies))
+    shuffled = np.random.default_rng(0).permuted(np.tile(latencies, (shuffles, 1)), axis=1)
+    as_few = int((inside(sends + shuffled) <= observed).sum())
+    return observed / (end - start), (1 + as_few) / (1 + shuffles), shift
+
+
+def saturation(offered: float | None, achieved: float | None, queue_growth: tuple[float, float] | None,
+               ttft_slope: tuple[float, float] | None, closed_loop: bool = False,
+               completions_p: float | None = None, alpha: float = SATURATION_ALPHA) -> str | None:
     """Why a serving run is saturated, in words; None when it keeps up with its load.
 
-    Three readings, each held to :data:`SATURATED_SHARE`: completions slower than that share of the
-    realised offered rate (``slack``: the rate one request makes over the window, granted because a
-    count of completions inside the window is off by up to one at its edges: with the six measured
-    requests of a CPU preset, one request sent just before the window closes, still in flight at its
-    end, would otherwise read as a backlog); vLLM's waiting queue growing by more than the rest of it
-    (``queue_growth`` requests a second); each request's TTFT climbing with when it was sent by more
-    than ``1 / SATURATED_SHARE - 1`` seconds a second. All at once (an infinite offered rate) is
-    saturated by construction: every request but the first queues. A closed loop (``closed_loop``:
-    rate ``inf`` under ``load.max_concurrency``) is not: its requests wait for a slot on the client's
-    side, where ``wait_to_send_s_*`` shows it, and it is read by the same three tests against what its
-    slots let through (``offered``: its sends), never against the infinite rate it names.
+    Three readings, each held to :data:`SATURATED_SHARE` and each significant at ``alpha``:
+    completions (:func:`completions`) slower than that share of the realised offered rate, with a
+    p-value (``completions_p``) below ``alpha``; vLLM's waiting queue growing by more than the rest of
+    it (``queue_growth``: requests a second, and the lower end of its interval, :func:`trend`); each
+    request's TTFT climbing with when it was sent by more than ``1 / SATURATED_SHARE - 1`` seconds a
+    second (``ttft_slope``, likewise). A trend is judged by its interval's lower end. All at once (an
+    infinite offered rate) is saturated by construction: every request but the first queues. A closed
+    loop (``closed_loop``: rate ``inf`` under ``load.max_concurrency``) is not: its requests wait for a
+    slot on the client's side, where ``wait_to_send_s_*`` shows it, and it is read by the same three
+    tests against what its slots let through (``offered``: its sends after the first burst), never
+    against the infinite rate it names.
     """
     if offered is not None and math.isinf(offered) and not closed_loop:
         return "every request sent at once"
     reasons = []
     # A closed loop whose measured requests all fit its slots went out at once: no rate to fall behind.
     offered = offered if offered is not None and math.isfinite(offered) else None
-    if offered and achieved is not None and achieved + slack < SATURATED_SHARE * offered:
-        reasons.append(f"completions {achieved:.2f} req/s behind the {offered:.2f} req/s offered")
-    if offered and queue_growth is not None and queue_growth > (1.0 - SATURATED_SHARE) * offered:
-        reasons.append(f"vLLM's waiting queue grew {queue_growth:.2f} requests/s")
-    if ttft_slope is not None and ttft_slope > 1.0 / SATURATED_SHARE - 1.0:
-        reasons.append(f"TTFT grew {ttft_slope:.2f} s per s of arrivals")
+    if offered and achieved is not None and achieved < SATURATED_SHARE * offered \
+            and (completions_p is None or completions_p < alpha):
+        significance = f", p = {completions_p:.3f}" if completions_p is not None else ""
+        reasons.append(f"completions {achieved:.2f} req/s behind the {offered:.2f} req/s offered{significance}")
+    if offered and queue_growth is not None and queue_growth[1] > (1.0 - SATURATED_SHARE) * offered:
+        reasons.append(f"vLLM's waiting queue grew {queue_growth[0]:.2f} requests/s (at least {queue_growth[1]:.2f})")
+    if ttft_slope is not None and ttft_slope[1] > 1.0 / SATURATED_SHARE - 1.0:
+        reasons.append(f"TTFT grew {ttft_slope[0]:.2f} s per s of arrivals (at least {ttft_slope[1]:.2f})")
     return "; ".join(reasons) or None
+
+
+def closed_loop_sends(m: ServingMeasurement, max_concurrency: int) -> list[float]:
+    """A closed loop's sends after its first burst: the measured requests' sends, sorted, from the last
+    of the first ``max_concurrency`` on. The burst that fills the slots at the start goes out at once
+    whatever the engine does; only the sends after it, each let go by a completion, pace the loop."""
+    sends = sorted(r.sent_s for r in _measured(m))
+    return sends[max(0, min(max_concurrency, len(sends)) - 1):]
 
 
 def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPlan | None = None) -> dict[str, Any]:
@@ -257,15 +328,10 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
     start, end = window(m)
     span = end - start
     closed = is_closed_loop(load.get("request_rate"), load.get("max_concurrency"))
-    # A closed loop's offered load is what its slots let through (its sends), not its schedule (all at 0).
-    offered = realised_rate([r.sent_s for r in measured] if closed else _arrivals(m))
-    # Completions inside the send span, warm-up requests' included: over (first send, last send] the
-    # requests finishing as the span opens (sent before it) stand for those still in flight as it closes.
-    # Below saturation they match the arrivals in it; past it, or when one long step holds every request,
-    # they fall behind. (A rate from the completions' own span would read a batch finishing in lockstep as
-    # an instant, infinite rate.)
-    done = sum(1 for r in m.requests if r.chunk_s and start < r.chunk_s[-1] <= end)
-    achieved = done / span if span > 0 else None
+    # A closed loop's offered load is what its slots let through after the burst that fills them (its
+    # sends), not its schedule (all at 0).
+    offered = realised_rate(closed_loop_sends(m, int(load["max_concurrency"])) if closed else _arrivals(m))
+    achieved, achieved_p, shift = completions(m)
     itl = [gap for r in measured for gap in request_latencies(r)[3]]
     queues = [r.queue_s for r in measured if r.queue_s is not None]
     tpots = [t for t in (request_latencies(r)[1] for r in measured) if t is not None]
@@ -276,13 +342,13 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
     times, running = running_batch(m)
     mean, p90 = time_weighted(times, running, start)
     inside = [s for s in m.steps if start <= s.at_s <= end]
-    queue_growth = _slope([s.at_s for s in inside], [s.waiting for s in inside])
+    queue_growth = trend([s.at_s for s in inside], [s.waiting for s in inside])
     sent = [(r.sent_s, request_latencies(r)[0]) for r in measured]
-    ttft_slope = _slope([s for s, t in sent if t is not None], [t for _, t in sent if t is not None])
-    # Every token streamed inside the window, warm-up requests' included: the engine's output rate under the load.
-    tokens = sum(n for r in m.requests for t, n in zip(r.chunk_s, r.chunk_tokens) if start <= t <= end)
-    reason = saturation(offered, achieved, queue_growth, ttft_slope, slack=1.0 / span if span > 0 else 0.0,
-                        closed_loop=closed)
+    ttft_slope = trend([s for s, t in sent if t is not None], [t for _, t in sent if t is not None])
+    # The tokens streamed over the window the completions are counted in: the engine's output rate under the load.
+    tokens = sum(n for r in m.requests for t, n in zip(r.chunk_s, r.chunk_tokens)
+                 if start + shift <= t <= end + shift)
+    reason = saturation(offered, achieved, queue_growth, ttft_slope, closed_loop=closed, completions_p=achieved_p)
     waits = arrival_waits(m)
     return {
         "load_request_rate": float(load["request_rate"]),
@@ -308,8 +374,8 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
         "queue_s_mean": statistics.fmean(queues) if queues else None,
         "tpot_s_request_mean": statistics.fmean(tpots) if tpots else None,
         "tpot_s_std": statistics.pstdev(tpots) if tpots else None,
-        "queue_growth_per_s": queue_growth,
-        "ttft_slope": ttft_slope,
+        "queue_growth_per_s": queue_growth[0] if queue_growth else None,
+        "ttft_slope": ttft_slope[0] if ttft_slope else None,
         "saturated": reason is not None,
         "saturation_reason": reason,
         "running_batch_mean": mean,
@@ -317,8 +383,10 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
         "running_batch_max": max(running) if running else None,
         "running_batch_t_s": [t - start for t in times],
         "running_batch": running,
-        **_percentiles([w for w, _ in waits], "wait_to_send_s"),
-        **_percentiles([e for _, e in waits if e is not None], "e2e_from_arrival_s"),
+        # A closed loop's requests all "arrive" at 0: their waits and E2E from it grow with the requests
+        # sent, not with anything the system did, so a closed loop leaves them empty.
+        **_percentiles([] if closed else [w for w, _ in waits], "wait_to_send_s"),
+        **_percentiles([] if closed else [e for _, e in waits if e is not None], "e2e_from_arrival_s"),
     }
 
 
@@ -328,7 +396,7 @@ def as_measurement(m: ServingMeasurement, plan: ServingPlan) -> Measurement:
     Latencies are the client's (:func:`request_latencies`). Acceptance counts the measured requests
     alone, drafts, drafted tokens and accepted tokens each from the request's own speculative counts
     (an engine step's counts would mix in the warm-up's and the requests in flight around the window);
-    through the server, which reports none per request, the engine's counters over the measured
+    where a request came without its own (a server that sent none), the engine's counters over the measured
     requests' lifetime (``m.counters``).
     Token ids cover every request sent, warm-up included, so the exactness check covers them all.
     """
