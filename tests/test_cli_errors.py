@@ -307,3 +307,49 @@ def test_the_hydra_command_exits_2_on_hydras_own_refusal(tmp_path: Path) -> None
     result = run(sweep("no_such_key=3", multirun=False, out=tmp_path), tmp_path)
     assert result.returncode == 2
     assert_refused(result, "Could not override 'no_such_key'")
+
+
+# Every command that takes a sweep's results: its arguments for one results file.
+RESULTS_COMMANDS = {
+    "specbench.report": lambda path: [path],
+    "specbench.analytic.prediction": lambda path: [path],
+    "specbench.analytic.recommend": lambda path: [path],
+    "specbench.results.serving": lambda path: [path, path],
+}
+
+
+@pytest.mark.parametrize("module", list(RESULTS_COMMANDS))
+def test_a_parquet_file_that_is_not_a_specbench_result_is_refused_in_one_line(command, tmp_path: Path,
+                                                                            module: str) -> None:
+    import warnings
+
+    import pandas as pd
+
+    foreign = tmp_path / "other.parquet"
+    pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}).to_parquet(foreign)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = command(["-m", module, *RESULTS_COMMANDS[module](str(foreign))])
+    assert result.returncode == 2
+    assert_refused(result, f"{foreign}: not a specbench results file (no column schema_version, cell_id, status")
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert not caught, [str(w.message) for w in caught]
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_an_older_results_file_is_reported_without_library_warnings(tmp_path: Path) -> None:
+    import warnings
+
+    from specbench.report import write_report
+    from specbench.results.schema import COLUMNS
+    from tests.rows import make_row, write_results
+
+    # A file of an early schema: the identifying columns and the cell's own, every later column missing.
+    kept = {"schema_version", "cell_id", "status", "method", "num_speculative_tokens", "batch_size", "workload",
+            "model", "speedup", "wall_time_s"}
+    path = write_results(tmp_path, [make_row("baseline"), make_row("ngram", 2, speedup=1.3)],
+                         drop=[c for c in COLUMNS if c not in kept])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        write_report(path)
+    assert not [w for w in caught if "fragmented" in str(w.message)], [str(w.message) for w in caught]
