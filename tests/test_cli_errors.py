@@ -353,3 +353,18 @@ def test_an_older_results_file_is_reported_without_library_warnings(tmp_path: Pa
         warnings.simplefilter("always")
         write_report(path)
     assert not [w for w in caught if "fragmented" in str(w.message)], [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("multirun", [False, True], ids=["single", "multirun"])
+def test_an_hf_source_without_datasets_is_refused_once_before_any_engine(command, no_engine, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         multirun: bool) -> None:
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed, whatever this machine has
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    overrides = ["workload.source=hf", "workload.dataset=cnn_dailymail", "workload.dataset_config=3.0.0",
+                 "workload.text_field=article", "batch_size=1,2" if multirun else "batch_size=1"]
+    result = command(sweep(*overrides, multirun=multirun, out=tmp_path))
+    assert result.returncode == 2
+    assert_refused(result, "workload.source=hf needs the datasets package (pip install datasets)")
+    assert result.output.count("needs the datasets package") == 1, result.output
+    assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
