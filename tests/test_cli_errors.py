@@ -368,3 +368,18 @@ def test_an_hf_source_without_datasets_is_refused_once_before_any_engine(command
     assert_refused(result, "workload.source=hf needs the datasets package (pip install datasets)")
     assert result.output.count("needs the datasets package") == 1, result.output
     assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
+
+
+def test_the_plan_takes_a_sweeps_command_line_whole(command, tmp_path: Path) -> None:
+    # A sweep's command line, pasted: -m, the output folders, a launcher, a folder of one's own configs.
+    (tmp_path / "conf" / "workload").mkdir(parents=True)
+    (tmp_path / "conf" / "workload" / "mine.yaml").write_text(
+        (REPO / "conf" / "workload" / "creative.yaml").read_text())
+    pasted = command(["-m", "specbench.plan", "-m", f"--config-dir={tmp_path / 'conf'}", "workload=mine",
+                      "batch_size=1,4", f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                      "hydra/launcher=basic", "hydra.job.chdir=false"])
+    assert pasted.returncode == 0, pasted.output
+    assert "4 cells: 4 fit, 0 refused" in pasted.output
+    assert "hydra" not in pasted.output.split("\n\n")[0]  # no cell is labelled with Hydra's settings
+    plain = command(["-m", "specbench.plan", "workload=creative", "batch_size=1,4"])
+    assert pasted.output == plain.output  # the same cells, priced the same
