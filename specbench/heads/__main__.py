@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "verify":
         return _verify(args)
     if args.command == "shingles":
+        if not args.question_jsonl.is_file():
+            print(f"error: {args.question_jsonl}: no such file (Spec-Bench's data/spec_bench/question.jsonl)",
+                  file=sys.stderr)
+            return 2
         return _shingles(args.question_jsonl)
     if args.command == "data":
         return _data(args)
