@@ -10,13 +10,16 @@ slower than 3 s::
     .venv/bin/python tests/benchmarks/bad_input.py [--only WORD] > table.md
 
 Seconds are wall time from process start, imports included: on a machine shared with other jobs
-they are upper bounds.
+they are upper bounds. Beside them, the CPU seconds the command (and what it waited for) used,
+which other jobs inflate far less: the 3 s bound is judged on them, and a wall time above it is
+named in the verdict.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -53,6 +56,7 @@ class Outcome:
 
     returncode: int | None  # None: killed at its limit
     seconds: float
+    cpu_seconds: float
     first_line: str
     defects: tuple[str, ...]
 
@@ -150,7 +154,7 @@ def run(case: Case, work: Path) -> Outcome:
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     env.pop("HYDRA_FULL_ERROR", None)
     limit = ENGINE_LIMIT_S if case.engine else OTHER_LIMIT_S
-    started = time.perf_counter()
+    started, cpu_before = time.perf_counter(), _children_cpu()
     process = subprocess.Popen([sys.executable, "-m", case.module, *args], cwd=work, env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -162,6 +166,7 @@ def run(case: Case, work: Path) -> Outcome:
         code = None
     seconds = time.perf_counter() - started
     stop(process.pid)  # a refusal leaves nothing running; if it did, it goes now
+    cpu = _children_cpu() - cpu_before
     lines = [line for line in output.splitlines() if line.strip()]
     defects = []
     if code is None:
@@ -172,9 +177,15 @@ def run(case: Case, work: Path) -> Outcome:
         defects.append("traceback")
     if any(work.glob("*/cells/*.parquet")):
         defects.append("cells measured")
-    if code not in (None, 0) and seconds > FAST_S:
-        defects.append(f"refused after {FAST_S:g} s")
-    return Outcome(code, seconds, lines[0] if lines else "(nothing printed)", tuple(defects))
+    if code not in (None, 0) and cpu > FAST_S:
+        defects.append(f"refused after {FAST_S:g} s of CPU")
+    return Outcome(code, seconds, cpu, lines[0] if lines else "(nothing printed)", tuple(defects))
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user and system) of this process's finished children so far."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def cell(text: str, width: int = 150) -> str:
@@ -188,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=None, help="run only the cases whose command contains this text")
     args = parser.parse_args(argv)
-    print("| # | command | exit | s | first line of output | verdict |")
-    print("|---|---|---|---|---|---|")
+    print("| # | command | exit | wall s | CPU s | first line of output | verdict |")
+    print("|---|---|---|---|---|---|---|")
     defects = 0
     with tempfile.TemporaryDirectory(prefix="specbench-bad-input-") as tmp:
         data = Path(tmp) / "data"
@@ -199,10 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         for number, case in enumerate(chosen, start=1):
             outcome = run(case, Path(tmp) / f"case-{number}")
             defects += bool(outcome.defects)
-            verdict = "DEFECT: " + "; ".join(outcome.defects) if outcome.defects else "refused"
+            verdict = "DEFECT: " + "; ".join(outcome.defects) if outcome.defects else "refused" + (
+                f" (wall > {FAST_S:g} s: a shared machine)" if outcome.seconds > FAST_S else "")
             shown = case.shown.replace(str(data), "DATA")
             exit_code = "killed" if outcome.returncode is None else str(outcome.returncode)
-            print(f"| {number} | `{cell(shown, 120)}` | {exit_code} | {outcome.seconds:.1f} | "
+            print(f"| {number} | `{cell(shown, 120)}` | {exit_code} | {outcome.seconds:.1f} | {outcome.cpu_seconds:.1f} | "
                   f"{cell(outcome.first_line.replace(str(data), 'DATA'))} | {verdict} |", flush=True)
     print(f"\n{len(chosen)} bad inputs, {len(chosen) - defects} refused as they should be, {defects} with a defect")
     return 1 if defects else 0
