@@ -13,19 +13,36 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from specbench import grid, hub, job, logs
-from specbench.config import ConfigError, cell_from_config, engine_start_environment, refuse
+from specbench.config import REFUSED_EXIT, ConfigError, cell_from_config, engine_start_environment, refuse
 from specbench.results.files import CellFiles
 from specbench.job import completed_row, run_cell
 from specbench.sweep import describe_plan, write_plan
 from specbench.workloads import WorkloadError, check_source
 
 
+def main() -> None:
+    """``python -m specbench``: Hydra's entry point, whose own refusals exit 2 as specbench's do.
+
+    Hydra prints a refused override or config group in its compact form and
+    exits 1, the status a failed sweep also exits with; its exit is raised
+    while it handles the refusal, which is that exit's context. A traceback
+    Hydra prints (a bug) keeps its 1.
+    """
+    try:
+        run()
+    except SystemExit as exc:
+        if exc.code == 1 and isinstance(exc.__context__, CompactHydraException):
+            raise SystemExit(REFUSED_EXIT) from None
+        raise
+
+
 @hydra.main(version_base="1.3", config_path="pkg://specbench.conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     """Measure the configured cell (and, in a single run, its baseline first)."""
     hydra_cfg = HydraConfig.get()
     try:

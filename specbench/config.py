@@ -8,11 +8,14 @@ clear message before any engine loads.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
 import hashlib
 import json
 import os
 import sys
+import typing
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Mapping, NoReturn, Optional
@@ -40,6 +43,10 @@ from specbench.workloads import (
 )
 
 MAX_K = 64  # vLLM accepts more, but past this a sweep point is a typo
+# Requests one engine holds at once (batch_size, engine.max_num_seqs): vLLM's server defaults to 1024 on the
+# largest GPUs, and every shipped preset stays within 256; past this a sweep point is a typo, whose one cell
+# would send batch_size requests per generate() call with no estimate worth printing.
+MAX_BATCH = 4096
 
 
 class ConfigError(ValueError):
@@ -335,7 +342,9 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
     """
     errors = validate(cfg)
     if errors:
-        raise ConfigError("invalid cell configuration:\n  " + "\n  ".join(errors))
+        # One problem stays on the line that says what was refused.
+        raise ConfigError("invalid cell configuration:" + (f" {errors[0]}" if len(errors) == 1 else
+                                                           "\n  " + "\n  ".join(errors)))
     plain = with_schedule(_to_plain(cfg))
     method = plain["method"]
     baseline = method["name"] == "baseline"
@@ -405,6 +414,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     except Exception as exc:  # an interpolation that cannot resolve, e.g. model.eagle missing
         return [f"config does not resolve: {exc}"]
 
+    errors += unknown_key_problems(plain)
     method = plain.get("method") or {}
     name = method.get("name")
     registered = methods.get(name) if isinstance(name, str) else None
@@ -475,6 +485,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     if step_tokens is not None and not (isinstance(step_tokens, int) and step_tokens >= 1):
         errors.append(f"engine.max_num_batched_tokens={step_tokens!r} must be null or an integer >= 1")
     errors += _engine_mode_problems(engine, (method.get("speculative_config") or {}).get("method"))
+    errors += _engine_value_problems(engine, batch)
     errors += _cpu_allocator_problems(engine)
     graph_batch = engine.get("cudagraph_batch_size")
     if graph_batch is not None and not (isinstance(graph_batch, int) and graph_batch >= 1):
@@ -493,6 +504,62 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         errors += memory.fit_problems(with_schedule(plain), batch_prompt_tokens(plain))
     if not errors:
         errors += _seeded_prefill_problems(plain)
+    return errors
+
+
+def unknown_key_problems(plain: Mapping[str, Any]) -> list[str]:
+    """A key the schema does not know, one line each, naming the nearest key it does know.
+
+    Hydra refuses a misspelt key in an override, but not one added with ``+``
+    (its own hint for the misspelling: ``+num_speculative_token=8``), nor a key
+    a sweep preset adds: without this check such a cell would run silently
+    with the default the user meant to change. Keys under a free-form mapping
+    (``method.speculative_config``, vLLM's own, and ``model.drafts``) are not checked.
+    """
+    return _unknown_keys(plain, ConfigSchema, "")
+
+
+def _unknown_keys(values: Mapping[str, Any], schema: type, prefix: str) -> list[str]:
+    hints = typing.get_type_hints(schema)
+    errors = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if key not in hints:
+            # A key cut short (engine.gpu_mem) is nearest the one it begins; else the closest spelling.
+            nearest = [k for k in hints if k.startswith(key)] or difflib.get_close_matches(key, list(hints), n=1,
+                                                                                           cutoff=0.5)
+            hint = (f"did you mean {prefix}{nearest[0]}?" if nearest
+                    else f"the keys here are {', '.join(prefix + k for k in hints)}")
+            errors.append(f"{path}={json.dumps(value, separators=(',', ':'), default=str)}: no such key; {hint}")
+            continue
+        inner = [t for t in typing.get_args(hints[key]) or (hints[key],) if dataclasses.is_dataclass(t)]
+        if inner and isinstance(value, Mapping):
+            errors += _unknown_keys(value, inner[0], f"{path}.")
+    return errors
+
+
+def _engine_value_problems(engine: Mapping[str, Any], batch: Any) -> list[str]:
+    """``engine.*`` values and ``batch_size`` against their ranges, whichever build or cell kind reads them.
+
+    vLLM would refuse some only as the engine starts (a memory fraction above 1) and
+    take others as given (a batch of 100000 requests per call): both are typos.
+    """
+    errors = []
+    utilization = engine.get("gpu_memory_utilization")
+    if not (isinstance(utilization, (int, float)) and 0 < utilization <= 1):
+        errors.append(f"engine.gpu_memory_utilization={utilization!r} must be in (0, 1] (the share of the GPU's "
+                      "memory vLLM may use)")
+    if isinstance(batch, int) and batch > MAX_BATCH:
+        errors.append(f"batch_size={batch} must be at most {MAX_BATCH} (requests per generate() call)")
+    seqs = engine.get("max_num_seqs")
+    if not (isinstance(seqs, int) and 1 <= seqs <= MAX_BATCH):
+        errors.append(f"engine.max_num_seqs={seqs!r} must be an integer in 1..{MAX_BATCH}")
+    max_len = engine.get("max_model_len")
+    if not (isinstance(max_len, int) and max_len >= 1):
+        errors.append(f"engine.max_model_len={max_len!r} must be an integer >= 1 (tokens)")
+    timeout = engine.get("cell_timeout_s")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        errors.append(f"engine.cell_timeout_s={timeout!r} must be null (no limit) or > 0 seconds")
     return errors
 
 

@@ -111,16 +111,17 @@ def completed_row(files: CellFiles, cell: Cell) -> dict[str, Any] | None:
     requests) equal this run's (:func:`current_provenance`); otherwise the
     cell is measured again and a warning says why, so a resume after an
     upgrade, a schema change or an edited prompt file never mixes old and
-    new measurements. A damaged file is reported and removed so that the
-    cell is measured again; it is never merged.
+    new measurements. A damaged file is reported and set aside in
+    ``cells/replaced/`` (as a re-measured cell's is) so that the cell is
+    measured again; it is never merged, and never lost.
     """
     if not files.row.exists():
         return None
     try:
         row = read_rows(files.row)[0]
     except (ResultsError, IndexError) as exc:
-        log.warning("corrupt result for %s, measuring it again: %s", cell.cell_id, exc)
-        files.row.unlink(missing_ok=True)
+        log.warning("corrupt result for %s, kept aside as %s and measuring it again: %s", cell.cell_id,
+                    files.set_aside(), exc)
         return None
     if row.get("status") != "ok" or row.get("config_hash") != cell.config_hash:
         return None

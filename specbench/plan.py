@@ -22,6 +22,7 @@ import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_module
@@ -69,7 +70,20 @@ def grid_jobs(overrides: Sequence[str]) -> list[tuple[str, ...]]:
         cfg = compose("config", overrides=single, return_hydra_config=True)
     # No preset: the sweeper's params are empty (None or an empty node), and the grid is the overrides alone.
     params = cfg.hydra.sweeper.params
-    return grid.grid_points(parser, OmegaConf.to_container(params, resolve=False) if params else {}, overrides)
+    jobs = grid.grid_points(parser, OmegaConf.to_container(params, resolve=False) if params else {}, overrides)
+    # Hydra's own settings (hydra.run.dir=, hydra/launcher=) shaped the composition above; as in a sweep,
+    # they are no cell's overrides. Its search path (--config-dir) stays: the cells' groups are found there.
+    return [tuple(o for o in job if not _is_hydra_override(o) or grid.override_key(o) == SEARCH_PATH)
+            for job in jobs]
+
+
+SEARCH_PATH = "hydra.searchpath"
+
+
+def _is_hydra_override(override: str) -> bool:
+    """``hydra.run.dir=...``, ``hydra/launcher=...``: a setting of Hydra's, not of the cell."""
+    key = grid.override_key(override)
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
 
 
 def with_baselines(jobs: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
@@ -207,12 +221,12 @@ class GridComposer:
         parsed = self._parser.parse_overrides(list(job))
         if any(o.is_add() or o.is_delete() or o.is_force_add() for o in parsed):
             return compose("config", overrides=list(job))
-        groups = tuple(o.input_line for o in parsed if o.key_or_group in _GROUPS)
+        groups = tuple(o.input_line for o in parsed if o.key_or_group in _GROUPS or o.key_or_group == SEARCH_PATH)
         if groups not in self._by_groups:
             self._by_groups[groups] = compose("config", overrides=list(groups))
         cfg = self._by_groups[groups].copy()
         for o in parsed:
-            if o.key_or_group not in _GROUPS:
+            if o.key_or_group not in _GROUPS and o.key_or_group != SEARCH_PATH:
                 OmegaConf.update(cfg, o.key_or_group, o.value(), merge=False)
         return cfg
 
@@ -328,9 +342,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m specbench")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                         help=f"assumed per-token acceptance for the predicted speedup (default {DEFAULT_ALPHA})")
+    # A sweep's command line pastes in whole: the plan always prices every cell of the grid.
+    parser.add_argument("-m", "--multirun", action="store_true",
+                        help="accepted as python -m specbench takes it (the plan prices the whole grid either way)")
+    parser.add_argument("-cd", "--config-dir", default=None,
+                        help="a folder of your own config groups, as for python -m specbench")
     args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.config_dir is not None:
+        overrides.append(f"hydra.searchpath=[file://{Path(args.config_dir).resolve()}]")
     try:
-        rows = make_plan(args.overrides, args.alpha)
+        rows = make_plan(overrides, args.alpha)
     except Exception as exc:  # Hydra's own message (and its cause's) names the bad override
         cause = f"\n{exc.__cause__}" if exc.__cause__ is not None else ""
         print(f"error: {exc}{cause}", file=sys.stderr)

@@ -225,3 +225,174 @@ def test_suffix_without_arctic_inference_is_refused_in_one_line_before_any_engin
     refusals = [line for line in (result.stdout + result.stderr).splitlines() if "arctic-inference" in line]
     assert len(refusals) == 1 and refusals[0].strip().startswith("method=suffix needs the arctic-inference"), refusals
     assert not (tmp_path / "run" / "cells").exists()
+
+
+@pytest.fixture()
+def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command that would start an engine fails the test instead: a refusal must come before any."""
+    import specbench.__main__ as entry
+    from specbench import job
+
+    def engine(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an engine would start: the input was not refused")
+
+    monkeypatch.setattr(entry, "run_cell", engine)
+    monkeypatch.setattr(job, "start_engine_server", engine)
+
+
+@pytest.mark.parametrize("multirun", [False, True], ids=["single", "multirun"])
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        # Hydra's own hint for a misspelt key is to add it with +: the added key must not run at the default.
+        (["+num_speculative_token=8"], "num_speculative_token=8: no such key; did you mean num_speculative_tokens?"),
+        (["+engine.gpu_mem=0.5"], "engine.gpu_mem=0.5: no such key; did you mean engine.gpu_memory_utilization?"),
+        (["+load.slo.tpot=50"], "load.slo.tpot=50: no such key; did you mean load.slo.tpot_ms?"),
+        (["engine.gpu_memory_utilization=1.5"], "engine.gpu_memory_utilization=1.5 must be in (0, 1]"),
+        (["engine.gpu_memory_utilization=0"], "engine.gpu_memory_utilization=0.0 must be in (0, 1]"),
+        # Values that no rate makes matter are checked all the same.
+        (["load.max_concurrency=0"], "load.max_concurrency=0 must be null or an integer >= 1"),
+        (["load.slo.tpot_ms=-5"], "load.slo.tpot_ms=-5.0 must be null or > 0 (milliseconds)"),
+        (["batch_size=100000", "engine.max_num_seqs=100000"], "batch_size=100000 must be at most 4096"),
+        (["engine.max_num_seqs=100000"], "engine.max_num_seqs=100000 must be an integer in 1..4096"),
+    ],
+    ids=["added-misspelt-key", "added-engine-key", "added-slo-key", "memory-fraction-above-1",
+         "memory-fraction-0", "concurrency-0-offline", "negative-slo-offline", "huge-batch", "huge-max-num-seqs"],
+)
+def test_every_value_and_added_key_is_refused_before_any_engine(command, no_engine, tmp_path: Path,
+                                                                 overrides: list[str], expected: str,
+                                                                 multirun: bool) -> None:
+    result = command(sweep(*overrides, multirun=multirun, out=tmp_path))
+    assert result.returncode == 2
+    assert_refused(result, expected)
+    assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["hardware=rtx4090", "engine.gpu_memory_utilization=1.5"], "engine.gpu_memory_utilization=1.5 must be in (0, 1]"),
+        (["+num_speculative_token=8"], "num_speculative_token=8: no such key; did you mean num_speculative_tokens?"),
+        (["load.max_concurrency=0"], "load.max_concurrency=0 must be null or an integer >= 1"),
+        (["load.slo.tpot_ms=-5"], "load.slo.tpot_ms=-5.0 must be null or > 0"),
+        (["batch_size=100000", "engine.max_num_seqs=100000"], "batch_size=100000 must be at most 4096"),
+    ],
+    ids=["memory-fraction", "added-key", "concurrency-0-offline", "negative-slo-offline", "huge-batch"],
+)
+def test_the_plan_refuses_what_the_sweep_refuses(command, overrides: list[str], expected: str) -> None:
+    result = command(["-m", "specbench.plan", *overrides])
+    assert result.returncode == 1  # the plan's status for a grid with refused cells
+    assert_refused(result, "REFUSED: invalid setting", expected)
+    assert "0 refused" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["load.slo.tpot_ms=-5"], "error: load.slo.tpot_ms=-5 must be > 0 (milliseconds)"),
+        (["load.slo.tpot_ms=0", "load.slo.ttft_ms=-1"],
+         "error: load.slo.ttft_ms=-1 must be > 0 (milliseconds); load.slo.tpot_ms=0 must be > 0 (milliseconds)"),
+    ],
+    ids=["negative", "two-bad"],
+)
+def test_capacity_refuses_a_bad_slo_in_one_line(command, overrides: list[str], expected: str) -> None:
+    result = command(["-m", "specbench.capacity", *overrides])
+    assert result.returncode == 2
+    assert_refused(result, expected)
+
+
+def test_unknown_slo_keys_are_named_by_the_capacity_search() -> None:
+    from specbench.analytic.capacity import CapacityError, slo_targets
+
+    with pytest.raises(CapacityError, match=r"^unknown SLO key\(s\) load.slo.foo_ms; load.slo.tpot_ms=-5 must be > 0"):
+        slo_targets({"foo_ms": 3, "tpot_ms": -5})
+
+
+@pytest.mark.parametrize("multirun", [False, True], ids=["single", "multirun"])
+def test_hydras_own_refusals_exit_2(command, tmp_path: Path, multirun: bool) -> None:
+    for overrides in (["no_such_key=3"], ["method=medusa"], ["batch_size=four"]):
+        result = command(sweep(*overrides, multirun=multirun, out=tmp_path))
+        assert result.returncode == 2, result.output
+        assert_refused(result)
+
+
+def test_the_hydra_command_exits_2_on_hydras_own_refusal(tmp_path: Path) -> None:
+    result = run(sweep("no_such_key=3", multirun=False, out=tmp_path), tmp_path)
+    assert result.returncode == 2
+    assert_refused(result, "Could not override 'no_such_key'")
+
+
+# Every command that takes a sweep's results: its arguments for one results file.
+RESULTS_COMMANDS = {
+    "specbench.report": lambda path: [path],
+    "specbench.analytic.prediction": lambda path: [path],
+    "specbench.analytic.recommend": lambda path: [path],
+    "specbench.results.serving": lambda path: [path, path],
+}
+
+
+@pytest.mark.parametrize("module", list(RESULTS_COMMANDS))
+def test_a_parquet_file_that_is_not_a_specbench_result_is_refused_in_one_line(command, tmp_path: Path,
+                                                                            module: str) -> None:
+    import warnings
+
+    import pandas as pd
+
+    foreign = tmp_path / "other.parquet"
+    pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}).to_parquet(foreign)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = command(["-m", module, *RESULTS_COMMANDS[module](str(foreign))])
+    assert result.returncode == 2
+    assert_refused(result, f"{foreign}: not a specbench results file (no column schema_version, cell_id, status")
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert not caught, [str(w.message) for w in caught]
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_an_older_results_file_is_reported_without_library_warnings(tmp_path: Path) -> None:
+    import warnings
+
+    from specbench.report import write_report
+    from specbench.results.schema import COLUMNS
+    from tests.rows import make_row, write_results
+
+    # A file of an early schema: the identifying columns and the cell's own, every later column missing.
+    kept = {"schema_version", "cell_id", "status", "method", "num_speculative_tokens", "batch_size", "workload",
+            "model", "speedup", "wall_time_s"}
+    path = write_results(tmp_path, [make_row("baseline"), make_row("ngram", 2, speedup=1.3)],
+                         drop=[c for c in COLUMNS if c not in kept])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        write_report(path)
+    assert not [w for w in caught if "fragmented" in str(w.message)], [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("multirun", [False, True], ids=["single", "multirun"])
+def test_an_hf_source_without_datasets_is_refused_once_before_any_engine(command, no_engine, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         multirun: bool) -> None:
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed, whatever this machine has
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    overrides = ["workload.source=hf", "workload.dataset=cnn_dailymail", "workload.dataset_config=3.0.0",
+                 "workload.text_field=article", "batch_size=1,2" if multirun else "batch_size=1"]
+    result = command(sweep(*overrides, multirun=multirun, out=tmp_path))
+    assert result.returncode == 2
+    assert_refused(result, "workload.source=hf needs the datasets package (pip install datasets)")
+    assert result.output.count("needs the datasets package") == 1, result.output
+    assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
+
+
+def test_the_plan_takes_a_sweeps_command_line_whole(command, tmp_path: Path) -> None:
+    # A sweep's command line, pasted: -m, the output folders, a launcher, a folder of one's own configs.
+    (tmp_path / "conf" / "workload").mkdir(parents=True)
+    (tmp_path / "conf" / "workload" / "mine.yaml").write_text(
+        (REPO / "conf" / "workload" / "creative.yaml").read_text())
+    pasted = command(["-m", "specbench.plan", "-m", f"--config-dir={tmp_path / 'conf'}", "workload=mine",
+                      "batch_size=1,4", f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                      "hydra/launcher=basic", "hydra.job.chdir=false"])
+    assert pasted.returncode == 0, pasted.output
+    assert "4 cells: 4 fit, 0 refused" in pasted.output
+    assert "hydra" not in pasted.output.split("\n\n")[0]  # no cell is labelled with Hydra's settings
+    plain = command(["-m", "specbench.plan", "workload=creative", "batch_size=1,4"])
+    assert pasted.output == plain.output  # the same cells, priced the same

@@ -229,6 +229,18 @@ def test_a_cell_measured_again_keeps_its_earlier_measurement_aside(resumable):
     assert read_rows(files.row)[0]["status"] == "failed"
 
 
+def test_a_corrupt_cell_file_is_kept_aside_before_its_cell_is_measured_again(resumable):
+    from specbench.job import completed_row
+    from specbench.results.files import REPLACED_DIR
+
+    cell, files, _, _ = resumable
+    files.row.write_bytes(b"PAR1 damaged by a full disk")
+    assert completed_row(files, cell) is None
+    assert not files.row.exists()  # the cell is measured again
+    (kept,) = (files.cells_dir / REPLACED_DIR).iterdir()
+    assert kept.name.startswith(f"{cell.cell_id}.") and kept.read_bytes() == b"PAR1 damaged by a full disk"
+
+
 def test_requests_fingerprint_covers_prompt_tokens_and_max_tokens():
     from specbench.measure import CellPlan
 

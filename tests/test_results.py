@@ -103,7 +103,7 @@ def test_decode_speedup_is_the_ratio_of_total_decode_time(tmp_path):
 
 def test_a_renamed_column_of_an_older_file_reads_under_its_new_name(tmp_path):
     old = tmp_path / "old.parquet"
-    pq.write_table(pa.table({"cell_id": ["x"], "status": ["ok"], "hardware": ["CPU x86_64, 2 cores"]}), old)
+    pq.write_table(pa.table({"schema_version": [7], "cell_id": ["x"], "status": ["ok"], "hardware": ["CPU x86_64, 2 cores"]}), old)
     (row,) = read_rows(old)
     assert row["machine"] == "CPU x86_64, 2 cores" and "hardware" not in row
 

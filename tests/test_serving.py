@@ -137,8 +137,13 @@ def test_bad_load_is_refused_in_one_line_naming_the_key(compose_cell, overrides,
         cell_from_config(compose_cell(overrides))
 
 
-def test_load_keys_are_ignored_by_offline_cells(compose_cell):
-    assert validate(compose_cell(["load.max_concurrency=0", "load.num_requests=1"])) == []
+def test_load_values_are_checked_on_offline_cells_too(compose_cell):
+    # Valid load keys change nothing offline; a bad value is refused whether or not a rate makes it matter.
+    assert validate(compose_cell(["load.max_concurrency=2", "load.slo.tpot_ms=50"])) == []
+    assert validate(compose_cell(["load.max_concurrency=0", "load.num_requests=1", "load.slo.tpot_ms=-5"])) == [
+        "load.max_concurrency=0 must be null or an integer >= 1",
+        "load.num_requests=1 is too few for load.warmup_requests=2: at least 4 (two measured requests after the warm-up)",
+        "load.slo.tpot_ms=-5.0 must be null or > 0 (milliseconds)"]
 
 
 # --- figures --------------------------------------------------------------------------------------

@@ -137,6 +137,13 @@ class TestJsonl:
         with pytest.raises(WorkloadError, match=r"broken\.jsonl:3: malformed JSON"):
             load_prompts(make_cfg(source="jsonl", path=str(path)))
 
+    def test_an_unterminated_string_is_named_with_one_at(self, tmp_path: Path) -> None:
+        path = tmp_path / "cut.jsonl"
+        path.write_text('{"prompt": "cut short\n', encoding="utf-8")
+        with pytest.raises(WorkloadError) as caught:
+            load_prompts(make_cfg(source="jsonl", path=str(path)))
+        assert str(caught.value) == f"{path}:1: malformed JSON line (Unterminated string starting at column 12)"
+
     def test_line_that_is_not_an_object_is_rejected(self, tmp_path: Path) -> None:
         path = write_jsonl(tmp_path / "list.jsonl", [{"prompt": "ok"}, ["not", "an", "object"]])
         with pytest.raises(WorkloadError, match=r"list\.jsonl:2: expected a JSON object"):

@@ -160,8 +160,8 @@ def slo_targets(slo: Mapping[str, Any] | None) -> dict[str, float]:
     unknown = sorted(set(targets) - set(SLO_METRICS))
     bad = [f"load.slo.{k}={v:g}" for k, v in targets.items() if not v > 0]
     if unknown or bad:
-        raise CapacityError("; ".join([f"unknown SLO key(s) load.slo.{', load.slo.'.join(unknown)}"] if unknown else [])
-                            + [f"{b} must be > 0 (milliseconds)" for b in bad])
+        raise CapacityError("; ".join(([f"unknown SLO key(s) load.slo.{', load.slo.'.join(unknown)}"] if unknown else [])
+                                      + [f"{b} must be > 0 (milliseconds)" for b in bad]))
     return targets
 
 

@@ -79,13 +79,49 @@ def main(argv: list[str] | None = None) -> int:
     hashes.add_argument("question_jsonl", type=Path,
                         help="data/spec_bench/question.jsonl of a Spec-Bench checkout (github.com/hemingkx/Spec-Bench)")
     args = parser.parse_args(argv)
+    if problems := _argument_problems(args):
+        print(f"error: {'; '.join(problems)}", file=sys.stderr)
+        return 2
     if args.command == "verify":
         return _verify(args)
     if args.command == "shingles":
+        if not args.question_jsonl.is_file():
+            print(f"error: {args.question_jsonl}: no such file (Spec-Bench's data/spec_bench/question.jsonl)",
+                  file=sys.stderr)
+            return 2
         return _shingles(args.question_jsonl)
     if args.command == "data":
         return _data(args)
     return _train(args, argv if argv is not None else sys.argv[1:])
+
+
+def _argument_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the command line, found before the target loads (an engine, minutes of training).
+
+    A checkpoint that is neither embedded, shipped, a hub id nor a folder on disk, and numbers out of range.
+    """
+    from specbench import hub, models
+
+    problems = []
+    references = [("--target", getattr(args, "target", None)), ("head", getattr(args, "head", None))]
+    for what, reference in references:
+        if reference is None or models.is_embedded(reference) or models.is_shipped_head(reference) \
+                or hub.is_hub_id(reference) or Path(reference).expanduser().is_dir():
+            continue
+        problems.append(f"{what} {reference}: no such directory (a checkpoint folder, embedded:<name>, "
+                        "heads:<name> or a hub id)")
+    for name in ("epochs", "steps", "eval_k", "max_new_tokens"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            problems.append(f"--{name.replace('_', '-')} {value} must be an integer >= 1")
+    for name in ("chat_prompts", "condense_prompts", "passage_prompts"):
+        value = getattr(args, name, None)
+        if value is not None and value < 0:
+            problems.append(f"--{name.replace('_', '-')} {value} must be an integer >= 0")
+    lr = getattr(args, "lr", None)
+    if lr is not None and not lr > 0:
+        problems.append(f"--lr {lr} must be > 0")
+    return problems
 
 
 def _shingles(question_jsonl: Path) -> int:

@@ -23,15 +23,13 @@ from typing import Any
 
 import jinja2
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 
 from specbench.analytic.verdicts import Grid
 from specbench.logs import LOG_FILE
 from specbench.report import checks, memory, plots, serving, tables
 from specbench.results.files import planned_cell_ids, write_atomic
-from specbench.results.schema import ResultsError, results_path
+from specbench.results.schema import ResultsError, check_results_file, results_path
 
 __all__ = ["REPORT_FILE", "render_report", "verdict_lines", "write_report"]
 
@@ -47,15 +45,12 @@ def write_report(results: Path | str, out: Path | None = None) -> Path:
     Parquet file itself; ``out`` defaults to ``report.html`` beside it. The
     file is written to a temporary name and renamed, so a reader never sees
     half a page. Raises FileNotFoundError when there is no results file and
-    :class:`specbench.results.ResultsError` when it is not a readable Parquet file.
+    :class:`specbench.results.ResultsError` when it is not a readable specbench results file.
     """
     path = results_path(results)
     if not path.is_file():
         raise FileNotFoundError(f"no results file at {path}")
-    try:
-        pq.read_schema(path)  # the footer only: a damaged file is refused by name, before any figure
-    except (pa.ArrowException, OSError) as exc:
-        raise ResultsError(f"{path}: not a readable Parquet file ({exc})") from exc
+    check_results_file(path)  # the footer only: a damaged or foreign file is refused by name, before any figure
     target = Path(out) if out is not None else path.parent / REPORT_FILE
     html = render_report(path)
     write_atomic(target, lambda f: f.write(html.encode("utf-8")))

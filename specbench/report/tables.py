@@ -75,8 +75,9 @@ def load_frame(path: Path) -> tuple[pd.DataFrame, list[str]]:
     nullable = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
     df = table.to_pandas(types_mapper=nullable.get)
     missing = [c for c in COLUMNS if c not in df.columns]
-    for column in missing:
-        df[column] = pd.Series([None] * len(df), dtype=object)
+    if missing:  # at once: a column at a time fragments the frame, and pandas warns on the terminal per column
+        df = pd.concat([df, pd.DataFrame({c: pd.Series([None] * len(df), dtype=object, index=df.index)
+                                          for c in missing})], axis=1)
     several_models = df["model"].dropna().nunique() > 1
     # A sampled cell's temperature is part of its panel: curves at another temperature are
     # other curves (results.schema.curve_key), and no figure or verdict may pool them.

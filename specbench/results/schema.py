@@ -384,13 +384,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
     Every column of :data:`SCHEMA` is present in the returned rows.
     """
+    check_results_file(path)
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for damaged files
         raise ResultsError(f"{path}: not a readable Parquet file ({exc})") from exc
-    missing = {"cell_id", "status"} - set(table.column_names)
-    if missing:
-        raise ResultsError(f"{path}: not a specbench results file (no {', '.join(sorted(missing))} column)")
     # Columns added since the file was written read as null, and renamed ones under
     # their new name: a newer specbench still merges (and resumes from) cells
     # measured by an older one. Their method_label is made from their config,
@@ -401,6 +399,27 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             if old in row and new not in row:
                 row[new] = row.pop(old)
     return [{c: row.get(c) for c in COLUMNS} | row | {"method_label": method_label(row)} for row in rows]
+
+
+# Columns every results and cell file has carried since the first schema: a Parquet file without one of
+# them was not written by specbench.
+IDENTIFYING_COLUMNS = ("schema_version", "cell_id", "status")
+
+
+def check_results_file(path: Path) -> None:
+    """:class:`ResultsError`, in one line naming ``path``, unless it is a specbench results or cell file.
+
+    Reads the footer only, so that every command that takes results refuses a
+    damaged file, or another program's Parquet, before reading (or drawing) anything.
+    """
+    try:
+        names = pq.read_schema(path).names
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        raise ResultsError(f"{path}: not a readable Parquet file ({exc})") from exc
+    missing = [c for c in IDENTIFYING_COLUMNS if c not in names]
+    if missing:
+        raise ResultsError(f"{path}: not a specbench results file (no column {', '.join(missing)}; it has "
+                           f"{', '.join(names[:5]) or 'none'}{', ...' if len(names) > 5 else ''})")
 
 
 # --- reading rows: one rule each, for the report, the CLIs and the sweep ----------------------------

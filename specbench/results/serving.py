@@ -659,14 +659,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import pandas as pd
 
-    from specbench.results.schema import results_path
+    from specbench.results.schema import ResultsError, results_path
 
     parser = argparse.ArgumentParser(prog="python -m specbench.results.serving", description=main.__doc__)
     parser.add_argument("offline", help="an offline sweep directory (or its results.parquet)")
     parser.add_argument("serving", help="a serving sweep directory (or its results.parquet)")
     args = parser.parse_args(argv)
-    offline = [r for r in read_rows(results_path(args.offline)) if not is_serving_row(r) and r.get("status") == "ok"]
-    served = [r for r in read_rows(results_path(args.serving)) if is_serving_row(r) and r.get("status") == "ok"]
+    try:
+        offline_rows, served_rows = read_rows(results_path(args.offline)), read_rows(results_path(args.serving))
+    except ResultsError as exc:  # a damaged file, another program's, or none: one line naming it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    offline = [r for r in offline_rows if not is_serving_row(r) and r.get("status") == "ok"]
+    served = [r for r in served_rows if is_serving_row(r) and r.get("status") == "ok"]
     table = offline_beside_serving(offline, served)
     if not table:
         print("no speculative serving cell compared with its baseline", file=sys.stderr)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
+import importlib.util
 import json
 import os
 import random
@@ -473,8 +474,9 @@ def _json_lines(data: bytes, file: str) -> Iterator[tuple[int, dict[str, Any]]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
+            # Some of json's messages end in "at" already ("Unterminated string starting at").
             raise WorkloadError(
-                f"{file}:{number}: malformed JSON line ({exc.msg} at column {exc.colno})"
+                f"{file}:{number}: malformed JSON line ({exc.msg.removesuffix(' at')} at column {exc.colno})"
             ) from exc
         if not isinstance(record, dict):
             raise WorkloadError(f"{file}:{number}: expected a JSON object, got {type(record).__name__}")
@@ -576,6 +578,18 @@ def _offline_env_if_requested() -> Iterator[None]:
         yield
 
 
+def hf_problem(cfg: Mapping[str, Any]) -> str | None:
+    """Why an ``hf`` source cannot load whatever the dataset: the ``datasets`` package is not installed.
+
+    Found without importing it (which takes seconds), so that a sweep refuses the
+    workload once, before any engine, rather than in every cell. None where it is installed.
+    """
+    if importlib.util.find_spec("datasets") is not None:
+        return None
+    return (f"workload.source=hf needs the datasets package (pip install datasets) to read "
+            f"{_hf_label(cfg)}; {_OFFLINE_ALTERNATIVES}")
+
+
 def _prompts_from_hf(cfg: Mapping[str, Any]) -> list[Prompt]:
     label = _hf_label(cfg)
     text_field: str = cfg["text_field"]
@@ -586,10 +600,7 @@ def _prompts_from_hf(cfg: Mapping[str, Any]) -> list[Prompt]:
         try:
             import datasets
         except ImportError as exc:
-            raise WorkloadError(
-                f"workload.source=hf needs the datasets package (pip install datasets) to read "
-                f"{label}; {_OFFLINE_ALTERNATIVES}"
-            ) from exc
+            raise WorkloadError(hf_problem(cfg) or f"cannot import datasets ({exc})") from exc
         try:
             rows = datasets.load_dataset(
                 cfg["dataset"], cfg.get("dataset_config"), split=cfg.get("split") or "test"

@@ -28,6 +28,7 @@ from specbench import models
 from specbench.workloads.sources import (
     ALL_PROMPTS,
     WorkloadError,
+    hf_problem,
     load_prompts,
     load_workload,
     validate_workload_config,
@@ -170,14 +171,18 @@ def check_source(cfg: Mapping[str, Any], model_path: str) -> list[str]:
     every cell of the workload: a malformed file, or (where the model's
     tokenizer is on disk, see :func:`prompt_lengths`) fewer than
     ``num_prompts`` prompts within ``max_prompt_tokens``, with the counts.
-    ``hf`` datasets are not read here (that may mean a download); a config
+    ``hf`` datasets are not read here (that may mean a download), only checked
+    for the package that reads them (:func:`hf_problem`); a config
     that :func:`validate_workload_config` refuses is left to it.
 
     Returns:
         The :class:`WorkloadError` message, or nothing when the prompts load.
     """
-    if not isinstance(cfg, Mapping) or cfg.get("source") == "hf" or validate_workload_config(cfg):
+    if not isinstance(cfg, Mapping) or validate_workload_config(cfg):
         return []
+    if cfg.get("source") == "hf":
+        problem = hf_problem(cfg)
+        return [problem] if problem else []
     try:
         prompt_lengths(cfg, model_path)
     except WorkloadError as exc:
