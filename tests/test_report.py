@@ -765,8 +765,35 @@ def test_temperature_gets_its_own_panels_figure_and_verdicts(tmp_path):
     rows[-2] = at(0.7, 1.2, exactness="mismatch")
     df, _ = tables.load_frame(write_results(tmp_path, rows))
     assert plots.temperature_verdicts(df) == [
-        "ngram K=4 on creative at batch 1: pays up to temperature 0, stops paying at 1 (not judged at 0.7: "
-        "flagged or inexact)"]
+        "ngram K=4 on creative at batch 1: pays up to temperature 0; temperature 0.7 not judged (outputs mismatch "
+        "the baseline's), 1 not claimed"]
+
+
+def test_a_temperature_walk_names_a_failed_temperature_and_claims_nothing_past_a_flagged_one(tmp_path):
+    from specbench.report import plots, tables
+    from rows import make_row, write_results
+
+    def at(temperature, **extra):
+        row = make_row("ngram", 4, 1, "creative", 1.4, temperature=temperature, speedup_ci_low=1.3,
+                       speedup_ci_high=1.5)
+        return row | extra
+
+    temperatures = (0.0, 0.5, 1.0, 1.5)
+    rows = [make_row("baseline", batch=1, workload="creative", temperature=t) for t in temperatures]
+    rows += [at(0.0), at(0.5, flagged=True, flag_reasons=["engine runs disagree: 1.90x, 0.80x"]), at(1.0),
+             at(1.5, status="failed", error="engine died at T=1.5\ntraceback", speedup=None, speedup_ci_low=None,
+                speedup_ci_high=None)]
+    df, _ = tables.load_frame(write_results(tmp_path, rows))
+    # Before: "pays at every temperature judged (0, 1) (not judged at 0.5: flagged or inexact)": 1 claimed past
+    # the flagged 0.5, and the failed 1.5 never named.
+    assert plots.temperature_verdicts(df) == [
+        "ngram K=4 on creative at batch 1: pays up to temperature 0; temperature 0.5 not judged (flagged: engine "
+        "runs disagree: 1.90x, 0.80x), 1, 1.5 not claimed"]
+    rows[5] = at(0.5)
+    df, _ = tables.load_frame(write_results(tmp_path, rows))
+    assert plots.temperature_verdicts(df) == [
+        "ngram K=4 on creative at batch 1: pays up to temperature 1; temperature 1.5 not judged (failed: engine "
+        "died at T=1.5)"]
 
 
 def test_the_spread_note_says_how_degrees_of_freedom_were_counted_and_what_each_engine_spread():

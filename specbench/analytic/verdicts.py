@@ -36,7 +36,7 @@ from specbench import stats
 from specbench.analytic import prediction
 from specbench.load import LoadShape
 from specbench.results import serving as served
-from specbench.results.schema import curve_key, exactness_kind, recommendable, row_config
+from specbench.results.schema import curve_key, exactness_kind, method_label, recommendable, row_config
 
 # The serving rules are the merge's (specbench.results.serving), stated once there: the share of the offered
 # rate below which a baseline has fallen behind, and the speedup whose interval decides whether a rate pays
@@ -479,6 +479,72 @@ def break_evens(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BreakEven
             stop=stop,
         ))
     return out
+
+
+# --- offline: across temperatures ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TemperatureVerdict:
+    """How far one configuration pays at one batch size of a workload, walked up its planned temperatures."""
+
+    workload: str
+    config: str  # the method label (specbench.results.schema.method_label): "ngram K=4"
+    batch: int
+    planned: tuple[float, ...]  # the workload's planned temperatures at this batch size, the lowest first
+    reached: tuple[float, ...]  # the temperatures it pays at without a break, the lowest first
+    loss: Mapping[str, Any] | None = None  # the first judged cell past them that does not pay
+    stop: Stop | None = None  # the first planned temperature past them not judged (failed, flagged, ...)
+
+
+def temperature_verdicts(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[TemperatureVerdict]:
+    """Per workload, configuration and batch size planned at several temperatures (``rows``: every offline
+    cell, any status): how far it pays from the lowest planned temperature up (:func:`pays`).
+
+    The walk is :func:`reach`'s along temperatures: the first planned
+    temperature whose cell failed, was flagged, has mismatched outputs or was
+    never measured ends it, named (:class:`Stop`), and nothing past it is
+    claimed; so does the first judged cell that does not pay.
+    """
+    groups: dict[tuple[str, str, int], list[Mapping[str, Any]]] = {}
+    for row in _speculative(rows):
+        cell = _cell(row)
+        if cell is None or cell.rate is not None:
+            continue
+        groups.setdefault((cell.workload, str(method_label(row)), cell.batch), []).append(row)
+    out = []
+    for (workload, config, batch), cells in sorted(groups.items()):
+        sweeps = {_sweep(r) for r in cells}
+        planned = tuple(sorted({t for (sweep, w, t), sizes in grid.batches.items()
+                                if sweep in sweeps and w == workload and batch in sizes}
+                               | {c.temperature for r in cells if (c := _cell(r)) is not None}))
+        if len(planned) < 2:
+            continue
+        reached: list[float] = []
+        loss, stop = None, None
+        for i, temperature in enumerate(planned):
+            here = [r for r in cells if (c := _cell(r)) is not None and c.temperature == temperature]
+            judged = [r for r in here if recommendable(r)]
+            if not judged:
+                why = next((w for r in here if (w := why_not_judged(r))), None) or _absent_at(
+                    grid, cells[0], batch, temperature)
+                stop = Stop(temperature, why, planned[i + 1:])
+                break
+            loss = next((r for r in judged if not pays(r)), None)
+            if loss is not None:
+                break
+            reached.append(temperature)
+        out.append(TemperatureVerdict(workload, config, batch, planned, tuple(reached), loss, stop))
+    return out
+
+
+def _absent_at(grid: Grid, like: Mapping[str, Any], batch: int, temperature: float) -> str:
+    """Why ``like``'s configuration has no row at a planned (batch size, temperature)."""
+    cell = _cell(like)
+    if cell is not None and any((p.method, p.k, p.workload, p.batch, p.temperature, p.rate) == (
+            cell.method, cell.k, cell.workload, batch, temperature, None) for p in grid.unmeasured):
+        return "planned, never measured"
+    return "not measured for this configuration"
 
 
 # --- the K schedule's evidence --------------------------------------------------------------------
