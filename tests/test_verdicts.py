@@ -230,3 +230,28 @@ def test_a_failed_serving_cell_without_its_load_columns_is_still_a_serving_cell(
     assert not any(line.startswith("verdict: ") for line in lines)  # not an offline cell at batch 1
     assert any(line.endswith("pays up to 1 req/s (E2E p50 speedup: 0.5 req/s 1.50×, 1 req/s 1.50×, 4 req/s 1.50×); "
                              "2 req/s not judged (failed: out of memory), 4 req/s not claimed") for line in lines)
+
+
+def test_the_serving_table_decides_each_rate_as_the_verdict_line_does(tmp_path):
+    from specbench.report import serving, tables
+
+    # 1 req/s: the baseline fell behind, so the verdict line stops there; the cell's own interval clears 1x.
+    rows = _serving_grid(r1={"achieved": 0.5})
+    assert next(r for r in rows if r["method"] == "ngram" and r["load_request_rate"] == 1.0)["serving_pays"]
+    write_results(tmp_path, rows)
+    df, _ = tables.load_frame(tmp_path / "results.parquet")
+    _, served = serving.split(df)
+    column = {r.rate: r.pays for r in serving.table(served) if r.config == "ngram K=4"}
+    # Before: {"0.5": "pays", "1": "pays", "2": "pays", "4": "pays"}: the raw serving_pays of each cell.
+    assert column == {"0.5": "pays", "1": "not judged (saturated: the baseline achieved 0.5 req/s)",
+                      "2": "not claimed (past 1 req/s, not judged)", "4": "not claimed (past 1 req/s, not judged)"}
+    line = next(line for line in verdict_lines(tmp_path) if line.startswith("verdict under load: "))
+    assert "pays up to 0.5 req/s" in line and "1 req/s not judged (saturated: the baseline achieved 0.5 req/s)" in line
+    # A loss ends the walk too: the rates past it are not claimed though their cells pay.
+    rows = _serving_grid(r1={"speedup": 0.8})
+    write_results(tmp_path, rows)
+    df, _ = tables.load_frame(tmp_path / "results.parquet")
+    _, served = serving.split(df)
+    column = {r.rate: r.pays for r in serving.table(served) if r.config == "ngram K=4"}
+    assert column == {"0.5": "pays", "1": "does not pay", "2": "not claimed (past 1 req/s, where it does not pay)",
+                      "4": "not claimed (past 1 req/s, where it does not pay)"}

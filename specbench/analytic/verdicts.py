@@ -698,3 +698,33 @@ def highest_paying_rate(cells: Sequence[Mapping[str, Any]], workload_rows: Seque
     """The highest offered rate at which one configuration's cells still pay, walked up the planned rates
     (:func:`serving_verdict`); None when it does not pay at the lowest."""
     return serving_verdict(cells, [*workload_rows, *cells], grid).highest
+
+
+@dataclass(frozen=True)
+class RateJudgement:
+    """What a configuration's verdict under load (:func:`serving_verdict`) says of one of its cells' rates."""
+
+    kind: str  # "pays", "does not pay", "not judged" (why: the walk's stop) or "not claimed" (past the walk's end)
+    why: str | None = None
+
+
+def rate_judgement(decided: ServingVerdict, row: Mapping[str, Any]) -> RateJudgement | None:
+    """The verdict line's decision at ``row``'s rate, for a table that lists cells one by one: the rates it
+    pays at, the rate it does not, the rate its walk stopped at (saturated, failed, flagged, ...) and the
+    rates past that, which it does not claim either way. None for a row of no rate the walk planned."""
+    cell = _cell(row)
+    rate = cell.rate if cell is not None else None
+    if rate is None or rate not in decided.planned:
+        return None
+    if rate in decided.reached:
+        return RateJudgement("pays")
+    if decided.stop is not None:
+        if rate == decided.stop.at:
+            return RateJudgement("not judged", decided.stop.why)
+        return RateJudgement("not claimed", f"past {decided.stop.at:g} req/s, not judged")
+    if decided.loss is not None:
+        at = float(decided.loss["load_request_rate"])
+        if rate == at:
+            return RateJudgement("does not pay")
+        return RateJudgement("not claimed", f"past {at:g} req/s, where it does not pay")
+    return None
