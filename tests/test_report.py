@@ -887,3 +887,16 @@ def test_the_schedules_panel_names_a_sampled_familys_temperature(tmp_path):
         "summarize": {1: 2, 4: 2}, "summarize · T=0.7": {1: 2, 4: 0}}
     _, page = render(tmp_path, rows)
     assert "ngram on summarize · T=0.7" in page.text("schedule")
+
+
+def test_a_predicted_break_even_comes_without_the_measured_bracket(tmp_path):
+    from specbench.report import tables
+
+    rows = [make_row("baseline", batch=b) for b in (1, 4, 16)]
+    for batch, speedup, predicted in ((1, 1.5, 1.6), (4, 1.2, 1.2), (16, 0.8, 0.8)):
+        rows.append(make_row("ngram", 2, batch, speedup=speedup, predicted_speedup=predicted))
+    df, _ = tables.load_frame(write_results(tmp_path, rows))
+    (curve,) = tables.break_even(df)
+    # The model's crossing is a point of the model: the intervals' bracket belongs to the measured one alone.
+    assert curve.predicted == "8.0"
+    assert curve.measured == "8.0 (by the intervals: between batch 4, shown to pay, and 16, shown below 1×)"

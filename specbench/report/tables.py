@@ -555,6 +555,7 @@ def _crossing(value: float | str | None, batches: Sequence[int], speedups: Seque
         return f"not sought: {stop.text()}"
     if isinstance(value, str) or not batches:
         return f"n/a: a batch size has no value{past}"
+    # A predicted crossing has no intervals: it comes without a bracket, as the model's point.
     pays_through, below_from = bracket if bracket is not None else (batches[-1], batches[0])
     if value is None:
         shown = "" if pays_through == batches[-1] else (
@@ -565,7 +566,7 @@ def _crossing(value: float | str | None, batches: Sequence[int], speedups: Seque
     if first is not None and first < 1.0:
         shown = "" if below_from == batches[0] else f" (by the intervals: not shown below 1× at batch {batches[0]})"
         return f"below 1× from batch {batches[0]}, the smallest measured{shown}"
-    return f"{value:.1f}{_bracket(pays_through, below_from, batches)}"
+    return f"{value:.1f}" + ("" if bracket is None else _bracket(pays_through, below_from, batches))
 
 
 def _bracket(pays_through: int | None, below_from: int | None, batches: Sequence[int]) -> str:
