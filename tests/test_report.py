@@ -161,9 +161,14 @@ def test_break_even_is_interpolated_in_log_batch(grid_page: tuple[str, Page]) ->
     _, page = grid_page
     rows = {(r[0], r[1]): r[2:] for r in page.tables["break-even"][1:]}
     # ngram K=2: 1.2 at batch 4, 0.8 at 16 -> halfway in log2 -> batch 8.
-    assert rows[("summarize", "ngram K=2")] == ["1, 4, 16", "8.0", "n/a: no model columns"]
-    # ngram K=4: 1.1 at 4, 0.6 at 16 -> log2 b = 2 + 0.2 * 2 = 2.4.
-    assert rows[("summarize", "ngram K=4")][1] == f"{2 ** 2.4:.1f}"
+    # Its intervals bracket the crossing: 1.2x [1.08, 1.32] at 4 pays, 0.8x [0.72, 0.88] at 16 lies below 1x.
+    assert rows[("summarize", "ngram K=2")] == [
+        "1, 4, 16", "8.0 (by the intervals: between batch 4, shown to pay, and 16, shown below 1×)",
+        "n/a: no model columns"]
+    # ngram K=4: 1.1 at 4, 0.6 at 16 -> log2 b = 2 + 0.2 * 2 = 2.4; but 1.1x [0.99, 1.21] at 4 is not shown to pay,
+    # so the intervals put the crossing anywhere between 1 and 16 (before: "5.3", as if measured).
+    assert rows[("summarize", "ngram K=4")][1] == (
+        f"{2 ** 2.4:.1f} (by the intervals: between batch 1, shown to pay, and 16, shown below 1×)")
     assert rows[("summarize", "draft_model K=2")][1] == "below 1× from batch 1, the smallest measured"
 
 
@@ -507,7 +512,10 @@ def test_best_configuration_and_verdict_skip_inexact_and_flagged_cells(tmp_path:
     assert "3.00×" not in summary and "2.50×" not in summary
     assert "summarize: ngram K=2 pays at batch 1" in summary
     assert "(2 cell(s) left out: 1 with mismatched outputs, 1 flagged)" in summary
-    assert ["summarize", "1", "ngram K=2", "1.50×", "[1.35, 1.65]", "–", "1.50×", ""] in page.tables["best"]
+    # The best configuration was chosen without the two cells left out, and says so.
+    assert ["summarize", "1", "ngram K=2", "1.50×", "[1.35, 1.65]", "–", "1.50×",
+            "chosen without ngram K=4 (not judged: outputs mismatch the baseline's); ngram K=8 (not judged: flagged: "
+            "other processes kept 39% of the cores busy after 3 attempts)"] in page.tables["best"]
     # The terminal's closing lines say the same, and how to measure the flagged cells again.
     from specbench.report import verdict_lines
 
@@ -552,7 +560,7 @@ def test_page_and_prediction_cli_share_the_break_even_curves(tmp_path: Path) -> 
     _, page = render(tmp_path, rows)
     shown = sorted(r[3] for r in page.tables["break-even"][1:])
     from_cli = sorted(f"{c['measured']:.1f}" for c in prediction.break_even(read_rows(tmp_path / "results.parquet")))
-    assert len(shown) == 2 and shown == from_cli
+    assert len(shown) == 2 and [s.split(" ")[0] for s in shown] == from_cli
 
 
 def test_a_cell_without_an_interval_says_so(tmp_path: Path) -> None:
@@ -765,8 +773,35 @@ def test_temperature_gets_its_own_panels_figure_and_verdicts(tmp_path):
     rows[-2] = at(0.7, 1.2, exactness="mismatch")
     df, _ = tables.load_frame(write_results(tmp_path, rows))
     assert plots.temperature_verdicts(df) == [
-        "ngram K=4 on creative at batch 1: pays up to temperature 0, stops paying at 1 (not judged at 0.7: "
-        "flagged or inexact)"]
+        "ngram K=4 on creative at batch 1: pays up to temperature 0; temperature 0.7 not judged (outputs mismatch "
+        "the baseline's), 1 not claimed"]
+
+
+def test_a_temperature_walk_names_a_failed_temperature_and_claims_nothing_past_a_flagged_one(tmp_path):
+    from specbench.report import plots, tables
+    from rows import make_row, write_results
+
+    def at(temperature, **extra):
+        row = make_row("ngram", 4, 1, "creative", 1.4, temperature=temperature, speedup_ci_low=1.3,
+                       speedup_ci_high=1.5)
+        return row | extra
+
+    temperatures = (0.0, 0.5, 1.0, 1.5)
+    rows = [make_row("baseline", batch=1, workload="creative", temperature=t) for t in temperatures]
+    rows += [at(0.0), at(0.5, flagged=True, flag_reasons=["engine runs disagree: 1.90x, 0.80x"]), at(1.0),
+             at(1.5, status="failed", error="engine died at T=1.5\ntraceback", speedup=None, speedup_ci_low=None,
+                speedup_ci_high=None)]
+    df, _ = tables.load_frame(write_results(tmp_path, rows))
+    # Before: "pays at every temperature judged (0, 1) (not judged at 0.5: flagged or inexact)": 1 claimed past
+    # the flagged 0.5, and the failed 1.5 never named.
+    assert plots.temperature_verdicts(df) == [
+        "ngram K=4 on creative at batch 1: pays up to temperature 0; temperature 0.5 not judged (flagged: engine "
+        "runs disagree: 1.90x, 0.80x), 1, 1.5 not claimed"]
+    rows[5] = at(0.5)
+    df, _ = tables.load_frame(write_results(tmp_path, rows))
+    assert plots.temperature_verdicts(df) == [
+        "ngram K=4 on creative at batch 1: pays up to temperature 1; temperature 1.5 not judged (failed: engine "
+        "died at T=1.5)"]
 
 
 def test_the_spread_note_says_how_degrees_of_freedom_were_counted_and_what_each_engine_spread():
@@ -816,3 +851,52 @@ def test_cells_stored_before_schema_14_carry_a_caveat_that_their_engines_were_in
     # A results file written before the column existed: every measured cell.
     _, page = render(tmp_path, grid_rows(), drop=["engine_id"])
     assert f"Engine identity inferred for {len(rows)} cell(s)" in page.text("summary")
+
+
+def test_an_interval_of_one_engine_run_says_it_leaves_out_the_engine_to_engine_spread(tmp_path):
+    # One engine run of three repetitions: the merge's interval is the repetitions' alone (within-only).
+    within = {"engine_runs": 1, "repetitions": 3, "speedup_ci_method": "within-only-t-95"}
+    rows = [make_row("baseline"), make_row("ngram", 4, speedup=1.5, speedup_ci_low=1.45, speedup_ci_high=1.55,
+                                           **within)]
+    _, page = render(tmp_path, rows)
+    summary = page.text("summary")
+    # Before: "pays at batch 1, the only batch size measured (1.50×, CI [1.45, 1.55])", read as the speedup's whole
+    # uncertainty.
+    assert ("ngram K=4 pays at batch 1, the only batch size measured (1.50×, within-engine CI [1.45, 1.55], one "
+            "engine run: it leaves out the engine-to-engine spread)") in summary
+    assert page.tables["best"][1][-1] == "within-engine CI, one engine run: it leaves out the engine-to-engine spread"
+    # A pooled interval over engine runs reads as before.
+    rows[1] |= {"engine_runs": 3, "speedup_ci_method": "pooled-t-log-95"}
+    _, page = render(tmp_path, rows)
+    assert "(1.50×, CI [1.45, 1.55])" in page.text("summary") and "within-engine" not in page.text("summary")
+
+
+def test_the_schedules_panel_names_a_sampled_familys_temperature(tmp_path):
+    from specbench.report import tables
+
+    rows = [make_row("baseline", batch=b, temperature=t, cell_id=f"baseline-b{b}-t{t}") for b in (1, 4)
+            for t in (0.0, 0.7)]
+    for t, speedups in ((0.0, (1.5, 1.3)), (0.7, (1.2, 0.9))):
+        for batch, speedup in zip((1, 4), speedups):
+            row = make_row("ngram", 2, batch, speedup=speedup, temperature=t, cell_id=f"ngram-b{batch}-t{t}")
+            cfg = json.loads(row["config_json"]) | {"temperature": t}
+            rows.append(row | {"config_json": json.dumps(cfg)})
+    df, _ = tables.load_frame(write_results(tmp_path, rows))
+    # Before: two schedules both "ngram on summarize", the greedy one and the sampled one told apart by nothing.
+    assert {s.panel: s.best_k for s in tables.schedules(df)} == {
+        "summarize": {1: 2, 4: 2}, "summarize · T=0.7": {1: 2, 4: 0}}
+    _, page = render(tmp_path, rows)
+    assert "ngram on summarize · T=0.7" in page.text("schedule")
+
+
+def test_a_predicted_break_even_comes_without_the_measured_bracket(tmp_path):
+    from specbench.report import tables
+
+    rows = [make_row("baseline", batch=b) for b in (1, 4, 16)]
+    for batch, speedup, predicted in ((1, 1.5, 1.6), (4, 1.2, 1.2), (16, 0.8, 0.8)):
+        rows.append(make_row("ngram", 2, batch, speedup=speedup, predicted_speedup=predicted))
+    df, _ = tables.load_frame(write_results(tmp_path, rows))
+    (curve,) = tables.break_even(df)
+    # The model's crossing is a point of the model: the intervals' bracket belongs to the measured one alone.
+    assert curve.predicted == "8.0"
+    assert curve.measured == "8.0 (by the intervals: between batch 4, shown to pay, and 16, shown below 1×)"

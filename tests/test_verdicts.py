@@ -230,3 +230,96 @@ def test_a_failed_serving_cell_without_its_load_columns_is_still_a_serving_cell(
     assert not any(line.startswith("verdict: ") for line in lines)  # not an offline cell at batch 1
     assert any(line.endswith("pays up to 1 req/s (E2E p50 speedup: 0.5 req/s 1.50×, 1 req/s 1.50×, 4 req/s 1.50×); "
                              "2 req/s not judged (failed: out of memory), 4 req/s not claimed") for line in lines)
+
+
+def test_the_serving_table_decides_each_rate_as_the_verdict_line_does(tmp_path):
+    from specbench.report import serving, tables
+
+    # 1 req/s: the baseline fell behind, so the verdict line stops there; the cell's own interval clears 1x.
+    rows = _serving_grid(r1={"achieved": 0.5})
+    assert next(r for r in rows if r["method"] == "ngram" and r["load_request_rate"] == 1.0)["serving_pays"]
+    write_results(tmp_path, rows)
+    df, _ = tables.load_frame(tmp_path / "results.parquet")
+    _, served = serving.split(df)
+    column = {r.rate: r.pays for r in serving.table(served) if r.config == "ngram K=4"}
+    # Before: {"0.5": "pays", "1": "pays", "2": "pays", "4": "pays"}: the raw serving_pays of each cell.
+    assert column == {"0.5": "pays", "1": "not judged (saturated: the baseline achieved 0.5 req/s)",
+                      "2": "not claimed (past 1 req/s, not judged)", "4": "not claimed (past 1 req/s, not judged)"}
+    line = next(line for line in verdict_lines(tmp_path) if line.startswith("verdict under load: "))
+    assert "pays up to 0.5 req/s" in line and "1 req/s not judged (saturated: the baseline achieved 0.5 req/s)" in line
+    # A loss ends the walk too: the rates past it are not claimed though their cells pay.
+    rows = _serving_grid(r1={"speedup": 0.8})
+    write_results(tmp_path, rows)
+    df, _ = tables.load_frame(tmp_path / "results.parquet")
+    _, served = serving.split(df)
+    column = {r.rate: r.pays for r in serving.table(served) if r.config == "ngram K=4"}
+    assert column == {"0.5": "pays", "1": "does not pay", "2": "not claimed (past 1 req/s, where it does not pay)",
+                      "4": "not claimed (past 1 req/s, where it does not pay)"}
+
+
+# --- caveats travel, modes stop a walk ------------------------------------------------------------------
+
+MODES = "cudagraph_mode: baseline FULL_AND_PIECEWISE, cell NONE"
+MODE_CAVEAT = (f"baseline and cell engines ran in different modes ({MODES}): the speedup measures the mode as well "
+               "as the method")
+UNTESTED = ("not checked in distribution: no draft reached verification in the check's draws, so they compared the "
+            "target with itself and could not fail")
+TIES = "2 of 4 requests diverge from the baseline at numerical ties"
+
+
+def _modes_grid(pinned: bool) -> list[dict[str, Any]]:
+    """ngram K=4 paying at batch 1, 4, 8 and 16; batch 4 with ties, batch 16 run eager against a baseline on
+    CUDA graphs with exactness untested. ``pinned``: the sweep set engine.async_scheduling."""
+    rows = [make_row("baseline", batch=b) for b in BATCHES]
+    for batch, speedup in SPEEDUPS[4].items():
+        row = make_row("ngram", 4, batch, speedup=speedup)
+        if batch == 16:
+            row |= {"speedup": 1.25, "speedup_ci_low": 1.1, "speedup_ci_high": 1.4, "mode_mismatch": MODES,
+                    "exactness": "untested", "caveats": [UNTESTED, MODE_CAVEAT]}
+        if batch == 4:
+            row |= {"exactness": "ties", "caveats": [TIES]}
+        rows.append(row)
+    if pinned:
+        for row in rows:
+            config = json.loads(row["config_json"])
+            row["config_json"] = json.dumps(config | {"engine": {"async_scheduling": False}})
+    return rows
+
+
+def test_a_walk_stops_at_a_cell_whose_engines_ran_in_other_modes_than_its_baseline(tmp_path):
+    write_results(tmp_path, _modes_grid(pinned=False))
+    # Before: "ngram K=4 pays at every measured batch size, up to 16 (1.80×, CI [1.62, 1.98] at batch 1)", with no
+    # word of batch 16's eager engines, its untested exactness or batch 4's ties.
+    assert verdict_lines(tmp_path)[0] == (
+        "verdict: summarize: ngram K=4 pays up to batch 8 (1.80×, CI [1.62, 1.98] at batch 1); batch 16 not judged "
+        f"(engines ran in other modes than the baseline's: {MODES}); caveat: {TIES} (batch 4)")
+
+
+def test_with_the_modes_pinned_the_walk_goes_on_and_carries_every_cells_caveats(tmp_path):
+    write_results(tmp_path, _modes_grid(pinned=True))
+    # Before: "ngram K=4 pays at every measured batch size, up to 16 (1.80×, CI [1.62, 1.98] at batch 1)".
+    assert verdict_lines(tmp_path)[0] == (
+        "verdict: summarize: ngram K=4 pays at every measured batch size, up to 16 (1.80×, CI [1.62, 1.98] at "
+        f"batch 1); caveats: {TIES} (batch 4); {UNTESTED} (batch 16); {MODE_CAVEAT} (batch 16)")
+
+
+def test_a_per_batch_choice_made_because_a_rival_failed_there_says_so(tmp_path):
+    from specbench.analytic import verdicts
+    from specbench.report import render_report
+
+    rows = grid("ok")
+    k4 = next(r for r in rows if r["num_speculative_tokens"] == 4 and r["batch_size"] == 8)
+    k4 |= {"status": "failed", "error": "engine died at batch 8 (on purpose)", "speedup": None,
+           "speedup_ci_low": None, "speedup_ci_high": None, "decode_speedup": None}
+    best = {b.batch: b for b in verdicts.best_configs(rows, verdicts.Grid.of(rows))}
+    assert best[8].top["num_speculative_tokens"] == 2
+    assert best[8].passed_over == (("ngram K=4", "failed: engine died at batch 8 (on purpose)"),)
+    assert best[4].passed_over == ()
+    (rec,) = recommend.recommend(rows)
+    assert rec.best[8][0] == 2
+    # Before: "batch    8: K=2 (1.30x) ... measured: K=2 1.30x", as if K=2 had beaten K=4 there.
+    line = next(line for line in recommend.format_recommendation(rec).splitlines() if "batch    8:" in line)
+    assert line.endswith("; ngram K=4 not judged here (failed: engine died at batch 8 (on purpose)): chosen without it")
+    write_results(tmp_path, rows)
+    page = render_report(tmp_path / "results.parquet")
+    assert "chosen without ngram K=4 (not judged: failed: engine died at batch 8 (on purpose))" in page

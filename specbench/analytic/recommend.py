@@ -49,7 +49,17 @@ import yaml
 
 from specbench import methods, sampling
 from specbench.analytic import speedup
-from specbench.analytic.verdicts import Grid, Stop, has_interval, lower_bound, schedule_evidence
+from specbench.analytic.verdicts import (
+    AgainstFixed,
+    Grid,
+    Stop,
+    has_interval,
+    lower_bound,
+    passed_over,
+    schedule_against_fixed,
+    schedule_evidence,
+    schedule_loses_to,
+)
 from specbench.results.files import planned_cell_ids
 from specbench.results.schema import SCHEDULE_KEY, curve_key, method_variant, recommendable, results_path, row_config
 
@@ -84,7 +94,10 @@ class Comparison:
     schedule: Point
     fixed: dict[int, Point]  # K -> its speedup, from the check's own engine runs where measured there
     best_k: int  # the fastest fixed K here
-    loses: bool  # the schedule's interval lies wholly below the best fixed K's speedup
+    loses: bool  # the schedule is shown slower than some fixed K (verdicts.schedule_loses_to)
+    # K -> the schedule over that fixed K, its interval simultaneous over the fixed Ks (schedule_against_fixed)
+    against: dict[int, AgainstFixed] = field(default_factory=dict)
+    loses_to: tuple[int, ...] = ()  # the fixed Ks it is shown slower than
 
     def text(self) -> str:
         """One line: the schedule's speedup beside each fixed K's, and a warning where it loses."""
@@ -92,10 +105,18 @@ class Comparison:
         mark = " <- threshold: the schedule switches K here" if self.threshold else ""
         line = (f"  batch {self.batch:>4}: schedule (K={self.schedule_k}) {self.schedule.text()}; "
                 f"best fixed K={self.best_k} {self.fixed[self.best_k].text()}; fixed: {fixed}{mark}")
-        if self.loses:
-            line += (f"\n    WARNING: at batch {self.batch} the schedule loses to fixed K={self.best_k} by more than "
-                     "its interval")
+        for k in self.loses_to:
+            line += f"\n    WARNING: at batch {self.batch} the schedule loses to fixed K={k}: {self.ratio_text(k)}"
         return line
+
+    def ratio_text(self, k: int) -> str:
+        """``schedule / fixed K=4 0.87x [0.82, 0.92], paired over 3 engine runs``: one comparison, in words."""
+        a = self.against[k]
+        interval = f" [{a.low:.2f}, {a.high:.2f}]" if a.low is not None and a.high is not None else " (no interval)"
+        how = (f"paired over {a.paired_runs} engine runs" if a.paired_runs
+               else "both cells' intervals combined (not paired)")
+        return (f"schedule / fixed K={k} {a.ratio:.2f}x{interval}, {how}, simultaneous over "
+                f"{len(self.against)} fixed K{'s' if len(self.against) > 1 else ''}")
 
 
 @dataclass(frozen=True)
@@ -121,6 +142,11 @@ class Recommendation:
     sources: tuple[str, ...] = ()  # sweep names the fixed-K evidence comes from
     batch_overrides: list[str] = field(default_factory=list)  # workload/engine settings to repeat in a check
     stop: Stop | None = None  # the first planned batch size without a judged cell: K = 0 from there, nothing past it
+    temperature: float = 0.0  # the family's sampling temperature (0: greedy): a sampled family is another curve
+    # batch -> the fixed Ks measured there but not judged (label, why): K was chosen without them (verdicts.passed_over)
+    passed_over: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    checked_cells: dict[int, Mapping[str, Any]] = field(default_factory=dict)  # batch -> the schedule's row
+    fixed_cells: dict[int, dict[int, Mapping[str, Any]]] = field(default_factory=dict)  # batch -> K -> the row compared
 
     @property
     def max_k(self) -> int:
@@ -266,11 +292,13 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0, grid: Grid
         by_batch: dict[int, list[Mapping[str, Any]]] = {}
         beside_rows: dict[int, list[Mapping[str, Any]]] = {}
         checked: dict[int, Point] = {}
+        checked_cells: dict[int, Mapping[str, Any]] = {}
         checked_schedule = None
         for row, cfg in members:
             schedule = _schedule_of(cfg)
             if schedule:
                 checked[row["batch_size"]] = Point.of(row)
+                checked_cells[row["batch_size"]] = row
                 checked_schedule = schedule
             elif _sweep(cfg) in checks:
                 beside_rows.setdefault(row["batch_size"], []).append(row)
@@ -288,8 +316,10 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0, grid: Grid
         variant = str(method_variant(row))
         method_config = dict(cfg.get("method") or {})
         method_config.pop(methods.SCHEDULE, None)
+        temperature = float(row.get("temperature") or 0.0)
         out.append(Recommendation(
-            label=f"{variant} on {row['workload']} ({row['model']})",
+            label=f"{variant} on {row['workload']}{f' at temperature {temperature:g}' if temperature else ''} "
+                  f"({row['model']})",
             method=str(row["method"]),
             variant=variant,
             workload=str(row["workload"]),
@@ -311,6 +341,13 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0, grid: Grid
                                   and not _schedule_of(c) and (_sweep(c) not in checks or not by_batch)})),
             batch_overrides=_check_overrides(cfg),
             stop=stop,
+            temperature=temperature,
+            passed_over={b: found for b in best if (found := passed_over(
+                [r for r, c in every[key] if not _schedule_of(c) and _sweep(c) in sources and r["batch_size"] == b]))},
+            checked_cells=checked_cells,
+            # What the schedule is compared with: the check's own fixed Ks where it measured them, else the source's.
+            fixed_cells={b: {r["num_speculative_tokens"]: r for r in beside_rows.get(b) or evidence.get(b) or ()}
+                         for b in checked_cells},
         ))
     return sorted(out, key=lambda r: r.label)
 
@@ -342,6 +379,10 @@ def comparisons(rec: Recommendation) -> list[Comparison]:
 
     The fixed Ks are those measured in the check's own engine runs where it
     measured them (same engines, same engine runs), else the source sweep's.
+    Whether the schedule loses is decided in :mod:`specbench.analytic.verdicts`
+    (:func:`~specbench.analytic.verdicts.schedule_against_fixed`): on the ratio
+    of the schedule's speedup to each fixed K's, paired run by run where the
+    two share their baseline engines, simultaneous over the fixed Ks.
     """
     if not rec.checked_schedule:
         return []
@@ -353,14 +394,15 @@ def comparisons(rec: Recommendation) -> list[Comparison]:
         if not fixed:
             continue
         best_k = max(fixed, key=lambda k: (fixed[k].speedup, -k))
-        best = fixed[best_k]
-        high = point.high if point.high is not None else point.speedup
+        cells = rec.fixed_cells.get(batch) or {}
+        against = schedule_against_fixed(rec.checked_cells[batch], cells) if batch in rec.checked_cells else {}
+        loses_to = schedule_loses_to(against)
         out.append(Comparison(
             batch=batch,
             schedule_k=_scheduled_k(rec.checked_schedule, batch, max_k),
             threshold=_crosses(rec.checked_schedule, batch, sorted(rec.checked_points), starts),
             schedule=point, fixed=dict(fixed), best_k=best_k,
-            loses=high < best.speedup,
+            loses=bool(loses_to), against=against, loses_to=tuple(loses_to),
         ))
     return out
 
@@ -386,7 +428,9 @@ def format_recommendation(rec: Recommendation) -> str:
     for batch, (k, speedup) in rec.best.items():
         others = ", ".join(f"K={kk} {s:.2f}x" for kk, s in rec.measured[batch].items())
         choice = f"K={k} ({speedup:.2f}x)" if k else "K=0 (no K clearly beats plain decoding)"
-        lines.append(f"  batch {batch:>4}: {choice:<40} measured: {others}")
+        without = "".join(f"; {label} not judged here ({why}): chosen without it"
+                          for label, why in rec.passed_over.get(batch, ()))
+        lines.append(f"  batch {batch:>4}: {choice:<40} measured: {others}{without}")
     if rec.stop is not None:
         lines.append(f"  {rec.stop.text()}: K=0 from batch {rec.stop.at:g} on (no evidence there)")
     if rec.max_k == 0:

@@ -30,13 +30,14 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 from specbench import stats
 from specbench.analytic import prediction
 from specbench.load import LoadShape
 from specbench.results import serving as served
-from specbench.results.schema import curve_key, exactness_kind, recommendable, row_config
+from specbench.results.schema import curve_key, exactness_kind, method_label, recommendable, row_config
 
 # The serving rules are the merge's (specbench.results.serving), stated once there: the share of the offered
 # rate below which a baseline has fallen behind, and the speedup whose interval decides whether a rate pays
@@ -51,6 +52,13 @@ PAYS_ON = f"serving_speedup_{served.PAYS_ON}"
 def has_interval(row: Mapping[str, Any]) -> bool:
     """Whether a row's speedup has an interval (never a zero-width one: that is no interval)."""
     return stats.is_interval(row.get("speedup_ci_low"), row.get("speedup_ci_high"))
+
+
+def within_engine_only(row: Mapping[str, Any]) -> bool:
+    """Whether a row's interval is its repetitions' alone (one engine run: ``speedup_ci_method``
+    ``within-only-...``, :func:`specbench.stats.speedup_interval`): it leaves out the engine-to-engine spread,
+    which a fresh pair of engines adds, so it is narrower than the uncertainty of the speedup."""
+    return has_interval(row) and str(row.get("speedup_ci_method") or "").startswith("within-only")
 
 
 def lower_bound(row: Mapping[str, Any]) -> float:
@@ -110,6 +118,35 @@ def _items(value: Any) -> list[Any]:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return []
     return list(value)
+
+
+def mode_stop(row: Mapping[str, Any]) -> str | None:
+    """Why a walk stops at a cell whose engines ran in other modes than its baseline's (the merge's
+    ``mode_mismatch``: eager against CUDA graphs, async scheduling, the model runner); None when they ran
+    alike, or when the user pinned the mode (``engine.async_scheduling`` set in the cell's config).
+
+    Such a speedup measures the mode as well as the method: the cell is shown with its caveat, but a walk
+    from a cell measured alike does not carry a claim onto it. Pinned, the difference is what the user
+    asked to measure: the walk goes on and the caveat travels with the verdict (:func:`gathered_caveats`).
+    """
+    mismatch = row.get("mode_mismatch")
+    if not _known(mismatch) or not mismatch:
+        return None
+    if (row_config(row).get("engine") or {}).get("async_scheduling") is not None:
+        return None
+    return f"engines ran in other modes than the baseline's: {mismatch}"
+
+
+def gathered_caveats(cells: Iterable[Mapping[str, Any]]) -> list[tuple[str, tuple[int, ...]]]:
+    """Every caveat of the cells a verdict's walk reached (the merge's ``caveats``), each once, with the
+    batch sizes whose cells carry it, in the order first met."""
+    found: dict[str, set[int]] = {}
+    for row in cells:
+        for caveat in _items(row.get("caveats")):
+            batches = found.setdefault(str(caveat), set())
+            if _known(row.get("batch_size")):
+                batches.add(int(row["batch_size"]))
+    return [(caveat, tuple(sorted(batches))) for caveat, batches in found.items()]
 
 
 # --- the planned grid -----------------------------------------------------------------------------
@@ -318,28 +355,33 @@ class Reach:
     reached: tuple[int, ...]  # the batch sizes it pays at without a break, top's first
     loss: Mapping[str, Any] | None = None  # the first judged cell past them that does not pay
     stop: Stop | None = None  # the first planned batch size past them not judged
+    cells: tuple[Mapping[str, Any], ...] = ()  # the judged cells at the reached batch sizes: their caveats travel
 
 
 def reach(curve: Sequence[Mapping[str, Any]], top: Mapping[str, Any], planned: Sequence[int], grid: Grid) -> Reach:
     """How far ``top``'s configuration pays: its planned batch sizes from ``top``'s on, until one does not pay or
     is not judged (``curve``: the rows of ``top``'s :func:`specbench.results.curve_key`, any status).
 
-    At a batch size with several rows (two sweeps in one file) every judged one must pay.
+    At a batch size with several rows (two sweeps in one file) every judged one must pay. A cell whose
+    engines ran in other modes than its baseline's (:func:`mode_stop`) ends the walk as one not judged.
     """
     start = int(top["batch_size"])
     ahead = tuple(b for b in planned if b >= start)
     reached = [start]
+    cells: list[Mapping[str, Any]] = [top]
     for i, batch in enumerate(ahead[1:], start=1):
         here = [r for r in curve if _known(r.get("batch_size")) and int(r["batch_size"]) == batch]
-        judged = [r for r in here if recommendable(r)]
+        judged = [r for r in here if recommendable(r) and mode_stop(r) is None]
         if not judged:
-            why = next((w for r in here if (w := why_not_judged(r))), None) or grid.absent(top, batch=batch)
-            return Reach(top, ahead, tuple(reached), stop=Stop(batch, why, ahead[i + 1:]))
+            why = next((w for r in here if (w := why_not_judged(r) or mode_stop(r))), None) or grid.absent(
+                top, batch=batch)
+            return Reach(top, ahead, tuple(reached), stop=Stop(batch, why, ahead[i + 1:]), cells=tuple(cells))
         loss = next((r for r in judged if not pays(r)), None)
         if loss is not None:
-            return Reach(top, ahead, tuple(reached), loss=loss)
+            return Reach(top, ahead, tuple(reached), loss=loss, cells=tuple(cells))
         reached.append(batch)
-    return Reach(top, ahead, tuple(reached))
+        cells += judged
+    return Reach(top, ahead, tuple(reached), cells=tuple(cells))
 
 
 @dataclass(frozen=True)
@@ -355,6 +397,14 @@ class Verdict:
     start_stop: Stop | None = None  # the smallest planned batch size has no judged cell: nothing is claimed
     per_batch: int | None = None  # choosing the configuration per batch size, it pays up to here (past reach)
     per_batch_stop: Stop | None = None  # ... where that run met a batch size with no judged cell
+    per_batch_cells: tuple[Mapping[str, Any], ...] = ()  # the cells that run names, one per batch size
+
+    @property
+    def caveats(self) -> list[tuple[str, tuple[int, ...]]]:
+        """The caveats of every cell the verdict's walks reached (:func:`gathered_caveats`), not its top's
+        alone: a claim up to batch 16 carries batch 16's."""
+        walked = self.reach.cells if self.reach is not None else (self.top,) if self.top is not None else ()
+        return gathered_caveats([*walked, *self.per_batch_cells])
 
     @property
     def left_out(self) -> list[Mapping[str, Any]]:
@@ -389,18 +439,24 @@ def verdict(rows: Sequence[Mapping[str, Any]], grid: Grid) -> Verdict:
         return Verdict(compared, judged, start, top)
     key = curve_key(top)
     walked = reach([r for r in _speculative(rows) if curve_key(r) == key], top, planned, grid)
-    per_batch, per_batch_stop = None, None
+    per_batch, per_batch_stop, per_batch_cells = None, None, []
     for i, batch in enumerate(planned):
-        here = best_row([r for r in judged if int(r["batch_size"]) == batch])
+        # Past the start, as in reach: a cell measured in other engine modes than its baseline is not judged.
+        here = best_row([r for r in judged if int(r["batch_size"]) == batch
+                         and (batch == start or mode_stop(r) is None)])
         if here is None:
-            per_batch_stop = Stop(batch, _column_why(rows, grid, batch), tuple(planned[i + 1:]))
+            at = [r for r in judged if int(r["batch_size"]) == batch]
+            why = next((w for r in at if (w := mode_stop(r))), None) or _column_why(rows, grid, batch)
+            per_batch_stop = Stop(batch, why, tuple(planned[i + 1:]))
             break
         if not here[1]:
             break
         per_batch = batch
+        per_batch_cells.append(here[0])
     if per_batch is None or per_batch <= walked.reached[-1]:
-        per_batch, per_batch_stop = None, None
-    return Verdict(compared, judged, start, top, True, walked, None, per_batch, per_batch_stop)
+        per_batch, per_batch_stop, per_batch_cells = None, None, []
+    return Verdict(compared, judged, start, top, True, walked, None, per_batch, per_batch_stop,
+                   tuple(per_batch_cells))
 
 
 # --- offline: per batch size, break-even ----------------------------------------------------------
@@ -414,6 +470,8 @@ class BestAt:
     top: Mapping[str, Any] | None
     cells: int  # the workload's compared cells: the simultaneous interval covers them all
     why: str | None = None  # no judged cell here: why
+    # Configurations measured here but not judged (label, why): the choice was made without them (passed_over).
+    passed_over: tuple[tuple[str, str], ...] = ()
 
 
 def best_configs(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BestAt]:
@@ -426,9 +484,28 @@ def best_configs(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BestAt]:
     out = []
     for batch in grid.batch_sizes(rows):
         chosen = best_row([r for r in compared if int(r["batch_size"]) == batch])
-        out.append(BestAt(batch, chosen[0], len(compared)) if chosen else
+        out.append(BestAt(batch, chosen[0], len(compared),
+                          passed_over=tuple(passed_over([r for r in rows if _at_batch(r, batch)]))) if chosen else
                    BestAt(batch, None, len(compared), _column_why(rows, grid, batch)))
     return out
+
+
+def passed_over(here: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The configurations among ``here`` (one batch size's cells, any status) with no judged cell, each once
+    with why (:func:`why_not_judged`): a choice among the rest was made without them, so a K picked at
+    batch 8 because K=4 failed there says so rather than read as K=2 beating K=4."""
+    judged = {str(method_label(r)) for r in here if recommendable(r)}
+    out: dict[str, str] = {}
+    for row in _speculative(here):
+        label = str(method_label(row))
+        if label not in judged and label not in out and (why := why_not_judged(row)) is not None:
+            out[label] = why
+    return sorted(out.items())
+
+
+def _at_batch(row: Mapping[str, Any], batch: int) -> bool:
+    cell = _cell(row)
+    return cell is not None and cell.rate is None and cell.batch == batch
 
 
 @dataclass(frozen=True)
@@ -443,6 +520,36 @@ class BreakEven:
     predicted_speedups: list[float | None]
     predicted: float | str | None
     stop: Stop | None  # the first planned batch size not judged: the measured crossing is not sought past it
+    # The crossing's bracket from the intervals (break_even_bracket): the last walked batch size up to which every
+    # cell is shown to pay, and the first whose cells are all shown below 1×; None where there is none.
+    pays_through: int | None = None
+    below_from: int | None = None
+
+
+def break_even_bracket(walked: Sequence[Mapping[str, Any]]) -> tuple[int | None, int | None]:
+    """Where a curve's break-even lies by its cells' 95% intervals rather than their point estimates: after
+    the largest batch size up to which every cell pays (:func:`pays`), and no later than the smallest
+    batch size whose cells' intervals all lie below 1×. Between the two the intervals do not decide, so an
+    interpolated crossing there is a point estimate, not a finding. ``walked``: the curve's judged cells
+    along its planned batch sizes (as :func:`break_evens` walks them)."""
+    by_batch: dict[int, list[Mapping[str, Any]]] = {}
+    for row in walked:
+        by_batch.setdefault(int(row["batch_size"]), []).append(row)
+    pays_through = None
+    for batch in sorted(by_batch):
+        if not all(pays(r) for r in by_batch[batch]):
+            break
+        pays_through = batch
+    below_from = next((b for b in sorted(by_batch) if all(
+        stats.clears(1.0 / float(r["speedup"]), *_inverse_interval(r), 1.0) for r in by_batch[b])), None)
+    return pays_through, below_from
+
+
+def _inverse_interval(row: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """A row's interval on the inverse speedup (1 / high, 1 / low): below 1× there is above 1× here."""
+    if not has_interval(row):
+        return None, None
+    return 1.0 / float(row["speedup_ci_high"]), 1.0 / float(row["speedup_ci_low"])
 
 
 def break_evens(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BreakEven]:
@@ -468,6 +575,7 @@ def break_evens(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BreakEven
                 break
             walked += [r for r in here if recommendable(r)]
         measured = prediction.break_even(walked) if walked else []
+        pays_through, below_from = break_even_bracket(walked)
         out.append(BreakEven(
             rows=curve["rows"],
             batch_sizes=measured[0]["batch_sizes"] if measured else [],
@@ -477,8 +585,76 @@ def break_evens(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BreakEven
             predicted_speedups=curve["series"]["predicted_speedup"],
             predicted=curve["predicted"],
             stop=stop,
+            pays_through=pays_through,
+            below_from=below_from,
         ))
     return out
+
+
+# --- offline: across temperatures ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TemperatureVerdict:
+    """How far one configuration pays at one batch size of a workload, walked up its planned temperatures."""
+
+    workload: str
+    config: str  # the method label (specbench.results.schema.method_label): "ngram K=4"
+    batch: int
+    planned: tuple[float, ...]  # the workload's planned temperatures at this batch size, the lowest first
+    reached: tuple[float, ...]  # the temperatures it pays at without a break, the lowest first
+    loss: Mapping[str, Any] | None = None  # the first judged cell past them that does not pay
+    stop: Stop | None = None  # the first planned temperature past them not judged (failed, flagged, ...)
+
+
+def temperature_verdicts(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[TemperatureVerdict]:
+    """Per workload, configuration and batch size planned at several temperatures (``rows``: every offline
+    cell, any status): how far it pays from the lowest planned temperature up (:func:`pays`).
+
+    The walk is :func:`reach`'s along temperatures: the first planned
+    temperature whose cell failed, was flagged, has mismatched outputs or was
+    never measured ends it, named (:class:`Stop`), and nothing past it is
+    claimed; so does the first judged cell that does not pay.
+    """
+    groups: dict[tuple[str, str, int], list[Mapping[str, Any]]] = {}
+    for row in _speculative(rows):
+        cell = _cell(row)
+        if cell is None or cell.rate is not None:
+            continue
+        groups.setdefault((cell.workload, str(method_label(row)), cell.batch), []).append(row)
+    out = []
+    for (workload, config, batch), cells in sorted(groups.items()):
+        sweeps = {_sweep(r) for r in cells}
+        planned = tuple(sorted({t for (sweep, w, t), sizes in grid.batches.items()
+                                if sweep in sweeps and w == workload and batch in sizes}
+                               | {c.temperature for r in cells if (c := _cell(r)) is not None}))
+        if len(planned) < 2:
+            continue
+        reached: list[float] = []
+        loss, stop = None, None
+        for i, temperature in enumerate(planned):
+            here = [r for r in cells if (c := _cell(r)) is not None and c.temperature == temperature]
+            judged = [r for r in here if recommendable(r)]
+            if not judged:
+                why = next((w for r in here if (w := why_not_judged(r))), None) or _absent_at(
+                    grid, cells[0], batch, temperature)
+                stop = Stop(temperature, why, planned[i + 1:])
+                break
+            loss = next((r for r in judged if not pays(r)), None)
+            if loss is not None:
+                break
+            reached.append(temperature)
+        out.append(TemperatureVerdict(workload, config, batch, planned, tuple(reached), loss, stop))
+    return out
+
+
+def _absent_at(grid: Grid, like: Mapping[str, Any], batch: int, temperature: float) -> str:
+    """Why ``like``'s configuration has no row at a planned (batch size, temperature)."""
+    cell = _cell(like)
+    if cell is not None and any((p.method, p.k, p.workload, p.batch, p.temperature, p.rate) == (
+            cell.method, cell.k, cell.workload, batch, temperature, None) for p in grid.unmeasured):
+        return "planned, never measured"
+    return "not measured for this configuration"
 
 
 # --- the K schedule's evidence --------------------------------------------------------------------
@@ -511,6 +687,85 @@ def schedule_evidence(
         top, paying = chosen
         best[batch] = (int(top["num_speculative_tokens"]), float(top["speedup"])) if paying else (0, None)
     return best, None
+
+
+@dataclass(frozen=True)
+class AgainstFixed:
+    """A measured K schedule over one fixed K at one batch size: the ratio of their speedups and its interval."""
+
+    k: int
+    ratio: float  # the schedule's speedup over the fixed K's (> 1: the schedule is faster)
+    low: float | None  # the interval, simultaneous over the fixed Ks compared at this batch size; None: none
+    high: float | None
+    paired_runs: int  # engine runs the interval is paired over (0: unpaired, both cells' own intervals)
+
+
+def schedule_against_fixed(schedule: Mapping[str, Any], fixed: Mapping[int, Mapping[str, Any]],
+                           confidence: float = 0.95) -> dict[int, AgainstFixed]:
+    """The schedule's cell against each fixed K's cell at one batch size, on the ratio of their speedups.
+
+    Paired where the two share their baseline cell and each has a speedup per
+    engine run (``speedup_per_engine_run``, two or more, as many on each side):
+    run by run the baseline engine cancels, and the interval is Student's on
+    the mean log difference over the runs. Otherwise both cells' own
+    intervals are combined (their log half-widths as standard errors, in
+    quadrature, on the fewer degrees of freedom): a shared baseline makes
+    that wider than the truth, never narrower. No interval where a side has
+    none. Either way the interval is simultaneous over the fixed Ks
+    (Bonferroni): the best fixed K is picked by the same estimates it is
+    compared on, so each comparison pays for the choice.
+    """
+    level = (1.0 - confidence) / max(len(fixed), 1)
+    out = {}
+    for k, row in fixed.items():
+        ratio = float(schedule["speedup"]) / float(row["speedup"])
+        paired = _paired_logs(schedule, row)
+        low = high = None
+        if paired is not None:
+            diffs = [a - b for a, b in paired]
+            mean = sum(diffs) / len(diffs)
+            sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
+            half = stats.student_t_quantile(1.0 - level / 2, len(diffs) - 1) * sd / math.sqrt(len(diffs))
+            ratio, low, high = math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+        else:
+            sides = [_log_se(schedule, confidence), _log_se(row, confidence)]
+            if all(side is not None for side in sides):
+                se = math.sqrt(sum(side[0] ** 2 for side in sides if side is not None))
+                dofs = [side[1] for side in sides if side is not None and side[1] is not None]
+                half = _quantile(1.0 - level / 2, min(dofs) if dofs else None) * se
+                low, high = ratio * math.exp(-half), ratio * math.exp(half)
+        out[k] = AgainstFixed(k, ratio, low, high, len(paired) if paired is not None else 0)
+    return out
+
+
+def schedule_loses_to(against: Mapping[int, AgainstFixed]) -> list[int]:
+    """The fixed Ks the schedule is shown slower than: the whole interval of its ratio lies below 1."""
+    return sorted(k for k, a in against.items() if a.high is not None and a.high < 1.0)
+
+
+def _paired_logs(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[float, float]] | None:
+    """Two cells' log speedups run by run, where they can be paired (see :func:`schedule_against_fixed`)."""
+    runs_a, runs_b = _items(a.get("speedup_per_engine_run")), _items(b.get("speedup_per_engine_run"))
+    if len(runs_a) < 2 or len(runs_a) != len(runs_b) or not _known(a.get("baseline_cell_id")) \
+            or a.get("baseline_cell_id") != b.get("baseline_cell_id"):
+        return None
+    if any(not _known(r) or float(r) <= 0 for r in [*runs_a, *runs_b]):
+        return None
+    return [(math.log(float(x)), math.log(float(y))) for x, y in zip(runs_a, runs_b)]
+
+
+def _log_se(row: Mapping[str, Any], confidence: float) -> tuple[float, float | None] | None:
+    """A cell's standard error of log speedup, read back from its interval, and its degrees of freedom."""
+    if not has_interval(row) or float(row["speedup_ci_low"]) <= 0:
+        return None
+    dof = float(row["speedup_df"]) if _known(row.get("speedup_df")) and float(row["speedup_df"]) >= 1 else None
+    half = (math.log(float(row["speedup_ci_high"])) - math.log(float(row["speedup_ci_low"]))) / 2
+    return half / _quantile((1.0 + confidence) / 2, dof), dof
+
+
+def _quantile(p: float, dof: float | None) -> float:
+    """Student's quantile on ``dof`` degrees of freedom; the normal one where they are unknown."""
+    return stats.student_t_quantile_real(p, dof) if dof is not None else NormalDist().inv_cdf(p)
 
 
 # --- serving: the highest rate at which a configuration pays --------------------------------------
@@ -632,3 +887,33 @@ def highest_paying_rate(cells: Sequence[Mapping[str, Any]], workload_rows: Seque
     """The highest offered rate at which one configuration's cells still pay, walked up the planned rates
     (:func:`serving_verdict`); None when it does not pay at the lowest."""
     return serving_verdict(cells, [*workload_rows, *cells], grid).highest
+
+
+@dataclass(frozen=True)
+class RateJudgement:
+    """What a configuration's verdict under load (:func:`serving_verdict`) says of one of its cells' rates."""
+
+    kind: str  # "pays", "does not pay", "not judged" (why: the walk's stop) or "not claimed" (past the walk's end)
+    why: str | None = None
+
+
+def rate_judgement(decided: ServingVerdict, row: Mapping[str, Any]) -> RateJudgement | None:
+    """The verdict line's decision at ``row``'s rate, for a table that lists cells one by one: the rates it
+    pays at, the rate it does not, the rate its walk stopped at (saturated, failed, flagged, ...) and the
+    rates past that, which it does not claim either way. None for a row of no rate the walk planned."""
+    cell = _cell(row)
+    rate = cell.rate if cell is not None else None
+    if rate is None or rate not in decided.planned:
+        return None
+    if rate in decided.reached:
+        return RateJudgement("pays")
+    if decided.stop is not None:
+        if rate == decided.stop.at:
+            return RateJudgement("not judged", decided.stop.why)
+        return RateJudgement("not claimed", f"past {decided.stop.at:g} req/s, not judged")
+    if decided.loss is not None:
+        at = float(decided.loss["load_request_rate"])
+        if rate == at:
+            return RateJudgement("does not pay")
+        return RateJudgement("not claimed", f"past {at:g} req/s, where it does not pay")
+    return None

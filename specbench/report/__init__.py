@@ -98,7 +98,7 @@ def render_report(results_path: Path) -> str:
         summary=summary,
         plots=[_draw(figure, df, encoding) for figure in figures]
         + [_draw(figure, served, encoding) for figure in (serving.FIGURES if not served.empty else ())],
-        serving_rows=serving.table(served) if not served.empty else [],
+        serving_rows=serving.table(served, grid) if not served.empty else [],
         serving_verdicts=serving.verdicts(served, grid) if not served.empty else [],
         offline_beside=offline_beside,
         offline_beside_answer=offline_answer,

@@ -42,7 +42,7 @@ from specbench.report.tables import (
     VARIANT,
     acceptance_gaps,
     compared,
-    eligible,
+    grid_of,
     has_predictions,
     measured,
     records,
@@ -523,28 +523,29 @@ def versus_temperature(df: pd.DataFrame, enc: Encoding) -> Plot:
 
 
 def temperature_verdicts(df: pd.DataFrame) -> list[str]:
-    """Per method configuration, workload and batch size measured at several temperatures: the
-    temperatures at which it pays (:func:`specbench.analytic.verdicts.pays`, eligible cells only)
-    and the lowest one from which it no longer does."""
-    spec = speculative(df)
-    spec = spec.assign(temperature=spec["temperature"].astype(float).fillna(0.0))
+    """Per method configuration, workload and batch size planned at several temperatures, in words: how far
+    it pays from the lowest temperature up, and the first temperature not judged (failed, flagged,
+    mismatched, never measured), named. The decision is
+    :func:`specbench.analytic.verdicts.temperature_verdicts`'."""
     lines = []
-    for (workload, config, batch), rows in spec.groupby(["workload", CONFIG, "batch_size"], sort=True):
-        if rows["temperature"].nunique() < 2:
-            continue
-        judged = {float(r["temperature"]): bool(verdicts.pays(r)) for r in records(eligible(rows))}
-        left_out = sorted(set(rows["temperature"]) - set(judged))
-        stops = next((t for t in sorted(judged) if not judged[t]), None)
-        paying = [t for t in sorted(judged) if judged[t]]
-        line = f"{config} on {workload} at batch {batch}: "
-        if stops is None:
-            line += f"pays at every temperature judged ({', '.join(f'{t:g}' for t in paying)})"
-        elif not paying or stops == min(judged):
-            line += f"does not pay from temperature {stops:g} on"
+    for decided in verdicts.temperature_verdicts(records(df), grid_of(df)):
+        line = f"{decided.config} on {decided.workload} at batch {decided.batch}: "
+        reached = decided.reached
+        if len(reached) == len(decided.planned):
+            line += f"pays at every temperature measured ({', '.join(f'{t:g}' for t in reached)})"
+        elif reached:
+            line += f"pays up to temperature {reached[-1]:g}"
+        elif decided.loss is not None:
+            line += f"does not pay at temperature {decided.planned[0]:g}, the lowest"
         else:
-            line += f"pays up to temperature {max(t for t in paying if t < stops):g}, stops paying at {stops:g}"
-        if left_out:
-            line += f" (not judged at {', '.join(f'{t:g}' for t in left_out)}: flagged or inexact)"
+            line += "no verdict"
+        if decided.loss is not None and reached:
+            line += f", stops paying at {float(decided.loss.get('temperature') or 0.0):g}"
+        if decided.stop is not None:
+            stop = decided.stop
+            rest = ", ".join(f"{t:g}" for t in stop.unclaimed)
+            line += (f"{'; ' if reached or decided.loss is not None else ': '}temperature {stop.at:g} not judged "
+                     f"({stop.why})" + (f", {rest} not claimed" if rest else ""))
         lines.append(line)
     return lines
 

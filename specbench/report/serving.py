@@ -122,8 +122,20 @@ def _tpot_mean(row: Mapping[str, Any]) -> str:
     return _ms(mean) + (f" ± {_ms(std)}" if _known(std) else "")
 
 
-def table(df: pd.DataFrame) -> list[ServingRow]:
-    """Every measured serving cell, by workload, configuration and rate (baselines first)."""
+def table(df: pd.DataFrame, grid: Grid | None = None) -> list[ServingRow]:
+    """Every measured serving cell, by workload, configuration and rate (baselines first).
+
+    The verdict column is the verdict line's decision at the cell's rate
+    (:func:`specbench.analytic.verdicts.rate_judgement` of its configuration's
+    :func:`specbench.analytic.verdicts.serving_verdict`), not the cell's own
+    interval: a saturated rate is "not judged" here as there.
+    """
+    grid = grid or grid_of(df)
+    decided = {}
+    for panel, panel_rows in df.groupby(PANEL, sort=True):
+        spec = panel_rows[panel_rows["method"] != "baseline"]
+        for config, group in spec.groupby(CONFIG, sort=True):
+            decided[(panel, config)] = decide.serving_verdict(records(group), records(panel_rows), grid)
     rows = _ok(df)
     out = []
     for panel, panel_rows in rows.groupby(PANEL, sort=True):
@@ -131,7 +143,8 @@ def table(df: pd.DataFrame) -> list[ServingRow]:
             ["_base", CONFIG, "load_request_rate"])
         for row in ordered.to_dict("records"):
             rate = float(row["load_request_rate"])
-            pays = row.get("serving_pays")
+            walked = decided.get((panel, row[CONFIG]))
+            judged = decide.rate_judgement(walked, row) if walked is not None else None
             out.append(ServingRow(
                 panel=str(panel), config=str(row[CONFIG]), rate=f"{rate:g}" if math.isfinite(rate) else "all at once",
                 realised=fmt_number(row.get("offered_rate_realised"), 2),
@@ -151,8 +164,7 @@ def table(df: pd.DataFrame) -> list[ServingRow]:
                 predicted=fmt_speedup(row["serving_predicted_speedup"])
                 if row.get("serving_predicted_speedup") is not None and not pd.isna(row["serving_predicted_speedup"])
                 else "–",
-                pays=("" if pays is None or pd.isna(pays) else ("pays" if pays else "does not pay"))
-                + (" (flagged)" if row.get("flagged") is True else ""),
+                pays="" if judged is None else judged.kind + (f" ({judged.why})" if judged.why else ""),
                 exactness=str(row.get("exactness") or "–") if row["method"] != "baseline" else "reference",
             ))
     return out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -264,9 +264,13 @@ def summary(df: pd.DataFrame, missing_columns: Sequence[str], grid: Grid | None 
 
 
 def _ci_phrase(row: Mapping[str, Any]) -> str:
-    """``"CI [1.50, 2.10]"``, or ``"no interval"`` for a cell without one (never a zero-width interval)."""
+    """``"CI [1.50, 2.10]"``, or ``"no interval"`` for a cell without one (never a zero-width interval); an
+    interval of one engine run's repetitions says that it leaves out the engine-to-engine spread."""
     if not verdicts.has_interval(row):
         return "no interval"
+    if verdicts.within_engine_only(row):
+        return (f"within-engine CI {fmt_ci(row['speedup_ci_low'], row['speedup_ci_high'])}, one engine run: "
+                "it leaves out the engine-to-engine spread")
     return f"CI {fmt_ci(row['speedup_ci_low'], row['speedup_ci_high'])}"
 
 
@@ -330,7 +334,21 @@ def verdict(panel_rows: pd.DataFrame, panel: str, grid: Grid | None = None) -> s
         return (f"{panel}: nothing beats plain decoding at batch {smallest} "
                 f"(fastest: {label}, {speed}, {ci}){left_out}")
     assert decided.reach is not None  # a paying verdict has walked its reach
-    return f"{panel}: {label} {_reach(decided)}{no_interval}{_caveat_clause(top)}{left_out}"
+    return f"{panel}: {label} {_reach(decided)}{no_interval}{_walk_caveats(decided)}{left_out}"
+
+
+def _walk_caveats(decided: verdicts.Verdict) -> str:
+    """``"; caveats: X (batch 1, 4); Y (batch 16)"``: the caveats of every cell the verdict's walk reached
+    (:attr:`specbench.analytic.verdicts.Verdict.caveats`), each with its batch sizes where the walk reached
+    more than one; nothing without any."""
+    gathered = decided.caveats
+    if not gathered:
+        return ""
+    several = len({b for _, batches in gathered for b in batches}) > 1 or (
+        decided.reach is not None and len(decided.reach.reached) > 1) or decided.per_batch is not None
+    texts = [caveat + (f" (batch {', '.join(str(b) for b in batches)})" if several and batches else "")
+             for caveat, batches in gathered]
+    return f"; caveat{'s' if len(texts) > 1 else ''}: " + "; ".join(texts)
 
 
 def _reach(decided: verdicts.Verdict) -> str:
@@ -482,7 +500,12 @@ def best_configs(df: pd.DataFrame, grid: Grid | None = None) -> list[BestConfig]
                                       simultaneous="–", confirmation="–", decode_speedup="–", ci_side="",
                                       caveats=f"not judged ({at.why})"))
                 continue
-            out.append(_best_config(str(panel), at.batch, dict(at.top), at.cells))
+            best = _best_config(str(panel), at.batch, dict(at.top), at.cells)
+            if at.passed_over:
+                # The choice was made without them: K=2 "best" at a batch size where K=4 failed is no win over K=4.
+                without = "chosen without " + "; ".join(f"{label} (not judged: {why})" for label, why in at.passed_over)
+                best = replace(best, caveats="; ".join(c for c in (best.caveats, without) if c))
+            out.append(best)
     return out
 
 
@@ -499,7 +522,8 @@ def _best_config(panel: str, batch: int, top: Mapping[str, Any], cells: int) -> 
         confirmation=fmt_speedup(top.get(CONFIRMATION)),
         decode_speedup=fmt_speedup(top["decode_speedup"]),
         ci_side=_ci_side(top["speedup_ci_low"], top["speedup_ci_high"]),
-        caveats="; ".join(cell_caveats(top)),
+        caveats="; ".join((["within-engine CI, one engine run: it leaves out the engine-to-engine spread"]
+                           if verdicts.within_engine_only(top) else []) + cell_caveats(top)),
     )
 
 
@@ -523,20 +547,36 @@ class BreakEven:
 
 
 def _crossing(value: float | str | None, batches: Sequence[int], speedups: Sequence[float | None],
-              stop: verdicts.Stop | None = None) -> str:
+              stop: verdicts.Stop | None = None, bracket: tuple[int | None, int | None] | None = None) -> str:
     """A break-even batch size from :func:`specbench.analytic.prediction.break_even`, in words; ``stop``: the
-    first planned batch size not judged, past which no crossing is sought."""
+    first planned batch size not judged, past which no crossing is sought; ``bracket``: where the intervals put
+    it (:func:`specbench.analytic.verdicts.break_even_bracket`), for a measured crossing."""
     past = "" if stop is None else f"; {stop.text()}"
     if not batches and stop is not None:
         return f"not sought: {stop.text()}"
     if isinstance(value, str) or not batches:
         return f"n/a: a batch size has no value{past}"
+    # A predicted crossing has no intervals: it comes without a bracket, as the model's point.
+    pays_through, below_from = bracket if bracket is not None else (batches[-1], batches[0])
     if value is None:
-        return f"not reached: ≥1× through batch {batches[-1]}{past}"
+        shown = "" if pays_through == batches[-1] else (
+            f" (by the intervals: shown to pay only through batch {pays_through})" if pays_through is not None
+            else f" (by the intervals: not shown to pay at batch {batches[0]})")
+        return f"not reached: ≥1× through batch {batches[-1]}{shown}{past}"
     first = speedups[0]
     if first is not None and first < 1.0:
-        return f"below 1× from batch {batches[0]}, the smallest measured"
-    return f"{value:.1f}"
+        shown = "" if below_from == batches[0] else f" (by the intervals: not shown below 1× at batch {batches[0]})"
+        return f"below 1× from batch {batches[0]}, the smallest measured{shown}"
+    return f"{value:.1f}" + ("" if bracket is None else _bracket(pays_through, below_from, batches))
+
+
+def _bracket(pays_through: int | None, below_from: int | None, batches: Sequence[int]) -> str:
+    """`` (by the intervals: between batch 4, shown to pay, and 16, shown below 1×)``: where the cells' intervals
+    put an interpolated crossing (:func:`specbench.analytic.verdicts.break_even_bracket`)."""
+    low = f"batch {pays_through}, shown to pay" if pays_through is not None else \
+        f"batch {batches[0]}, not shown to pay"
+    high = f"{below_from}, shown below 1×" if below_from is not None else f"past {batches[-1]}, none shown below 1×"
+    return f" (by the intervals: between {low}, and {high})"
 
 
 def break_even(df: pd.DataFrame, grid: Grid | None = None) -> list[BreakEven]:
@@ -560,7 +600,8 @@ def break_even(df: pd.DataFrame, grid: Grid | None = None) -> list[BreakEven]:
                 panel=str(panel_of[first["cell_id"]]),
                 config=str(label_of[first["cell_id"]]),
                 batch_sizes=", ".join(str(b) for b in curve.predicted_sizes),
-                measured=_crossing(curve.measured, curve.batch_sizes, curve.speedups, curve.stop),
+                measured=_crossing(curve.measured, curve.batch_sizes, curve.speedups, curve.stop,
+                                   (curve.pays_through, curve.below_from)),
                 predicted=predicted,
             )
         )
@@ -592,7 +633,9 @@ def schedules(df: pd.DataFrame, grid: Grid | None = None) -> list[Schedule]:
     several_models = df["model"].dropna().nunique() > 1
     out = [
         Schedule(
-            panel=_panel(rec.model, rec.workload, several_models),
+            # The panel as the page's other sections name it: a sampled family's temperature is in it.
+            panel=_panel(rec.model, rec.workload, several_models) + (
+                f" · T={rec.temperature:g}" if rec.temperature else ""),
             method=rec.variant,
             best_k={batch: k for batch, (k, _) in rec.best.items()},
             json=rec.speculative_config_json() if rec.max_k else None,
