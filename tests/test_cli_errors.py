@@ -223,7 +223,7 @@ def test_suffix_without_arctic_inference_is_refused_in_one_line_before_any_engin
     assert result.returncode == 2
     assert_refused(result, "pip install arctic-inference==0.1.1")
     refusals = [line for line in (result.stdout + result.stderr).splitlines() if "arctic-inference" in line]
-    assert len(refusals) == 1 and refusals[0].strip().startswith("method=suffix needs the arctic-inference"), refusals
+    assert len(refusals) == 1 and "method=suffix needs the arctic-inference" in refusals[0], refusals
     assert not (tmp_path / "run" / "cells").exists()
 
 
