@@ -54,8 +54,8 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     with the reason and no speedup. The speedup is the geometric mean of the
     per-run ratios of time per output token (:func:`rows.speedup`: equal work
     where outputs differ in length; ``output_token_ratio`` records by how much). Its intervals use the
-    engine-to-engine spread of log ratios pooled over every cell of the sweep, with degrees of
-    freedom counted in independent engines (``stats.engine_run_spread``: cells of one engine
+    engine-to-engine spread of log ratios pooled over the cells of its batch size (:func:`judge_speedups`),
+    with degrees of freedom counted in independent engines (``stats.engine_run_spread``: cells of one engine
     share its deviations, and the baseline engine's are estimated apart from the speculative ones'); with
     one engine run everywhere only the within-engine spread of the repetitions is
     known, and the method tag says so; with one repetition as well there is no interval.
@@ -94,12 +94,49 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     for row, group in zip(speculative, engine_groups([r["_runs"] for r in speculative])):
         row["_baseline"] = group
     _judge_baselines(rows, speculative)
-    spread = _engine_spread(speculative)
+    judge_speedups(speculative)
+    _judge_distributions(rows)
+    _judge_tie_excess(rows)
+    for row in rows:
+        for private in ("_within", "_baseline", "_reference", "_engine", "_runs", "_run_numbers", "_disturbed",
+                        "_tie_excess", "_draws"):
+            row.pop(private, None)
+        row["flagged"] = bool(row.get("flag_reasons"))
+    return rows
+
+
+def stratum(row: Mapping[str, Any]) -> Any:
+    """The batch-size stratum a speculative cell's engine-to-engine spread is estimated in: its batch size.
+
+    The spread of a cell's log ratios grows with the batch (the noise of a batch of 8 is not that of a
+    batch of 1, docs/methodology.md): one spread pooled over the sweep made the noisiest batch size's
+    intervals too narrow and the quietest's too wide.
+    """
+    return row.get("batch_size")
+
+
+def judge_speedups(speculative: Sequence[dict[str, Any]]) -> None:
+    """Each compared cell's speedup, its intervals and whether its engine runs disagree, in place.
+
+    ``speculative``: the merge's offline speculative rows with their per-run ratios and engines (the private
+    ``_runs``, ``_engine``, ``_baseline``, ``_within`` and ``_disturbed``). The spread behind a cell's interval is
+    its batch size's (:func:`stratum`), with that stratum's own degrees of freedom, so a stratum of few
+    engines gets the wider t quantile it has earned; a stratum where no cell has two engine runs falls back on
+    the spread pooled over the sweep. The disagreement test judges a cell against the other cells of its
+    stratum, at the family's level Bonferroni over every compared cell of the sweep.
+    """
+    pooled = _engine_spread(speculative)
     compared = sum(len(r["speedup_per_engine_run"]) > 1 for r in speculative)
+    by_stratum: dict[Any, list[dict[str, Any]]] = {}
+    for row in speculative:
+        by_stratum.setdefault(stratum(row), []).append(row)
+    spreads = {key: _engine_spread(cells) for key, cells in by_stratum.items()}
     for row in speculative:
         within = row.pop("_within", None)
         ratios = row["speedup_per_engine_run"]
-        others = _engine_spread([r for r in speculative if r is not row]) if len(ratios) > 1 else None
+        own = spreads[stratum(row)]
+        spread, peers = (own, by_stratum[stratum(row)]) if own.df else (pooled, list(speculative))
+        others = _engine_spread([r for r in peers if r is not row]) if len(ratios) > 1 else None
         interval = stats.speedup_interval(ratios, spread, within, cells=max(compared, 1), others=others,
                                           flag_alpha=FAMILY_ALPHA)
         # The interval's ingredients, in the terms exp(m +- t_df sd / sqrt(engine runs)); a within-engine
@@ -121,17 +158,9 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
         if interval.engine_runs_disagree:
             row["flag_reasons"] = (row.get("flag_reasons") or []) + [
                 "engine runs disagree: " + ", ".join(f"{r:.2f}x" for r in ratios)
-                + f" (beyond the other cells' engine-to-engine spread, at {FAMILY_ALPHA:g} Bonferroni over "
-                f"{compared} cells)"
+                + f" (beyond the engine-to-engine spread of the other cells at batch {stratum(row)}, at "
+                f"{FAMILY_ALPHA:g} Bonferroni over {compared} cells)"
             ]
-    _judge_distributions(rows)
-    _judge_tie_excess(rows)
-    for row in rows:
-        for private in ("_within", "_baseline", "_reference", "_engine", "_runs", "_run_numbers", "_disturbed",
-                        "_tie_excess", "_draws"):
-            row.pop(private, None)
-        row["flagged"] = bool(row.get("flag_reasons"))
-    return rows
 
 
 def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[str, Any]]) -> None:
