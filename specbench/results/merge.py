@@ -180,10 +180,11 @@ def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[
                [r["_reference"] for r in compared], [r["_baseline"] for r in compared],
                [(r.get("workload"), r.get("batch_size"), r.get("temperature") or 0.0) for r in compared])
     testable = stats.shift_testable(*columns)
+    yardsticks = _yardsticks(compared, testable)
     for row in speculative:
         if len(row["speedup_per_engine_run"]) > 1:
-            row["baseline_shift_checked"] = row.get("_reference") in testable
-    shifted = stats.shifted_baselines(*columns, confidence=1.0 - FAMILY_ALPHA)
+            row["baseline_shift_checked"] = row.get("_reference") in testable or row.get("_reference") in yardsticks
+    shifted = stats.shifted_baselines(*columns, confidence=1.0 - FAMILY_ALPHA, yardsticks=yardsticks)
     if not shifted:
         return
     baselines = [r for r in rows if r.get("method") == "baseline" and r.get("config_hash") in shifted]
@@ -195,12 +196,37 @@ def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[
         # A ratio is baseline time over speculative time: the baseline's run took exp(shift) of its others.
         pace = (f"{math.expm1(found.shift):.0%} slower" if found.shift >= 0
                 else f"{-math.expm1(found.shift):.0%} faster")
+        beyond = ("beyond the engine-to-engine spread of the other baseline engines' cells (its engine served "
+                  "too few other baseline cells to hold it against)" if found.lone else
+                  f"and its engine's other cells did not: all {found.cells} speculative cells measured against it "
+                  "moved together, beyond their own run-to-run spread")
         row["flag_reasons"] = (row.get("flag_reasons") or []) + [
-            f"engine run {run_number[found.run]} of the baseline ran {pace} than its other runs, and its engine's other "
-            f"cells did not: all {found.cells} speculative cells measured against it moved together, beyond "
-            f"their own run-to-run spread (at {FAMILY_ALPHA:g}, Bonferroni over {found.tests} baseline cells)"
+            f"engine run {run_number[found.run]} of the baseline ran {pace} than its other runs, {beyond} "
+            f"(at {FAMILY_ALPHA:g}, Bonferroni over {found.tests} baseline cells)"
         ]
         row["_disturbed"] = True
+
+
+def _yardsticks(compared: Sequence[dict[str, Any]], testable: set[Any]) -> dict[Any, stats.EngineRunSpread]:
+    """Per baseline cell the shifted-baseline test cannot hold against its engine's other cells (the only one its
+    baseline engine served, :func:`stats.lone_references`: a family measured again), the spread of one
+    engine run measured on the cells of other baseline engines (:func:`stats.shifted_baselines`' yardsticks):
+    those of its batch size where they measured one, else all of them. None is given where no other baseline
+    engine measured a spread: a fresh engine's deviation then cannot be told from a disturbance.
+    """
+    yardsticks = {}
+    lone = stats.lone_references([r["_reference"] for r in compared], [r["_baseline"] for r in compared])
+    for reference in dict.fromkeys(r["_reference"] for r in compared if r["_reference"] in lone - testable):
+        mine = [r for r in compared if r["_reference"] == reference]
+        if len(mine) < 2:  # one speculative cell cannot tell its baseline's move from its own
+            continue
+        others = [r for r in compared if r["_baseline"] not in {m["_baseline"] for m in mine}]
+        same = [r for r in others if stratum(r) == stratum(mine[0])]
+        spread = _engine_spread(same)
+        spread = spread if spread.df else _engine_spread(others)
+        if spread.df:
+            yardsticks[reference] = spread
+    return yardsticks
 
 
 def _engine_spread(speculative: Sequence[dict[str, Any]]) -> stats.EngineRunSpread:
