@@ -636,14 +636,19 @@ def test_where_the_shifted_baseline_test_cannot_fire_each_cell_says_so(tmp_path)
 def test_sound_sweeps_lose_a_cell_to_any_flag_at_most_at_the_stated_budget():
     # docs/methodology.md: one error budget, 0.05 over the four flag families (0.0125 each). Simulated sound
     # sweeps (tests/benchmarks/flag_budget.py: 3.6% of 1,000) lose a cell to any flag at most 5% of the time;
-    # each family at 0.05 on its own lost one in 16.5% (before issue 56). Asserted on 200 sweeps, with their
-    # simulation error.
+    # each family at 0.05 on its own lost one in 16.5% (before issue 56). Asserted on 200 sweeps: each share
+    # plus two standard errors of its estimate.
     from benchmarks import flag_budget
     from specbench import stats
 
-    found = flag_budget.rates(200, 7, before=False, module=stats)
-    assert found["any"] <= 0.08
-    assert all(found[family] <= 0.04 for family in flag_budget.FAMILIES)
+    trials = 200
+    found = flag_budget.rates(trials, 7, before=False, module=stats)
+
+    def bound(share: float) -> float:  # the share plus two standard errors of its simulated estimate
+        return share + 2 * math.sqrt(share * (1 - share) / trials)
+
+    assert found["any"] <= bound(0.05)
+    assert all(found[family] <= bound(0.05 / len(flag_budget.FAMILIES)) for family in flag_budget.FAMILIES)
 
 
 def _engine_family(cells, ids, *, prefix, batches, slow, engine="", shape=None, runs=None):

@@ -94,7 +94,7 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     for row, group in zip(speculative, engine_groups([r["_runs"] for r in speculative])):
         row["_baseline"] = group
     _judge_baselines(rows, speculative)
-    judge_speedups(speculative)
+    judge_speedups(speculative, tests=disagreement_tests(rows))
     _judge_distributions(rows)
     _judge_tie_excess(rows)
     for row in rows:
@@ -115,7 +115,15 @@ def stratum(row: Mapping[str, Any]) -> Any:
     return row.get("batch_size")
 
 
-def judge_speedups(speculative: Sequence[dict[str, Any]]) -> None:
+def disagreement_tests(rows: Iterable[Mapping[str, Any]]) -> int:
+    """How many cells the "engine runs disagree" family judges at once: every speculative cell of two engine runs
+    or more, offline and serving alike (:func:`judge_speedups`, :func:`specbench.results.serving.with_serving_comparison`),
+    so that the family stays within its share of the sweep's budget (:data:`FAMILY_ALPHA`)."""
+    return sum(r.get("method") not in ("baseline", None) and r.get("status", "ok") == "ok"
+               and (r.get("engine_runs") or len(r.get("speedup_per_engine_run") or ())) > 1 for r in rows)
+
+
+def judge_speedups(speculative: Sequence[dict[str, Any]], tests: int = 0) -> None:
     """Each compared cell's speedup, its intervals and whether its engine runs disagree, in place.
 
     ``speculative``: the merge's offline speculative rows with their per-run ratios and engines (the private
@@ -123,10 +131,11 @@ def judge_speedups(speculative: Sequence[dict[str, Any]]) -> None:
     its batch size's (:func:`stratum`), with that stratum's own degrees of freedom, so a stratum of few
     engines gets the wider t quantile it has earned; a stratum where no cell has two engine runs falls back on
     the spread pooled over the sweep. The disagreement test judges a cell against the other cells of its
-    stratum, at the family's level Bonferroni over every compared cell of the sweep.
+    stratum, at the family's level Bonferroni over ``tests`` cells (the sweep's, serving cells included:
+    :func:`disagreement_tests`; at least the compared cells of ``speculative``).
     """
     pooled = _engine_spread(speculative)
-    compared = sum(len(r["speedup_per_engine_run"]) > 1 for r in speculative)
+    compared = max(tests, sum(len(r["speedup_per_engine_run"]) > 1 for r in speculative))
     by_stratum: dict[Any, list[dict[str, Any]]] = {}
     for row in speculative:
         by_stratum.setdefault(stratum(row), []).append(row)

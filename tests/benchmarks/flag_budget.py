@@ -201,6 +201,56 @@ def power(module: ModuleType, trials: int, seed: int, shift: float, confidence: 
     return found / trials
 
 
+def write_sweep(cells: Path, table: Table) -> list[str]:
+    """A simulated sweep (:func:`sound_sweep`) as cell files the merge reads: per engine run one baseline engine
+    (every baseline cell) and one engine per configuration (every cell of it), greedy with equal outputs.
+    Wall times put each ratio exactly where the table has it (the repetitions' +-1% leaves the median)."""
+    from rows import cell_row, write_cell
+
+    ids = []
+    runs = len(next(iter(table.values()))[0])
+    for (workload, batch), configurations in table.items():
+        shape = {"batch_size": batch + 1, "workload": f"w{workload}"}
+        for run in range(runs):
+            base_id = f"base-w{workload}-b{batch}-p{run}"
+            ids.append(base_id)
+            write_cell(cells, cell_row(base_id, "baseline", 2.0, engine_run=run, config_hash=f"B{workload}-{batch}")
+                       | shape | {"engine_id": f"base-{run}"}, [[1]])
+            for k, ratios in enumerate(configurations, start=1):
+                ids.append(f"k{k}-w{workload}-b{batch}-p{run}")
+                write_cell(cells, cell_row(ids[-1], "ngram", 2.0 / ratios[run], baseline_id=base_id, engine_run=run,
+                                           k=k, config_hash=f"S{k}-{workload}-{batch}")
+                           | shape | {"engine_id": f"k{k}-{run}"}, [[1]])
+    return ids
+
+
+def merged_rates(trials: int, seed: int, baseline_sd: float) -> dict[str, float]:
+    """Share of sound sweeps, written as cell files and merged (``results.merge.merge``), that lose a cell to
+    disagreeing engine runs, to a shifted baseline, and to either. (Greedy cells with equal outputs: the tie
+    and distribution families cannot fire here; :func:`rates` simulates them.)"""
+    import tempfile
+
+    from specbench.results.merge import merge
+
+    global BASELINE_ENGINE_SD
+    rng = np.random.default_rng(seed)
+    counts = dict.fromkeys(("engine runs disagree", "shifted baseline", "any"), 0)
+    saved, BASELINE_ENGINE_SD = BASELINE_ENGINE_SD, baseline_sd
+    try:
+        for _ in range(trials):
+            with tempfile.TemporaryDirectory() as directory:
+                rows = merge(Path(directory), write_sweep(Path(directory), sound_sweep(rng)))
+            reasons = [reason for row in rows for reason in row.get("flag_reasons") or []]
+            hit = {"engine runs disagree": any(r.startswith("engine runs disagree") for r in reasons),
+                   "shifted baseline": any(" of the baseline ran " in r for r in reasons)}
+            for family, flagged in hit.items():
+                counts[family] += flagged
+            counts["any"] += bool(reasons)
+    finally:
+        BASELINE_ENGINE_SD = saved
+    return {family: count / trials for family, count in counts.items()}
+
+
 def _print_rates(title: str, found: Mapping[str, float]) -> None:
     print(title)
     for family, rate in found.items():
@@ -214,6 +264,9 @@ def main(argv: Sequence[str]) -> None:
                  rates(trials, 1, before=True, module=before))
     _print_rates(f"After (each family at {SWEEP_ALPHA} / {len(FAMILIES)} = {FAMILY_ALPHA}), {trials} sound sweeps:",
                  rates(trials, 1, before=False, module=stats))
+    for baseline_sd in (0.02, 0.05, 0.15):
+        _print_rates(f"Through merge() on cell files, baseline engine sd {baseline_sd}, {trials // 5} sound sweeps:",
+                     merged_rates(trials // 5, 4, baseline_sd))
     print("Shifted baseline alone, sound sweeps (baseline cells as noisy as speculative ones):")
     for label, sweep in (("3 runs, batch noise x1/x1.5/x3", {}), ("2 runs, batch noise x1/x1.5/x3", {"runs": 2}),
                          ("3 runs, equal noise", {"batch_noise": (1.0, 1.0, 1.0)}),

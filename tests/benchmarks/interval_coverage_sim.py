@@ -3,7 +3,9 @@
 Prints figures; asserts nothing (tests/test_results.py and tests/test_verdicts.py assert the same properties on
 fewer draws). No engine, a minute or two:
 
-    .venv/bin/python tests/benchmarks/interval_coverage_sim.py [TRIALS]
+    .venv/bin/python tests/benchmarks/interval_coverage_sim.py [TRIALS [SELECTION_TRIALS]]
+
+(TRIALS sweeps per coverage setting, default 1,000; SELECTION_TRIALS per selection setting, default TRIALS.)
 
 **Coverage by batch size.** Simulated sweeps as in tests/benchmarks/flag_budget.py: one baseline engine, 4
 speculative configurations, 2 workloads x 3 batch sizes, 3 engine runs. Log speedup of a cell in a run: log
@@ -136,6 +138,7 @@ def false_pays(trials: int, seed: int, *, baseline_sd: float = 0.05) -> tuple[fl
 
 def main(argv: Sequence[str]) -> None:
     trials = int(argv[0]) if argv else 1000
+    selection = int(argv[1]) if len(argv) > 1 else trials
     print(f"Coverage of the 95% speedup interval, {trials} sound sweeps per setting "
           f"({CONFIGURATIONS} configurations x {WORKLOADS} workloads per batch size, {RUNS} engine runs):")
     for baseline_sd in BASELINE_ENGINE_SDS:
@@ -149,9 +152,9 @@ def main(argv: Sequence[str]) -> None:
                   f"(width x{a['width'] / b['width']:.2f})")
     for baseline_sd in BASELINE_ENGINE_SDS:
         with mock.patch.object(verdicts, "simultaneous_lower_bound", lambda row, candidates: verdicts.lower_bound(row)):
-            before = false_pays(trials, 2, baseline_sd=baseline_sd)
-        after = false_pays(trials, 2, baseline_sd=baseline_sd)
-        print(f"8 configurations at batch 1 and 4, all truly 1.0x, baseline sd {baseline_sd:.2f}, {trials} sweeps: "
+            before = false_pays(selection, 2, baseline_sd=baseline_sd)
+        after = false_pays(selection, 2, baseline_sd=baseline_sd)
+        print(f"8 configurations at batch 1 and 4, all truly 1.0x, baseline sd {baseline_sd:.2f}, {selection} sweeps: "
               f"the verdict says one pays in {before[0]:.1%} before, {after[0]:.1%} after; anything (verdict, best "
               f"configuration, K schedule) at either batch size in {before[1]:.1%} before, {after[1]:.1%} after")
 
