@@ -26,7 +26,11 @@ the 24 cells are taken as sampled cells.
 
 "Before": every family at 0.05 (and the code before issue 56: one pooled variance for the shifted
 baseline, the tested cell in its own median, Fisher's test on the ties against a control pooled over
-every batch size). "After": the code of this checkout, 0.05 / 4 per family.
+every batch size). "After": the code of this checkout, 0.05 / 4 per family (disagreement through
+``results.merge.judge_speedups``, each batch size judged by its own spread).
+
+Then the same sound sweeps written as cell files and merged (``results.merge.merge``) at baseline
+engine sd 0.02, 0.05 and 0.15 (:func:`merged_rates`): the two families that read the ratios, end to end.
 """
 
 from __future__ import annotations
@@ -101,7 +105,17 @@ def shifted(module: ModuleType, table: Table, confidence: float) -> dict[Hashabl
 
 
 def disagree(module: ModuleType, table: Table, level: float) -> bool:
-    """Whether any cell's engine runs disagree (the merge's rule: each judged by the others' spread)."""
+    """Whether any cell's engine runs disagree (the merge's rule: each judged by the others' spread). With this
+    checkout's ``stats``, through the merge's own code (``merge.judge_speedups``: the spread of each batch size);
+    with an older module, its rule of one spread pooled over the sweep."""
+    if module is stats and level == FAMILY_ALPHA:
+        from specbench.results.merge import judge_speedups
+
+        rows = [{"batch_size": batch + 1, "speedup_per_engine_run": cell, "_runs": list(range(len(cell))),
+                 "_engine": engine, "_baseline": "b", "_within": None}
+                for (_, batch), cells in table.items() for engine, cell in enumerate(cells)]
+        judge_speedups(rows)
+        return any(row.get("flag_reasons") for row in rows)
     ratios, _, baselines, engines = _columns(table)
     judged = 0
     for i, cell in enumerate(ratios):
