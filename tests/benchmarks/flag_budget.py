@@ -67,13 +67,14 @@ Table = dict[tuple[int, int], list[list[float]]]  # (workload, batch) -> per con
 
 def sound_sweep(rng: np.random.Generator, *, runs: int = RUNS, batch_noise: Sequence[float] = BATCH_NOISE,
                 baseline_cell_sd: float = BASELINE_CELL_SD, engines: int = ENGINES, workloads: int = WORKLOADS,
-                shift: tuple[tuple[int, int], float] | None = None) -> Table:
+                shift: tuple[tuple[int, int], float] | None = None,
+                baseline_sd: float = BASELINE_ENGINE_SD) -> Table:
     """Per baseline cell (workload, batch index), each configuration's speedup per engine run.
 
     ``shift``: one baseline cell and a log shift added to its last engine run (a baseline run that went
     off alone), for power.
     """
-    u = rng.normal(0, BASELINE_ENGINE_SD, runs)
+    u = rng.normal(0, baseline_sd, runs)
     v = rng.normal(0, ENGINE_SD, (engines, runs))
     table: Table = {}
     for workload in range(workloads):
@@ -219,6 +220,8 @@ def write_sweep(cells: Path, table: Table) -> list[str]:
     """A simulated sweep (:func:`sound_sweep`) as cell files the merge reads: per engine run one baseline engine
     (every baseline cell) and one engine per configuration (every cell of it), greedy with equal outputs.
     Wall times put each ratio exactly where the table has it (the repetitions' +-1% leaves the median)."""
+    # tests/rows.py builds cell files as the tests do; run as a script, tests/ is not on the path.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from rows import cell_row, write_cell
 
     ids = []
@@ -246,22 +249,17 @@ def merged_rates(trials: int, seed: int, baseline_sd: float) -> dict[str, float]
 
     from specbench.results.merge import merge
 
-    global BASELINE_ENGINE_SD
     rng = np.random.default_rng(seed)
     counts = dict.fromkeys(("engine runs disagree", "shifted baseline", "any"), 0)
-    saved, BASELINE_ENGINE_SD = BASELINE_ENGINE_SD, baseline_sd
-    try:
-        for _ in range(trials):
-            with tempfile.TemporaryDirectory() as directory:
-                rows = merge(Path(directory), write_sweep(Path(directory), sound_sweep(rng)))
-            reasons = [reason for row in rows for reason in row.get("flag_reasons") or []]
-            hit = {"engine runs disagree": any(r.startswith("engine runs disagree") for r in reasons),
-                   "shifted baseline": any(" of the baseline ran " in r for r in reasons)}
-            for family, flagged in hit.items():
-                counts[family] += flagged
-            counts["any"] += bool(reasons)
-    finally:
-        BASELINE_ENGINE_SD = saved
+    for _ in range(trials):
+        with tempfile.TemporaryDirectory() as directory:
+            rows = merge(Path(directory), write_sweep(Path(directory), sound_sweep(rng, baseline_sd=baseline_sd)))
+        reasons = [reason for row in rows for reason in row.get("flag_reasons") or []]
+        hit = {"engine runs disagree": any(r.startswith("engine runs disagree") for r in reasons),
+               "shifted baseline": any(" of the baseline ran " in r for r in reasons)}
+        for family, flagged in hit.items():
+            counts[family] += flagged
+        counts["any"] += bool(reasons)
     return {family: count / trials for family, count in counts.items()}
 
 
