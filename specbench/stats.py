@@ -45,6 +45,7 @@ __all__ = [
     "latency_percentiles",
     "lower_end",
     "median_interval",
+    "lone_references",
     "median_variance_factor",
     "percentile",
     "repeated_ngram_share",
@@ -461,6 +462,9 @@ class ShiftedBaseline:
     shift: float
     cells: int
     tests: int
+    # True: judged against the engine-to-engine spread measured elsewhere (its baseline engine served too
+    # few other baseline cells to hold it against: a family measured again on a fresh engine).
+    lone: bool = False
 
 
 @dataclass(frozen=True)
@@ -480,6 +484,7 @@ def shifted_baselines(
     strata: Sequence[Hashable] | None = None,
     *,
     confidence: float = 0.95,
+    yardsticks: Mapping[Hashable, EngineRunSpread] | None = None,
 ) -> dict[Hashable, ShiftedBaseline]:
     """The baseline cells one of whose engine runs went off alone: beyond any speculative cell's spread,
     and beyond the other cells of the same baseline engine in that run.
@@ -524,21 +529,42 @@ def shifted_baselines(
     with t at 1 - (1 - confidence) / (2 m), m the baseline cells tested (R
     tests per cell, or 1 where R = 2: its two runs mirror each other).
 
+    ``yardsticks``: for baseline cells that cannot be held against their engine's other cells (the only
+    baseline cell of their baseline engine, :func:`lone_references`: a family measured again on a fresh
+    engine), the engine-to-engine spread of one run measured on other baseline engines
+    (:func:`engine_run_spread`). Such a cell's common part c_r, over its speculative cells and R >= 2 common
+    runs, varies by at most (1 - 1/R) times that spread's variance if the engine that ran it was an ordinary
+    one (its own deviation, its cell's and the speculative side's averaged over its cells, each at most what
+    one run of a cell carries); with two speculative cells or more (one cannot tell its baseline's move from its
+    own), it is flagged when |c_r| exceeds t times that, on the spread's df, in the
+    same Bonferroni count (``lone`` set). A fresh baseline engine 3x slow in one run is found so; one that
+    deviates as the sweep's other engines do is not.
+
     Returns the shifted baseline cells by reference; empty when no baseline
     cell has two speculative cells over two engine runs in common, or fewer
-    than three such cells share a baseline engine (:func:`shift_testable`
+    than three such cells share a baseline engine, and no yardstick is given (:func:`shift_testable`
     says which references could be tested).
     """
     measured, variances = _baseline_cells(ratios_by_cell, references, baselines, strata, confidence)
-    if not measured:
+    lone = _lone_baseline_cells(ratios_by_cell, references, baselines, yardsticks or {})
+    if not measured and not lone:
         return {}
     by_engine_run: dict[tuple[Hashable, int], list[tuple[Hashable, float]]] = {}
     for reference, cell in measured.items():
         for run, value in zip(cell.runs, cell.common):
             by_engine_run.setdefault((cell.engine, run), []).append((reference, float(value)))
-    tests = sum(1 if len(cell.runs) == 2 else len(cell.runs) for cell in measured.values())
+    tests = sum(1 if len(cell.runs) == 2 else len(cell.runs) for cell in measured.values()) + sum(
+        1 if len(runs) == 2 else len(runs) for runs, _, _ in lone.values())
     level = 1.0 - (1.0 - confidence) / (2 * tests)
     shifted = {}
+    for reference, (runs, common, cells) in lone.items():
+        yardstick = (yardsticks or {})[reference]
+        bound = student_t_quantile_real(level, yardstick.df) * yardstick.sd * math.sqrt(1.0 - 1.0 / len(runs))
+        order = np.argsort(-common) if len(runs) == 2 else np.argsort(-np.abs(common))
+        i = int(order[0])
+        if abs(common[i]) > bound:
+            shift = float(common[i]) * len(runs) / (len(runs) - 1)
+            shifted[reference] = ShiftedBaseline(run=runs[i], shift=shift, cells=cells, tests=tests, lone=True)
     for reference, cell in measured.items():
         count = len(cell.runs)
         variance, df = variances[cell.stratum]
@@ -565,6 +591,42 @@ def shifted_baselines(
                 shifted[reference] = ShiftedBaseline(run=cell.runs[i], shift=shift, cells=cell.cells, tests=tests)
                 break
     return shifted
+
+
+def lone_references(references: Sequence[Hashable], baselines: Sequence[Hashable]) -> set[Hashable]:
+    """The references whose baseline engine served no other baseline cell (a family measured again on a fresh
+    engine): :func:`shifted_baselines` can hold them only against a yardstick measured elsewhere."""
+    served: dict[Hashable, set[Hashable]] = {}
+    for reference, baseline in zip(references, baselines):
+        served.setdefault(baseline, set()).add(reference)
+    return {next(iter(refs)) for refs in served.values() if len(refs) == 1}
+
+
+def _lone_baseline_cells(
+    ratios_by_cell: Sequence[Mapping[Hashable, float]],
+    references: Sequence[Hashable],
+    baselines: Sequence[Hashable],
+    yardsticks: Mapping[Hashable, EngineRunSpread],
+) -> dict[Hashable, tuple[list[Hashable], np.ndarray, int]]:
+    """The baseline cells :func:`shifted_baselines` judges against a yardstick: per lone reference
+    (:func:`lone_references`) with a yardstick of known spread and two speculative cells over two common
+    engine runs, those runs, the part of its cells' centred log ratios common to them, and how many cells
+    there are. (A baseline engine with two baseline cells may have moved as a whole: engine-to-engine
+    spread, which one other cell cannot tell from a disturbance of either.)"""
+    lone = lone_references(references, baselines)
+    by_reference: dict[Hashable, list[Mapping[Hashable, float]]] = {}
+    for ratios, reference in zip(ratios_by_cell, references):
+        if len(ratios) >= 2 and reference in lone and reference in yardsticks and yardsticks[reference].df:
+            by_reference.setdefault(reference, []).append(ratios)
+    lone = {}
+    for reference, cells in by_reference.items():
+        runs, logs_by_cell = _in_common_runs(cells)
+        logs = [cell_logs for cell_logs in logs_by_cell if cell_logs is not None]
+        # One speculative cell cannot tell its baseline's move from its own: the disagreement test judges it.
+        if len(logs) >= 2 and len(runs) >= 2:
+            centred = np.vstack(logs) - np.vstack(logs).mean(axis=1, keepdims=True)
+            lone[reference] = (runs, centred.mean(axis=0), len(logs))
+    return lone
 
 
 def shift_testable(

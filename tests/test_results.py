@@ -636,14 +636,19 @@ def test_where_the_shifted_baseline_test_cannot_fire_each_cell_says_so(tmp_path)
 def test_sound_sweeps_lose_a_cell_to_any_flag_at_most_at_the_stated_budget():
     # docs/methodology.md: one error budget, 0.05 over the four flag families (0.0125 each). Simulated sound
     # sweeps (tests/benchmarks/flag_budget.py: 3.6% of 1,000) lose a cell to any flag at most 5% of the time;
-    # each family at 0.05 on its own lost one in 16.5% (before issue 56). Asserted on 200 sweeps, with their
-    # simulation error.
+    # each family at 0.05 on its own lost one in 16.5% (before issue 56). Asserted on 200 sweeps: each share
+    # plus two standard errors of its estimate.
     from benchmarks import flag_budget
     from specbench import stats
 
-    found = flag_budget.rates(200, 7, before=False, module=stats)
-    assert found["any"] <= 0.08
-    assert all(found[family] <= 0.04 for family in flag_budget.FAMILIES)
+    trials = 200
+    found = flag_budget.rates(trials, 7, before=False, module=stats)
+
+    def bound(share: float) -> float:  # the share plus two standard errors of its simulated estimate
+        return share + 2 * math.sqrt(share * (1 - share) / trials)
+
+    assert found["any"] <= bound(0.05)
+    assert all(found[family] <= bound(0.05 / len(flag_budget.FAMILIES)) for family in flag_budget.FAMILIES)
 
 
 def _engine_family(cells, ids, *, prefix, batches, slow, engine="", shape=None, runs=None):
@@ -672,11 +677,13 @@ def test_two_grids_merged_into_one_directory_keep_their_engines_apart(tmp_path):
     # baseline engine ran 40% slower in its run 1: engine-to-engine spread, which the intervals carry.
     # Inferred from the config (schema 13), both grids' baselines were one engine, so B's cells stood
     # apart from A's in "its" run 1 and were flagged as a shifted baseline; by engine id they are not.
+    # Three baseline cells per engine: the shifted-baseline test judged every cell, and cleared them.
     ids: list[str] = []
-    _engine_family(tmp_path, ids, prefix="A", batches=(1, 2), slow=1.0, engine="gridA-")
-    _engine_family(tmp_path, ids, prefix="B", batches=(4, 8), slow=1.4, engine="gridB-")
+    _engine_family(tmp_path, ids, prefix="A", batches=(1, 2, 3), slow=1.0, engine="gridA-")
+    _engine_family(tmp_path, ids, prefix="B", batches=(4, 8, 16), slow=1.4, engine="gridB-")
     rows = merge(tmp_path, ids)
     assert [r["cell_id"] for r in rows if r["flagged"]] == []
+    assert all(r["baseline_shift_checked"] for r in rows if r["method"] == "ngram")
     spec = next(r for r in rows if r["cell_id"] == "B-k2-b4-p0")
     assert spec["engine_id"] == "gridB-k2-0,gridB-k2-1"
     # Grid B's baseline engine moved as a whole: the spread carries it as the baseline engine's own.
@@ -710,13 +717,52 @@ def test_an_engine_key_tells_serving_cells_from_offline_ones_but_not_their_rates
 def test_a_family_measured_again_is_judged_on_its_fresh_engines_not_against_the_old_engines_cells(tmp_path):
     # remeasure=flagged measured the batch-1 baseline and its cells again on fresh engines, three engine
     # runs; the fresh baseline engines differ from run to run by the machine's engine-to-engine spread
-    # (+-15%), the cells' own noise is 1-2%. The old engine's batch-2 and batch-4 families stay as they
-    # were. Inferred (schema 13), the fresh baseline was the old engine's "run r" and stood apart from
-    # its other cells there: flagged again, so the repair could not clear the flag. By engine id it is an
-    # engine of its own, whose deviation is engine-to-engine spread.
+    # (+-15%, as the old baseline engine's runs did), the cells' own noise is 1-2%. The old engine's batch-2
+    # and batch-4 families stay as they were. Inferred (schema 13), the fresh baseline was the old engine's
+    # "run r" and stood apart from its other cells there: flagged again, so the repair could not clear the
+    # flag. By engine id it is an engine of its own, whose deviation is engine-to-engine spread: judged
+    # against the old engine's spread (the only baseline cell of its engine), and cleared.
     ids: list[str] = []
-    _engine_family(tmp_path, ids, prefix="old", batches=(2, 4), slow=1.0, engine="old-")
+    _engine_family(tmp_path, ids, prefix="old", batches=(2, 4), slow=1.0, engine="old-", runs=(1.1, 0.9, 1.0))
     _engine_family(tmp_path, ids, prefix="again", batches=(1,), slow=1.0, engine="again-",
                    runs=(1.15, 0.87, 1.0))
     rows = merge(tmp_path, ids)
     assert [r["cell_id"] for r in rows if r["flagged"]] == []
+    assert {r["cell_id"] for r in rows if r["method"] == "ngram" and r["baseline_shift_checked"]} >= {
+        "again-k2-b1-p0", "again-k4-b1-p0"}
+
+
+@pytest.mark.parametrize("paces, flagged", [((3.0, 1.0, 1.0), True), ((1.03, 0.98, 1.0), False)],
+                         ids=["3x slow in one run", "ordinary"])
+def test_a_fresh_baseline_slow_in_one_run_is_flagged_after_a_remeasure(tmp_path, paces, flagged):
+    # The fresh baseline engine of a family measured again serves one baseline cell: the shift test has no
+    # sibling cells to hold it against, so before it cleared by construction (3x slow in one run: "2.38x
+    # CI [0.49, 11.5]", not flagged). It is judged against the engine-to-engine spread of the sweep's other
+    # baseline engine (steady here, cells within 1-2%).
+    ids: list[str] = []
+    _engine_family(tmp_path, ids, prefix="old", batches=(2, 4), slow=1.0, engine="old-", runs=(1.0, 1.0, 1.0))
+    _engine_family(tmp_path, ids, prefix="again", batches=(1,), slow=1.0, engine="again-", runs=paces)
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ids)}
+    again = [rows[c] for c in ("again-k2-b1-p0", "again-k4-b1-p0", "again-base-b1-p0")]
+    assert all(r["baseline_shift_checked"] for r in again[:2])
+    assert [r["flagged"] for r in again] == [flagged] * 3
+    assert not any(r["flagged"] for c, r in rows.items() if c.startswith("old"))
+    if flagged:
+        assert again[0]["flag_reasons"][0].startswith(
+            "engine run 0 of the baseline ran 200% slower than its other runs, beyond the engine-to-engine spread "
+            "of the other baseline engines' cells")
+
+
+def test_intervals_hold_at_every_batch_size_when_the_noise_grows_with_the_batch():
+    # tests/benchmarks/interval_coverage_sim.py: 3 engine runs, 4 configurations x 2 workloads, noise x1, x1.5
+    # and x3 at batch 1, 4 and 8, baseline engine sd 0.02, through merge.judge_speedups. One spread pooled over
+    # the sweep missed batch 8's true speedup in about 17% of its cells; the spread of each batch size, on its
+    # own df, misses about 5% at each. Asserted on 100 sweeps (800 cells per batch size, correlated within one).
+    from benchmarks import interval_coverage_sim
+
+    after = interval_coverage_sim.coverage(100, 3, 0.02, pooled=False)
+    assert all(found["miss"] <= 0.08 for found in after.values())
+    before = interval_coverage_sim.coverage(100, 3, 0.02, pooled=True)
+    assert before[8]["miss"] > 0.12
+    # The quiet batch size's interval narrows to its own noise; the noisy one widens to its own.
+    assert after[1]["width"] < before[1]["width"] < after[8]["width"]

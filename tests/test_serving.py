@@ -474,6 +474,8 @@ def test_serving_engine_runs_that_disagree_flag_the_cell(tmp_path):
     assert not rows["ngram-rate1"].get("flagged")
     odd = rows["ngram-rate10"]
     assert odd["flagged"] and "serving engine runs disagree on the E2E p50 speedup: 2.00x, 0.80x" in odd["flag_reasons"][0]
+    # One family with the offline cells' disagreement, at its share of the sweep's error budget (it ran at 0.05).
+    assert "at 0.0125 Bonferroni over 10 cells" in odd["flag_reasons"][0]
 
 
 def test_the_spread_is_pooled_per_regime_so_saturated_noise_leaves_light_load_alone(tmp_path):

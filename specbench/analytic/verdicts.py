@@ -75,18 +75,41 @@ def pays(row: Mapping[str, Any], margin: float = 0.0) -> bool:
     return stats.clears(row["speedup"], row.get("speedup_ci_low"), row.get("speedup_ci_high"), 1.0 + margin)
 
 
+def simultaneous_lower_bound(row: Mapping[str, Any], candidates: int, confidence: float = 0.95) -> float:
+    """The lower end of a row's speedup interval widened to hold for ``candidates`` rows at once (Bonferroni).
+
+    ``exp(log speedup - t sd / sqrt(engine runs))`` with t Student's quantile at
+    ``1 - (1 - confidence) / (2 candidates)`` on the row's ``speedup_df``: the
+    construction of the row's own interval (:func:`specbench.stats.speedup_interval`, whose
+    ingredients the merge stores) at the level that leaves every candidate covered together.
+    Choosing the fastest of several and judging it on its own interval
+    would read one lucky cell of eight as a win (an 8-way tie at 1.0x says
+    "pays" in about a fifth of sweeps). One candidate, or a row without the
+    ingredients (results stored before they were), keeps its own lower end (:func:`lower_bound`).
+    """
+    speedup, sd, dof, runs = (row.get(c) for c in ("speedup", "speedup_log_sd", "speedup_df", "engine_runs"))
+    if candidates <= 1 or not has_interval(row) or not all(_known(v) for v in (sd, dof, runs)) \
+            or float(dof) < 1 or int(runs) < 1:
+        return lower_bound(row)
+    t = stats.student_t_quantile_real(1.0 - (1.0 - confidence) / (2 * candidates), float(dof))
+    return float(row["speedup"]) * math.exp(-t * float(sd) / math.sqrt(int(runs)))
+
+
 def best_row(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> tuple[Mapping[str, Any], bool] | None:
     """The configuration to name among rows, and whether it pays: the one chooser of every decision.
 
     The fastest row (equal speedups: the smaller K) among those that pay
-    (:func:`pays`); when none does, the fastest row overall, with False. Rows
-    not fit to be judged (:func:`specbench.results.recommendable`) never count.
+    over all the candidates at once: each judged on its
+    :func:`simultaneous_lower_bound` over the rows fit to be judged
+    (:func:`specbench.results.recommendable`; the others never count), so the
+    best of several pays only if it would have paid had every candidate been
+    judged together. When none does, the fastest row overall, with False.
     None when no row is left.
     """
     candidates = [r for r in rows if recommendable(r)]
     if not candidates:
         return None
-    paying = [r for r in candidates if pays(r, margin)]
+    paying = [r for r in candidates if simultaneous_lower_bound(r, len(candidates)) > 1.0 + margin]
     chosen = max(paying or candidates, key=lambda r: (r["speedup"], -(r.get("num_speculative_tokens") or 0)))
     return chosen, bool(paying)
 

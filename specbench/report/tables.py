@@ -328,6 +328,12 @@ def verdict(panel_rows: pd.DataFrame, panel: str, grid: Grid | None = None) -> s
         "; no interval (one engine run of one repetition): judged on its point estimate, so noise is not ruled out"
     )
     if not decided.pays:
+        rivals = _rivals(decided)
+        bound = verdicts.simultaneous_lower_bound(top, rivals)
+        if verdicts.pays(top) and bound <= 1.0:
+            return (f"{panel}: nothing is shown to pay at batch {smallest}: the fastest of {rivals} configurations, "
+                    f"{label} ({speed}, {ci}), has a lower bound of {bound:.2f} over the {rivals} at once "
+                    f"(the best of several is judged as one of them){left_out}")
         if verdicts.has_interval(top) and top["speedup_ci_high"] > 1.0:
             return (f"{panel}: nothing is shown to pay at batch {smallest}: the fastest, {label} ({speed}), "
                     f"has {ci}, which includes 1×{left_out}")
@@ -363,6 +369,10 @@ def _reach(decided: verdicts.Verdict) -> str:
         row = walked.loss
         stop = f", not at batch {int(row['batch_size'])} ({fmt_speedup(row['speedup'])}, {_ci_phrase(row)})"
     evidence = f"{fmt_speedup(top['speedup'])}, {_ci_phrase(top)}"
+    rivals = _rivals(decided)
+    bound = verdicts.simultaneous_lower_bound(top, rivals)
+    if bound != verdicts.lower_bound(top):  # chosen from several, with the ingredients to widen its interval
+        evidence += f"; simultaneous lower bound {bound:.2f} over {rivals} configurations"
     if len(walked.planned) == 1:
         text = f"pays at batch {reached[0]}, the only batch size measured ({evidence})"
     elif len(reached) == 1:
@@ -376,6 +386,13 @@ def _reach(decided: verdicts.Verdict) -> str:
         if decided.per_batch_stop is not None:
             text += f" ({decided.per_batch_stop.text()})"
     return text
+
+
+def _rivals(decided: verdicts.Verdict) -> int:
+    """How many judged configurations the verdict's cell was chosen from, at its batch size."""
+    top = decided.top
+    assert top is not None
+    return sum(int(r["batch_size"]) == int(top["batch_size"]) for r in decided.judged)
 
 
 def missing_pieces(df: pd.DataFrame, missing_columns: Sequence[str]) -> list[str]:

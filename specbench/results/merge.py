@@ -54,8 +54,8 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     with the reason and no speedup. The speedup is the geometric mean of the
     per-run ratios of time per output token (:func:`rows.speedup`: equal work
     where outputs differ in length; ``output_token_ratio`` records by how much). Its intervals use the
-    engine-to-engine spread of log ratios pooled over every cell of the sweep, with degrees of
-    freedom counted in independent engines (``stats.engine_run_spread``: cells of one engine
+    engine-to-engine spread of log ratios pooled over the cells of its batch size (:func:`judge_speedups`),
+    with degrees of freedom counted in independent engines (``stats.engine_run_spread``: cells of one engine
     share its deviations, and the baseline engine's are estimated apart from the speculative ones'); with
     one engine run everywhere only the within-engine spread of the repetitions is
     known, and the method tag says so; with one repetition as well there is no interval.
@@ -94,12 +94,58 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     for row, group in zip(speculative, engine_groups([r["_runs"] for r in speculative])):
         row["_baseline"] = group
     _judge_baselines(rows, speculative)
-    spread = _engine_spread(speculative)
-    compared = sum(len(r["speedup_per_engine_run"]) > 1 for r in speculative)
+    judge_speedups(speculative, tests=disagreement_tests(rows))
+    _judge_distributions(rows)
+    _judge_tie_excess(rows)
+    for row in rows:
+        for private in ("_within", "_baseline", "_reference", "_engine", "_runs", "_run_numbers", "_disturbed",
+                        "_tie_excess", "_draws"):
+            row.pop(private, None)
+        row["flagged"] = bool(row.get("flag_reasons"))
+    return rows
+
+
+def stratum(row: Mapping[str, Any]) -> Any:
+    """The batch-size stratum a speculative cell's engine-to-engine spread is estimated in: its batch size.
+
+    The spread of a cell's log ratios grows with the batch (the noise of a batch of 8 is not that of a
+    batch of 1, docs/methodology.md): one spread pooled over the sweep made the noisiest batch size's
+    intervals too narrow and the quietest's too wide.
+    """
+    return row.get("batch_size")
+
+
+def disagreement_tests(rows: Iterable[Mapping[str, Any]]) -> int:
+    """How many cells the "engine runs disagree" family judges at once: every speculative cell of two engine runs
+    or more, offline and serving alike (:func:`judge_speedups`, :func:`specbench.results.serving.with_serving_comparison`),
+    so that the family stays within its share of the sweep's budget (:data:`FAMILY_ALPHA`)."""
+    return sum(r.get("method") not in ("baseline", None) and r.get("status", "ok") == "ok"
+               and (r.get("engine_runs") or len(r.get("speedup_per_engine_run") or ())) > 1 for r in rows)
+
+
+def judge_speedups(speculative: Sequence[dict[str, Any]], tests: int = 0) -> None:
+    """Each compared cell's speedup, its intervals and whether its engine runs disagree, in place.
+
+    ``speculative``: the merge's offline speculative rows with their per-run ratios and engines (the private
+    ``_runs``, ``_engine``, ``_baseline``, ``_within`` and ``_disturbed``). The spread behind a cell's interval is
+    its batch size's (:func:`stratum`), with that stratum's own degrees of freedom, so a stratum of few
+    engines gets the wider t quantile it has earned; a stratum where no cell has two engine runs falls back on
+    the spread pooled over the sweep. The disagreement test judges a cell against the other cells of its
+    stratum, at the family's level Bonferroni over ``tests`` cells (the sweep's, serving cells included:
+    :func:`disagreement_tests`; at least the compared cells of ``speculative``).
+    """
+    pooled = _engine_spread(speculative)
+    compared = max(tests, sum(len(r["speedup_per_engine_run"]) > 1 for r in speculative))
+    by_stratum: dict[Any, list[dict[str, Any]]] = {}
+    for row in speculative:
+        by_stratum.setdefault(stratum(row), []).append(row)
+    spreads = {key: _engine_spread(cells) for key, cells in by_stratum.items()}
     for row in speculative:
         within = row.pop("_within", None)
         ratios = row["speedup_per_engine_run"]
-        others = _engine_spread([r for r in speculative if r is not row]) if len(ratios) > 1 else None
+        own = spreads[stratum(row)]
+        spread, peers = (own, by_stratum[stratum(row)]) if own.df else (pooled, list(speculative))
+        others = _engine_spread([r for r in peers if r is not row]) if len(ratios) > 1 else None
         interval = stats.speedup_interval(ratios, spread, within, cells=max(compared, 1), others=others,
                                           flag_alpha=FAMILY_ALPHA)
         # The interval's ingredients, in the terms exp(m +- t_df sd / sqrt(engine runs)); a within-engine
@@ -121,17 +167,9 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
         if interval.engine_runs_disagree:
             row["flag_reasons"] = (row.get("flag_reasons") or []) + [
                 "engine runs disagree: " + ", ".join(f"{r:.2f}x" for r in ratios)
-                + f" (beyond the other cells' engine-to-engine spread, at {FAMILY_ALPHA:g} Bonferroni over "
-                f"{compared} cells)"
+                + f" (beyond the engine-to-engine spread of the other cells at batch {stratum(row)}, at "
+                f"{FAMILY_ALPHA:g} Bonferroni over {compared} cells)"
             ]
-    _judge_distributions(rows)
-    _judge_tie_excess(rows)
-    for row in rows:
-        for private in ("_within", "_baseline", "_reference", "_engine", "_runs", "_run_numbers", "_disturbed",
-                        "_tie_excess", "_draws"):
-            row.pop(private, None)
-        row["flagged"] = bool(row.get("flag_reasons"))
-    return rows
 
 
 def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[str, Any]]) -> None:
@@ -151,10 +189,11 @@ def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[
                [r["_reference"] for r in compared], [r["_baseline"] for r in compared],
                [(r.get("workload"), r.get("batch_size"), r.get("temperature") or 0.0) for r in compared])
     testable = stats.shift_testable(*columns)
+    yardsticks = _yardsticks(compared, testable)
     for row in speculative:
         if len(row["speedup_per_engine_run"]) > 1:
-            row["baseline_shift_checked"] = row.get("_reference") in testable
-    shifted = stats.shifted_baselines(*columns, confidence=1.0 - FAMILY_ALPHA)
+            row["baseline_shift_checked"] = row.get("_reference") in testable or row.get("_reference") in yardsticks
+    shifted = stats.shifted_baselines(*columns, confidence=1.0 - FAMILY_ALPHA, yardsticks=yardsticks)
     if not shifted:
         return
     baselines = [r for r in rows if r.get("method") == "baseline" and r.get("config_hash") in shifted]
@@ -166,12 +205,37 @@ def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[
         # A ratio is baseline time over speculative time: the baseline's run took exp(shift) of its others.
         pace = (f"{math.expm1(found.shift):.0%} slower" if found.shift >= 0
                 else f"{-math.expm1(found.shift):.0%} faster")
+        beyond = ("beyond the engine-to-engine spread of the other baseline engines' cells (its engine served "
+                  "too few other baseline cells to hold it against)" if found.lone else
+                  f"and its engine's other cells did not: all {found.cells} speculative cells measured against it "
+                  "moved together, beyond their own run-to-run spread")
         row["flag_reasons"] = (row.get("flag_reasons") or []) + [
-            f"engine run {run_number[found.run]} of the baseline ran {pace} than its other runs, and its engine's other "
-            f"cells did not: all {found.cells} speculative cells measured against it moved together, beyond "
-            f"their own run-to-run spread (at {FAMILY_ALPHA:g}, Bonferroni over {found.tests} baseline cells)"
+            f"engine run {run_number[found.run]} of the baseline ran {pace} than its other runs, {beyond} "
+            f"(at {FAMILY_ALPHA:g}, Bonferroni over {found.tests} baseline cells)"
         ]
         row["_disturbed"] = True
+
+
+def _yardsticks(compared: Sequence[dict[str, Any]], testable: set[Any]) -> dict[Any, stats.EngineRunSpread]:
+    """Per baseline cell the shifted-baseline test cannot hold against its engine's other cells (the only one its
+    baseline engine served, :func:`stats.lone_references`: a family measured again), the spread of one
+    engine run measured on the cells of other baseline engines (:func:`stats.shifted_baselines`' yardsticks):
+    those of its batch size where they measured one, else all of them. None is given where no other baseline
+    engine measured a spread: a fresh engine's deviation then cannot be told from a disturbance.
+    """
+    yardsticks = {}
+    lone = stats.lone_references([r["_reference"] for r in compared], [r["_baseline"] for r in compared])
+    for reference in dict.fromkeys(r["_reference"] for r in compared if r["_reference"] in lone - testable):
+        mine = [r for r in compared if r["_reference"] == reference]
+        if len(mine) < 2:  # one speculative cell cannot tell its baseline's move from its own
+            continue
+        others = [r for r in compared if r["_baseline"] not in {m["_baseline"] for m in mine}]
+        same = [r for r in others if stratum(r) == stratum(mine[0])]
+        spread = _engine_spread(same)
+        spread = spread if spread.df else _engine_spread(others)
+        if spread.df:
+            yardsticks[reference] = spread
+    return yardsticks
 
 
 def _engine_spread(speculative: Sequence[dict[str, Any]]) -> stats.EngineRunSpread:

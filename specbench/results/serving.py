@@ -61,6 +61,7 @@ from specbench.load import (
 )
 from specbench.measure import GeneratedRequest, Measurement, SpecCounters
 from specbench.results.files import CellFiles
+from specbench.results.merge import FAMILY_ALPHA, disagreement_tests
 from specbench.results.schema import ResultsError, engine_groups, engine_instance, read_rows
 
 # The client's queue (since schema 15): each measured request's wait from its scheduled arrival to its
@@ -517,6 +518,8 @@ def with_serving_comparison(
                 continue
             if per_run:
                 ratios.setdefault(name, {})[row["cell_id"]] = per_run
+    tests = disagreement_tests(r for r in rows if not is_serving_row(r)) + sum(
+        len(per_run) > 1 for per_run in ratios.get(PAYS_ON, {}).values())
     for name, cells in ratios.items():
         for cell_id, per_run in cells.items():
             row = by_cell[cell_id]
@@ -526,8 +529,9 @@ def with_serving_comparison(
             if not spread.df:
                 spread, pool = _spread(cells, engines, list(cells)), "every rate (too few engine runs per regime)"
             others = _spread(cells, engines, [c for c in peers if c != cell_id])
-            interval = stats.speedup_interval(list(per_run.values()), spread, None, cells=max(len(peers), 1),
-                                              others=others if others.df else None)
+            # The "engine runs disagree" family is one over the sweep, offline cells and serving alike.
+            interval = stats.speedup_interval(list(per_run.values()), spread, None, cells=max(tests, 1),
+                                              others=others if others.df else None, flag_alpha=FAMILY_ALPHA)
             row[f"serving_speedup_{name}"] = interval.point
             row[f"serving_speedup_{name}_ci_low"] = interval.ci_low
             row[f"serving_speedup_{name}_ci_high"] = interval.ci_high
@@ -538,7 +542,7 @@ def with_serving_comparison(
                         "serving engine runs disagree on the E2E p50 speedup: "
                         + ", ".join(f"{r:.2f}x" for r in per_run.values())
                         + f" (beyond the other serving cells' engine-to-engine spread {pool}, "
-                        f"Bonferroni over {len(peers)} cells)"]
+                        f"at {FAMILY_ALPHA:g} Bonferroni over {tests} cells)"]
                     row["flagged"] = True
     for row in serving:
         if row.get(f"serving_speedup_{PAYS_ON}") is not None:

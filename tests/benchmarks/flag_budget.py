@@ -26,7 +26,11 @@ the 24 cells are taken as sampled cells.
 
 "Before": every family at 0.05 (and the code before issue 56: one pooled variance for the shifted
 baseline, the tested cell in its own median, Fisher's test on the ties against a control pooled over
-every batch size). "After": the code of this checkout, 0.05 / 4 per family.
+every batch size). "After": the code of this checkout, 0.05 / 4 per family (disagreement through
+``results.merge.judge_speedups``, each batch size judged by its own spread).
+
+Then the same sound sweeps written as cell files and merged (``results.merge.merge``) at baseline
+engine sd 0.02, 0.05 and 0.15 (:func:`merged_rates`): the two families that read the ratios, end to end.
 """
 
 from __future__ import annotations
@@ -63,13 +67,14 @@ Table = dict[tuple[int, int], list[list[float]]]  # (workload, batch) -> per con
 
 def sound_sweep(rng: np.random.Generator, *, runs: int = RUNS, batch_noise: Sequence[float] = BATCH_NOISE,
                 baseline_cell_sd: float = BASELINE_CELL_SD, engines: int = ENGINES, workloads: int = WORKLOADS,
-                shift: tuple[tuple[int, int], float] | None = None) -> Table:
+                shift: tuple[tuple[int, int], float] | None = None,
+                baseline_sd: float = BASELINE_ENGINE_SD) -> Table:
     """Per baseline cell (workload, batch index), each configuration's speedup per engine run.
 
     ``shift``: one baseline cell and a log shift added to its last engine run (a baseline run that went
     off alone), for power.
     """
-    u = rng.normal(0, BASELINE_ENGINE_SD, runs)
+    u = rng.normal(0, baseline_sd, runs)
     v = rng.normal(0, ENGINE_SD, (engines, runs))
     table: Table = {}
     for workload in range(workloads):
@@ -101,7 +106,17 @@ def shifted(module: ModuleType, table: Table, confidence: float) -> dict[Hashabl
 
 
 def disagree(module: ModuleType, table: Table, level: float) -> bool:
-    """Whether any cell's engine runs disagree (the merge's rule: each judged by the others' spread)."""
+    """Whether any cell's engine runs disagree (the merge's rule: each judged by the others' spread). With this
+    checkout's ``stats``, through the merge's own code (``merge.judge_speedups``: the spread of each batch size);
+    with an older module, its rule of one spread pooled over the sweep."""
+    if module is stats and level == FAMILY_ALPHA:
+        from specbench.results.merge import judge_speedups
+
+        rows = [{"batch_size": batch + 1, "speedup_per_engine_run": cell, "_runs": list(range(len(cell))),
+                 "_engine": engine, "_baseline": "b", "_within": None}
+                for (_, batch), cells in table.items() for engine, cell in enumerate(cells)]
+        judge_speedups(rows)
+        return any(row.get("flag_reasons") for row in rows)
     ratios, _, baselines, engines = _columns(table)
     judged = 0
     for i, cell in enumerate(ratios):
@@ -201,6 +216,53 @@ def power(module: ModuleType, trials: int, seed: int, shift: float, confidence: 
     return found / trials
 
 
+def write_sweep(cells: Path, table: Table) -> list[str]:
+    """A simulated sweep (:func:`sound_sweep`) as cell files the merge reads: per engine run one baseline engine
+    (every baseline cell) and one engine per configuration (every cell of it), greedy with equal outputs.
+    Wall times put each ratio exactly where the table has it (the repetitions' +-1% leaves the median)."""
+    # tests/rows.py builds cell files as the tests do; run as a script, tests/ is not on the path.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from rows import cell_row, write_cell
+
+    ids = []
+    runs = len(next(iter(table.values()))[0])
+    for (workload, batch), configurations in table.items():
+        shape = {"batch_size": batch + 1, "workload": f"w{workload}"}
+        for run in range(runs):
+            base_id = f"base-w{workload}-b{batch}-p{run}"
+            ids.append(base_id)
+            write_cell(cells, cell_row(base_id, "baseline", 2.0, engine_run=run, config_hash=f"B{workload}-{batch}")
+                       | shape | {"engine_id": f"base-{run}"}, [[1]])
+            for k, ratios in enumerate(configurations, start=1):
+                ids.append(f"k{k}-w{workload}-b{batch}-p{run}")
+                write_cell(cells, cell_row(ids[-1], "ngram", 2.0 / ratios[run], baseline_id=base_id, engine_run=run,
+                                           k=k, config_hash=f"S{k}-{workload}-{batch}")
+                           | shape | {"engine_id": f"k{k}-{run}"}, [[1]])
+    return ids
+
+
+def merged_rates(trials: int, seed: int, baseline_sd: float) -> dict[str, float]:
+    """Share of sound sweeps, written as cell files and merged (``results.merge.merge``), that lose a cell to
+    disagreeing engine runs, to a shifted baseline, and to either. (Greedy cells with equal outputs: the tie
+    and distribution families cannot fire here; :func:`rates` simulates them.)"""
+    import tempfile
+
+    from specbench.results.merge import merge
+
+    rng = np.random.default_rng(seed)
+    counts = dict.fromkeys(("engine runs disagree", "shifted baseline", "any"), 0)
+    for _ in range(trials):
+        with tempfile.TemporaryDirectory() as directory:
+            rows = merge(Path(directory), write_sweep(Path(directory), sound_sweep(rng, baseline_sd=baseline_sd)))
+        reasons = [reason for row in rows for reason in row.get("flag_reasons") or []]
+        hit = {"engine runs disagree": any(r.startswith("engine runs disagree") for r in reasons),
+               "shifted baseline": any(" of the baseline ran " in r for r in reasons)}
+        for family, flagged in hit.items():
+            counts[family] += flagged
+        counts["any"] += bool(reasons)
+    return {family: count / trials for family, count in counts.items()}
+
+
 def _print_rates(title: str, found: Mapping[str, float]) -> None:
     print(title)
     for family, rate in found.items():
@@ -214,6 +276,9 @@ def main(argv: Sequence[str]) -> None:
                  rates(trials, 1, before=True, module=before))
     _print_rates(f"After (each family at {SWEEP_ALPHA} / {len(FAMILIES)} = {FAMILY_ALPHA}), {trials} sound sweeps:",
                  rates(trials, 1, before=False, module=stats))
+    for baseline_sd in (0.02, 0.05, 0.15):
+        _print_rates(f"Through merge() on cell files, baseline engine sd {baseline_sd}, {trials // 5} sound sweeps:",
+                     merged_rates(trials // 5, 4, baseline_sd))
     print("Shifted baseline alone, sound sweeps (baseline cells as noisy as speculative ones):")
     for label, sweep in (("3 runs, batch noise x1/x1.5/x3", {}), ("2 runs, batch noise x1/x1.5/x3", {"runs": 2}),
                          ("3 runs, equal noise", {"batch_noise": (1.0, 1.0, 1.0)}),
