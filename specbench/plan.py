@@ -27,7 +27,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from specbench import grid, methods
 from specbench.analytic import acceptance, footprint, graphs, memory, prediction, profiles, sizing, speedup, steps, walltime
@@ -295,6 +295,10 @@ def composed_cells(jobs: Sequence[tuple[str, ...]], compose: Callable[[Sequence[
     cells: list[tuple[tuple[str, ...], Any]] = []
     for job in jobs:
         cfg = compose(job)
+        if "hydra" in cfg:  # a sweep's composition: its hydra node resolves only inside a job
+            cfg = cfg.copy()
+            with open_dict(cfg):
+                del cfg["hydra"]
         if cfg.method.get(methods.SCHEDULE) is not None:
             # A scheduled cell's K is its schedule's largest (config.with_schedule): the grid's
             # K values make one cell of it, listed once as the sweep measures it once.
@@ -404,7 +408,7 @@ def fit_budget(rows: Sequence[PlannedRow]) -> tuple[walltime.BudgetFit, float] |
     fit = walltime.fit_budget(cells, starts, budget * 60.0, start)
     if not fit.fits:
         raise ConfigError(
-            f"budget={budget:g}: the sweep takes at least {fit.floor.total_s / 60:.0f} min (every sized cell at "
+            f"budget={budget:g}: the sweep takes at least {math.ceil(fit.floor.total_s / 60)} min (every sized cell at "
             f"its floor of prompts, {fit.floor.starts} engine starts {fit.floor.start_s / 60:.0f} min); "
             f"budget={math.ceil(fit.floor.total_s / 60)} would fit, or fewer cells or engine_runs")
     return fit, budget
@@ -426,6 +430,12 @@ def budget_overrides(rows: Sequence[PlannedRow]) -> tuple[list[str], str | None]
     return ([f"precision.half_width={fit.half_width:g}"],
             f"budget={budget:g}: cells sized for +-{fit.half_width:.1%} to fit (precision.half_width="
             f"{fit.half_width:g}; estimated {fit.time.total_s / 60:.0f} min)")
+
+
+def within_budget(jobs: Sequence[tuple[str, ...]], compose: Callable[[Sequence[str]], Any]
+                  ) -> tuple[list[str], str | None]:
+    """:func:`budget_overrides` of a sweep's grid points (baselines added here), composed by ``compose``."""
+    return budget_overrides(price_cells(composed_cells(with_baselines(jobs), compose)))
 
 
 def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
