@@ -48,6 +48,7 @@ class CellTiming:
     precision: sizing.Precision
     sizable: bool
     gpu: bool
+    speculative: bool = True
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,8 @@ def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate:
         gpu=gpu, weight_bytes=estimate.target_weight_bytes + estimate.drafter_weight_bytes,
         models=2 if estimate.drafter_weight_bytes else 1, capture_sizes=len(estimate.capture_sizes),
         cpu_kv_gib=float(engine_cfg.get("cpu_kvcache_space_gib") or 0))
-    return CellTiming(cost, engine, start, sizing.Precision.from_config(plain), sizable, gpu)
+    return CellTiming(cost, engine, start, sizing.Precision.from_config(plain), sizable, gpu,
+                      plain["method"]["name"] != "baseline")
 
 
 def on_hardware(cfg: Any) -> Any:
@@ -341,6 +343,14 @@ def plan_time(rows: Sequence[PlannedRow], half_width: float | None = None) -> wa
     return walltime.sweep_time([t.cost for t in timings], _starts(timings), half_width)
 
 
+def speculative_engines(rows: Sequence[PlannedRow]) -> int:
+    """Speculative engines per baseline engine in the grid (the engines' degrees of freedom; at least 1)."""
+    timings = _timed(rows) or []
+    speculative = {t.engine for t in timings if t.speculative}
+    baselines = {t.engine for t in timings if not t.speculative}
+    return max(1, len(speculative) // max(1, len(baselines)))
+
+
 def widest_half_width(rows: Sequence[PlannedRow], half_width: float | None = None) -> tuple[float, int, int] | None:
     """The widest half-width a sized cell is expected to get, with its prompts and engine runs; None if none is sized."""
     timings = [t for t in _timed(rows) or () if t.sizable]
@@ -370,9 +380,13 @@ def time_lines(rows: Sequence[PlannedRow], alpha: float, half_width: float | Non
         engines = sizing.engine_half_width(precision.engine_sd, runs, precision.speculative_engines)
         sized_for = (f"cells sized for +-{target:.0%} (precision.half_width)" if target is not None
                      else "cells unsized (precision.half_width null: each serves workload.num_prompts)")
+        grid_engines = speculative_engines(rows)
         lines.append(f"precision: {sized_for}; widest expected 95% half-width +-{_percent(width)} at {prompts} "
                      f"prompts x {runs} engine run(s) (engines +-{_percent(engines)}, prompts "
-                     f"+-{_percent(sizing.prompt_half_width(precision.prompt_sd, prompts))})")
+                     f"+-{_percent(sizing.prompt_half_width(precision.prompt_sd, prompts))})"
+                     + (f"; the grid has {grid_engines} speculative engine(s) per baseline engine, priced as "
+                        f"precision.speculative_engines={precision.speculative_engines}"
+                        if grid_engines != precision.speculative_engines else ""))
     return lines
 
 

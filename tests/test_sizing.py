@@ -14,7 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from specbench import stats
 from specbench.analytic import sizing, walltime
 from specbench.config import cell_from_config
-from specbench.plan import CellTiming, make_plan, plan_time, widest_half_width
+from specbench.plan import CellTiming, make_plan, plan_time, speculative_engines, widest_half_width
 from tests.test_cli_errors import assert_refused, command, sweep  # noqa: F401 (command is a fixture)
 
 AWQ_4090 = ["model=qwen2.5-7b-instruct-awq", "hardware=rtx4090"]
@@ -158,6 +158,8 @@ def test_the_gpu_presets_answer_on_a_4090_within_the_hour_or_four(preset, hours)
     # The precision is stated, and met: every cell's expected half-width is within its target.
     width, _, _ = widest_half_width(rows)
     assert width <= timings[0].precision.half_width
+    # The engines' df are priced for the grid's own count of speculative engines per baseline engine.
+    assert speculative_engines(rows) == timings[0].precision.speculative_engines
     # Small batches serve fewer prompts than the largest batch's list.
     by_batch = {t.cost.batch_size: t.cost.prompts(None) for t in timings}
     assert by_batch[min(by_batch)] <= by_batch[max(by_batch)]
