@@ -12,7 +12,12 @@ imports neither vLLM nor torch, so it answers in seconds on any machine:
 
     python -m specbench.plan sweep=full_grid model=qwen2.5-7b-instruct-awq hardware=rtx4090
 
-Exits 1 when some cell would be refused, 2 on a config error.
+It ends with the sweep's estimated wall time (:mod:`specbench.analytic.walltime`: generation at the
+predicted speedups, every engine start with its weights and CUDA graphs) and the precision its cells
+are sized for (:mod:`specbench.analytic.sizing`); with ``budget=<minutes>`` it sizes the sweep to fit
+(:func:`budget_overrides`, which the sweeper calls too) or refuses it.
+
+Exits 1 when some cell would be refused, 2 on a config error or a budget the sweep cannot fit.
 """
 
 from __future__ import annotations
@@ -406,7 +411,6 @@ def fit_budget(rows: Sequence[PlannedRow]) -> tuple[walltime.BudgetFit, float] |
         ConfigError: one line, when a budget is set but the sweep cannot be priced or does not fit
             even with every sized cell at its floor of prompts; it names the budget that would fit.
     """
-    valid = [r for r in rows if not r.problems and r.timing is not None]
     budgets = {r.budget for r in rows if isinstance(r.budget, (int, float))}
     if not budgets:
         return None
@@ -418,7 +422,7 @@ def fit_budget(rows: Sequence[PlannedRow]) -> tuple[walltime.BudgetFit, float] |
     cells, starts = [t.cost for t in timings], _starts(timings)
     sizable = [t for t in timings if t.sizable]
     start = (sizable[0].precision.half_width if sizable and sizable[0].precision.half_width is not None
-             else (widest_half_width(valid) or (0.05, 0, 0))[0])
+             else (widest_half_width(rows) or (0.05, 0, 0))[0])
     fit = walltime.fit_budget(cells, starts, budget * 60.0, start)
     if not fit.fits:
         raise ConfigError(

@@ -83,6 +83,10 @@ def test_sized_sets_the_prompts_per_batch_size_from_the_first_of_the_list():
     assert one["workload"] == {"num_prompts": 36, "selection": "first"}
     assert sizing.sized(dict(plain, batch_size=128))["workload"]["num_prompts"] == 128
     assert sizing.sized(dict(plain, precision={"half_width": None}))["workload"]["num_prompts"] == 128
+    # A stored row's config (already sized) sizes to itself, so a resume rebuilds the same cell.
+    for batch in (1, 8, 32, 128):
+        once = sizing.sized(dict(plain, batch_size=batch))
+        assert sizing.sized(once) == once
     serving = dict(plain, load={"request_rate": 4.0})
     assert sizing.sized(serving)["workload"]["num_prompts"] == 128  # a serving cell's size is its requests
 
