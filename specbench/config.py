@@ -25,7 +25,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from specbench import hub, load, methods, models, sampling
 from specbench.sampling import Sampling
-from specbench.analytic import capacity, graphs, memory, prediction
+from specbench.analytic import capacity, graphs, memory, prediction, sizing
 from specbench.engine import (
     CPU_ALLOCATORS,
     EngineSpec,
@@ -142,6 +142,8 @@ class ConfigSchema:
     engine: EngineSchema = field(default_factory=EngineSchema)
     load: load.LoadSchema = field(default_factory=load.LoadSchema)
     capacity: capacity.CapacitySchema = field(default_factory=capacity.CapacitySchema)
+    precision: sizing.PrecisionSchema = field(default_factory=sizing.PrecisionSchema)
+    budget: Optional[float] = None  # minutes a sweep may take (specbench.plan.fit_overrides)
 
 
 ConfigStore.instance().store(name="specbench_schema", node=ConfigSchema)
@@ -345,7 +347,8 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
         # One problem stays on the line that says what was refused.
         raise ConfigError("invalid cell configuration:" + (f" {errors[0]}" if len(errors) == 1 else
                                                            "\n  " + "\n  ".join(errors)))
-    plain = with_schedule(_to_plain(cfg))
+    # Sized by its precision (specbench.analytic.sizing): the prompts it serves join its identity.
+    plain = sizing.sized(with_schedule(_to_plain(cfg)))
     method = plain["method"]
     baseline = method["name"] == "baseline"
     # The repairs join the identity only when turned off, async scheduling only when pinned, the CPU
@@ -440,6 +443,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         errors.append(f"attempts={attempts!r} must be an integer >= 1 (measurements of a disturbed cell)")
     errors += sampling.validate(plain)
     errors += load.validate(plain)
+    errors += sizing.problems(plain)
     if plain.get("remeasure") not in REMEASURE:
         errors.append(f"remeasure={plain.get('remeasure')!r} must be one of: "
                       + ", ".join("null" if r is None else r for r in REMEASURE))

@@ -12,29 +12,51 @@ imports neither vLLM nor torch, so it answers in seconds on any machine:
 
     python -m specbench.plan sweep=full_grid model=qwen2.5-7b-instruct-awq hardware=rtx4090
 
-Exits 1 when some cell would be refused, 2 on a config error.
+It ends with the sweep's estimated wall time (:mod:`specbench.analytic.walltime`: generation at the
+predicted speedups, every engine start with its weights and CUDA graphs) and the precision its cells
+are sized for (:mod:`specbench.analytic.sizing`); with ``budget=<minutes>`` it sizes the sweep to fit
+(:func:`budget_overrides`, which the sweeper calls too) or refuses it.
+
+Exits 1 when some cell would be refused, 2 on a config error or a budget the sweep cannot fit.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from specbench import grid, methods
-from specbench.analytic import acceptance, footprint, graphs, memory, prediction, profiles, speedup
+from specbench.analytic import (acceptance, footprint, graphs, memory, prediction, profiles, sizing, speedup, steps,
+                                walltime)
 from specbench.config import (ConfigError, batch_prompt_tokens, cell_from_config, validate, with_draft_vocabulary,
                               with_schedule)
+from specbench.measure import WARMUP_MAX_TOKENS
+from specbench.workloads import estimated_requests
 
 DEFAULT_ALPHA = 0.7
+
+
+@dataclass(frozen=True)
+class CellTiming:
+    """What one cell adds to the sweep's wall time: its generation, and the engine it runs on."""
+
+    cost: walltime.CellCost
+    engine: Hashable  # cells with the same engine share its start in each engine run
+    start_s: float  # seconds to start that engine once
+    precision: sizing.Precision
+    sizable: bool
+    gpu: bool
+    speculative: bool = True
 
 
 @dataclass(frozen=True)
@@ -54,6 +76,8 @@ class PlannedRow:
     model_runner: str | None = None
     # A serving cell whose schedule cycles its prompts: (requests sent, distinct prompts); None otherwise.
     cycled_prompts: tuple[int, int] | None = None
+    timing: CellTiming | None = None  # its wall time, where the hardware profile prices it
+    budget: float | None = None  # the config's budget (minutes)
 
     @property
     def step_over_limit(self) -> bool:
@@ -96,8 +120,8 @@ def with_baselines(jobs: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
     return list(out)
 
 
-def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
-    """Price one composed cell."""
+def plan_row(job: tuple[str, ...], cfg: Any, alpha: float, engine: Hashable | None = None) -> PlannedRow:
+    """Price one composed cell; ``engine`` (:func:`specbench.grid.engine_key`) lets it price its time too."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("hydra", None)
     plain = with_draft_vocabulary(plain)  # as the cell's engine gets it: the runner depends on it
@@ -126,7 +150,11 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float) -> PlannedRow:
         except memory.Unpriced:
             estimate = None
         speedup = _predicted_decode_speedup(plain, hardware, method, k, alpha)
-    return PlannedRow(job, label, estimate, speedup, problems, step, limit, runner, cycled_prompts(plain))
+    timing = None
+    if not problems and estimate is not None and engine is not None:
+        timing = cell_timing(plain, hardware, estimate, None if method == "baseline" else speedup, engine)
+    return PlannedRow(job, label, estimate, speedup, problems, step, limit, runner, cycled_prompts(plain), timing,
+                      plain.get("budget"))
 
 
 def cycled_prompts(plain: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -138,6 +166,57 @@ def cycled_prompts(plain: Mapping[str, Any]) -> tuple[int, int] | None:
     if load.get("request_rate") is None or not isinstance(prompts, int) or not isinstance(requests, int):
         return None
     return (requests, prompts) if requests > prompts else None
+
+
+def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate: footprint.MemoryEstimate,
+                decode_speedup: float | None, engine: Hashable) -> CellTiming | None:
+    """A valid cell's share of the wall time (:mod:`specbench.analytic.walltime`); None where it cannot be priced.
+
+    Generation at plain-decoding speed over ``decode_speedup`` (the prediction at the plan's alpha; a
+    baseline's None), the prompts sized by :func:`specbench.analytic.sizing.sized`; its engine's start
+    from the memory model's weights and CUDA-graph sizes.
+    """
+    requests = estimated_requests(plain["workload"])
+    try:
+        hw = profiles.HardwareProfile.from_mapping(hardware)
+        model = plain["model"]
+        target = prediction.model_profile(model["path"], plain["engine"].get("dtype") or model["dtype"], model.get("name"))
+    except (KeyError, ValueError):
+        return None
+    if requests is None:
+        return None
+    workload, engine_cfg = plain["workload"], plain["engine"]
+    batch, max_tokens, prompt_len = int(plain["batch_size"]), int(workload["max_tokens"]), max(requests[1], 1.0)
+    step_tokens = engine_cfg.get("max_num_batched_tokens") or prediction.default_step_tokens(hw.name)
+    speed = decode_speedup if decode_speedup else 1.0
+
+    def batch_s(size: int, tokens: int) -> float:
+        return steps.plain_batch_time(target, hw, size, prompt_len, tokens, step_tokens) / speed
+
+    sizable = sizing.is_sizable(plain)
+    available = int(workload["num_prompts"]) if sizable else requests[0]
+
+    def prompts(half_width: float | None) -> int:
+        return int(sizing.sized(dict(plain), half_width)["workload"]["num_prompts"]) if sizable else available
+
+    load = plain.get("load") or {}
+    fixed = 0.0
+    if load.get("request_rate") is not None:
+        # A serving cell: its arrivals' span, then the last request's own service.
+        rate = float(load["request_rate"])
+        fixed = (int(load["num_requests"]) / rate if rate != float("inf") else 0.0) + batch_s(1, max_tokens)
+    cost = walltime.CellCost(
+        batch_size=batch, batch_s=batch_s(batch, max_tokens),
+        warmup_s=batch_s(batch, min(max_tokens, WARMUP_MAX_TOKENS)) if plain.get("warmup", True) else 0.0,
+        repetitions=int(plain["repetitions"]), engine_runs=int(plain["engine_runs"]), prompts=prompts,
+        fixed_s=fixed)
+    gpu = bool(hardware.get("memory_bytes"))
+    start = walltime.engine_start_s(
+        gpu=gpu, weight_bytes=estimate.target_weight_bytes + estimate.drafter_weight_bytes,
+        models=2 if estimate.drafter_weight_bytes else 1, capture_sizes=len(estimate.capture_sizes),
+        cpu_kv_gib=float(engine_cfg.get("cpu_kvcache_space_gib") or 0))
+    return CellTiming(cost, engine, start, sizing.Precision.from_config(plain), sizable, gpu,
+                      plain["method"]["name"] != "baseline")
 
 
 def on_hardware(cfg: Any) -> Any:
@@ -174,6 +253,17 @@ def with_engine_graph_batches(cfgs: Sequence[Any]) -> list[Any]:
             cfg.engine.cudagraph_batch_size = largest[key]
         out.append(cfg)
     return out
+
+
+def engine_keys(cfgs: Sequence[Any]) -> list[Hashable | None]:
+    """Each config's engine (:func:`specbench.grid.engine_key`); None for an invalid cell."""
+    keys: list[Hashable | None] = []
+    for cfg in cfgs:
+        try:
+            keys.append(grid.engine_key(cell_from_config(cfg)))
+        except ConfigError:
+            keys.append(None)
+    return keys
 
 
 def _predicted_decode_speedup(
@@ -234,22 +324,170 @@ class GridComposer:
 def make_plan(overrides: Sequence[str], alpha: float = DEFAULT_ALPHA) -> list[PlannedRow]:
     """Every cell (baselines included) of the grid these overrides describe, priced (composed by :class:`GridComposer`)."""
     jobs = with_baselines(grid_jobs(overrides))
+    with initialize_config_module("specbench.conf", version_base="1.3"):
+        cells = composed_cells(jobs, GridComposer())
+    return price_cells(cells, alpha)
+
+
+def composed_cells(jobs: Sequence[tuple[str, ...]], compose: Callable[[Sequence[str]], Any]
+                   ) -> list[tuple[tuple[str, ...], Any]]:
+    """Each job (baselines included) with its config as its hardware's engine runs it, a K schedule's once."""
     scheduled: set[tuple[str, ...]] = set()
     cells: list[tuple[tuple[str, ...], Any]] = []
-    with initialize_config_module("specbench.conf", version_base="1.3"):
-        composer = GridComposer()
-        for job in jobs:
-            cfg = composer(job)
-            if cfg.method.get(methods.SCHEDULE) is not None:
-                # A scheduled cell's K is its schedule's largest (config.with_schedule): the grid's
-                # K values make one cell of it, listed once as the sweep measures it once.
-                key = tuple(o for o in job if grid.override_key(o) != "num_speculative_tokens")
-                if key in scheduled:
-                    continue
-                scheduled.add(key)
-            cells.append((job, on_hardware(cfg)))
+    for job in jobs:
+        cfg = compose(job)
+        if "hydra" in cfg:  # a sweep's composition: its hydra node resolves only inside a job
+            cfg = cfg.copy()
+            with open_dict(cfg):
+                del cfg["hydra"]
+        if cfg.method.get(methods.SCHEDULE) is not None:
+            # A scheduled cell's K is its schedule's largest (config.with_schedule): the grid's
+            # K values make one cell of it, listed once as the sweep measures it once.
+            key = tuple(o for o in job if grid.override_key(o) != "num_speculative_tokens")
+            if key in scheduled:
+                continue
+            scheduled.add(key)
+        cells.append((job, on_hardware(cfg)))
+    return cells
+
+
+def price_cells(cells: Sequence[tuple[tuple[str, ...], Any]], alpha: float = DEFAULT_ALPHA) -> list[PlannedRow]:
+    """Composed cells (grid point, config) priced as :func:`make_plan` prices them, times included."""
     priced = with_engine_graph_batches([cfg for _, cfg in cells])
-    return [plan_row(job, cfg, alpha) for (job, _), cfg in zip(cells, priced)]
+    keys = engine_keys(priced)
+    return [plan_row(job, cfg, alpha, key) for (job, _), cfg, key in zip(cells, priced, keys)]
+
+
+def _timed(rows: Sequence[PlannedRow]) -> list[CellTiming] | None:
+    """The valid cells' timings; None when some valid cell cannot be priced (no profile, an hf workload)."""
+    valid = [r for r in rows if not r.problems]
+    timings = [r.timing for r in valid]
+    return None if not valid or any(t is None for t in timings) else [t for t in timings if t is not None]
+
+
+def _starts(timings: Sequence[CellTiming]) -> list[float]:
+    """Each engine start's seconds: every engine once per engine run (its cells run back to back)."""
+    runs: dict[Hashable, tuple[float, int]] = {}
+    for t in timings:
+        start, count = runs.get(t.engine, (0.0, 0))
+        runs[t.engine] = (max(start, t.start_s), max(count, t.cost.engine_runs))
+    return [start for start, count in runs.values() for _ in range(count)]
+
+
+def plan_time(rows: Sequence[PlannedRow], half_width: float | None = None) -> walltime.SweepTime | None:
+    """The sweep's estimated wall time (``half_width``: sized for it instead of the config's own); None: unpriced."""
+    timings = _timed(rows)
+    if timings is None:
+        return None
+    return walltime.sweep_time([t.cost for t in timings], _starts(timings), half_width)
+
+
+def speculative_engines(rows: Sequence[PlannedRow]) -> int:
+    """Speculative engines per baseline engine in the grid (the engines' degrees of freedom; at least 1)."""
+    timings = _timed(rows) or []
+    speculative = {t.engine for t in timings if t.speculative}
+    baselines = {t.engine for t in timings if not t.speculative}
+    return max(1, len(speculative) // max(1, len(baselines)))
+
+
+def widest_half_width(rows: Sequence[PlannedRow], half_width: float | None = None) -> tuple[float, int, int] | None:
+    """The widest half-width a sized cell is expected to get, with its prompts and engine runs; None if none is sized."""
+    timings = [t for t in _timed(rows) or () if t.sizable]
+    if not timings:
+        return None
+    return max(((sizing.expected_half_width(t.precision, t.cost.prompts(half_width), t.cost.engine_runs),
+                 t.cost.prompts(half_width), t.cost.engine_runs) for t in timings))
+
+
+def time_lines(rows: Sequence[PlannedRow], alpha: float, half_width: float | None = None) -> list[str]:
+    """The plan's wall-time and precision lines."""
+    time = plan_time(rows, half_width)
+    if time is None:
+        return ["estimated wall time: none (a cell is unpriced: pass hardware=<name>, or a workload read only "
+                "by the engines)"] if any(not r.problems for r in rows) else []
+    timings = _timed(rows) or []
+    where = "GPU" if any(t.gpu for t in timings) else "CPU"
+    starts = ("weights load and CUDA-graph capture" if where == "GPU" else "KV pool allocation")
+    lines = [f"estimated wall time: {_minutes(time.total_s)} = generation {_minutes(time.generation_s)} "
+             f"(speculative cells at their predicted speedup, alpha={alpha:g}) + {time.starts} engine start(s) "
+             f"{_minutes(time.start_s)} ({starts}; {where})"]
+    widest = widest_half_width(rows, half_width)
+    if widest is not None:
+        precision = next(t.precision for t in timings if t.sizable)
+        target = precision.half_width if half_width is None else half_width
+        width, prompts, runs = widest
+        engines = sizing.engine_half_width(precision.engine_sd, runs, precision.speculative_engines)
+        sized_for = (f"cells sized for +-{target:.0%} (precision.half_width)" if target is not None
+                     else "cells unsized (precision.half_width null: each serves workload.num_prompts)")
+        grid_engines = speculative_engines(rows)
+        lines.append(f"precision: {sized_for}; widest expected 95% half-width +-{_percent(width)} at {prompts} "
+                     f"prompts x {runs} engine run(s) (engines +-{_percent(engines)}, prompts "
+                     f"+-{_percent(sizing.prompt_half_width(precision.prompt_sd, prompts))})"
+                     + (f"; the grid has {grid_engines} speculative engine(s) per baseline engine, priced as "
+                        f"precision.speculative_engines={precision.speculative_engines}"
+                        if grid_engines != precision.speculative_engines else ""))
+    return lines
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else \
+        f"{seconds / 3600:.1f} h"
+
+
+def _percent(value: float) -> str:
+    return "n/a (one engine run)" if value == float("inf") else f"{value:.1%}"
+
+
+def fit_budget(rows: Sequence[PlannedRow]) -> tuple[walltime.BudgetFit, float] | None:
+    """The rows' ``budget`` (minutes) against their estimate; None without a budget.
+
+    Raises:
+        ConfigError: one line, when a budget is set but the sweep cannot be priced or does not fit
+            even with every sized cell at its floor of prompts; it names the budget that would fit.
+    """
+    budgets = {r.budget for r in rows if isinstance(r.budget, (int, float))}
+    if not budgets:
+        return None
+    budget = min(budgets)
+    timings = _timed(rows)
+    if timings is None:
+        raise ConfigError(f"budget={budget:g}: the sweep has no time estimate to hold against it "
+                          "(pass hardware=<name> or run python -m specbench.calibrate)")
+    cells, starts = [t.cost for t in timings], _starts(timings)
+    sizable = [t for t in timings if t.sizable]
+    start = (sizable[0].precision.half_width if sizable and sizable[0].precision.half_width is not None
+             else (widest_half_width(rows) or (0.05, 0, 0))[0])
+    fit = walltime.fit_budget(cells, starts, budget * 60.0, start)
+    if not fit.fits:
+        raise ConfigError(
+            f"budget={budget:g}: the sweep takes at least {math.ceil(fit.floor.total_s / 60)} min (every sized cell at "
+            f"its floor of prompts, {fit.floor.starts} engine starts {fit.floor.start_s / 60:.0f} min); "
+            f"budget={math.ceil(fit.floor.total_s / 60)} would fit, or fewer cells or engine_runs")
+    return fit, budget
+
+
+def budget_overrides(rows: Sequence[PlannedRow]) -> tuple[list[str], str | None]:
+    """The overrides that size the sweep to its ``budget`` (none where it fits as it is, or has no budget),
+    and a line saying what the budget did.
+
+    Raises:
+        ConfigError: the one line of :func:`fit_budget` when it does not fit.
+    """
+    fitted = fit_budget(rows)
+    if fitted is None:
+        return [], None
+    fit, budget = fitted
+    if fit.half_width is None:
+        return [], f"budget={budget:g}: fits as configured (estimated {fit.time.total_s / 60:.0f} min)"
+    return ([f"precision.half_width={fit.half_width:g}"],
+            f"budget={budget:g}: cells sized for +-{fit.half_width:.1%} to fit (precision.half_width="
+            f"{fit.half_width:g}; estimated {fit.time.total_s / 60:.0f} min)")
+
+
+def within_budget(jobs: Sequence[tuple[str, ...]], compose: Callable[[Sequence[str]], Any]
+                  ) -> tuple[list[str], str | None]:
+    """:func:`budget_overrides` of a sweep's grid points (baselines added here), composed by ``compose``."""
+    return budget_overrides(price_cells(composed_cells(with_baselines(jobs), compose)))
 
 
 def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
@@ -316,6 +554,7 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
             "(part of the batch waits) and no single graph holds it; raise engine.max_num_batched_tokens")
     if rows and all(r.estimate is None for r in rows):
         lines.append("no memory figures: pass hardware=<name> (conf/hardware) or run python -m specbench.calibrate")
+    lines += time_lines(rows, alpha)
     return "\n".join(lines)
 
 
@@ -357,7 +596,16 @@ def main(argv: list[str] | None = None) -> int:
         cause = f"\n{exc.__cause__}" if exc.__cause__ is not None else ""
         print(f"error: {exc}{cause}", file=sys.stderr)
         return 2
+    try:
+        extra, note = budget_overrides(rows)
+        if extra:
+            rows = make_plan([*args.overrides, *extra], args.alpha)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(format_plan(rows, args.alpha))
+    if note:
+        print(note)
     return 1 if any(r.problems for r in rows) else 0
 
 

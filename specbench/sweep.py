@@ -48,6 +48,7 @@ from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config,
 from specbench.logs import LOG_FILE, engine_log
 from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep, with_serving_predictions
 from specbench.measure import WARMUP_MAX_TOKENS
+from specbench.plan import within_budget
 from specbench.grid import PlannedCell
 from specbench.results.files import PLAN_FILE, CellFiles, write_atomic, write_results
 from specbench.results import serving
@@ -272,6 +273,16 @@ class CellSweeper(BasicSweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         jobs = grid.grid_points(parser, self.params, arguments)
         loader = self.hydra_context.config_loader
+        if self.config.get("budget") is not None:
+            # Sized to the budget, or refused in one line, before any checkpoint is fetched or engine starts.
+            try:
+                extra, note = within_budget(jobs, lambda point: loader.load_sweep_config(self.config, list(point)))
+            except ConfigError as exc:
+                refuse(exc)
+            if extra:
+                jobs = grid.grid_points(parser, self.params, [*arguments, *extra])
+            if note:
+                print(note, flush=True)
         try:
             planned = plan_cells(jobs, lambda point: loader.load_sweep_config(self.config, list(point)), fetch=True)
         except (ConfigError, hub.HubError) as exc:

@@ -1,0 +1,127 @@
+"""A sweep's wall time before any engine: its cells' generation, and its engine starts.
+
+Generation: each cell is priced by the roofline model (:func:`steps.plain_batch_time`) over the
+batches of the prompts it serves (:mod:`specbench.analytic.sizing`), its warm-up and its
+repetitions, in every engine run; a speculative cell at its predicted decode speedup. Engine
+starts: each engine of each engine run, started once for the cells that share it:
+
+- on a GPU, a fixed part (the process and its CUDA context, vLLM's profiling run, torch.compile's
+  graphs), the weights read at :data:`WEIGHT_LOAD_BYTES_PER_S`, and the CUDA graphs captured at
+  :data:`CAPTURE_S_PER_SIZE` per size per model (target, and drafter where it has its own);
+- on the CPU build, a fixed part and the KV pool touched at :data:`CPU_KV_S_PER_GIB` (measured on
+  2 cores, conf/config.yaml).
+
+The GPU constants follow vLLM's own start-up lines for a model on one card with torch.compile's
+cache warm (vllm#20264: "torch.compile takes 7.51 s", "Graph capturing finished in 17 secs" for the
+default 67 sizes, "init engine (profile, create kv cache, warmup model) took 34.11 seconds"); the
+engine workers fork from a process that imported vLLM once (specbench.engine), so no start pays
+the import. They are not measured by specbench: they set the starts' order of magnitude.
+
+Pure: numbers in, seconds out. :func:`fit_budget` sizes a sweep to a budget by its precision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+GPU_START_FIXED_S = 25.0
+WEIGHT_LOAD_BYTES_PER_S = 1.5e9
+CAPTURE_S_PER_SIZE = 0.25
+CPU_START_FIXED_S = 8.0
+CPU_KV_S_PER_GIB = 5.0
+
+
+def engine_start_s(*, gpu: bool, weight_bytes: float, models: int = 1, capture_sizes: int = 0,
+                   cpu_kv_gib: float = 0.0) -> float:
+    """Seconds to start one engine: fixed part, weights, and CUDA-graph capture (GPU) or KV pool (CPU)."""
+    if gpu:
+        return GPU_START_FIXED_S + weight_bytes / WEIGHT_LOAD_BYTES_PER_S + CAPTURE_S_PER_SIZE * capture_sizes * models
+    return CPU_START_FIXED_S + CPU_KV_S_PER_GIB * cpu_kv_gib
+
+
+@dataclass(frozen=True)
+class CellCost:
+    """One cell's generation, per engine run, as a function of the prompts it serves.
+
+    ``batch_s``: one batch of ``batch_size`` decoded to max_tokens at the cell's speed;
+    ``warmup_s``: its untimed warm-up; ``prompts``: maps a target half-width (None: the config's
+    own) to the prompts the cell serves (:func:`specbench.analytic.sizing.sized`); ``fixed_s``: a
+    serving cell's time, which the prompts do not set (0 for an offline cell).
+    """
+
+    batch_size: int
+    batch_s: float
+    warmup_s: float
+    repetitions: int
+    engine_runs: int
+    prompts: Callable[[float | None], int]
+    fixed_s: float = 0.0
+
+    def seconds(self, half_width: float | None = None) -> float:
+        """Seconds over all its engine runs at this target half-width."""
+        if self.fixed_s:
+            return self.engine_runs * self.fixed_s
+        batches = math.ceil(self.prompts(half_width) / self.batch_size)
+        return self.engine_runs * (self.warmup_s + self.repetitions * batches * self.batch_s)
+
+
+@dataclass(frozen=True)
+class SweepTime:
+    """A sweep's estimated seconds: generation and engine starts."""
+
+    generation_s: float
+    starts: int
+    start_s: float
+
+    @property
+    def total_s(self) -> float:
+        """Generation and starts together."""
+        return self.generation_s + self.start_s
+
+
+def sweep_time(cells: Sequence[CellCost], starts: Sequence[float], half_width: float | None = None) -> SweepTime:
+    """The sweep's time with its cells sized for ``half_width``; ``starts``: each engine start's seconds."""
+    return SweepTime(sum(c.seconds(half_width) for c in cells), len(starts), sum(starts))
+
+
+@dataclass(frozen=True)
+class BudgetFit:
+    """What a budget allows: the target half-width to size for (None: the config's own fits), the time it
+    takes, and the fastest the sweep can be (every sized cell at its floor of prompts)."""
+
+    fits: bool
+    half_width: float | None
+    time: SweepTime
+    floor: SweepTime
+
+
+# The budget's search widens the target in steps of this factor: fine enough that a fit uses most of
+# the budget, coarse enough to print as a round figure.
+_WIDEN = 1.05
+_LOOSEST = 1.0  # a half-width of 100%: every sized cell at its floor of prompts
+
+
+def fit_budget(cells: Sequence[CellCost], starts: Sequence[float], budget_s: float,
+               start_half_width: float) -> BudgetFit:
+    """The tightest target half-width, from ``start_half_width`` outwards, whose sweep fits ``budget_s``.
+
+    The config's own sizing is kept when it fits (``half_width`` None). Otherwise the target widens,
+    and each cell serves fewer prompts, down to its floor (``precision.min_prompts``, one batch);
+    a sweep that does not fit even there does not fit (``fits`` False).
+    """
+    own = sweep_time(cells, starts)
+    floor = sweep_time(cells, starts, _LOOSEST)
+    if own.total_s <= budget_s:
+        return BudgetFit(True, None, own, floor)
+    if floor.total_s > budget_s:
+        return BudgetFit(False, None, own, floor)
+    target = start_half_width
+    while target < _LOOSEST:
+        candidate = round(target, 3)  # printed and passed on as precision.half_width
+        time = sweep_time(cells, starts, candidate)
+        if time.total_s <= budget_s:
+            return BudgetFit(True, candidate, time, floor)
+        target *= _WIDEN
+    return BudgetFit(True, _LOOSEST, floor, floor)

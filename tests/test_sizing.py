@@ -1,0 +1,209 @@
+"""Cells sized by the precision they need, the plan's wall time, and budget=: no engine anywhere."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+from specbench import stats
+from specbench.analytic import sizing, walltime
+from specbench.config import cell_from_config
+from specbench.plan import CellTiming, make_plan, plan_time, speculative_engines, widest_half_width
+from tests.test_cli_errors import assert_refused, command, sweep  # noqa: F401 (command is a fixture)
+
+AWQ_4090 = ["model=qwen2.5-7b-instruct-awq", "hardware=rtx4090"]
+
+
+def precision(**given: float) -> sizing.Precision:
+    return sizing.Precision.from_config({"precision": given})
+
+
+# --------------------------------------------------------------------------- the sizing function
+
+
+def test_prompts_needed_falls_as_the_target_widens_down_to_the_floor():
+    p = precision(prompt_sd=0.2, engine_sd=0.03, min_prompts=8)
+    needed = [sizing.prompts_needed(p, h, 3, 128) for h in (0.12, 0.13, 0.15, 0.2, 0.4, 0.9)]
+    assert needed == sorted(needed, reverse=True) and needed[0] > needed[-1]
+    assert needed[-1] == 8  # the floor
+    # Each meets its target, and one prompt fewer would not (above the floor).
+    for h, n in zip((0.12, 0.13, 0.15), needed):
+        assert sizing.expected_half_width(p, n, 3) <= h < sizing.expected_half_width(p, n - 1, 3)
+
+
+def test_a_target_the_engines_alone_miss_keeps_every_prompt():
+    p = precision(prompt_sd=0.2, engine_sd=0.03)
+    engines = sizing.engine_half_width(0.03, 3)
+    assert sizing.prompts_needed(p, engines * 0.99, 3, 128) == 128
+    assert sizing.prompts_needed(p, 0.5, 1, 64) == 64  # one engine run: no interval to size for
+
+
+def test_a_cell_serves_whole_batches_at_least_one_at_most_the_list():
+    assert [sizing.cell_prompts(b, 36, 128) for b in (1, 2, 4, 8, 16, 32, 64, 128)] == \
+        [36, 36, 36, 40, 48, 64, 64, 128]
+    assert sizing.cell_prompts(4, 36, 20) == 20
+
+
+def test_the_engines_df_are_those_engine_run_spread_counts():
+    # One speculative engine: every cell shares every deviation, R - 1; more engines: more df.
+    assert sizing.engine_df(3, 1) == 2 and sizing.engine_df(2, 1) == 1
+    assert sizing.engine_df(3, 2) > 2 and sizing.engine_df(3, 24) > sizing.engine_df(3, 2)
+
+
+@pytest.mark.parametrize(("runs", "engines", "cells"), [(3, 1, 16), (3, 2, 16), (3, 12, 21), (3, 24, 3)])
+def test_the_engines_half_width_is_what_the_merge_gives_on_average(runs, engines, cells):
+    # Simulated through the merge's own statistics (engine_run_spread, speedup_interval): baseline and
+    # speculative engines each deviate by engine_sd in every run, the cells by almost nothing.
+    rng, sd, widths = random.Random(1), 0.03, []
+    for _ in range(300):
+        u = [rng.gauss(0, sd) for _ in range(runs)]
+        ratios, spec, base = [], [], []
+        for e in range(engines):
+            v = [rng.gauss(0, sd) for _ in range(runs)]
+            for _ in range(cells):
+                ratios.append({r: math.exp(0.2 + u[r] - v[r] + rng.gauss(0, 0.002)) for r in range(runs)})
+                spec.append(e)
+                base.append("baseline")
+        interval = stats.speedup_interval(list(ratios[0].values()), stats.engine_run_spread(ratios, spec, base), None)
+        widths.append(math.log(interval.ci_high / interval.point))
+    predicted = sizing.engine_half_width(sd, runs, engines)
+    assert statistics.mean(widths) == pytest.approx(predicted, rel=0.15)
+
+
+def test_sized_sets_the_prompts_per_batch_size_from_the_first_of_the_list():
+    plain = {"batch_size": 1, "engine_runs": 3, "precision": {"half_width": 0.10, "speculative_engines": 2},
+             "workload": {"num_prompts": 128, "selection": "random"}, "load": {"request_rate": None}}
+    one = sizing.sized(plain)
+    assert one["workload"] == {"num_prompts": 36, "selection": "first"}
+    assert sizing.sized(dict(plain, batch_size=128))["workload"]["num_prompts"] == 128
+    assert sizing.sized(dict(plain, precision={"half_width": None}))["workload"]["num_prompts"] == 128
+    # A stored row's config (already sized) sizes to itself, so a resume rebuilds the same cell.
+    for batch in (1, 8, 32, 128):
+        once = sizing.sized(dict(plain, batch_size=batch))
+        assert sizing.sized(once) == once
+    serving = dict(plain, load={"request_rate": 4.0})
+    assert sizing.sized(serving)["workload"]["num_prompts"] == 128  # a serving cell's size is its requests
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("precision.half_width", 1.5, "precision.half_width=1.5 must be null or a number in (0, 1)"),
+    ("precision.min_prompts", 0, "precision.min_prompts=0 must be an integer >= 1"),
+    ("budget", -5, "budget=-5 must be null or minutes > 0"),
+])
+def test_bad_precision_and_budget_values_are_named(key, value, says):
+    plain: dict = {"precision": {}}
+    if key == "budget":
+        plain["budget"] = value
+    else:
+        plain["precision"][key.split(".")[1]] = value
+    assert says in " ".join(sizing.problems(plain))
+
+
+def test_a_sized_cell_and_its_baseline_serve_the_same_prefix():
+    GlobalHydra.instance().clear()
+    with initialize_config_module("specbench.conf", version_base="1.3"):
+        def cell(*overrides: str):
+            return cell_from_config(compose("config", overrides=["sweep=batch_decay", *AWQ_4090, *overrides]))
+
+        small, base = cell("batch_size=1", "method=ngram"), cell("batch_size=1", "method=baseline")
+        large = cell("batch_size=128", "method=ngram")
+    GlobalHydra.instance().clear()
+    assert small.workload["num_prompts"] == base.workload["num_prompts"] == 36
+    assert small.workload["selection"] == large.workload["selection"] == "first"
+    assert large.workload["num_prompts"] == 128
+    assert small.config_hash != large.config_hash
+
+
+# --------------------------------------------------------------------------- the wall time
+
+
+def test_an_engine_start_prices_weights_and_graphs():
+    bare = walltime.engine_start_s(gpu=True, weight_bytes=0)
+    assert walltime.engine_start_s(gpu=True, weight_bytes=6e9) - bare == pytest.approx(6e9 / walltime.WEIGHT_LOAD_BYTES_PER_S)
+    assert walltime.engine_start_s(gpu=True, weight_bytes=0, models=2, capture_sizes=67) - bare == \
+        pytest.approx(2 * 67 * walltime.CAPTURE_S_PER_SIZE)
+    assert walltime.engine_start_s(gpu=False, weight_bytes=1e9, cpu_kv_gib=2) == \
+        walltime.CPU_START_FIXED_S + 2 * walltime.CPU_KV_S_PER_GIB
+
+
+def test_a_cells_time_follows_its_batches():
+    cost = walltime.CellCost(batch_size=4, batch_s=2.0, warmup_s=0.5, repetitions=2, engine_runs=3,
+                             prompts=lambda h: 36 if h is None else 8)
+    assert cost.seconds() == 3 * (0.5 + 2 * 9 * 2.0)
+    assert cost.seconds(0.5) == 3 * (0.5 + 2 * 2 * 2.0)
+
+
+def test_the_budget_keeps_widens_or_refuses():
+    cells = [walltime.CellCost(1, 10.0, 0.0, 1, 1, prompts=lambda h: 40 if h is None or h < 0.2 else 8)]
+    starts = [60.0]
+    assert walltime.fit_budget(cells, starts, 1000.0, 0.1).half_width is None  # 460 s: as configured
+    fit = walltime.fit_budget(cells, starts, 200.0, 0.1)  # 140 s once sized for >= 0.2
+    assert fit.fits and fit.half_width is not None and fit.half_width >= 0.2 and fit.time.total_s <= 200
+    assert not walltime.fit_budget(cells, starts, 100.0, 0.1).fits
+
+
+@pytest.mark.parametrize(("preset", "hours"), [("batch_decay", 1), ("k_sweep", 1), ("full_grid", 4)])
+def test_the_gpu_presets_answer_on_a_4090_within_the_hour_or_four(preset, hours):
+    rows = make_plan([f"sweep={preset}", *AWQ_4090])
+    time = plan_time(rows)
+    assert time is not None and time.total_s < hours * 3600
+    timings = [r.timing for r in rows]
+    assert all(isinstance(t, CellTiming) for t in timings)
+    # Engine starts are priced: each engine once per engine run, graphs and weights included.
+    engines = {t.engine for t in timings}
+    runs = max(t.cost.engine_runs for t in timings)
+    assert time.starts == len(engines) * runs and time.start_s > time.starts * walltime.GPU_START_FIXED_S
+    # The precision is stated, and met: every cell's expected half-width is within its target.
+    width, _, _ = widest_half_width(rows)
+    assert width <= timings[0].precision.half_width
+    # The engines' df are priced for the grid's own count of speculative engines per baseline engine.
+    assert speculative_engines(rows) == timings[0].precision.speculative_engines
+    # Small batches serve fewer prompts than the largest batch's list.
+    by_batch = {t.cost.batch_size: t.cost.prompts(None) for t in timings}
+    assert by_batch[min(by_batch)] <= by_batch[max(by_batch)]
+
+
+def test_batch_one_no_longer_serves_the_largest_batchs_prompts():
+    rows = make_plan(["sweep=batch_decay", *AWQ_4090])
+    prompts = {t.cost.batch_size: t.cost.prompts(None) for t in (r.timing for r in rows) if t is not None}
+    assert prompts[1] < prompts[128] == 128
+
+
+def test_the_plan_prints_the_wall_time_and_the_precision(capsys):
+    from specbench.plan import main
+
+    assert main(["sweep=batch_decay", *AWQ_4090]) == 0
+    out = capsys.readouterr().out
+    assert "estimated wall time:" in out and "engine start(s)" in out and "CUDA-graph capture" in out
+    assert "cells sized for +-10% (precision.half_width)" in out
+
+
+# --------------------------------------------------------------------------- budget= on the command line
+
+
+def test_plan_sizes_a_sweep_to_its_budget(capsys):
+    from specbench.plan import main
+
+    assert main(["sweep=batch_decay", *AWQ_4090, "budget=40"]) == 0
+    out = capsys.readouterr().out
+    assert "budget=40: cells sized for" in out
+    line = next(l for l in out.splitlines() if l.startswith("estimated wall time:"))
+    assert int(line.split()[3]) <= 40
+
+
+@pytest.mark.parametrize("module", ["specbench", "specbench.plan"])
+def test_a_budget_too_small_is_refused_in_one_line_before_any_engine(command, tmp_path: Path, module: str):
+    overrides = ["sweep=batch_decay", *AWQ_4090, "budget=5"]
+    args = sweep(*overrides, multirun=True, out=tmp_path) if module == "specbench" else ["-m", module, *overrides]
+    result = command(args)
+    assert result.returncode == 2
+    assert_refused(result, "budget=5: the sweep takes at least", "would fit")
+    refusal = [line for line in result.output.splitlines() if "budget=5" in line]
+    assert len(refusal) == 1
+    assert not (tmp_path / "sweep").exists()  # nothing planned, no engine
