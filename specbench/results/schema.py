@@ -73,7 +73,13 @@ from specbench import methods, sampling
 #     the cell id (-burst<B>); engine_allocator (the malloc each engine's worker ran with, engine.cpu_allocator)
 #     and engine_huge_page_bytes (its memory in transparent huge pages: CPU engines ask for them by default,
 #     engine.cpu_huge_pages); load_via (a serving cell in process or through vllm serve)
-SCHEMA_VERSION = 15
+# 16: vllm_plugins (the general plugins vLLM loaded into each engine); serving: warm-ups sent as a burst of
+#     their own before the measured clock, completions counted over the send span shifted by the median
+#     E2E and judged with a permutation p-value, trends by their interval's lower end; a closed loop's
+#     wait_to_send_s_* and e2e_from_arrival_s_* null and its offered rate without the burst that fills its
+#     slots; through the server, acceptance per request from the final usage chunk; speedup intervals and
+#     the disagreement test on the engine-to-engine spread of the cell's batch size
+SCHEMA_VERSION = 16
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
 # at batch 1) and why: "tie" when the token emitted there is in the reference's own tied set (its
