@@ -350,6 +350,24 @@ def test_a_parquet_file_that_is_not_a_specbench_result_is_refused_in_one_line(co
     assert not (tmp_path / "report.html").exists()
 
 
+@pytest.mark.parametrize("make", ["missing", "foreign", "damaged"])
+def test_the_report_command_refuses_before_the_pages_libraries_load(tmp_path: Path, make: str) -> None:
+    # `python -m specbench.report` imports the package before its __main__: a refusal that waited for pandas,
+    # matplotlib, seaborn and scipy took 5 s of CPU on 2 cores.
+    path = tmp_path / "results.parquet"
+    if make == "foreign":
+        import pandas as pd
+
+        pd.DataFrame({"a": [1]}).to_parquet(path)
+    elif make == "damaged":
+        path.write_bytes(b"PAR1 not parquet")
+    probe = ("import sys; from specbench.report.__main__ import main; rc = main([sys.argv[1]]); "
+             "print(rc, sorted(m for m in ('pandas', 'matplotlib', 'seaborn', 'scipy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "2 []", done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: ")
+
+
 def test_an_older_results_file_is_reported_without_library_warnings(tmp_path: Path) -> None:
     import warnings
 

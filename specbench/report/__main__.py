@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specbench.report import write_report
-from specbench.results.schema import ResultsError
+from specbench.results.schema import ResultsError, checked_results_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
+        # Refused before the page's libraries load: a missing, foreign or damaged file costs a second, not
+        # their imports.
+        checked_results_path(args.results)
+        from specbench.report.page import write_report
+
         path = write_report(args.results, args.out)
     except (FileNotFoundError, ResultsError) as exc:  # no results, or not a results file
         print(f"error: {exc}", file=sys.stderr)

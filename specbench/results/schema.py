@@ -437,6 +437,16 @@ def results_path(path: Path | str) -> Path:
     return path / RESULTS_FILE if path.is_dir() else path
 
 
+def checked_results_path(path: Path | str) -> Path:
+    """:func:`results_path`, checked: FileNotFoundError where there is none, :class:`ResultsError` where it
+    is not a readable specbench results file (:func:`check_results_file`: the footer only)."""
+    found = results_path(path)
+    if not found.is_file():
+        raise FileNotFoundError(f"no results file at {found}")
+    check_results_file(found)
+    return found
+
+
 def row_config(row: Mapping[str, Any]) -> dict[str, Any]:
     """A row's resolved cell config (``config_json``); {} when absent or unreadable."""
     try:
