@@ -105,9 +105,17 @@ def test_the_pareto_front_is_exactly_the_points_no_other_beats_on_both_latency_a
 
 
 def test_throughput_against_latency_marks_each_configurations_front_and_the_front_of_all(tmp_path, monkeypatch):
-    served = _served(tmp_path, _grid_rows())
+    rows = _grid_rows()
+    rows[3] |= {"saturated": True, "saturation_reason": "completions behind"}  # the baseline at 8 req/s
+    # ngram's 8 req/s served what its 4 did at the same TPOT: one point, one label naming both loads.
+    rows[-1] |= {"tpot_s_p90": rows[-2]["tpot_s_p90"], "achieved_output_tokens_per_s": 320.0}
+    served = _served(tmp_path, rows)
     plot, (fig,) = _drawn(monkeypatch, serving.throughput_vs_latency, served)
     assert plot.image and plot.missing is None
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert sorted(labels) == ["1", "1", "2", "2", "4", "4, 8", "8 ▲"]
+    served = _served(tmp_path, _grid_rows())
+    plot, (fig,) = _drawn(monkeypatch, serving.throughput_vs_latency, served)
     base, ngram = "baseline", "ngram K=4"
     assert set(served[tables.CONFIG]) == {base, ngram}
     # The baseline's 8 req/s served fewer tokens at a higher TPOT than its 4 req/s: dominated, drawn hollow.

@@ -547,7 +547,7 @@ def throughput_vs_latency(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
         anchor="serving-pareto", title="Serving: throughput against latency",
         caption=("Output tokens per second over the send span against the 90th-percentile time per output token, "
                  "one line per configuration through its offered loads (each point labelled with its rate in req/s, "
-                 "or its concurrency cap in a closed loop). Filled points are the configuration's Pareto front: no "
+                 "or its concurrency cap in a closed loop; ▲: saturated). Filled points are the configuration's Pareto front: no "
                  "other load of it served more tokens per second at a lower or equal TPOT p90; hollow points are "
                  "dominated (past saturation throughput stops rising while latency does). The wide grey line is "
                  "the front of every configuration together: for a latency budget, the most throughput any of "
@@ -579,13 +579,19 @@ def throughput_vs_latency(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
                         gid=f"front: {config}")
                 ax.plot(x[~own], y[~own], color=colour, marker=marker, mfc="white", ms=7, ls="none", zorder=3,
                         gid=f"dominated: {config}")
+                # Loads that landed on one point (an engine past saturation serves each alike) share a label.
+                labels: dict[tuple[float, float], list[str]] = {}
                 for xi, yi, row in zip(x, y, records(s)):
-                    ax.annotate(_load_label(row), (xi, yi), xytext=(4, 4), textcoords="offset points", fontsize=7,
+                    saturated = _known(row.get("saturated")) and bool(row["saturated"])
+                    labels.setdefault((xi, yi), []).append(_load_label(row) + (" ▲" if saturated else ""))
+                for (xi, yi), names in labels.items():
+                    ax.annotate(", ".join(names), (xi, yi), xytext=(4, 4), textcoords="offset points", fontsize=7,
                                 color="0.3")
             for target in _slo_targets(these, "tpot_ms"):
                 ax.axvline(target, color=_SLO_COLOUR, ls="--", lw=1.2, gid=f"slo: TPOT {target:g} ms")
             ax.set_xlabel("TPOT p90 (ms)")
             ax.set_ylabel("output tokens/s")
+            ax.margins(x=0.12)  # room right of the last point for its label
             ax.set_ylim(bottom=0)
         handles = _handles(known, enc)
         handles += [
