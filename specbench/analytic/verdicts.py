@@ -940,3 +940,15 @@ def rate_judgement(decided: ServingVerdict, row: Mapping[str, Any]) -> RateJudge
             return RateJudgement("does not pay")
         return RateJudgement("not claimed", f"past {at:g} req/s, where it does not pay")
     return None
+
+
+def pareto_front(points: Sequence[tuple[float | None, float | None]]) -> list[bool]:
+    """Which (latency, throughput) points are on the Pareto front: no other point is as fast or faster
+    (latency <=) and serves as much or more (throughput >=), better in one of the two. A point missing either
+    figure (or with one not finite) is on no front and dominates nothing; equal points are both on it."""
+    known = [(i, float(lat), float(thr)) for i, (lat, thr) in enumerate(points)
+             if _known(lat) and _known(thr) and math.isfinite(float(lat)) and math.isfinite(float(thr))]
+    front = [False] * len(points)
+    for i, lat, thr in known:
+        front[i] = not any(lat2 <= lat and thr2 >= thr and (lat2 < lat or thr2 > thr) for _, lat2, thr2 in known)
+    return front

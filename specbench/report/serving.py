@@ -1,4 +1,5 @@
-"""The report's serving section: speedup and latency against request rate, the running batch, verdicts.
+"""The report's serving section: speedup, latency, goodput and SLO attainment against request rate, throughput
+against latency with its Pareto front, the running batch, verdicts.
 
 Serving cells (``load.request_rate`` set; :mod:`specbench.results.serving`)
 are kept out of the offline figures and tables, whose axis is the batch size
@@ -8,12 +9,17 @@ says so (``saturated``: :func:`specbench.results.serving.saturation`, from the
 realised offered rate, the completions and the queue's growth; rows stored
 before it, where the baseline achieved under 85% of the offered rate): from
 there on the queue grows and TTFT measures waiting, not the engine.
-Saturation and the highest paying rate are decided in
-:mod:`specbench.analytic.verdicts`, over the planned rates; this module words them.
+Saturation, the highest paying rate and the Pareto front are decided in
+:mod:`specbench.analytic.verdicts`, over the planned rates; this module words and draws them.
+
+A closed loop (rate inf under ``load.max_concurrency``) names its load by its cap: the figures draw the
+closed loops of one workload as one curve against the cap (:data:`CURVE`), as open loops are drawn against
+their rate, while the tables and verdicts keep each cap the load shape it is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -21,13 +27,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import PercentFormatter
 
+from specbench.analytic import capacity
 from specbench.analytic import verdicts as decide
 from specbench.analytic.verdicts import SATURATED_SHARE, Grid  # noqa: F401 - the page states the share
 from specbench.load import is_closed_loop
 from specbench.report import plots
 from specbench.report.tables import CONFIG, PANEL, VARIANT, fmt_ci, fmt_number, fmt_speedup, grid_of, records
 from specbench.results import serving
+from specbench.results.schema import row_config
 
 
 def split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -39,17 +48,35 @@ def split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """
     mask = pd.Series([decide.is_serving(r) for r in records(df)], index=df.index, dtype=bool)
     served = df[mask].copy()
+    served[CURVE] = [panel + curve_suffix(r) for panel, r in zip(served[PANEL], records(served))]
     served[PANEL] = [panel + shape_suffix(r) for panel, r in zip(served[PANEL], records(served))]
     return df[~mask], served
 
 
-def shape_suffix(row: Mapping[str, Any]) -> str:
-    """`` · c8``, `` · burstiness 0.5``, `` · closed loop c8``: a serving panel's load shape; '' for the default."""
-    shape = decide.shape(row)
+# The panel a serving curve is drawn in: the row's PANEL, except that closed loops of every cap on one workload
+# (and one shape otherwise) share one, whose axis is the concurrency cap (:func:`_along`).
+CURVE = "serving_curve"
+
+
+def curve_suffix(row: Mapping[str, Any]) -> str:
+    """:func:`shape_suffix`, but `` · closed loop`` for a closed loop of any cap: a sweep over
+    ``load.max_concurrency`` at rate inf is one curve, drawn against the cap as an open loop is against its rate."""
+    if not _closed_loop(row):
+        return shape_suffix(row)
+    rest = dataclasses.replace(decide.shape(row), max_concurrency=None).text()
+    return " · closed loop" + (f", {rest}" if rest else "")
+
+
+def _closed_loop(row: Mapping[str, Any]) -> bool:
     cell = decide.cell_name(str(row.get("cell_id") or ""))
     rate = row.get("load_request_rate") if _known(row.get("load_request_rate")) else cell and cell.rate
-    text = shape.text()
-    if rate is not None and is_closed_loop(rate, shape.max_concurrency):
+    return rate is not None and is_closed_loop(rate, decide.shape(row).max_concurrency)
+
+
+def shape_suffix(row: Mapping[str, Any]) -> str:
+    """`` · c8``, `` · burstiness 0.5``, `` · closed loop c8``: a serving panel's load shape; '' for the default."""
+    text = decide.shape(row).text()
+    if _closed_loop(row):
         text = "closed loop " + text
     return f" · {text}" if text else ""
 
@@ -286,25 +313,70 @@ def _rates_axis(ax: Any, rates: list[float]) -> dict[float, float]:
     return where
 
 
+def _along(ax: Any, curve: pd.DataFrame) -> pd.Series:
+    """Each row's place on one curve's load axis, set up on ``ax``: its offered rate (log 2, "all" for all at
+    once), or, on a curve of closed loops, its concurrency cap (log 2): the load a closed loop names."""
+    if _closed_curve(curve):
+        caps = _load_values(curve)
+        ticks = sorted(set(caps))
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(plots.FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(plots.NullLocator())
+        ax.set_xticklabels([f"{t:g}" for t in ticks])
+        ax.set_xlim(ticks[0] / 1.5, ticks[-1] * 1.5)
+        ax.set_xlabel("max concurrency (closed loop)")
+        return caps
+    where = _rates_axis(ax, [float(r) for r in curve["load_request_rate"]])
+    return curve["load_request_rate"].astype(float).map(where)
+
+
+def _closed_curve(curve: pd.DataFrame) -> bool:
+    """Whether every row of a curve is a closed loop: its load is the concurrency cap, not a rate."""
+    return all(_closed_loop(r) for r in records(curve))
+
+
+def _load_values(curve: pd.DataFrame) -> pd.Series:
+    """The load each row of one curve was measured at: its offered rate, or its cap on a closed-loop curve."""
+    column = "load_max_concurrency" if _closed_curve(curve) else "load_request_rate"
+    return curve[column].astype(float)
+
+
+def _load_label(row: Mapping[str, Any]) -> str:
+    """A point's load, as its curve's axis names it: ``2`` (req/s), ``all`` (all at once) or ``c16`` (closed loop)."""
+    if _closed_loop(row):
+        return f"c{int(row['load_max_concurrency'])}"
+    rate = float(row["load_request_rate"])
+    return f"{rate:g}" if math.isfinite(rate) else "all"
+
+
 def _mark_saturation(ax: Any, knee: float | None, where: Mapping[float, float]) -> None:
     if knee is not None and knee in where:
         ax.axvspan(where[knee] / 1.2, ax.get_xlim()[1], color="0.9", zorder=0)
         ax.text(where[knee], ax.get_ylim()[1], " saturated", va="top", ha="left", fontsize=8, color="0.35")
 
 
-def _configurations(
-    cells: pd.DataFrame, where: Mapping[float, float],
-) -> Iterator[tuple[str, int, pd.DataFrame, np.ndarray]]:
-    """Each configuration's cells in order of rate: its variant, K, the cells and their positions on the rate axis."""
-    for (_, variant, k), s in cells.groupby([CONFIG, VARIANT, "num_speculative_tokens"], sort=True):
-        s = s.sort_values("load_request_rate")
-        yield str(variant), int(k), s, np.array([where[float(r)] for r in s["load_request_rate"]])
+def _configurations(cells: pd.DataFrame, x: pd.Series) -> Iterator[tuple[str, str, int, pd.DataFrame, np.ndarray]]:
+    """Each configuration's cells in order along the load axis (``x``: each row's place, by index): its label,
+    variant, K, the cells and their places."""
+    for (config, variant, k), s in cells.groupby([CONFIG, VARIANT, "num_speculative_tokens"], sort=True):
+        s = s.assign(_x=x.loc[s.index]).sort_values("_x")
+        yield str(config), str(variant), int(k), s, s["_x"].to_numpy(dtype=float)
+
+
+def _places(curve: pd.DataFrame, x: pd.Series) -> dict[float, float]:
+    """Offered rate to place on the axis, for marking saturation (a closed-loop curve has no finite rate)."""
+    return dict(zip(curve["load_request_rate"].astype(float), x.loc[curve.index]))
+
+
+def _handles(cells: pd.DataFrame, enc: plots.Encoding) -> list[Any]:
+    """Legend entries for the configurations drawn: variant colours, K markers."""
+    ks = sorted(int(k) for k in cells["num_speculative_tokens"].unique())
+    return enc.legend(sorted(cells[VARIANT].unique()), ks)
 
 
 def _with_legend(plot: plots.Plot, fig: Any, cells: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
     """The plot with its figure, under the legend of the configurations drawn (variant colours, K markers)."""
-    ks = sorted(int(k) for k in cells["num_speculative_tokens"].unique())
-    plots._legend(fig, enc.legend(sorted(cells[VARIANT].unique()), ks))
+    plots._legend(fig, _handles(cells, enc))
     return plots.replace(plot, image=plots._png(fig))
 
 
@@ -312,22 +384,24 @@ def _per_configuration_against_rate(
     plot: plots.Plot, df: pd.DataFrame, enc: plots.Encoding, column: str,
     draw: Callable[[Any, pd.DataFrame, Any, Any, str], None], ylabel: str, missing: str,
 ) -> plots.Plot:
-    """One panel per workload of the speculative serving cells that have ``column``: ``draw(ax, cells, x,
-    colour, marker)`` per configuration against request rate, a line at 1 and saturation marked."""
+    """One panel per workload and load shape (:data:`CURVE`) of the speculative serving cells that have ``column``:
+    ``draw(ax, cells, x, colour, marker)`` per configuration against the offered load (:func:`_along`), a line
+    at 1 and saturation marked."""
     rows = _ok(df)
     comp = rows[(rows["method"] != "baseline") & rows.get(column, pd.Series(dtype=float)).notna()]
     if comp.empty:
         return plots._without(plot, missing)
-    panels = sorted(comp[PANEL].unique())
+    panels = sorted(comp[CURVE].unique())
     with plots._style():
         fig, axes = plots._facets(panels)
         for ax, panel in zip(axes, panels):
-            where = _rates_axis(ax, [float(r) for r in rows[rows[PANEL] == panel]["load_request_rate"]])
-            for variant, k, s, x in _configurations(comp[comp[PANEL] == panel], where):
-                draw(ax, s, x, enc.colour(variant), enc.marker(k))
+            curve = rows[rows[CURVE] == panel]
+            x = _along(ax, curve)
+            for _, variant, k, s, xs in _configurations(comp[comp[CURVE] == panel], x):
+                draw(ax, s, xs, enc.colour(variant), enc.marker(k))
             ax.axhline(1.0, color="0.3", ls=":", lw=1)
             ax.set_ylabel(ylabel)
-            _mark_saturation(ax, saturation_rate(rows[rows[PANEL] == panel]), where)
+            _mark_saturation(ax, saturation_rate(curve), _places(curve, x))
         return _with_legend(plot, fig, comp, enc)
 
 
@@ -365,18 +439,18 @@ def latency_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
     rows = _ok(df)
     if rows.empty:
         return plots._without(plot, "No serving cell was measured.")
-    panels = sorted(rows[PANEL].unique())
+    panels = sorted(rows[CURVE].unique())
     with plots._style():
         fig = plots.Figure(figsize=(max(plots._PANEL_W * len(panels), plots._MIN_WIDTH), plots._PANEL_H * 2),
                            layout="constrained")
         grid = fig.subplots(2, len(panels), squeeze=False)
         for col, panel in enumerate(panels):
-            these = rows[rows[PANEL] == panel]
+            these = rows[rows[CURVE] == panel]
             knee = saturation_rate(these)
             for row_index, (figure, label) in enumerate((("tpot_s", "TPOT (ms)"), ("ttft_s", "TTFT (ms)"))):
                 ax = grid[row_index][col]
-                where = _rates_axis(ax, [float(r) for r in these["load_request_rate"]])
-                for variant, k, s, x in _configurations(these, where):
+                where = _along(ax, these)
+                for _, variant, k, s, x in _configurations(these, where):
                     colour = enc.colour(variant)
                     ax.plot(x, 1000 * s[f"{figure}_p50"].to_numpy(dtype=float), color=colour,
                             marker=enc.marker(k), lw=1.6)
@@ -386,7 +460,7 @@ def latency_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
                 ax.set_yscale("log")
                 ax.set_ylabel(label)
                 ax.set_title(plots._text(panel) if row_index == 0 else "")
-                _mark_saturation(ax, knee, where)
+                _mark_saturation(ax, knee, _places(these, where))
         return _with_legend(plot, fig, rows, enc)
 
 
@@ -401,15 +475,16 @@ def running_batch_over_time(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot
     base = rows[(rows["method"] == "baseline") & rows["running_batch"].notna()] if "running_batch" in rows else rows[0:0]
     if base.empty:
         return plots._without(plot, "No serving baseline recorded its running batch.")
-    panels = sorted(base[PANEL].unique())
+    panels = sorted(base[CURVE].unique())
     with plots._style():
         fig, axes = plots._facets(panels)
         for ax, panel in zip(axes, panels):
-            these = base[base[PANEL] == panel].sort_values("load_request_rate")
+            these = base[base[CURVE] == panel]
+            these = these.assign(_load=_load_values(these)).sort_values("_load")
             palette = plots.sns.color_palette("rocket_r", len(these))
             for colour, row in zip(palette, these.to_dict("records")):
-                rate = float(row["load_request_rate"])
-                name = f"{rate:g} req/s" if math.isfinite(rate) else "all at once"
+                label = _load_label(row)
+                name = label if label.startswith("c") else "all at once" if label == "all" else f"{label} req/s"
                 ax.step(list(row["running_batch_t_s"]), list(row["running_batch"]), where="pre", color=colour,
                         lw=1.2, label=name)
                 if row.get("running_batch_mean") is not None:
@@ -436,4 +511,160 @@ def acceptance_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
         "No speculative serving cell recorded its acceptance.")
 
 
-FIGURES = (speedup_vs_rate, latency_vs_rate, acceptance_vs_rate, running_batch_over_time)
+# --- the curves an operator reads: throughput against latency, goodput and attainment against load -------------
+
+_SLO_COLOUR = "#b2182b"
+
+
+def _slo_targets(rows: pd.DataFrame, key: str) -> list[float]:
+    """The distinct ``load.slo.<key>`` targets (ms) the rows were measured under."""
+    found = {float(v) for r in records(rows)
+             if _known(v := ((row_config(r).get("load") or {}).get("slo") or {}).get(key))}
+    return sorted(found)
+
+
+def _attainment_targets(rows: pd.DataFrame) -> list[float]:
+    """The distinct shares of requests within the SLOs the rows' configs ask for (``capacity.percentile`` / 100)."""
+    found = {float(v) / 100.0 for r in records(rows)
+             if _known(v := (row_config(r).get("capacity") or {}).get("percentile"))}
+    return sorted(found)
+
+
+def _slo_notes(rows: pd.DataFrame) -> list[str]:
+    """Per curve, the load.slo.* targets its cells were measured under, in words."""
+    notes = []
+    for curve, these in rows.groupby(CURVE, sort=True):
+        targets = [f"{metric} <= {t:g} ms" for key, metric in capacity.SLO_METRICS.items()
+                   for t in _slo_targets(these, key)]
+        if targets:
+            notes.append(f"{curve}: a request meets the SLO with {' and '.join(targets)}.")
+    return notes
+
+
+def throughput_vs_latency(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+    """Output throughput against TPOT p90 per configuration across its loads, the Pareto front marked."""
+    plot = plots.Plot(
+        anchor="serving-pareto", title="Serving: throughput against latency",
+        caption=("Output tokens per second over the send span against the 90th-percentile time per output token, "
+                 "one line per configuration through its offered loads (each point labelled with its rate in req/s, "
+                 "or its concurrency cap in a closed loop; ▲: saturated). Filled points are the configuration's Pareto front: no "
+                 "other load of it served more tokens per second at a lower or equal TPOT p90; hollow points are "
+                 "dominated (past saturation throughput stops rising while latency does). The wide grey line is "
+                 "the front of every configuration together: for a latency budget, the most throughput any of "
+                 "them gave. The dashed red line is the TPOT SLO (load.slo.tpot_ms) where one was set: a point "
+                 "left of it had 90% of its requests within it."))
+    rows = _ok(df)
+    needed = ("achieved_output_tokens_per_s", "tpot_s_p90")
+    known = rows[rows[list(needed)].notna().all(axis=1)] if all(c in rows for c in needed) else rows[0:0]
+    if known.empty:
+        return plots._without(plot, "No serving cell recorded both its output throughput and its TPOT p90.")
+    panels = sorted(known[CURVE].unique())
+    with plots._style():
+        fig, axes = plots._facets(panels, sharey=False)
+        for ax, panel in zip(axes, panels):
+            these = known[known[CURVE] == panel]
+            latency = 1000.0 * these["tpot_s_p90"].astype(float)
+            throughput = these["achieved_output_tokens_per_s"].astype(float)
+            on_front = np.array(decide.pareto_front(list(zip(latency, throughput))), dtype=bool)
+            order = np.argsort(latency.to_numpy()[on_front])
+            ax.plot(latency.to_numpy()[on_front][order], throughput.to_numpy()[on_front][order], color="0.5", lw=7,
+                    alpha=0.25, solid_capstyle="round", zorder=1, gid="front: every configuration")
+            for config, variant, k, s, _ in _configurations(these, _load_values(these)):
+                x = 1000.0 * s["tpot_s_p90"].to_numpy(dtype=float)
+                y = s["achieved_output_tokens_per_s"].to_numpy(dtype=float)
+                own = np.array(decide.pareto_front(list(zip(x, y))), dtype=bool)
+                colour, marker = enc.colour(variant), enc.marker(k)
+                ax.plot(x, y, color=colour, lw=1.4, zorder=2, gid=f"line: {config}")
+                ax.plot(x[own], y[own], color=colour, marker=marker, ms=7, ls="none", zorder=3,
+                        gid=f"front: {config}")
+                ax.plot(x[~own], y[~own], color=colour, marker=marker, mfc="white", ms=7, ls="none", zorder=3,
+                        gid=f"dominated: {config}")
+                # Loads that landed on one point (an engine past saturation serves each alike) share a label.
+                labels: dict[tuple[float, float], list[str]] = {}
+                for xi, yi, row in zip(x, y, records(s)):
+                    saturated = _known(row.get("saturated")) and bool(row["saturated"])
+                    labels.setdefault((xi, yi), []).append(_load_label(row) + (" ▲" if saturated else ""))
+                for (xi, yi), names in labels.items():
+                    ax.annotate(", ".join(names), (xi, yi), xytext=(4, 4), textcoords="offset points", fontsize=7,
+                                color="0.3")
+            for target in _slo_targets(these, "tpot_ms"):
+                ax.axvline(target, color=_SLO_COLOUR, ls="--", lw=1.2, gid=f"slo: TPOT {target:g} ms")
+            ax.set_xlabel("TPOT p90 (ms)")
+            ax.set_ylabel("output tokens/s")
+            ax.margins(x=0.12)  # room right of the last point for its label
+            ax.set_ylim(bottom=0)
+        handles = _handles(known, enc)
+        handles += [
+            plots.Line2D([], [], color="0.35", marker="o", ls="none", label="on its front"),
+            plots.Line2D([], [], color="0.35", marker="o", mfc="white", ls="none", label="dominated"),
+            plots.Line2D([], [], color="0.5", lw=7, alpha=0.25, label="front of all"),
+        ]
+        if _slo_targets(known, "tpot_ms"):
+            handles.append(plots.Line2D([], [], color=_SLO_COLOUR, ls="--", label="TPOT SLO"))
+        plots._legend(fig, handles)
+        return plots.replace(plot, image=plots._png(fig), notes=_slo_notes(known))
+
+
+def goodput_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+    """Goodput and SLO attainment (with its Wilson interval) against offered load, the attainment target drawn."""
+    plot = plots.Plot(
+        anchor="serving-goodput", title="Serving: goodput and SLO attainment against offered load",
+        caption=("Top: goodput, the requests per second completed within every load.slo.* target, per "
+                 "configuration; the dotted grey diagonal is the offered rate, which goodput meets when every "
+                 "request meets the SLO. Bottom: the share of measured requests within the SLO, with its Wilson "
+                 "95% band; the dashed red line is the share the capacity search asks for (capacity.percentile). "
+                 "A load whose band lies wholly above the line meets the SLO; one whose band straddles it is not "
+                 "resolved. A closed-loop curve is drawn against its concurrency cap. Grey: past saturation."))
+    rows = _ok(df)
+    known = rows[rows["slo_attainment"].notna()] if "slo_attainment" in rows else rows[0:0]
+    if known.empty:
+        return plots._without(plot, "No serving cell was measured against an SLO (load.slo.*): no goodput or "
+                                    "attainment to draw.")
+    panels = sorted(known[CURVE].unique())
+    targets = _attainment_targets(known)
+    notes = _slo_notes(known)
+    if not targets:
+        notes.append("No attainment target is drawn: the cells' configs record no capacity.percentile.")
+    with plots._style():
+        fig = plots.Figure(figsize=(max(plots._PANEL_W * len(panels), plots._MIN_WIDTH), plots._PANEL_H * 2),
+                           layout="constrained")
+        grid = fig.subplots(2, len(panels), squeeze=False)
+        for col, panel in enumerate(panels):
+            these = known[known[CURVE] == panel]
+            knee = saturation_rate(rows[rows[CURVE] == panel])
+            top, bottom = grid[0][col], grid[1][col]
+            x = _along(top, these)
+            _along(bottom, these)
+            for config, variant, k, s, xs in _configurations(these, x):
+                colour, marker = enc.colour(variant), enc.marker(k)
+                top.plot(xs, s["goodput"].to_numpy(dtype=float, na_value=np.nan), color=colour, marker=marker,
+                         lw=1.6, gid=f"goodput: {config}")
+                share = s["slo_attainment"].to_numpy(dtype=float)
+                low = s["slo_attainment_ci_low"].to_numpy(dtype=float, na_value=np.nan)
+                high = s["slo_attainment_ci_high"].to_numpy(dtype=float, na_value=np.nan)
+                bottom.fill_between(xs, low, high, color=colour, alpha=0.18, lw=0, gid=f"band: {config}")
+                bottom.plot(xs, share, color=colour, marker=marker, lw=1.6, gid=f"attainment: {config}")
+            finite = sorted({float(r) for r in these["load_request_rate"] if math.isfinite(float(r))})
+            if finite and not _closed_curve(these):
+                top.plot(finite, finite, color="0.55", ls=":", lw=1.2, gid="offered")
+            for target in targets:
+                bottom.axhline(target, color=_SLO_COLOUR, ls="--", lw=1.2, gid=f"target: {target:g}")
+            top.set_ylim(bottom=0)
+            top.set_ylabel("goodput (req/s)")
+            top.set_xlabel("")
+            top.set_title(plots._text(panel))
+            bottom.set_ylim(0, 1.03)
+            bottom.yaxis.set_major_formatter(PercentFormatter(1.0))
+            bottom.set_ylabel("requests within the SLO")
+            if not _closed_curve(these):
+                for ax in (top, bottom):
+                    _mark_saturation(ax, knee, _places(these, x))
+        handles = _handles(known, enc)
+        handles.append(plots.Line2D([], [], color="0.55", ls=":", label="offered rate"))
+        handles += [plots.Line2D([], [], color=_SLO_COLOUR, ls="--", label=f"target {t:.0%}") for t in targets]
+        plots._legend(fig, handles)
+        return plots.replace(plot, image=plots._png(fig), notes=notes)
+
+
+FIGURES = (speedup_vs_rate, latency_vs_rate, throughput_vs_latency, goodput_vs_rate, acceptance_vs_rate,
+           running_batch_over_time)
