@@ -214,7 +214,8 @@ def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate:
     start = walltime.engine_start_s(
         gpu=gpu, weight_bytes=estimate.target_weight_bytes + estimate.drafter_weight_bytes,
         models=2 if estimate.drafter_weight_bytes else 1, capture_sizes=len(estimate.capture_sizes),
-        cpu_kv_gib=float(engine_cfg.get("cpu_kvcache_space_gib") or 0))
+        cpu_kv_gib=float(engine_cfg.get("cpu_kvcache_space_gib") or 0),
+        model_runner=memory.model_runner(plain, hardware))
     return CellTiming(cost, engine, start, sizing.Precision.from_config(plain), sizable, gpu,
                       plain["method"]["name"] != "baseline")
 

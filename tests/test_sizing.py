@@ -126,10 +126,38 @@ def test_a_sized_cell_and_its_baseline_serve_the_same_prefix():
 def test_an_engine_start_prices_weights_and_graphs():
     bare = walltime.engine_start_s(gpu=True, weight_bytes=0)
     assert walltime.engine_start_s(gpu=True, weight_bytes=6e9) - bare == pytest.approx(6e9 / walltime.WEIGHT_LOAD_BYTES_PER_S)
-    assert walltime.engine_start_s(gpu=True, weight_bytes=0, models=2, capture_sizes=67) - bare == \
-        pytest.approx(2 * 67 * walltime.CAPTURE_S_PER_SIZE)
+    assert walltime.engine_start_s(gpu=True, weight_bytes=0, models=2, capture_sizes=67, model_runner="V1") - bare == \
+        pytest.approx(2 * (67 + 2) * walltime.CAPTURE_S_PER_SIZE)
     assert walltime.engine_start_s(gpu=False, weight_bytes=1e9, cpu_kv_gib=2) == \
         walltime.CPU_START_FIXED_S + 2 * walltime.CPU_KV_S_PER_GIB
+
+
+def test_an_engine_start_counts_the_graphs_vllm_captures_while_it_profiles_their_memory():
+    bare = walltime.engine_start_s(gpu=True, weight_bytes=0)
+    # V2's profiling captures every PIECEWISE size (and the speculator's graphs), then the real capture runs:
+    # the list twice. Before: 67 x 0.25 s, one capture.
+    assert walltime.engine_start_s(gpu=True, weight_bytes=0, capture_sizes=67) - bare == \
+        pytest.approx(2 * 67 * walltime.CAPTURE_S_PER_SIZE)
+    # V1's profiling captures two sizes per mode and extrapolates the rest.
+    assert walltime.captured_sizes(67, "V1") == 69 and walltime.captured_sizes(1, "V1") == 2
+    assert walltime.captured_sizes(67, "V2") == 134
+    # An eager engine captures nothing, and the CPU build has no graphs to profile.
+    assert walltime.captured_sizes(0, "V2") == 0 and walltime.engine_start_s(gpu=True, weight_bytes=0) == \
+        walltime.GPU_START_FIXED_S
+    with pytest.raises(ValueError, match="model_runner must be V1 or V2, got 'V3'"):
+        walltime.captured_sizes(4, "V3")
+
+
+def test_the_plan_prices_each_engines_start_for_the_model_runner_it_gets():
+    # k_sweep on a 4090: the 0.5B draft model (another vocabulary) runs V1, EAGLE-3 and ngram V2.
+    rows = [r for r in make_plan(["sweep=k_sweep", *AWQ_4090]) if r.timing is not None and r.estimate is not None]
+    assert {r.model_runner for r in rows} == {"V1", "V2"}
+    for row in rows:
+        estimate = row.estimate
+        assert row.timing.start_s == pytest.approx(walltime.engine_start_s(
+            gpu=True, weight_bytes=estimate.target_weight_bytes + estimate.drafter_weight_bytes,
+            models=2 if estimate.drafter_weight_bytes else 1, capture_sizes=len(estimate.capture_sizes),
+            model_runner=row.model_runner))
 
 
 def test_a_cells_time_follows_its_batches():

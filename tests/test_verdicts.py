@@ -305,6 +305,67 @@ def test_with_the_modes_pinned_the_walk_goes_on_and_carries_every_cells_caveats(
         f"batch 1); caveats: {TIES} (batch 4); {UNTESTED} (batch 16); {MODE_CAVEAT} (batch 16)")
 
 
+def test_the_schedule_best_configuration_and_break_even_stop_where_the_verdict_does(tmp_path):
+    from specbench.analytic import verdicts
+    from specbench.report import tables
+
+    rows = _modes_grid(pinned=False)
+    why = f"engines ran in other modes than the baseline's: {MODES}"
+    (rec,) = recommend.recommend(rows)
+    # Before: {1: 4, 4: 4, 8: 4, 16: 4} -> [(1, 16, 4)], K=4 claimed at batch 16 on eager engines against graphs.
+    assert {b: k for b, (k, _) in rec.best.items()} == {1: 4, 4: 4, 8: 4}
+    assert rec.schedule == [(1, 15, 4), (16, 16, 0)]
+    assert rec.stop is not None and rec.stop.at == 16 and rec.stop.why == why
+    assert f"batch 16 not judged ({why}): K=0 from batch 16 on" in recommend.format_recommendation(rec)
+    grid = verdicts.Grid.of(rows)
+    best = {b.batch: b for b in verdicts.best_configs(rows, grid)}
+    assert best[8].top is not None and best[16].top is None and best[16].why == why  # before: K=4 at 16
+    (curve,) = verdicts.break_evens(rows, grid)
+    assert curve.batch_sizes == [1, 4, 8] and curve.stop is not None and curve.stop.why == why  # before: to 16
+    df, _ = tables.load_frame(write_results(tmp_path, rows))
+    (row,) = [b for b in tables.best_configs(df) if b.batch_size == 16]
+    assert row.config == "–" and row.caveats == f"not judged ({why})"
+
+
+def test_with_the_modes_pinned_the_schedule_and_break_even_carry_the_mode_caveat(tmp_path):
+    from specbench.analytic import verdicts
+    from specbench.report import tables
+
+    rows = _modes_grid(pinned=True)
+    (rec,) = recommend.recommend(rows)
+    assert rec.schedule == [(1, 16, 4)] and rec.stop is None
+    # Before: the schedule said nothing of the cells it stands on.
+    assert rec.caveats == [(TIES, (4,)), (UNTESTED, (16,)), (MODE_CAVEAT, (16,))]
+    assert f"caveats: {TIES} (batch 4); {UNTESTED} (batch 16); {MODE_CAVEAT} (batch 16)" in (
+        recommend.format_recommendation(rec))
+    grid = verdicts.Grid.of(rows)
+    best = {b.batch: b for b in verdicts.best_configs(rows, grid)}
+    assert best[16].top is not None and best[16].top["num_speculative_tokens"] == 4
+    (curve,) = verdicts.break_evens(rows, grid)
+    assert curve.batch_sizes == [1, 4, 8, 16] and curve.stop is None
+    assert (MODE_CAVEAT, (16,)) in curve.caveats
+    df, _ = tables.load_frame(write_results(tmp_path, rows))
+    (row,) = [b for b in tables.best_configs(df) if b.batch_size == 16]
+    assert MODE_CAVEAT in row.caveats
+    (measured,) = [b.measured for b in tables.break_even(df)]
+    assert f"{MODE_CAVEAT} (batch 16)" in measured
+    (schedule,) = tables.schedules(df)
+    assert f"{MODE_CAVEAT} (batch 16)" in schedule.caveats
+
+
+def test_a_choice_per_batch_size_made_without_a_rival_measured_in_other_modes_says_so():
+    from specbench.analytic import verdicts
+
+    # K=2 measured alike at every batch size beside _modes_grid's K=4, slower at 16 than K=4's eager engines.
+    rows = _modes_grid(pinned=False) + [make_row("ngram", 2, b, speedup=1.2) for b in BATCHES]
+    why = f"engines ran in other modes than the baseline's: {MODES}"
+    best = {b.batch: b for b in verdicts.best_configs(rows, verdicts.Grid.of(rows))}
+    # Before: K=4 (1.25x on eager engines) named at batch 16, K=2 passed over in silence.
+    assert best[16].top["num_speculative_tokens"] == 2 and best[16].passed_over == (("ngram K=4", why),)
+    (rec,) = recommend.recommend(rows)
+    assert rec.best[16][0] == 2 and rec.passed_over[16] == [("ngram K=4", why)] and rec.stop is None
+
+
 def test_a_per_batch_choice_made_because_a_rival_failed_there_says_so(tmp_path):
     from specbench.analytic import verdicts
     from specbench.report import render_report

@@ -7,9 +7,10 @@ decoding, or 0 where none does (:func:`specbench.analytic.verdicts.best_row`,
 the one rule the report's best configuration, verdicts, schedule and memory
 table use too), walked up the sweep's planned batch sizes
 (:func:`specbench.analytic.verdicts.schedule_evidence`): the first batch
-size with no judged cell (flagged, failed, mismatched, never measured) gets
-K = 0 and ends the schedule, so it never spans a batch size without
-evidence. Only rows
+size with no judged cell (flagged, failed, mismatched, never measured, or,
+past the first, measured in other engine modes than its baseline's unless
+the modes were pinned) gets K = 0 and ends the schedule, so it never spans a
+batch size without evidence. Only rows
 fit to be judged count (:func:`specbench.results.recommendable`: outputs that
 do not mismatch the baseline's, numerical ties allowed; not flagged). A K
 pays (:func:`specbench.analytic.verdicts.pays`) when the lower end of its 95% speedup interval exceeds
@@ -57,6 +58,7 @@ from specbench.analytic.verdicts import (
     lower_bound,
     passed_over,
     schedule_against_fixed,
+    schedule_caveats,
     schedule_evidence,
     schedule_loses_to,
 )
@@ -119,6 +121,16 @@ class Comparison:
                 f"{len(self.against)} fixed K{'s' if len(self.against) > 1 else ''}")
 
 
+def caveats_text(gathered: Sequence[tuple[str, Sequence[int]]]) -> str:
+    """``caveats: X (batch 16); Y (batch 4, 16)``: gathered caveats
+    (:func:`specbench.analytic.verdicts.gathered_caveats`), each with its batch sizes; "" without any."""
+    if not gathered:
+        return ""
+    texts = [caveat + (f" (batch {', '.join(str(b) for b in batches)})" if batches else "")
+             for caveat, batches in gathered]
+    return f"caveat{'s' if len(texts) > 1 else ''}: " + "; ".join(texts)
+
+
 @dataclass(frozen=True)
 class Recommendation:
     """The best K per batch size of one method/workload curve family, as a schedule."""
@@ -147,6 +159,12 @@ class Recommendation:
     passed_over: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
     checked_cells: dict[int, Mapping[str, Any]] = field(default_factory=dict)  # batch -> the schedule's row
     fixed_cells: dict[int, dict[int, Mapping[str, Any]]] = field(default_factory=dict)  # batch -> K -> the row compared
+    # The caveats of the cells the schedule's Ks stand on, each with its batch sizes (verdicts.schedule_caveats)
+    caveats: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+
+    def caveats_text(self) -> str:
+        """What qualifies the speedups the schedule stands on (:func:`caveats_text`); "" without any."""
+        return caveats_text(self.caveats)
 
     @property
     def max_k(self) -> int:
@@ -342,12 +360,15 @@ def recommend(rows: Sequence[Mapping[str, Any]], margin: float = 0.0, grid: Grid
             batch_overrides=_check_overrides(cfg),
             stop=stop,
             temperature=temperature,
+            # best walks the planned batch sizes from the smallest: min(best) is the walk's first.
             passed_over={b: found for b in best if (found := passed_over(
-                [r for r, c in every[key] if not _schedule_of(c) and _sweep(c) in sources and r["batch_size"] == b]))},
+                [r for r, c in every[key] if not _schedule_of(c) and _sweep(c) in sources and r["batch_size"] == b],
+                first=b == min(best)))},
             checked_cells=checked_cells,
             # What the schedule is compared with: the check's own fixed Ks where it measured them, else the source's.
             fixed_cells={b: {r["num_speculative_tokens"]: r for r in beside_rows.get(b) or evidence.get(b) or ()}
                          for b in checked_cells},
+            caveats=schedule_caveats(evidence, best),
         ))
     return sorted(out, key=lambda r: r.label)
 
@@ -433,6 +454,8 @@ def format_recommendation(rec: Recommendation) -> str:
         lines.append(f"  batch {batch:>4}: {choice:<40} measured: {others}{without}")
     if rec.stop is not None:
         lines.append(f"  {rec.stop.text()}: K=0 from batch {rec.stop.at:g} on (no evidence there)")
+    if rec.caveats:
+        lines.append(f"  {rec.caveats_text()}")
     if rec.max_k == 0:
         lines.append("  recommendation: no speculation at any measured batch size")
     else:

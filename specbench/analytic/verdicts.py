@@ -160,6 +160,21 @@ def mode_stop(row: Mapping[str, Any]) -> str | None:
     return f"engines ran in other modes than the baseline's: {mismatch}"
 
 
+def walk_judges(row: Mapping[str, Any], first: bool) -> bool:
+    """Whether a walk up the planned batch sizes judges ``row`` (one of its cells): fit to be judged
+    (:func:`specbench.results.recommendable`) and, past the walk's first batch size (``first`` False), measured
+    in its baseline's engine modes (:func:`mode_stop`). The rule of :func:`reach` and of :func:`verdict`'s
+    choice per batch size, which the K schedule, the best-configuration table and break-even follow too: none
+    carries a claim onto a batch size whose cells measure the mode as well as the method."""
+    return recommendable(row) and (first or mode_stop(row) is None)
+
+
+def unjudged_why(row: Mapping[str, Any], first: bool) -> str | None:
+    """Why a walk does not judge ``row`` (:func:`walk_judges`): :func:`why_not_judged`, else, past the first
+    batch size, :func:`mode_stop`; None when it judges it."""
+    return why_not_judged(row) or (None if first else mode_stop(row))
+
+
 def gathered_caveats(cells: Iterable[Mapping[str, Any]]) -> list[tuple[str, tuple[int, ...]]]:
     """Every caveat of the cells a verdict's walk reached (the merge's ``caveats``), each once, with the
     batch sizes whose cells carry it, in the order first met."""
@@ -355,10 +370,11 @@ def is_serving(row: Mapping[str, Any]) -> bool:
     return _known(row.get("load_request_rate")) or (cell is not None and cell.rate is not None)
 
 
-def _column_why(rows: Sequence[Mapping[str, Any]], grid: Grid, batch: int) -> str:
-    """Why no cell of a workload is judged at a batch size: each reason once, or why none is there."""
+def _column_why(rows: Sequence[Mapping[str, Any]], grid: Grid, batch: int, first: bool = True) -> str:
+    """Why no cell of a workload is judged at a batch size (``first``: the walk's first, where a cell measured
+    in other engine modes is judged, :func:`unjudged_why`): each reason once, or why none is there."""
     at = [r for r in _speculative(rows) if (cell := _cell(r)) is not None and cell.batch == batch]
-    reasons = list(dict.fromkeys(why for r in at if (why := why_not_judged(r)) is not None))
+    reasons = list(dict.fromkeys(why for r in at if (why := unjudged_why(r, first)) is not None))
     if reasons:
         return "; ".join(reasons)
     if any(p.batch == batch and p.rate is None and p.method != "baseline" for p in grid.unmeasured):
@@ -500,28 +516,31 @@ class BestAt:
 def best_configs(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BestAt]:
     """Per planned batch size of one workload (``rows``: all its offline cells), the cell :func:`best_row` names
     (the fastest judged cell that pays, which is the K the schedule picks there, else the fastest), or why no
-    cell is judged there. Nothing past an unjudged batch size is dropped: each entry stands on its own cells."""
+    cell is judged there. Nothing past an unjudged batch size is dropped: each entry stands on its own cells.
+    Past the smallest planned batch size a cell whose engines ran in other modes than its baseline's is not
+    judged (:func:`walk_judges`), as in the K schedule this table shows the choices of; pinned, it is judged
+    and its row carries the merge's mode caveat."""
     compared = [r for r in _speculative(rows) if r.get("status") == "ok" and _known(r.get("speedup"))]
     if not any(recommendable(r) for r in compared):
         return []
     out = []
-    for batch in grid.batch_sizes(rows):
-        chosen = best_row([r for r in compared if int(r["batch_size"]) == batch])
-        out.append(BestAt(batch, chosen[0], len(compared),
-                          passed_over=tuple(passed_over([r for r in rows if _at_batch(r, batch)]))) if chosen else
-                   BestAt(batch, None, len(compared), _column_why(rows, grid, batch)))
+    for i, batch in enumerate(grid.batch_sizes(rows)):
+        chosen = best_row([r for r in compared if int(r["batch_size"]) == batch and walk_judges(r, i == 0)])
+        out.append(BestAt(batch, chosen[0], len(compared), passed_over=tuple(
+            passed_over([r for r in rows if _at_batch(r, batch)], first=i == 0))) if chosen else
+                   BestAt(batch, None, len(compared), _column_why(rows, grid, batch, first=i == 0)))
     return out
 
 
-def passed_over(here: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+def passed_over(here: Sequence[Mapping[str, Any]], first: bool = True) -> list[tuple[str, str]]:
     """The configurations among ``here`` (one batch size's cells, any status) with no judged cell, each once
-    with why (:func:`why_not_judged`): a choice among the rest was made without them, so a K picked at
-    batch 8 because K=4 failed there says so rather than read as K=2 beating K=4."""
-    judged = {str(method_label(r)) for r in here if recommendable(r)}
+    with why (:func:`unjudged_why`; ``first``: the walk's first batch size): a choice among the rest was made
+    without them, so a K picked at batch 8 because K=4 failed there says so rather than read as K=2 beating K=4."""
+    judged = {str(method_label(r)) for r in here if walk_judges(r, first)}
     out: dict[str, str] = {}
     for row in _speculative(here):
         label = str(method_label(row))
-        if label not in judged and label not in out and (why := why_not_judged(row)) is not None:
+        if label not in judged and label not in out and (why := unjudged_why(row, first)) is not None:
             out[label] = why
     return sorted(out.items())
 
@@ -547,6 +566,8 @@ class BreakEven:
     # cell is shown to pay, and the first whose cells are all shown below 1×; None where there is none.
     pays_through: int | None = None
     below_from: int | None = None
+    # The caveats of the walked cells (gathered_caveats): a pinned difference in engine modes travels this way.
+    caveats: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
 
 
 def break_even_bracket(walked: Sequence[Mapping[str, Any]]) -> tuple[int | None, int | None]:
@@ -579,8 +600,10 @@ def break_evens(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BreakEven
     """Measured and predicted break-even batch size per curve (:func:`specbench.analytic.prediction.break_even`).
 
     The measured crossing is sought along the curve's planned batch sizes up
-    to the first one not judged: a speedup measured past a gap may not join
-    the one before it. The predicted crossing reads every compared cell.
+    to the first one not judged (:func:`walk_judges`: past the first, a cell
+    whose engines ran in other modes than its baseline's is not judged unless
+    the modes were pinned): a speedup measured past a gap may not join the one
+    before it. The predicted crossing reads every compared cell.
     """
     compared = [r for r in _speculative(rows) if r.get("status") == "ok" and _known(r.get("speedup"))]
     every = _speculative(rows)
@@ -592,11 +615,12 @@ def break_evens(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BreakEven
         walked, stop = [], None
         for i, batch in enumerate(planned):
             here = [r for r in mine if _known(r.get("batch_size")) and int(r["batch_size"]) == batch]
-            if not any(recommendable(r) for r in here):
-                why = next((w for r in here if (w := why_not_judged(r))), None) or grid.absent(mine[0], batch=batch)
+            if not any(walk_judges(r, i == 0) for r in here):
+                why = next((w for r in here if (w := unjudged_why(r, i == 0))), None) or grid.absent(
+                    mine[0], batch=batch)
                 stop = Stop(batch, why, tuple(planned[i + 1:]))
                 break
-            walked += [r for r in here if recommendable(r)]
+            walked += [r for r in here if walk_judges(r, i == 0)]
         measured = prediction.break_even(walked) if walked else []
         pays_through, below_from = break_even_bracket(walked)
         out.append(BreakEven(
@@ -610,6 +634,7 @@ def break_evens(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[BreakEven
             stop=stop,
             pays_through=pays_through,
             below_from=below_from,
+            caveats=gathered_caveats(walked),
         ))
     return out
 
@@ -693,7 +718,9 @@ def schedule_evidence(
     ``every``: the family's cells of the same sweeps, any status (to name why
     a batch size is not judged). Per planned batch size, from the smallest
     up: the K of the cell :func:`best_row` names when it pays, else 0, until
-    the first batch size with no judged cell. That one gets K = 0 (no
+    the first batch size with no judged cell (:func:`walk_judges`: past the
+    first, a cell whose engines ran in other modes than its baseline's is not
+    judged unless the modes were pinned). That one gets K = 0 (no
     evidence: plain decoding) and nothing past it is claimed, so the schedule
     built from the result (:func:`specbench.analytic.speedup.num_speculative_tokens_per_batch_size`)
     never spans it: vLLM carries the last range's K on to larger batches.
@@ -701,15 +728,24 @@ def schedule_evidence(
     planned = grid.batch_sizes(every)
     best: dict[int, tuple[int, float | None]] = {}
     for i, batch in enumerate(planned):
-        chosen = best_row(evidence.get(batch, ()), margin)
+        chosen = best_row([r for r in evidence.get(batch, ()) if walk_judges(r, i == 0)], margin)
         if chosen is None:
             here = [r for r in every if _known(r.get("batch_size")) and int(r["batch_size"]) == batch]
-            why = "; ".join(dict.fromkeys(w for r in here if (w := why_not_judged(r)))) or (
+            why = "; ".join(dict.fromkeys(w for r in here if (w := unjudged_why(r, i == 0)))) or (
                 grid.absent(every[0], batch=batch, across_k=True) if every else "not measured")
             return best, Stop(batch, why, tuple(planned[i + 1:]))
         top, paying = chosen
         best[batch] = (int(top["num_speculative_tokens"]), float(top["speedup"])) if paying else (0, None)
     return best, None
+
+
+def schedule_caveats(evidence: Mapping[int, Sequence[Mapping[str, Any]]],
+                     best: Mapping[int, tuple[int, float | None]]) -> list[tuple[str, tuple[int, ...]]]:
+    """The caveats of the cells a K schedule stands on (:func:`gathered_caveats`): at each batch size of
+    ``best`` (:func:`schedule_evidence`'s) with K > 0, ``evidence``'s cells of that K. A pinned difference in
+    engine modes, which the walk goes on through, travels with the schedule this way."""
+    return gathered_caveats([r for batch, (k, _) in sorted(best.items()) if k
+                             for r in evidence.get(batch, ()) if int(r["num_speculative_tokens"]) == k])
 
 
 @dataclass(frozen=True)

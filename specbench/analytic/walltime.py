@@ -7,13 +7,16 @@ starts: each engine of each engine run, started once for the cells that share it
 
 - on a GPU, a fixed part (the process and its CUDA context, vLLM's profiling run, torch.compile's
   graphs), the weights read at :data:`WEIGHT_LOAD_BYTES_PER_S`, and the CUDA graphs captured at
-  :data:`CAPTURE_S_PER_SIZE` per size per model (target, and drafter where it has its own);
+  :data:`CAPTURE_S_PER_SIZE` per size per model (target, and drafter where it has its own), each
+  capture counted as often as vLLM 0.32 runs it: its memory profiling captures graphs before the
+  real capture does (:func:`captured_sizes`);
 - on the CPU build, a fixed part and the KV pool touched at :data:`CPU_KV_S_PER_GIB` (measured on
   2 cores, conf/config.yaml).
 
 The GPU constants follow vLLM's own start-up lines for a model on one card with torch.compile's
 cache warm (vllm#20264: "torch.compile takes 7.51 s", "Graph capturing finished in 17 secs" for the
-default 67 sizes, "init engine (profile, create kv cache, warmup model) took 34.11 seconds"); the
+default 67 sizes, one capture of the list: that vLLM had no graph-memory profiling yet, "init engine
+(profile, create kv cache, warmup model) took 34.11 seconds"); the
 engine workers fork from a process that imported vLLM once (specbench.engine), so no start pays
 the import. They are not measured by specbench: they set the starts' order of magnitude.
 
@@ -31,13 +34,44 @@ WEIGHT_LOAD_BYTES_PER_S = 1.5e9
 CAPTURE_S_PER_SIZE = 0.25
 CPU_START_FIXED_S = 8.0
 CPU_KV_S_PER_GIB = 5.0
+# The descriptors per mode V1's memory profiling captures before it extrapolates the rest (``descs[:2]`` in
+# GPUModelRunner.profile_cudagraph_memory, vllm/v1/worker/gpu_model_runner.py).
+V1_PROFILED_SIZES = 2
+
+
+def captured_sizes(sizes: int, model_runner: str = "V2") -> int:
+    """How many graph sizes an engine with CUDA graphs captures at start in vLLM 0.32, its memory profiling
+    counted: ``sizes`` for the real capture, plus the profiling's.
+
+    ``Worker.determine_available_memory`` (vllm/v1/worker/gpu_worker.py) calls the runner's
+    ``profile_cudagraph_memory()`` whenever the engine captures graphs on a GPU
+    (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` decides only whether its figure is used), and throws
+    the graphs away before the real capture:
+
+    - Model Runner V2 (``profile_cudagraph_memory`` in vllm/v1/worker/gpu/cudagraph_utils.py) runs
+      ``capture_model(profile_only=True)``, which captures every PIECEWISE size and the speculator's
+      graphs in full and only the two largest FULL graphs: the list is captured twice, counted here
+      as ``2 x sizes`` (the FULL graphs it samples are the smaller part of a size's capture: one
+      graph, against one per compiled piece);
+    - V1 captures the first :data:`V1_PROFILED_SIZES` descriptors of each mode and extrapolates the
+      rest: ``sizes + min(sizes, 2)``.
+    """
+    if model_runner not in ("V1", "V2"):
+        raise ValueError(f"model_runner must be V1 or V2, got {model_runner!r}")
+    if sizes <= 0:
+        return 0
+    return sizes + (sizes if model_runner == "V2" else min(sizes, V1_PROFILED_SIZES))
 
 
 def engine_start_s(*, gpu: bool, weight_bytes: float, models: int = 1, capture_sizes: int = 0,
-                   cpu_kv_gib: float = 0.0) -> float:
-    """Seconds to start one engine: fixed part, weights, and CUDA-graph capture (GPU) or KV pool (CPU)."""
+                   cpu_kv_gib: float = 0.0, model_runner: str = "V2") -> float:
+    """Seconds to start one engine: fixed part, weights, and CUDA-graph capture (GPU) or KV pool (CPU).
+
+    ``capture_sizes``: the sizes of the engine's capture list (0: eager), each captured as often as
+    ``model_runner`` does at start, profiling included (:func:`captured_sizes`)."""
     if gpu:
-        return GPU_START_FIXED_S + weight_bytes / WEIGHT_LOAD_BYTES_PER_S + CAPTURE_S_PER_SIZE * capture_sizes * models
+        return (GPU_START_FIXED_S + weight_bytes / WEIGHT_LOAD_BYTES_PER_S
+                + CAPTURE_S_PER_SIZE * captured_sizes(capture_sizes, model_runner) * models)
     return CPU_START_FIXED_S + CPU_KV_S_PER_GIB * cpu_kv_gib
 
 

@@ -618,7 +618,8 @@ def break_even(df: pd.DataFrame, grid: Grid | None = None) -> list[BreakEven]:
                 config=str(label_of[first["cell_id"]]),
                 batch_sizes=", ".join(str(b) for b in curve.predicted_sizes),
                 measured=_crossing(curve.measured, curve.batch_sizes, curve.speedups, curve.stop,
-                                   (curve.pays_through, curve.below_from)),
+                                   (curve.pays_through, curve.below_from))
+                + (f"; {recommend.caveats_text(curve.caveats)}" if curve.caveats else ""),
                 predicted=predicted,
             )
         )
@@ -637,6 +638,7 @@ class Schedule:
     comparisons: tuple[recommend.Comparison, ...] = ()  # it against the fixed Ks, per batch size
     fixed_ks: tuple[int, ...] = ()  # the fixed Ks of the comparison's columns
     stop: str | None = None  # the first planned batch size without a judged cell, where the schedule ends
+    caveats: str = ""  # what qualifies the cells the schedule stands on (recommend.Recommendation.caveats_text)
 
 
 def schedules(df: pd.DataFrame, grid: Grid | None = None) -> list[Schedule]:
@@ -660,6 +662,7 @@ def schedules(df: pd.DataFrame, grid: Grid | None = None) -> list[Schedule]:
             comparisons=tuple(recommend.comparisons(rec)),
             fixed_ks=tuple(sorted({k for c in recommend.comparisons(rec) for k in c.fixed})),
             stop=None if rec.stop is None else f"{rec.stop.text()}: K=0 from batch {rec.stop.at:g} on (no evidence)",
+            caveats=rec.caveats_text(),
         )
         for rec in recommend.recommend(records(df), grid=grid or grid_of(df))
     ]
