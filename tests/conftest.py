@@ -60,6 +60,21 @@ def run_sweep(grid: Sequence[str], root: Path) -> Sweep:
     return Sweep(root / "sweep", done, pd.read_parquet(root / "sweep" / "results.parquet"))
 
 
+@pytest.fixture
+def device_closed_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What stands for a GPU where there is none: this process's torch says CUDA is there, and every call that
+    would open the device in this process (a context the next engine would find taken) fails the test. A
+    spawned child, a fresh interpreter, sees none of it."""
+    import torch
+
+    def opened_here(*args: object, **kwargs: object) -> None:
+        raise AssertionError("this process opened the device itself")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("init", "_lazy_init", "device_count", "get_device_properties", "get_device_name", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, opened_here)
+
+
 @pytest.fixture(scope="session")
 def reference_sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     """:data:`REFERENCE_GRID`, run once per session through the real command line."""

@@ -237,21 +237,17 @@ def test_a_gpu_calibration_states_the_device_memory_so_the_fit_check_still_refus
     assert len(problems) == 1 and "too big for the device" in problems[0] and "hardware=gpu" in problems[0]
 
 
-def test_device_rates_are_timed_in_a_child_so_the_engine_finds_the_device_free(monkeypatch):
-    # What stands for a GPU here: this process's torch says CUDA is there, and anything that would
-    # initialise CUDA in it (a context, torch's cache) raises, as would the timing itself if it ran
-    # here. vLLM refuses an engine unless gpu_memory_utilization x total is free (v1/worker/utils.py);
-    # on a 24 GB card a context plus 2 GiB of cached timing buffers left here exceeds the headroom.
+def test_device_rates_are_timed_in_a_child_so_the_engine_finds_the_device_free(device_closed_here, monkeypatch):
+    # vLLM refuses an engine unless gpu_memory_utilization x total is free (v1/worker/utils.py); on a 24 GB
+    # card a context plus 2 GiB of cached timing buffers left in the calibrating process exceeds the headroom.
+    # The timing itself fails here too, as it would if it ran in this process.
     import torch
 
     from specbench import gpu_timing
 
     def opened_here(*args, **kwargs):
-        raise AssertionError("the calibrating process touched the device itself")
+        raise AssertionError("the calibrating process timed the device itself")
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for name in ("init", "_lazy_init", "get_device_properties", "get_device_name", "synchronize"):
-        monkeypatch.setattr(torch.cuda, name, opened_here)
     monkeypatch.setattr(gpu_timing, "device_rates", opened_here)
     # The child is a fresh interpreter: none of the above reaches it, and with no CUDA it times the CPU.
     bounds = calibrate.measure_device_rates("float32", copy_bytes=1 << 16, matmul_size=16)

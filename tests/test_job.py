@@ -338,17 +338,9 @@ def test_a_single_run_writes_where_a_sweep_of_the_same_name_does():
         GlobalHydra.instance().clear()
 
 
-def test_a_failed_cells_machine_is_read_without_opening_the_device_in_the_sweep(monkeypatch):
-    # What stands for a GPU: this process's torch says CUDA is there and raises wherever it would open
-    # the device (a context the next engine would find taken). The child, a fresh interpreter, reads it.
-    import torch
-
-    def opened_here(*args, **kwargs):
-        raise AssertionError("the sweep's process opened the device")
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for name in ("init", "_lazy_init", "device_count", "get_device_properties", "get_device_name"):
-        monkeypatch.setattr(torch.cuda, name, opened_here)
+def test_a_failed_cells_machine_is_read_without_opening_the_device_in_the_sweep(device_closed_here):
+    # The sweep's process must not open the device (a context the next engine would find taken): the
+    # child, a fresh interpreter, reads it.
     job._local_machine.cache_clear()
     try:
         assert job._local_machine().startswith("CPU ")  # no GPU here: the child describes the CPU
