@@ -359,8 +359,7 @@ def test_the_thoughtworks_eagle3_heads_shipped_shape_is_the_checkpoints():
 
 # Hub checkpoints the model configs name whose commit could not be found yet: null in model.revisions
 # (main, with a warning before any engine). Pin each when its commit is known.
-UNPINNED = {"Qwen/Qwen2.5-0.5B-Instruct-AWQ", "yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
-            "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+UNPINNED = {"yuhuili/EAGLE-LLaMA3.1-Instruct-8B"}
 
 
 def test_every_hub_checkpoint_a_model_config_names_is_pinned_to_a_commit():
@@ -381,3 +380,16 @@ def test_every_hub_checkpoint_a_model_config_names_is_pinned_to_a_commit():
             else:
                 assert isinstance(revision, str) and hub.is_commit(revision), (path.name, reference, revision)
         assert config.validate(_compose([f"model={path.stem}"])) == [], path.name
+
+
+def test_a_shipped_config_file_of_a_pinned_revision_is_that_revisions_file():
+    """Where public sources give the SHA-256 of a pinned revision's config.json, the shipped file is that file."""
+    import hashlib
+
+    import yaml
+
+    shipped = HUB_CONFIGS / "Qwen" / "Qwen2.5-0.5B-Instruct-AWQ"
+    pinned = yaml.safe_load((ROOT / "conf" / "model" / "qwen2.5-7b-instruct-awq.yaml").read_text())["revisions"]
+    assert pinned["Qwen/Qwen2.5-0.5B-Instruct-AWQ"] in (shipped / "SOURCE").read_text()
+    digest = hashlib.sha256((shipped / "config.json").read_bytes()).hexdigest()
+    assert digest == "bd20ae34a91eb38230b870d39f56677d1cda1e8b6688ad627e6efb6ca9f44090"
