@@ -451,8 +451,8 @@ def _compose(overrides: Sequence[str], method: Sequence[str] = ("method=baseline
             raise ConfigError(str(exc)) from exc
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Measure, fit, print and store; returns the exit status."""
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m specbench.calibrate``."""
     parser = argparse.ArgumentParser(
         prog="python -m specbench.calibrate",
         description="Fit this machine's hardware profile for the analytic model from real plain-decode steps.",
@@ -476,7 +476,51 @@ def main(argv: list[str] | None = None) -> int:
                              "e.g. from a datasheet (default: timed here with torch before the engine starts)")
     parser.add_argument("--refit", type=Path, default=None, metavar="PROFILE.yaml",
                         help="refit the samples an earlier calibration wrote, without starting an engine")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@dataclass(frozen=True)
+class Engines:
+    """What a calibration runs: its engine overrides and grid, the plain-decoding cell whose engine
+    decodes the grid, then each head's cell by method (:func:`_draft_cells`), and why the other
+    methods have none ("" when every one has)."""
+
+    overrides: list[str]
+    points: list[GridPoint]
+    target: Cell
+    heads: dict[str, Cell]
+    skipped: str
+
+    @property
+    def cells(self) -> list[Cell]:
+        """Every cell an engine is started for, in the order they start."""
+        return [self.target, *self.heads.values()]
+
+
+def planned_engines(args: argparse.Namespace) -> Engines:
+    """The engines the parsed command line (:func:`argument_parser`) starts; ValueError (a
+    :class:`~specbench.config.ConfigError` among them) for a bad grid or override."""
+    overrides = engine_overrides(args.overrides, args.max_step_tokens)
+    points = grid(positive_ints(args.batch_sizes, "--batch-sizes"),
+                  positive_ints(args.prompt_lengths, "--prompt-lengths"), args.max_step_tokens)
+    target = calibration_cell(overrides, points)
+    heads, skipped = _draft_cells(overrides)
+    return Engines(overrides, points, target, heads, skipped)
+
+
+def fetch_checkpoints(cells: Sequence[Cell]) -> dict[str, Path]:
+    """Every hub checkpoint the cells' engines load, in the cache before any engine starts
+    (:func:`specbench.hub.fetch_all`): with the tokenizer files vLLM loads for the target and any
+    heterogeneous-vocabulary draft, at the model config's pinned revisions, as a sweep fetches them.
+    Raises :class:`specbench.hub.HubError`."""
+    return hub.fetch_all([pair for cell in cells for pair in cell.checkpoints()],
+                         {reference for cell in cells for reference in cell.tokenizer_checkpoints()},
+                         {reference: pin for cell in cells for reference, pin in cell.revisions().items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, fit, print and store; returns the exit status."""
+    args = argument_parser().parse_args(argv)
     try:
         given_rates = None if args.device_rates is None else _device_rates(args.device_rates)
     except ValueError as exc:
@@ -485,18 +529,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.refit is not None:
         return _refit(args.refit, args.out or args.refit, given_rates)
 
-    overrides = engine_overrides(args.overrides, args.max_step_tokens)
     try:
-        points = grid(positive_ints(args.batch_sizes, "--batch-sizes"),
-                      positive_ints(args.prompt_lengths, "--prompt-lengths"), args.max_step_tokens)
-        cell = calibration_cell(overrides, points)
+        planned = planned_engines(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # The heads whose draft passes are timed after the target's steps: their checkpoints are fetched with the target's.
-    draft_cells, skipped = _draft_cells(overrides)
+    overrides, points, cell, draft_cells = planned.overrides, planned.points, planned.target, planned.heads
     try:
-        hub.fetch_all(cell.checkpoints() + [c for d in draft_cells.values() for c in d.checkpoints()])
+        # The heads whose draft passes are timed after the target's steps load theirs with the target's.
+        fetch_checkpoints(planned.cells)
     except hub.HubError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -504,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_cfg = cell.identity["model"]
     dtype = cell.identity["engine"]["dtype"]
-    folder = models.resolve(model_cfg["path"])
+    folder = models.resolve(model_cfg["path"], revision=cell.revisions().get(model_cfg["path"]))
     model = prediction.model_profile(model_cfg["path"], dtype, model_cfg["name"])
     stream = _token_stream(AutoTokenizer.from_pretrained(folder))
     longest = max(p.prompt_len for p in points) + args.max_tokens
@@ -564,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(format_draft_fit(method, overheads[method], head_records[method]))
     profile = with_head_overheads(profile, overheads)
-    print(format_heads_timed(overheads, skipped))
+    print(format_heads_timed(overheads, planned.skipped))
     draft_method = next(iter(head_records), None)
     draft_records = head_records.get(draft_method, []) if draft_method else []
     warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds, _labels(records))
@@ -696,13 +737,6 @@ def _draft_cells(overrides: Sequence[str]) -> tuple[dict[str, Cell], str]:
         except ValueError as exc:
             reasons.append(f"{method}: {str(exc).splitlines()[-1].strip()}")
     return cells, "; ".join(reasons)
-
-
-def _draft_cell(overrides: Sequence[str]) -> tuple[Cell | None, str]:
-    """The first head's cell (:func:`_draft_cells`), or None and why not: what tests/test_vllm_config.py
-    validates."""
-    cells, skipped = _draft_cells(overrides)
-    return next(iter(cells.values()), None), skipped
 
 
 def fit_head(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -265,9 +266,10 @@ def test_calibration_engines_capture_graphs_for_every_batch_they_decode():
     overrides = calibrate.engine_overrides([], 8192)
     sizes = calibrate.calibration_cell(overrides, points).engine_spec(prepare=False).cudagraph_capture_sizes
     assert {p.batch_size for p in points} <= set(sizes)
-    draft, _ = calibrate._draft_cell(overrides)
-    sizes = draft.engine_spec(prepare=False).cudagraph_capture_sizes
-    assert {p.batch_size * (calibrate.DRAFT_K + 1) for p in calibrate.DRAFT_POINTS} <= set(sizes)
+    heads, _ = calibrate._draft_cells(overrides)
+    for draft in heads.values():
+        sizes = draft.engine_spec(prepare=False).cudagraph_capture_sizes
+        assert {p.batch_size * (calibrate.DRAFT_K + 1) for p in calibrate.DRAFT_POINTS} <= set(sizes), draft.method
     # A graph batch the overrides set is the user's to choose.
     mine = calibrate.calibration_cell([*overrides, "engine.cudagraph_batch_size=2"], points)
     assert mine.engine_spec(prepare=False).cudagraph_capture_sizes == (1, 2)
@@ -324,3 +326,32 @@ def test_every_shipped_head_is_timed_and_each_drafter_pays_its_own_heads_overhea
     assert "draft passes priced from their own head's: eagle3, eagle" in calibrate.format_heads_timed(true, "")
     with pytest.raises(ValueError, match="head_draft_overhead_ms"):
         profiles.HardwareProfile.from_mapping(dict(doc, head_draft_overhead_ms=[1.0]))
+
+
+def test_calibrate_fetches_every_engines_checkpoints_with_their_tokenizers_at_their_pinned_revisions(monkeypatch,
+                                                                                                     capsys):
+    # The fake stands for the hub and its cache: it records what calibrate asks for and refuses it, as a cache
+    # without those files on a machine without network would, so that nothing after it (no tokenizer, no engine) runs.
+    import yaml
+
+    from specbench import hub
+
+    asked = []
+
+    def refuse(needed, tokenizers=None, revisions=None):
+        asked.append((list(needed), tokenizers, revisions))
+        raise hub.HubError("model.path=Qwen/Qwen2.5-7B-Instruct is not in the Hugging Face cache")
+
+    monkeypatch.setattr(hub, "fetch_all", refuse)
+    assert calibrate.main(["model=qwen2.5-7b-instruct"]) == 2
+    assert "is not in the Hugging Face cache" in capsys.readouterr().err
+    [(needed, tokenizers, revisions)] = asked
+    # The target's engine, then the EAGLE-3 head's (vLLM has no EAGLE-1 class for Qwen2: that head is not timed).
+    assert needed == [("model.path", "Qwen/Qwen2.5-7B-Instruct"), ("model.path", "Qwen/Qwen2.5-7B-Instruct"),
+                      ("model.eagle3", "thoughtworks/Qwen2.5-7B-Instruct-Eagle3")]
+    # The tokenizer vLLM loads (the target's), and every checkpoint at the commit its model config pins.
+    assert set(tokenizers) == {"Qwen/Qwen2.5-7B-Instruct"}
+    pins = yaml.safe_load((Path(calibrate.__file__).parent / "conf" / "model" / "qwen2.5-7b-instruct.yaml")
+                          .read_text())["revisions"]
+    assert revisions == {ref: pins[ref] for ref in ("Qwen/Qwen2.5-7B-Instruct", "thoughtworks/Qwen2.5-7B-Instruct-Eagle3")}
+    assert all(hub.is_commit(pin) for pin in revisions.values())

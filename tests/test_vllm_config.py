@@ -100,11 +100,11 @@ def _grid_cells(overrides: Sequence[str]) -> list[Any]:
     return [p.cell for p in planned]
 
 
-def _calibration_cells(overrides: Sequence[str]) -> list[Any]:
-    """The engines ``python -m specbench.calibrate`` starts: the target's, then the head's it times."""
-    engine = calibrate.engine_overrides(overrides, calibrate.DEFAULT_MAX_STEP_TOKENS)
-    draft, _ = calibrate._draft_cell(engine)
-    return [cell_from_config(calibrate._compose(engine))] + ([draft] if draft is not None else [])
+def _calibration_cells(argv: Sequence[str]) -> list[Any]:
+    """The engines ``python -m specbench.calibrate`` starts for this command line, as calibrate plans them
+    (:func:`specbench.calibrate.planned_engines`): the target's, graphs for every batch it decodes, then
+    each head's it times."""
+    return calibrate.planned_engines(calibrate.argument_parser().parse_args(list(argv))).cells
 
 
 def _local(reference: str) -> str:
@@ -393,3 +393,14 @@ def test_a_shipped_config_file_of_a_pinned_revision_is_that_revisions_file():
     assert pinned["Qwen/Qwen2.5-0.5B-Instruct-AWQ"] in (shipped / "SOURCE").read_text()
     digest = hashlib.sha256((shipped / "config.json").read_bytes()).hexdigest()
     assert digest == "bd20ae34a91eb38230b870d39f56677d1cda1e8b6688ad627e6efb6ca9f44090"
+
+
+def test_the_calibration_engines_checked_are_the_ones_calibrate_starts(gpu_build):
+    """Built by calibrate's own plan, not a copy: the target's engine captures graphs for every batch it decodes,
+    and each head calibrate times is there (on Qwen2, EAGLE-3's only)."""
+    [overrides] = [o for name, o in readme_gpu_commands() if name == "calibrate"]
+    cells = _calibration_cells(overrides)
+    assert [c.method for c in cells] == ["baseline", "eagle3"]
+    assert set(calibrate.DEFAULT_BATCH_SIZES) <= set(cells[0].engine_spec(prepare=False).cudagraph_capture_sizes)
+    heads = _calibration_cells(["model=llama-3.1-8b-instruct"])
+    assert [c.method for c in heads] == ["baseline", *calibrate.DRAFT_METHODS]
