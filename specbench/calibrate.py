@@ -35,7 +35,10 @@ K = :data:`DRAFT_K`, and :func:`specbench.analytic.profile_fit.fit_draft_overhea
 the per-draft-pass overhead that the fitted step time and the head's own
 roofline work leave unexplained. Each head is priced with its own
 (``head_draft_overhead_ms``): one head's overhead priced the other 12-29%
-off, since the passes differ in more than the work the model counts. The
+off, since the passes differ in more than the work the model counts. A
+head's may be below 0, a correction to its roofline where its passes cost
+less than their priced work (the EAGLE-1 head, which reads the target's
+whole LM head each pass, on a CPU); floored at 0 it priced them too high. The
 first head's is ``draft_overhead_ms``, which every other drafter pays, and
 the output says which heads were timed. Without a head, draft passes are
 charged the step's overhead (an upper bound) and the profile says so.
@@ -355,6 +358,8 @@ def profile_document(
         doc["head_draft_overhead_ms"] = {m: round(s * 1e3, 4) for m, s in profile.head_overheads}
     if head_records:
         doc["head_draft_samples"] = {m: list(r) for m, r in head_records.items()}
+        doc["notes"] += (f" Each head's draft pass priced from its own timed passes (measured, head_draft_samples): "
+                         f"{', '.join(head_records)}.")
     if draft_records:
         doc["draft_samples"] = {"method": draft_method, "samples": list(draft_records)}
     else:
@@ -377,7 +382,9 @@ def format_draft_fit(
     method: str, overhead_s: float, records: Sequence[dict[str, Any]]
 ) -> str:
     """The draft-pass fit and its per-sample residuals as a text table."""
-    lines = [f"draft pass overhead ({method} head): {overhead_s * 1e3:.2f} ms per draft pass",
+    below = ("" if overhead_s >= 0 else
+             " (below 0: its passes cost less than the roofline prices its work; each pass is priced that much less)")
+    lines = [f"draft pass overhead ({method} head): {overhead_s * 1e3:.2f} ms per draft pass{below}",
              f"{'batch':>5} {'prompt':>6} {'K':>3} {'measured ms/pass':>17} {'residual':>9}"]
     lines += [f"{r['batch_size']:>5} {r['prompt_tokens']:>6} {r['k']:>3} {r['seconds_per_pass'] * 1e3:>17.2f} "
               f"{r['residual'] * 100:>+8.1f}%" for r in records]
@@ -745,20 +752,26 @@ def fit_head(
 ) -> tuple[float, list[dict[str, Any]]]:
     """One head's draft-pass overhead from its timed passes (records as :func:`draft_sample` writes them),
     priced with its own shapes (``identity``: the cell's method config, which names its checkpoint);
-    the records gain their residuals."""
+    the records gain their residuals. Signed (:func:`specbench.analytic.profile_fit.fit_draft_overhead`):
+    a head whose passes cost less than the roofline prices its work gets that correction, below 0, and
+    is priced at its measured passes; floored at 0, the EAGLE-1 head's passes were priced 10-17% above
+    what they measured on a CPU, and its speedups that much low."""
     head = prediction.drafter_profile(dict(identity), model, dtype)
     overhead, residuals = profile_fit.fit_draft_overhead(
         [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"]) for r in records],
-        method=method, target=model, head=head, hw=profile)
+        method=method, target=model, head=head, hw=profile, signed=True)
     return overhead, [dict(r, residual=res) for r, res in zip(records, residuals)]
 
 
 def with_head_overheads(profile: profiles.HardwareProfile, overheads: Mapping[str, float]) -> profiles.HardwareProfile:
     """``profile`` with each timed head's draft-pass overhead (:attr:`HardwareProfile.head_overheads`);
-    the first is also its ``draft_overhead_s``, which drafters without a timed head pay. Unchanged when none."""
+    the first, floored at 0, is also its ``draft_overhead_s``, which drafters without a timed head pay
+    (a head's negative correction is its own roofline's, no fixed cost of another drafter's pass).
+    Unchanged when none."""
     if not overheads:
         return profile
-    return replace(profile, draft_overhead_s=next(iter(overheads.values())), head_overheads=tuple(overheads.items()))
+    return replace(profile, draft_overhead_s=max(next(iter(overheads.values())), 0.0),
+                   head_overheads=tuple(overheads.items()))
 
 
 def format_heads_timed(overheads: Mapping[str, float], skipped: str) -> str:
@@ -766,8 +779,8 @@ def format_heads_timed(overheads: Mapping[str, float], skipped: str) -> str:
     if not overheads:
         return f"draft passes: not timed ({skipped}); each is charged the step's fixed overhead"
     first = next(iter(overheads))
-    line = (f"draft passes priced from their own head's: {', '.join(overheads)}; "
-            f"other drafters pay {first}'s {overheads[first] * 1e3:.2f} ms")
+    line = (f"draft passes priced from their own head's (measured): {', '.join(overheads)}; "
+            f"other drafters pay {first}'s {max(overheads[first], 0.0) * 1e3:.2f} ms")
     return line + (f" (not timed: {skipped})" if skipped else "")
 
 

@@ -323,7 +323,7 @@ def test_every_shipped_head_is_timed_and_each_drafter_pays_its_own_heads_overhea
     assert calibrate.main(["--refit", str(path), "--out", str(out), "--device-rates", "40,1"]) == 0
     refit = yaml.safe_load(out.read_text())
     assert set(refit["head_draft_overhead_ms"]) == {"eagle3", "eagle"} and set(refit["head_draft_samples"]) == set(true)
-    assert "draft passes priced from their own head's: eagle3, eagle" in calibrate.format_heads_timed(true, "")
+    assert "draft passes priced from their own head's (measured): eagle3, eagle" in calibrate.format_heads_timed(true, "")
     with pytest.raises(ValueError, match="head_draft_overhead_ms"):
         profiles.HardwareProfile.from_mapping(dict(doc, head_draft_overhead_ms=[1.0]))
 
@@ -355,3 +355,66 @@ def test_calibrate_fetches_every_engines_checkpoints_with_their_tokenizers_at_th
                           .read_text())["revisions"]
     assert revisions == {ref: pins[ref] for ref in ("Qwen/Qwen2.5-7B-Instruct", "thoughtworks/Qwen2.5-7B-Instruct-Eagle3")}
     assert all(hub.is_commit(pin) for pin in revisions.values())
+
+
+def test_a_head_whose_passes_cost_less_than_its_priced_work_is_priced_at_its_measured_passes(tmp_path):
+    # What calibrate met on a CPU: the EAGLE-1 head's passes (it reads the target's whole LM head each pass)
+    # cost about 4 ms less than the roofline prices its work, at batch 1 and 4 alike, while the EAGLE-3 head's
+    # cost 2 ms more. The passes are made here from the model's own pricing of each head's work with no
+    # overhead at all, plus that constant.
+    true = {"eagle3": 2e-3, "eagle": -4e-3}
+    free = replace(TRUE, draft_overhead_s=0.0)
+
+    def measured_pass(method, batch_size, k, context):
+        work = drafting.draft_time(method, hw=free, batch_size=batch_size, k=k, context_len=context, target=MODEL)
+        return steps.verify_step(MODEL, TRUE, batch_size, k, context) + work + k * true[method]
+
+    records = {m: [calibrate.draft_sample(p, calibrate.DRAFT_K, 16, [(measured_pass(
+        m, p.batch_size, calibrate.DRAFT_K, p.prompt_len + 8) * 10, 10)])[1] for p in calibrate.DRAFT_POINTS]
+        for m in true}
+    fitted = {m: calibrate.fit_head(m, {"name": m}, records[m], MODEL, "float32", TRUE) for m in true}
+    # Floored at 0, EAGLE-1's correction was lost and each of its passes priced 4 ms high.
+    assert {m: o for m, (o, _) in fitted.items()} == pytest.approx(true, rel=1e-6)
+    assert all(abs(r["residual"]) < 1e-9 for _, rs in fitted.values() for r in rs)
+    assert "below 0: its passes cost less than the roofline prices its work" in calibrate.format_draft_fit(
+        "eagle", *fitted["eagle"])
+    samples, step_records = _synthetic_samples()
+    _, step_fitted = calibrate.fit(samples, step_records, MODEL, "my-cpu")
+    doc = calibrate.profile_document(
+        calibrate.with_head_overheads(TRUE, {m: o for m, (o, _) in fitted.items()}), step_fitted,
+        model={"name": "m", "path": "embedded:x", "dtype": "float32"}, device="CPU",
+        measured_at="2026-01-01T00:00:00+00:00", vllm_version="0.32.0", settings={},
+        draft_records=fitted["eagle3"][1], draft_method="eagle3", head_records={m: r for m, (_, r) in fitted.items()})
+    assert doc["head_draft_overhead_ms"] == {"eagle3": 2.0, "eagle": -4.0}
+    assert "priced from its own timed passes (measured, head_draft_samples): eagle3, eagle" in doc["notes"]
+    path = tmp_path / "p.yaml"
+    calibrate.write_profile(doc, path)
+    loaded = prediction.load_hardware_file(path).profile
+    # Through the model's pricing of the written profile: every K prices each head's passes as measured.
+    for method in true:
+        for k in (2, 4, 8):
+            for batch_size, context in ((1, 300.0), (4, 600.0)):
+                priced = steps.verify_step(MODEL, loaded, batch_size, k, context) + drafting.draft_time(
+                    method, hw=loaded, batch_size=batch_size, k=k, context_len=context, target=MODEL)
+                assert priced == pytest.approx(measured_pass(method, batch_size, k, context), rel=1e-6)
+    # A drafter without a head of its own pays the first head's overhead, never a negative one.
+    assert loaded.for_drafter("draft_model").draft_pass_overhead_s == pytest.approx(2e-3)
+    eagle_first = calibrate.with_head_overheads(TRUE, {"eagle": -4e-3})
+    assert eagle_first.draft_overhead_s == 0.0 and eagle_first.for_drafter("eagle").draft_pass_overhead_s == 0.0
+
+
+def test_a_signed_draft_correction_never_prices_a_pass_below_nothing():
+    # Passes faster than verification alone: no correction explains them; the draft is priced free, not negative.
+    free = replace(TRUE, draft_overhead_s=0.0)
+    fast = [profile_fit.DraftSample(p.batch_size, 3, p.prompt_len + 8.0,
+                                    0.5 * steps.verify_step(MODEL, TRUE, p.batch_size, 3, p.prompt_len + 8.0))
+            for p in calibrate.DRAFT_POINTS]
+    overhead, residuals = profile_fit.fit_draft_overhead(fast, method="eagle", target=MODEL, head=None, hw=TRUE,
+                                                         signed=True)
+    work = [drafting.draft_time("eagle", hw=free, batch_size=s.batch_size, k=1, context_len=s.context_len,
+                                target=MODEL) for s in fast]
+    assert overhead == pytest.approx(-min(work)) and min(residuals) > 0.5
+    hw = replace(TRUE, head_overheads=(("eagle", -10.0),))  # a correction larger than any pass's work
+    assert drafting.draft_time("eagle", hw=hw, batch_size=1, k=4, context_len=100.0, target=MODEL) == 0.0
+    # Unsigned, as the GPU's head-step fit and any other caller use it: floored at 0.
+    assert profile_fit.fit_draft_overhead(fast, method="eagle", target=MODEL, head=None, hw=TRUE)[0] == 0.0

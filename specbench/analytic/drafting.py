@@ -123,7 +123,9 @@ class EagleHeadCost:
     is assumed to have the target's shapes and full vocabulary. Each pass
     pays the fixed cost timed on a head of this kind where the profile has
     one (:meth:`HardwareProfile.for_drafter`), else the profile's draft
-    overhead, whichever head it was timed on.
+    overhead, whichever head it was timed on. A negative one is the head's
+    correction to its roofline (its passes measured cheaper than their
+    priced work): it comes off each pass, which is never priced below 0.
     """
 
     kind: str
@@ -143,7 +145,7 @@ class EagleHeadCost:
             self.kind, draft or target, target, num_tokens=batch_size, num_seqs=batch_size,
             context_len=context_len, logits=batch_size,
         )
-        return k * roofline_time(hw.for_drafter(self.kind), work, draft=True)
+        return k * self._pass_time(hw, work)
 
     def prefill_time(
         self, *, hw: HardwareProfile, batch_size: int, prompt_len: float, max_step_tokens: int,
@@ -158,7 +160,13 @@ class EagleHeadCost:
             self.kind, draft or target, target, num_tokens=num_tokens, num_seqs=batch_size,
             context_len=prompt_len / 2.0, logits=batch_size / steps,
         )
-        return steps * roofline_time(hw.for_drafter(self.kind), work, draft=True)
+        return steps * self._pass_time(hw, work)
+
+    def _pass_time(self, hw: HardwareProfile, work: PassWork) -> float:
+        """One pass of the head: its roofline and the overhead timed on a head of this kind, less that
+        head's correction where it is negative; never below 0."""
+        correction = min(dict(hw.head_overheads).get(self.kind, 0.0), 0.0)
+        return max(roofline_time(hw.for_drafter(self.kind), work, draft=True) + correction, 0.0)
 
 
 COST_MODELS: dict[str, DraftCost] = {

@@ -327,6 +327,7 @@ def fit_draft_overhead(
     target: ModelProfile,
     head: ModelProfile | None,
     hw: HardwareProfile,
+    signed: bool = False,
 ) -> tuple[float, list[float]]:
     """Per-draft-pass fixed cost under which step time and draft time reproduce measured passes.
 
@@ -337,6 +338,15 @@ def fit_draft_overhead(
     at 0 (a fit of the target that overprices verification can push one
     below). Returns d in seconds and each sample's relative residual
     predicted / measured - 1 under it.
+
+    ``signed``: d is the head's own correction to its roofline, and may be
+    below 0: where the head's measured passes cost less than the roofline
+    prices its work (on a CPU, an EAGLE-1 head that reads the target's whole
+    LM head each pass measured about 4 ms a pass below its priced work at
+    batch 1 and at batch 4 alike: a constant that a floor at 0 threw away,
+    pricing every pass that much too high). It stops at the smallest
+    sample's priced draft pass, so that no draft pass is priced below
+    nothing.
     """
     cost_model(method)  # an unknown method is refused before the EAGLE-only check below
     if method not in EAGLE_FC_INPUTS:
@@ -344,16 +354,17 @@ def fit_draft_overhead(
     if not samples:
         raise ValueError("samples must not be empty")
     free = replace(hw, draft_overhead_s=0.0, head_overheads=())
-    # Per sample: measured seconds, and the pass priced without the draft overhead.
+    # Per sample: measured seconds, verification, and one draft pass priced without the draft overhead.
     priced = []
     for i, s in enumerate(samples):
         k = check_int(f"samples[{i}].k", s.k, 1)
         seconds = check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True)
-        base = verify_step(target, hw, s.batch_size, k, s.context_len) + draft_time(
-            method, hw=free, batch_size=s.batch_size, k=k, context_len=s.context_len, draft=head, target=target)
-        priced.append((k, seconds, base))
-    overhead = max(statistics.median((seconds - base) / k for k, seconds, base in priced), 0.0)
-    residuals = [(base + k * overhead) / seconds - 1.0 for k, seconds, base in priced]
+        work = draft_time(method, hw=free, batch_size=s.batch_size, k=k, context_len=s.context_len,
+                          draft=head, target=target) / k
+        priced.append((k, seconds, verify_step(target, hw, s.batch_size, k, s.context_len), work))
+    lowest = -min(work for _, _, _, work in priced) if signed else 0.0
+    overhead = max(statistics.median((seconds - verify) / k - work for k, seconds, verify, work in priced), lowest)
+    residuals = [(verify + k * (work + overhead)) / seconds - 1.0 for k, seconds, verify, work in priced]
     return overhead, residuals
 
 

@@ -63,7 +63,10 @@ class HardwareProfile:
     ships, since their passes differ in more than the work the model prices
     (EAGLE-1 reads the target's LM head, EAGLE-3 its own reduced one through
     the d2t map, behind an fc over three layers' states); a drafter of
-    another method pays draft_overhead_s (:meth:`for_drafter`).
+    another method pays draft_overhead_s (:meth:`for_drafter`). A head's
+    entry may be below 0: its passes measured cheaper than the roofline
+    prices its work, and the entry is that correction
+    (:func:`specbench.analytic.profile_fit.fit_draft_overhead`, signed).
     source is "vendor" (datasheet figures) or "calibrated" (fitted on the
     device by fit_hardware_profile).
     model_runner is the vLLM model runner that device runs (:data:`MODEL_RUNNERS`):
@@ -88,7 +91,7 @@ class HardwareProfile:
 
     def __post_init__(self) -> None:
         for method, seconds in self.head_overheads:
-            check_real(f"head_overheads[{method!r}]", seconds, 0.0)
+            check_real(f"head_overheads[{method!r}]", seconds, -math.inf)  # a correction: any finite number
         if self.model_runner not in MODEL_RUNNERS:
             raise ValueError(f"model_runner must be one of {', '.join(MODEL_RUNNERS)}, got {self.model_runner!r}")
         check_real("per_layer_overhead_s", self.per_layer_overhead_s, 0.0)
@@ -117,9 +120,11 @@ class HardwareProfile:
 
     def for_drafter(self, method: str) -> HardwareProfile:
         """This profile as a drafter of ``method`` pays it: its draft passes at the overhead timed on that
-        method's head where :attr:`head_overheads` has one, else this profile unchanged."""
+        method's head where :attr:`head_overheads` has one, else this profile unchanged. A negative one
+        is no overhead (0 here): the head's cost model subtracts it from the pass
+        (:class:`specbench.analytic.drafting.EagleHeadCost`)."""
         timed = dict(self.head_overheads).get(method)
-        return self if timed is None else replace(self, draft_overhead_s=timed)
+        return self if timed is None else replace(self, draft_overhead_s=max(timed, 0.0))
 
     @property
     def kv_read_bandwidth(self) -> float:
@@ -181,12 +186,13 @@ class HardwareProfile:
 
 
 def _head_overheads(value: object) -> tuple[tuple[str, float], ...]:
-    """``head_draft_overhead_ms`` (a mapping of method name to milliseconds, or absent) in seconds."""
+    """``head_draft_overhead_ms`` (a mapping of method name to milliseconds, or absent) in seconds; each a
+    finite number, below 0 for a head whose passes cost less than their priced work."""
     if value is None:
         return ()
     if not isinstance(value, Mapping):
         raise ValueError(f"head_draft_overhead_ms must map method names to milliseconds, got {value!r}")
-    return tuple((str(method), 1e-3 * check_real(f"head_draft_overhead_ms.{method}", ms, 0.0))
+    return tuple((str(method), 1e-3 * check_real(f"head_draft_overhead_ms.{method}", ms, -math.inf))
                  for method, ms in sorted(value.items()))
 
 
