@@ -184,7 +184,7 @@ def test_a_confirmation_never_measured_says_so_and_without_confirm_json_nothing_
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    (["confirm=maybe"], "confirm"),
+    (["confirm=maybe"], "Value 'maybe' is not a valid bool (type str)\n    full_key: confirm"),
     (["confirm=true"], "confirm=true measures again the configuration a sweep's verdict chose among several; "
                        "a single run chooses none"),
 ], ids=["not-a-bool", "single-run"])
