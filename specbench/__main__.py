@@ -47,6 +47,11 @@ def run(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     try:
         cell = cell_from_config(cfg)
+        if hydra_cfg.mode != RunMode.MULTIRUN and cfg.get("confirm"):
+            # A single run measures one configuration: there is no choice among several to confirm.
+            raise ConfigError("confirm=true measures again the configuration a sweep's verdict chose among several; "
+                              "a single run chooses none: run it as a sweep (python -m specbench -m ...), "
+                              "or raise engine_runs to measure this cell on more fresh engines")
         # A multirun's sweeper has fetched the hub checkpoints and checked the prompts already, once per
         # workload and model; a single run does both here (its baseline loads a subset of its checkpoints).
         if hydra_cfg.mode != RunMode.MULTIRUN:

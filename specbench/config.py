@@ -137,6 +137,8 @@ class ConfigSchema:
     distribution_check: DistributionCheckSchema = field(default_factory=DistributionCheckSchema)
     attempts: int = MISSING
     remeasure: Optional[str] = None
+    confirm: bool = False  # measure each verdict's chosen configuration again on fresh engines (specbench.confirm)
+    confirmation: bool = False  # set by the sweeper on a confirmation run's cells; not a user knob
     sweep_name: str = MISSING
     verbose: bool = MISSING
     engine: EngineSchema = field(default_factory=EngineSchema)
@@ -151,6 +153,10 @@ ConfigStore.instance().store(name="specbench_schema", node=ConfigSchema)
 
 # remeasure=: which stored cells a resume measures again (null: none, it only fills in).
 REMEASURE = (None, "flagged")
+
+# A confirmation run's engines are numbered apart from the grid's (EngineSpec.instance): equal specs
+# otherwise, they must never share an engine with the grid's cells (fresh engines, specbench.confirm).
+CONFIRMATION_INSTANCES = 1_000_000
 
 # Exit status of a refused configuration (argparse's, for a usage error).
 REFUSED_EXIT = 2
@@ -314,7 +320,7 @@ class Cell:
             gpu_memory_utilization=engine["gpu_memory_utilization"],
             cpu_kvcache_space_gib=engine["cpu_kvcache_space_gib"],
             speculative_config_json=json.dumps(speculative, sort_keys=True) if speculative else None,
-            instance=self.engine_run,
+            instance=self.engine_run + (CONFIRMATION_INSTANCES if self.identity.get("confirmation") else 0),
             worker_env=self._worker_env(),
             vllm_fixes=engine.get("vllm_fixes", True),
             preload=cpu_allocator_preload(engine),
@@ -382,6 +388,8 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
         "engine_run": plain["engine_run"],
         # Serving cells only: an offline cell keeps the identity (and id) it had before load.* existed.
         **load.identity(plain),
+        # A confirmation run's cells only (specbench.confirm): stored and merged apart from the grid's same cells.
+        **({"confirmation": True} if plain.get("confirmation") else {}),
     }
     if baseline:
         plain = dict(plain, method=dict(_BASELINE_METHOD), num_speculative_tokens=0)
@@ -447,6 +455,9 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     if plain.get("remeasure") not in REMEASURE:
         errors.append(f"remeasure={plain.get('remeasure')!r} must be one of: "
                       + ", ".join("null" if r is None else r for r in REMEASURE))
+    for key in ("confirm", "confirmation"):
+        if not isinstance(plain.get(key, False), bool):
+            errors.append(f"{key}={plain.get(key)!r} must be true or false")
 
     errors += _check_sampling_knobs(method.get("speculative_config") or {})
     if registered is not None and registered.check is not None:

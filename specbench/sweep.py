@@ -15,6 +15,8 @@ launchers) with what a benchmark sweep needs before the first engine loads:
   that drift does not always favour one side;
 - cells already complete in the sweep directory are skipped (resume);
 - cells that share an engine run consecutively, so the engine is reused.
+- with ``confirm=true``, once the grid is measured, the cell each verdict chose is
+  measured again with its baseline on fresh engines (:mod:`specbench.confirm`).
 
 The grid's rules (points, baselines, engine-run order) are :mod:`specbench.grid`'s,
 shared with single runs and the plan command.
@@ -42,7 +44,7 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from specbench import grid, hub, job
+from specbench import confirm, grid, hub, job
 from specbench.analytic import memory
 from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, engine_start_environment, refuse, validate
 from specbench.logs import LOG_FILE, engine_log
@@ -320,7 +322,38 @@ class CellSweeper(BasicSweeper):
         if in_process and job.PROGRESS is not None:
             job.PROGRESS.close()
             job.PROGRESS = None
+        # Read from the cells: a preset's sweeper params set it in the jobs, not in the sweeper's own config.
+        if any(p.cell.config.get("confirm") for p in planned):
+            returns += self._confirm(sweep_dir, lambda point: cell_from_config(
+                loader.load_sweep_config(self.config, list(point))), len(todo), in_process)
         return returns
+
+    def _confirm(self, sweep_dir: Path, compose: Callable[[Sequence[str]], Any], first_job: int,
+                 in_process: bool) -> list[Any]:
+        """``confirm=true``: measure what the verdicts chose again, on fresh engines (:mod:`specbench.confirm`).
+
+        The grid is merged as the finish merges it; the confirmation's jobs are launched like the grid's,
+        numbered after them, and those already measured (a rerun) are skipped.
+        """
+        assert self.launcher is not None
+        planned = confirm.plan_confirmations(sweep_dir, merged_grid(sweep_dir), compose)
+        cells_dir = sweep_dir / "cells"
+        todo = [p for p in planned if completed_row(CellFiles(cells_dir, p.cell.cell_id), p.cell) is None]
+        line = confirm.describe(planned, todo)
+        log.info("%s", line)
+        print(line, flush=True)
+        if not todo:
+            return []
+        if in_process:
+            job.PROGRESS = job.SweepProgress(len(todo))
+            job.start_engine_server(engine_log(sweep_dir, bool(self.config.get("verbose"))),
+                                    engine_start_environment(self.config.engine))
+        try:
+            return [self.launcher.launch([list(p.overrides) for p in todo], initial_job_idx=first_job)]
+        finally:
+            if in_process and job.PROGRESS is not None:
+                job.PROGRESS.close()
+                job.PROGRESS = None
 
 
 class FinishSweep(Callback):
@@ -337,10 +370,15 @@ class FinishSweep(Callback):
             finish(run_dir)
 
 
+def merged_grid(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The planned cells of ``sweep_dir`` merged into results rows, serving cells compared at their load."""
+    planned = read_plan(sweep_dir)
+    return serving.with_serving_comparison(merge(sweep_dir / "cells", planned), sweep_dir / "cells", planned)
+
+
 def finish(sweep_dir: Path) -> list[dict[str, Any]]:
     """Merge, price with the analytic model (specbench.analytic.prediction), report, summarise; exit non-zero naming failed cells."""
-    planned = read_plan(sweep_dir)
-    merged = serving.with_serving_comparison(merge(sweep_dir / "cells", planned), sweep_dir / "cells", planned)
+    merged, confirmed = confirm.with_confirmations(merged_grid(sweep_dir), sweep_dir)
     rows, calibrate_hint = predict_sweep(merged)
     rows = memory.with_predicted_memory(with_serving_predictions(rows))
     if calibrate_hint:
@@ -378,8 +416,13 @@ def finish(sweep_dir: Path) -> list[dict[str, Any]]:
     # A serving cell's speedups are its own (serving_speedup_*; it has no offline speedup).
     failed = [r for r in rows if r.get("status") != "ok" or (r.get("method") != "baseline" and r.get(
         "serving_speedup_e2e_p50" if serving.is_serving_row(r) else "speedup") is None)]
+    # A confirmation cell that could not measure fails the sweep as a grid cell would (a flagged one is worded by its
+    # verdict: "not confirmed").
+    failed += [r for r in confirmed
+               if r.get("status") != "ok" or (r.get("method") != "baseline" and r.get("speedup") is None)]
     for row in failed:
         print(f"FAILED {row['cell_id']}: {row.get('error')}", file=sys.stderr)
     if failed:
-        raise SystemExit(f"{len(failed)} of {len(rows)} cells failed: " + ", ".join(r["cell_id"] for r in failed))
+        raise SystemExit(f"{len(failed)} of {len(rows) + len(confirmed)} cells failed: "
+                         + ", ".join(r["cell_id"] for r in failed))
     return rows

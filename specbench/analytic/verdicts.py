@@ -988,3 +988,51 @@ def pareto_front(points: Sequence[tuple[float | None, float | None]]) -> list[bo
     for i, lat, thr in known:
         front[i] = not any(lat2 <= lat and thr2 >= thr and (lat2 < lat or thr2 > thr) for _, lat2, thr2 in known)
     return front
+
+
+# --- offline: the chosen configuration measured again (confirm=true) ------------------------------
+
+
+def confirmation_targets(rows: Sequence[Mapping[str, Any]], grid: Grid) -> list[Mapping[str, Any]]:
+    """The cells a confirmation run measures again (``confirm=true``, :mod:`specbench.confirm`): per model, workload
+    and temperature of the offline rows, the cell :func:`verdict` names (its ``top``: at the smallest planned batch
+    size, the fastest judged cell that pays over all the candidates at once, else the fastest), paying or not.
+    Chosen as the fastest of several, its grid speedup leans high (the winner's curse); measured again on fresh
+    engines, it does not. A workload whose verdict names no cell (none judged at its smallest batch size) has none.
+    """
+    panels: dict[tuple[Any, Any, float], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row.get("workload") is None or is_serving(row):
+            continue
+        temperature = row.get("temperature")
+        key = (row.get("model"), row.get("workload"), float(temperature) if _known(temperature) else 0.0)
+        panels.setdefault(key, []).append(row)
+    return [top for panel in panels.values() if (top := verdict(panel, grid).top) is not None]
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A verdict's chosen cell measured again with its baseline on fresh engines, judged on those runs alone."""
+
+    speedup: float | None
+    ci_low: float | None
+    ci_high: float | None
+    pays: bool  # by the rule of every "pays" (:func:`pays`), on the confirmation's own interval: no choice to pay for
+    why_not: str | None = None  # the confirmation cannot judge (failed, flagged, mismatched outputs): why
+
+
+def confirmation(row: Mapping[str, Any]) -> Confirmation | None:
+    """The confirmation of a grid cell (its ``confirmation_*`` columns), None where it was not measured again.
+
+    One cell measured again is no choice among several: its own interval decides (:func:`pays`), not a
+    simultaneous one. A confirmation that failed, was flagged or mismatched its baseline's outputs judges
+    nothing (``confirmation_not_judged`` says why) and confirms nothing.
+    """
+    if not row.get("confirmation_cell_id"):
+        return None
+    speedup, low, high = (row.get(f"confirmation_{c}") for c in ("speedup", "ci_low", "ci_high"))
+    speedup, low, high = (float(v) if _known(v) else None for v in (speedup, low, high))
+    why = row.get("confirmation_not_judged")
+    if why or speedup is None:
+        return Confirmation(speedup, low, high, False, str(why or "no speedup"))
+    return Confirmation(speedup, low, high, pays({"speedup": speedup, "speedup_ci_low": low, "speedup_ci_high": high}))

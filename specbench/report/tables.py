@@ -36,7 +36,7 @@ from specbench.results.schema import (
     recommendable,
     row_config,
 )
-from specbench.stats import student_t_quantile_real
+from specbench.stats import is_interval, student_t_quantile_real
 
 PANEL = "panel"
 """Derived column: the workload, prefixed by the model when a file holds several models."""
@@ -330,17 +330,36 @@ def verdict(panel_rows: pd.DataFrame, panel: str, grid: Grid | None = None) -> s
     if not decided.pays:
         rivals = _rivals(decided)
         bound = verdicts.simultaneous_lower_bound(top, rivals)
+        again = _confirmation_clause(decided)
         if verdicts.pays(top) and bound <= 1.0:
             return (f"{panel}: nothing is shown to pay at batch {smallest}: the fastest of {rivals} configurations, "
                     f"{label} ({speed}, {ci}), has a lower bound of {bound:.2f} over the {rivals} at once "
-                    f"(the best of several is judged as one of them){left_out}")
+                    f"(the best of several is judged as one of them){again}{left_out}")
         if verdicts.has_interval(top) and top["speedup_ci_high"] > 1.0:
             return (f"{panel}: nothing is shown to pay at batch {smallest}: the fastest, {label} ({speed}), "
-                    f"has {ci}, which includes 1×{left_out}")
+                    f"has {ci}, which includes 1×{again}{left_out}")
         return (f"{panel}: nothing beats plain decoding at batch {smallest} "
-                f"(fastest: {label}, {speed}, {ci}){left_out}")
+                f"(fastest: {label}, {speed}, {ci}){again}{left_out}")
     assert decided.reach is not None  # a paying verdict has walked its reach
-    return f"{panel}: {label} {_reach(decided)}{no_interval}{_walk_caveats(decided)}{left_out}"
+    return (f"{panel}: {label} {_reach(decided)}{no_interval}{_walk_caveats(decided)}{_confirmation_clause(decided)}"
+            f"{left_out}")
+
+
+def _confirmation_clause(decided: verdicts.Verdict) -> str:
+    """``"; confirmed on fresh engines: 1.90× [1.70, 2.10]"``: the verdict's chosen cell measured again with
+    its baseline on fresh engines (confirm=true), judged on those runs alone
+    (:func:`specbench.analytic.verdicts.confirmation`); nothing where it was not measured again. A verdict that
+    pays is confirmed or not; one that does not pay is told whether the fresh runs pay."""
+    found = None if decided.top is None else verdicts.confirmation(decided.top)
+    if found is None:
+        return ""
+    if found.why_not is not None:
+        return f"; not confirmed: its confirmation on fresh engines cannot judge ({found.why_not})"
+    interval = fmt_ci(found.ci_low, found.ci_high) if is_interval(found.ci_low, found.ci_high) else "(no interval)"
+    measured = f"{fmt_speedup(found.speedup)} {interval}"
+    if decided.pays:
+        return f"; {'confirmed' if found.pays else 'not confirmed'} on fresh engines: {measured}"
+    return f"; measured again on fresh engines it {'pays' if found.pays else 'does not pay either'}: {measured}"
 
 
 def _walk_caveats(decided: verdicts.Verdict) -> str:

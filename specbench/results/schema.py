@@ -210,6 +210,15 @@ SCHEMA = pa.schema(
         # alone (false: one speculative configuration per baseline, or too few baseline cells per engine;
         # null: one engine run, or a baseline).
         ("baseline_shift_checked", _BOOL),
+        # confirm=true (specbench.confirm), on the cell a verdict chose: the same cell measured again with its
+        # baseline, engine_runs times on fresh engines, merged apart from the grid (its own intervals, from those
+        # runs alone); the confirmation's cell id (engine run 0), speedup and 95% interval, and why it cannot judge
+        # (failed, flagged, mismatched outputs; null when it can). Null elsewhere.
+        ("confirmation_cell_id", _STR),
+        ("confirmation_speedup", _F),
+        ("confirmation_ci_low", _F),
+        ("confirmation_ci_high", _F),
+        ("confirmation_not_judged", _STR),
         # What qualifies a speedup without excluding it from verdicts (looping outputs, ties).
         ("caveats", pa.list_(_STR)),
         # How the cell's engine ran otherwise than its baseline's, in timing-relevant mode (model runner,
