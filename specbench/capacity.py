@@ -112,9 +112,11 @@ def searches(overrides: Sequence[str]) -> tuple[list[Search], Any]:
     return list(found.values()), first
 
 
-def _probe(engine: Any, search: Search, prompts: list[tuple[int, ...]], timeout_s: float | None) -> Any:
+def _probe(engine: Any, search: Search, prompts: list[tuple[int, ...]], timeout_s: float | None,
+           output_tokens: Sequence[int | None] = ()) -> Any:
     """The probe function of one configuration: serve arrival draw ``draw`` at a rate on the engine
-    ``engine()`` returns now (a confirmation renews it), and read the probe."""
+    ``engine()`` returns now (a confirmation renews it), and read the probe. ``output_tokens``: each
+    prompt's own output length from its record (``load.output_len=dataset``)."""
     cell, axis = search.cell, search.settings.axis
 
     def probe(rate: float, draw: int) -> capacity.Probe:
@@ -123,7 +125,8 @@ def _probe(engine: Any, search: Search, prompts: list[tuple[int, ...]], timeout_
         keys = dict(cell.identity["load"], num_requests=search.settings.requests(rate),
                     warmup_requests=search.settings.warmup, **{axis.load_key: int(rate) if axis.integer else rate})
         # Each probe its own arrival draw: a rate measured again meets other arrivals, not the same ones.
-        plan = load.serving_plan(keys, prompts, cell.workload["max_tokens"], cell.identity["seed"], draw)
+        plan = load.serving_plan(keys, prompts, cell.workload["max_tokens"], cell.identity["seed"], draw,
+                                 output_tokens)
         started, before = time.perf_counter(), CpuTimes.now(worker.pid)
         measured = worker.measure(plan, timeout_s)
         share = before.other_share(CpuTimes.now(worker.pid))
@@ -186,7 +189,7 @@ def run(overrides: Sequence[str]) -> int:
     machine = None
     started = time.perf_counter()
     for search in todo:
-        prompts = job.workload_of(search.cell).token_ids
+        workload = job.workload_of(search.cell)
         begun = time.perf_counter()
         try:
             worker = pool.get(search.cell.engine_spec(), engine_log)  # one engine per configuration
@@ -198,8 +201,8 @@ def run(overrides: Sequence[str]) -> int:
                 pool.discard()  # a bracket's end measured again: on a fresh engine, as a rerun would be
                 current[0] = pool.get(spec, engine_log)
 
-            found = capacity.search(_probe(lambda: current[0], search, prompts, timeout_s), search.settings,
-                                    renew=renew)
+            found = capacity.search(_probe(lambda: current[0], search, list(workload.token_ids), timeout_s,
+                                           workload.output_tokens), search.settings, renew=renew)
         except EngineError as exc:
             failed[search.label] = str(exc).splitlines()[0]
             print(f"  {search.label}: FAILED {failed[search.label]}", file=sys.stderr, flush=True)

@@ -56,7 +56,7 @@ class LoadSchema:
     via: str = "inprocess"
     slo: SloSchema = MISSING
     # Request shapes, as vllm bench serve's (:func:`request_shape_problems`); null: as the workload has them.
-    output_len: Optional[int] = None
+    output_len: Any = None  # null, an integer, or "dataset" (each record's own output_tokens)
     input_len: Optional[int] = None
     range_ratio: float = 0.0
     ramp_up_strategy: Optional[str] = None
@@ -325,6 +325,7 @@ class ServingPlan:
 
 def serving_plan(
     load: Mapping[str, Any], prompts: list[tuple[int, ...]], max_tokens: int, seed: int, engine_run: int,
+    output_tokens: Sequence[int | None] = (),
 ) -> ServingPlan:
     """A serving cell's plan in one engine run: ``load.num_requests`` requests cycling through the prompts.
 
@@ -332,7 +333,8 @@ def serving_plan(
     before the measured schedule starts); the measured requests follow the engine run's schedule
     (:func:`arrival_seed`), drawn for them alone, so that they offer the rate named over their own span;
     under ``load.ramp_up_strategy`` they climb from one rate to another (:func:`ramp_up_arrival_times`).
-    ``load.output_len`` and ``load.input_len`` then shape each request (:func:`with_request_shapes`).
+    ``load.output_len`` and ``load.input_len`` then shape each request (:func:`with_request_shapes`;
+    ``output_tokens``: each prompt's own output length from its record, for ``load.output_len=dataset``).
     """
     count, warmup = load["num_requests"], load["warmup_requests"]
     arrivals = arrival_seed(seed, engine_run)
@@ -350,7 +352,7 @@ def serving_plan(
         warmup_requests=warmup,
         ignore_eos=bool(load.get("ignore_eos", False)),
         arrival_seed=arrivals,
-    ), seed, engine_run)
+    ), seed, engine_run, output_tokens)
 
 
 @dataclass(frozen=True)
@@ -414,6 +416,9 @@ class ServingMeasurement:
 # vllm bench serve's --ramp-up-strategy choices (vllm/benchmarks/serve.py, _get_current_request_rate).
 RAMP_UP_STRATEGIES = ("linear", "exponential")
 
+# load.output_len's value for each record's own output length (the workload's jsonl output_tokens field).
+FROM_DATASET = "dataset"
+
 
 def length_range(length: int, ratio: float) -> tuple[int, int]:
     """The lengths drawn around ``length``: the integers in ``[floor(length x (1 - ratio)), ceil(length x
@@ -475,16 +480,25 @@ def ramp_up_arrival_times(strategy: str, start_rps: float, end_rps: float, burst
     return times
 
 
-def with_request_shapes(load: Mapping[str, Any], plan: ServingPlan, seed: int, engine_run: int) -> ServingPlan:
+def with_request_shapes(load: Mapping[str, Any], plan: ServingPlan, seed: int, engine_run: int,
+                        output_tokens: Sequence[int | None] = ()) -> ServingPlan:
     """``plan`` with the lengths ``load`` asks for: every request's prompt cut to a drawn
     ``load.input_len`` (:func:`fitted_prompts`), its output to a drawn ``load.output_len``
-    (``range_ratio`` spreading both); unchanged where neither is set."""
+    (``range_ratio`` spreading both); unchanged where neither is set.
+
+    ``load.output_len=dataset`` takes each request's output length from its prompt's record
+    (``output_tokens``, aligned with the prompts the plan cycles), capped at the plan's ``max_tokens``
+    (``workload.max_tokens``, which the engine's memory is sized for); a record without one takes
+    ``max_tokens``."""
     ratio = float(load.get("range_ratio") or 0.0)
     prompts, outputs = plan.prompts, plan.output_lens
     if load.get("input_len") is not None:
         prompts = fitted_prompts(plan.prompts, drawn_lengths(int(load["input_len"]), ratio, len(plan.prompts),
                                                              shape_seed("inputs", seed, engine_run)))
-    if load.get("output_len") is not None:
+    if load.get("output_len") == FROM_DATASET:
+        own = [output_tokens[i % len(output_tokens)] if output_tokens else None for i in range(len(plan.prompts))]
+        outputs = tuple(plan.max_tokens if n is None else min(n, plan.max_tokens) for n in own)
+    elif load.get("output_len") is not None:
         outputs = drawn_lengths(int(load["output_len"]), ratio, len(plan.prompts),
                                 shape_seed("outputs", seed, engine_run))
     return dataclasses.replace(plan, prompts=prompts, output_lens=outputs)
@@ -493,7 +507,8 @@ def with_request_shapes(load: Mapping[str, Any], plan: ServingPlan, seed: int, e
 def shape_identity(load: Mapping[str, Any]) -> dict[str, Any]:
     """The request-shape keys a serving cell's identity takes: those set, and the range ratio beside a
     length; {} where none is (the cell keeps the identity it had)."""
-    keys: dict[str, Any] = {key: int(load[key]) for key in ("input_len", "output_len") if load.get(key) is not None}
+    keys: dict[str, Any] = {key: load[key] if load[key] == FROM_DATASET else int(load[key])
+                            for key in ("input_len", "output_len") if load.get(key) is not None}
     if keys:
         keys["range_ratio"] = float(load.get("range_ratio") or 0.0)
     if load.get("ramp_up_strategy") is not None:
@@ -503,8 +518,8 @@ def shape_identity(load: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def shape_id_part(load: Mapping[str, Any]) -> str:
-    """The request shapes' part of a cell id: ``-in512``, ``-out128``, ``-rr0.5`` (a range ratio beside a
-    length), ``-ramplinear1to8``; '' where none is set."""
+    """The request shapes' part of a cell id: ``-in512``, ``-out128`` (``-outdataset``), ``-rr0.5`` (a range
+    ratio beside a length), ``-ramplinear1to8``; '' where none is set."""
     keys = shape_identity(load)
     part = "".join(f"-{tag}{keys[key]}" for key, tag in (("input_len", "in"), ("output_len", "out")) if key in keys)
     if keys.get("range_ratio"):
@@ -529,15 +544,22 @@ def request_shape_problems(plain: Mapping[str, Any]) -> list[str]:
         value = load.get(key)
         if value is None:
             continue
+        if key == "output_len" and value == FROM_DATASET:
+            if workload.get("source") != "jsonl":
+                errors.append(f"load.output_len=dataset reads each record's output_tokens field (as vllm bench "
+                              f"serve's custom dataset), which only a jsonl workload has; "
+                              f"workload.source={workload.get('source')}")
+            continue
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            errors.append(f"load.{key}={value!r} must be null or an integer >= 1 (tokens)")
+            errors.append(f"load.{key}={value!r} must be null or an integer >= 1 (tokens)"
+                          + (" or dataset (each record's output_tokens)" if key == "output_len" else ""))
             continue
         bound = workload.get(bound_key)
         if ratio_ok and isinstance(bound, int) and length_range(value, ratio)[1] > bound:
             errors.append(f"load.{key}={value} with load.range_ratio={ratio:g} draws up to "
                           f"{length_range(value, ratio)[1]} tokens, above workload.{bound_key}={bound}: "
                           f"lower it or raise workload.{bound_key}")
-    if ratio_ok and ratio and load.get("output_len") is None and load.get("input_len") is None:
+    if ratio_ok and ratio and load.get("output_len") in (None, FROM_DATASET) and load.get("input_len") is None:
         errors.append(f"load.range_ratio={ratio:g} spreads no length: set load.output_len or load.input_len")
     strategy = load.get("ramp_up_strategy")
     start, end = load.get("ramp_up_start_rps"), load.get("ramp_up_end_rps")

@@ -6,6 +6,7 @@ Each schedule is checked against vLLM 0.32's own code where it is pure (``get_sa
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import subprocess
@@ -176,3 +177,42 @@ def test_good_shapes_pass_and_the_sweep_refuses_a_bad_one_before_any_engine(comp
     assert "load.output_len=0 must be null or an integer >= 1 (tokens)" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert not (tmp_path / "run" / "cells").exists()
+
+
+# --- output lengths from the dataset -------------------------------------------------------------------------
+
+
+def _jsonl_workload(tmp_path, records) -> dict:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return {"name": "mine", "source": "jsonl", "path": str(path), "num_prompts": len(records), "seed": 0,
+            "max_tokens": 16, "max_prompt_tokens": 4096, "chat_template": False}
+
+
+def test_a_jsonl_record_names_its_own_output_length_as_vllms_custom_dataset_does(tmp_path):
+    from specbench.workloads import Workload, WorkloadError, load_prompts
+
+    prompts, _ = load_prompts(_jsonl_workload(tmp_path, [{"prompt": "a", "output_tokens": 5},
+                                                         {"prompt": "b"}, {"prompt": "c", "output_tokens": 40}]))
+    assert [p.output_tokens for p in prompts] == [5, None, 40]
+    workload = Workload("mine", "jsonl", tuple(prompts), ((1,), (2,), (3,)), 0, "")
+    assert workload.output_tokens == (5, None, 40)
+    with pytest.raises(WorkloadError, match=r"prompts.jsonl:2: field 'output_tokens' must be an integer >= 1 "
+                                            r"\(the request's output length\), got 'many'"):
+        load_prompts(_jsonl_workload(tmp_path, [{"prompt": "a"}, {"prompt": "b", "output_tokens": "many"}]))
+
+
+def test_output_len_dataset_sends_each_records_length_capped_at_max_tokens(compose_cell, tmp_path):
+    cfg = _jsonl_workload(tmp_path, [{"prompt": "a"}])
+    overrides = ["workload.source=jsonl", f"workload.path={cfg['path']}", "load.request_rate=2",
+                 "load.num_requests=7", "load.output_len=dataset"]
+    cell = cell_from_config(compose_cell(overrides))
+    assert "-outdataset-" in cell.cell_id and cell.identity["load"]["output_len"] == "dataset"
+    plan = load.serving_plan(cell.identity["load"], [(1,), (2,), (3,)], 16, cell.identity["seed"], 0, (5, None, 40))
+    # Cycled with the prompts; a record without one takes workload.max_tokens, one above it is capped there.
+    assert plan.output_lens == (5, 16, 16, 5, 16, 16, 5)
+    assert validate(compose_cell(["load.request_rate=2", "load.output_len=dataset"])) == [
+        "load.output_len=dataset reads each record's output_tokens field (as vllm bench serve's custom dataset), "
+        "which only a jsonl workload has; workload.source=builtin"]
+    assert validate(compose_cell(["load.request_rate=2", "load.output_len=many"])) == [
+        "load.output_len='many' must be null or an integer >= 1 (tokens) or dataset (each record's output_tokens)"]
