@@ -18,6 +18,13 @@ a line per probe, a table and a verdict per configuration, and writes
 
     python -m specbench.capacity method=ngram num_speculative_tokens=4 load.slo.tpot_ms=100
 
+With ``capacity.axis=concurrency`` it searches ``load.max_concurrency`` of a closed loop instead
+(every request ready at once, each completion letting the next one go), between
+``capacity.min_concurrency`` and ``capacity.max_concurrency``: the most requests in flight at which
+the SLOs still hold, with the same probes, decisions and confirmations:
+
+    python -m specbench.capacity method=ngram load.slo.tpot_ms=100 capacity.axis=concurrency
+
 Exits 2 when the configuration is refused (no SLO set, a bad ``capacity.*``
 key: one line naming the keys), 1 when an engine failed, else 0.
 """
@@ -75,9 +82,23 @@ def searches(overrides: Sequence[str]) -> tuple[list[Search], Any]:
             cfg = composer(job)
             targets = capacity.slo_targets(OmegaConf.to_container(cfg.load.slo))
             settings = capacity.Settings.of(OmegaConf.to_container(cfg.capacity))
-            # The probe's rate is set per probe; the cell stands for the configuration at the lowest.
-            cfg.load.request_rate = settings.min_rate
-            cfg.load.num_requests = settings.requests(settings.min_rate)
+            if cfg.load.get("ramp_up_strategy") is not None:
+                raise capacity.CapacityError(
+                    f"load.ramp_up_strategy={cfg.load.ramp_up_strategy} in a capacity search: each probe holds one "
+                    "rate (or cap) the search sets; leave load.ramp_up_strategy null")
+            lowest = settings.span[0]
+            # The probe's rate (or cap) is set per probe; the cell stands for the configuration at the lowest.
+            if settings.axis == capacity.CONCURRENCY:
+                if settings.max_concurrency > cfg.engine.max_num_seqs:
+                    raise capacity.CapacityError(
+                        f"capacity.max_concurrency={settings.max_concurrency} exceeds "
+                        f"engine.max_num_seqs={cfg.engine.max_num_seqs}: the engine would queue what the client "
+                        "lets through; lower capacity.max_concurrency or raise engine.max_num_seqs")
+                cfg.load.request_rate = float("inf")  # a closed loop: every request ready at once
+                cfg.load.max_concurrency = settings.min_concurrency
+            else:
+                cfg.load.request_rate = lowest
+            cfg.load.num_requests = settings.requests(lowest)
             cfg.load.warmup_requests = settings.warmup
             cell = cell_from_config(cfg)
             first = first if first is not None else cfg
@@ -91,22 +112,26 @@ def searches(overrides: Sequence[str]) -> tuple[list[Search], Any]:
     return list(found.values()), first
 
 
-def _probe(engine: Any, search: Search, prompts: list[tuple[int, ...]], timeout_s: float | None) -> Any:
+def _probe(engine: Any, search: Search, prompts: list[tuple[int, ...]], timeout_s: float | None,
+           output_tokens: Sequence[int | None] = ()) -> Any:
     """The probe function of one configuration: serve arrival draw ``draw`` at a rate on the engine
-    ``engine()`` returns now (a confirmation renews it), and read the probe."""
-    cell = search.cell
+    ``engine()`` returns now (a confirmation renews it), and read the probe. ``output_tokens``: each
+    prompt's own output length from its record (``load.output_len=dataset``)."""
+    cell, axis = search.cell, search.settings.axis
 
     def probe(rate: float, draw: int) -> capacity.Probe:
         worker = engine()
-        keys = dict(cell.identity["load"], request_rate=rate, num_requests=search.settings.requests(rate),
-                    warmup_requests=search.settings.warmup)
+        # The value searched goes to its load key: the rate, or (a whole number) the closed loop's cap.
+        keys = dict(cell.identity["load"], num_requests=search.settings.requests(rate),
+                    warmup_requests=search.settings.warmup, **{axis.load_key: int(rate) if axis.integer else rate})
         # Each probe its own arrival draw: a rate measured again meets other arrivals, not the same ones.
-        plan = load.serving_plan(keys, prompts, cell.workload["max_tokens"], cell.identity["seed"], draw)
+        plan = load.serving_plan(keys, prompts, cell.workload["max_tokens"], cell.identity["seed"], draw,
+                                 output_tokens)
         started, before = time.perf_counter(), CpuTimes.now(worker.pid)
         measured = worker.measure(plan, timeout_s)
         share = before.other_share(CpuTimes.now(worker.pid))
         found = dataclasses.replace(capacity.probe_of(measured, keys, search.targets, search.settings.percentile,
-                                                      time.perf_counter() - started, draw=draw),
+                                                      time.perf_counter() - started, draw=draw, axis=axis),
                                     other_cpu_share=share)
         outcome = (f"{found.met} of {found.requests} within the SLOs"
                    + (f"; saturated: {found.saturated}" if found.saturated else ""))
@@ -116,7 +141,7 @@ def _probe(engine: Any, search: Search, prompts: list[tuple[int, ...]], timeout_
             outcome += f"; disturbed: other processes kept {share:.0%} of the cores busy"
         figures = ", ".join(f"{capacity.SLO_METRICS[k]} p{search.settings.percentile:g} {v:.0f} ms"
                             for k, v in sorted(found.figures_ms.items()) if v is not None)
-        print(f"  {search.label} at {rate:.3g} req/s (draw {draw}): {outcome} [{figures}; {found.duration_s:.0f} s]",
+        print(f"  {search.label} at {axis.text(rate)} (draw {draw}): {outcome} [{figures}; {found.duration_s:.0f} s]",
               flush=True)
         return found
 
@@ -145,10 +170,16 @@ def run(overrides: Sequence[str]) -> int:
     timeout_s = cfg.engine.cell_timeout_s
     first = todo[0]
     settings = first.settings
+    if settings.axis == capacity.CONCURRENCY:
+        span = (f"a closed loop at {settings.min_concurrency}-{settings.max_concurrency} concurrent requests, "
+                f"at most {settings.max_probes} caps per configuration, each probe {settings.requests_per_probe} "
+                f"requests")
+    else:
+        span = (f"{settings.min_rate:g}-{settings.max_rate:g} req/s, at most {settings.max_probes} rates per "
+                f"configuration, each probe {settings.requests_per_probe} requests or {settings.min_probe_s:g} s")
     print(f"capacity at {capacity.slo_text(first.targets, settings.percentile)}, "
-          f"{settings.min_rate:g}-{settings.max_rate:g} req/s, at most {settings.max_probes} rates per configuration, "
-          f"each probe {settings.requests_per_probe} requests or {settings.min_probe_s:g} s ({settings.warmup} "
-          f"warm-up first), lengthened up to {settings.max_extensions} times while unresolved, the bracket's "
+          f"{span} ({settings.warmup} warm-up first), lengthened up to {settings.max_extensions} times while "
+          f"unresolved, the bracket's "
           f"ends measured {settings.confirmations} more times on fresh engines; "
           f"engine log: {engine_log or 'the terminal'}", flush=True)
     job.start_engine_server(engine_log, engine_start_environment(cfg.engine))
@@ -158,7 +189,7 @@ def run(overrides: Sequence[str]) -> int:
     machine = None
     started = time.perf_counter()
     for search in todo:
-        prompts = job.workload_of(search.cell).token_ids
+        workload = job.workload_of(search.cell)
         begun = time.perf_counter()
         try:
             worker = pool.get(search.cell.engine_spec(), engine_log)  # one engine per configuration
@@ -170,8 +201,8 @@ def run(overrides: Sequence[str]) -> int:
                 pool.discard()  # a bracket's end measured again: on a fresh engine, as a rerun would be
                 current[0] = pool.get(spec, engine_log)
 
-            found = capacity.search(_probe(lambda: current[0], search, prompts, timeout_s), search.settings,
-                                    renew=renew)
+            found = capacity.search(_probe(lambda: current[0], search, list(workload.token_ids), timeout_s,
+                                           workload.output_tokens), search.settings, renew=renew)
         except EngineError as exc:
             failed[search.label] = str(exc).splitlines()[0]
             print(f"  {search.label}: FAILED {failed[search.label]}", file=sys.stderr, flush=True)
@@ -186,7 +217,8 @@ def run(overrides: Sequence[str]) -> int:
     document = {
         "slo": first.targets, "percentile": first.settings.percentile,
         "settings": OmegaConf.to_container(cfg.capacity), "model": first.cell.identity["model"]["name"],
-        "workload": first.cell.workload["name"], "load_shape": _load_shape(first.cell).text() or None,
+        "workload": first.cell.workload["name"], "axis": settings.axis.name,
+        "load_shape": _load_shape(first.cell, settings.axis).text() or None,
         "overrides": list(overrides), "total_s": round(time.perf_counter() - started, 1),
         "configurations": [capacity.as_json(s.label, c) | {"engine_start_s": round(e, 1), "cell_id": s.cell.cell_id,
                                                              "limited_by": c.limited_by(s.targets)}
@@ -199,9 +231,13 @@ def run(overrides: Sequence[str]) -> int:
     return 1 if failed else 0
 
 
-def _load_shape(cell: Cell) -> load.LoadShape:
-    """The probes' load shape: concurrency cap, burstiness, and the path (in process, or ``vllm serve``)."""
+def _load_shape(cell: Cell, axis: capacity.Axis = capacity.RATE) -> load.LoadShape:
+    """The probes' load shape: concurrency cap, burstiness, and the path (in process, or ``vllm serve``).
+    Along the concurrency axis the cap is what is searched and a closed loop has no gaps to shape: the
+    path alone."""
     keys = cell.identity["load"]
+    if axis == capacity.CONCURRENCY:
+        return load.LoadShape(None, 1.0, keys.get("via", "inprocess"))
     return load.LoadShape(keys["max_concurrency"], keys["burstiness"], keys.get("via", "inprocess"))
 
 
@@ -223,8 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run the searches."""
     parser = argparse.ArgumentParser(
         prog="python -m specbench.capacity",
-        description="The highest request rate the baseline and each speculative configuration serve within "
-                    "the load.slo.* targets (bisection; capacity.* sets the search).",
+        description="The highest request rate (or, with capacity.axis=concurrency, the most requests in "
+                    "flight) the baseline and each speculative configuration serve within the load.slo.* "
+                    "targets (bisection; capacity.* sets the search).",
     )
     parser.add_argument("overrides", nargs="*",
                         help="Hydra overrides, as for python -m specbench, e.g. method=ngram load.slo.tpot_ms=100")

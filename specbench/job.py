@@ -215,7 +215,7 @@ def _requests(cell: Cell) -> tuple[Workload, CellPlan | ServingPlan]:
     workload = workload_of(cell)
     if cell.is_serving:
         return workload, load.serving_plan(cell.identity["load"], workload.token_ids, cell.workload["max_tokens"],
-                                           cell.identity["seed"], cell.engine_run)
+                                           cell.identity["seed"], cell.engine_run, workload.output_tokens)
     return workload, _plan(cell, workload)
 
 

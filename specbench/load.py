@@ -18,6 +18,7 @@ process of the cell's own (:mod:`specbench.engine.server`). This module is pure 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import math
@@ -27,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, TypeVar
 
+import numpy as np
 from omegaconf import MISSING
 
 from specbench.measure import SpecCounters
@@ -53,6 +55,13 @@ class LoadSchema:
     ignore_eos: bool = False
     via: str = "inprocess"
     slo: SloSchema = MISSING
+    # Request shapes, as vllm bench serve's (:func:`request_shape_problems`); null: as the workload has them.
+    output_len: Any = None  # null, an integer, or "dataset" (each record's own output_tokens)
+    input_len: Optional[int] = None
+    range_ratio: float = 0.0
+    ramp_up_strategy: Optional[str] = None
+    ramp_up_start_rps: Optional[float] = None
+    ramp_up_end_rps: Optional[float] = None
 
 
 # vLLM's usage context for a serving engine (vllm.usage.usage_lib.UsageContext): vllm serve's. AsyncLLM's own
@@ -84,6 +93,8 @@ def identity(plain: Mapping[str, Any]) -> dict[str, Any]:
         "slo": {k: v for k, v in (load.get("slo") or {}).items() if v is not None},
         # Through the server only: an in-process cell keeps the identity it had before load.via existed.
         **({"via": "server"} if load.get("via") == "server" else {}),
+        # Request shapes only where set: other cells keep their identity.
+        **shape_identity(load),
     }}
 
 
@@ -97,7 +108,7 @@ def id_part(load: Mapping[str, Any] | None) -> str:
     burstiness = float(load.get("burstiness", 1.0))
     burst = f"-burst{burstiness:g}" if burstiness != 1.0 else ""
     server = "-server" if load.get("via") == "server" else ""
-    return f"-rate{load['request_rate']:g}{concurrency}{burst}{server}"
+    return f"-rate{load['request_rate']:g}{concurrency}{burst}{server}{shape_id_part(load)}"
 
 
 def is_closed_loop(rate: float | None, max_concurrency: int | None) -> bool:
@@ -203,6 +214,7 @@ def validate(plain: Mapping[str, Any]) -> list[str]:
     for key, value in (load.get("slo") or {}).items():
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             errors.append(f"load.slo.{key}={value!r} must be null or > 0 (milliseconds)")
+    errors += request_shape_problems(plain)
     if rate is None:
         if via == "server":
             errors.append("load.via=server needs a serving cell: set load.request_rate (offline cells run the "
@@ -286,6 +298,12 @@ class ServingPlan:
     warmup_requests: int
     ignore_eos: bool = False
     arrival_seed: int | None = None
+    # Each request's own max_tokens (load.output_len, drawn per request); empty: max_tokens for every one.
+    output_lens: tuple[int, ...] = ()
+
+    def max_tokens_of(self, index: int) -> int:
+        """Request ``index``'s output length: its own where the plan draws them, else ``max_tokens``."""
+        return self.output_lens[index] if self.output_lens else self.max_tokens
 
     def __post_init__(self) -> None:
         if len(self.prompts) != len(self.arrivals_s):
@@ -295,26 +313,38 @@ class ServingPlan:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of the exact requests and their schedule (prompts in order, arrivals, max_tokens, ignore_eos)."""
+        """sha256 of the exact requests and their schedule (prompts in order, arrivals, max_tokens, ignore_eos,
+        each request's own output length where drawn)."""
         canonical = json.dumps({"max_tokens": self.max_tokens, "prompts": self.prompts,
                                 "arrivals_s": [round(t, 9) for t in self.arrivals_s]}
-                               | ({"ignore_eos": True} if self.ignore_eos else {}), separators=(",", ":"))
+                               | ({"ignore_eos": True} if self.ignore_eos else {})
+                               | ({"output_lens": list(self.output_lens)} if self.output_lens else {}),
+                               separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def serving_plan(
     load: Mapping[str, Any], prompts: list[tuple[int, ...]], max_tokens: int, seed: int, engine_run: int,
+    output_tokens: Sequence[int | None] = (),
 ) -> ServingPlan:
     """A serving cell's plan in one engine run: ``load.num_requests`` requests cycling through the prompts.
 
     The ``load.warmup_requests`` first are due at once (a burst that :func:`replay` serves to completion
     before the measured schedule starts); the measured requests follow the engine run's schedule
-    (:func:`arrival_seed`), drawn for them alone, so that they offer the rate named over their own span.
+    (:func:`arrival_seed`), drawn for them alone, so that they offer the rate named over their own span;
+    under ``load.ramp_up_strategy`` they climb from one rate to another (:func:`ramp_up_arrival_times`).
+    ``load.output_len`` and ``load.input_len`` then shape each request (:func:`with_request_shapes`;
+    ``output_tokens``: each prompt's own output length from its record, for ``load.output_len=dataset``).
     """
     count, warmup = load["num_requests"], load["warmup_requests"]
     arrivals = arrival_seed(seed, engine_run)
-    measured = arrival_times(float(load["request_rate"]), float(load["burstiness"]), count - warmup, arrivals)
-    return ServingPlan(
+    if load.get("ramp_up_strategy") is not None:
+        measured = ramp_up_arrival_times(load["ramp_up_strategy"], float(load["ramp_up_start_rps"]),
+                                         float(load["ramp_up_end_rps"]), float(load["burstiness"]),
+                                         count - warmup, arrivals)
+    else:
+        measured = arrival_times(float(load["request_rate"]), float(load["burstiness"]), count - warmup, arrivals)
+    return with_request_shapes(load, ServingPlan(
         prompts=tuple(prompts[i % len(prompts)] for i in range(count)),
         arrivals_s=(0.0,) * warmup + tuple(measured),
         max_tokens=max_tokens,
@@ -322,7 +352,7 @@ def serving_plan(
         warmup_requests=warmup,
         ignore_eos=bool(load.get("ignore_eos", False)),
         arrival_seed=arrivals,
-    )
+    ), seed, engine_run, output_tokens)
 
 
 @dataclass(frozen=True)
@@ -379,3 +409,180 @@ class ServingMeasurement:
     warmup_requests: int
     arrivals_s: tuple[float, ...] = ()
     counters: SpecCounters | None = None
+
+
+# --- request shapes: per-request lengths and a ramp-up, as vllm bench serve offers them ---------------------
+
+# vllm bench serve's --ramp-up-strategy choices (vllm/benchmarks/serve.py, _get_current_request_rate).
+RAMP_UP_STRATEGIES = ("linear", "exponential")
+
+# load.output_len's value for each record's own output length (the workload's jsonl output_tokens field).
+FROM_DATASET = "dataset"
+
+
+def length_range(length: int, ratio: float) -> tuple[int, int]:
+    """The lengths drawn around ``length``: the integers in ``[floor(length x (1 - ratio)), ceil(length x
+    (1 + ratio))]``, as vLLM's ``get_sampling_params`` (``--random-range-ratio``), the lower end at least 1."""
+    low = max(1, math.floor(length * (1.0 - ratio)))
+    return low, max(low, math.ceil(length * (1.0 + ratio)))
+
+
+def shape_seed(kind: str, seed: int, engine_run: int) -> int:
+    """The seed of one engine run's drawn lengths of ``kind`` ("inputs" or "outputs"): the cell's ``seed``
+    and ``engine_run`` alone, as :func:`arrival_seed`, so a speculative cell and its baseline draw the same
+    lengths and each engine run (each capacity probe) draws its own."""
+    digest = hashlib.sha256(f"{kind}:{seed}:{engine_run}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def drawn_lengths(length: int, ratio: float, count: int, seed: int) -> tuple[int, ...]:
+    """``count`` lengths drawn uniformly from :func:`length_range` with a generator seeded by ``seed``
+    alone (numpy's ``integers``, as vLLM draws them); every one ``length`` at ratio 0."""
+    low, high = length_range(length, ratio)
+    return tuple(int(n) for n in np.random.default_rng(seed).integers(low, high + 1, size=count))
+
+
+def fitted_prompts(prompts: Sequence[tuple[int, ...]], lengths: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """Request ``i``'s prompt cut to ``lengths[i]`` tokens: real text at a drawn length. Its own prompt
+    where that is long enough, else the next one in the plan's order that is (the choice is selected, not
+    padded), else the longest whole; the prompt keeps its first tokens."""
+    longest = max(prompts, key=len)
+    fitted = []
+    for i, length in enumerate(lengths):
+        chosen = next((prompts[(i + j) % len(prompts)] for j in range(len(prompts))
+                       if len(prompts[(i + j) % len(prompts)]) >= length), longest)
+        fitted.append(chosen[:length])
+    return tuple(fitted)
+
+
+def ramp_up_rates(strategy: str, start_rps: float, end_rps: float, count: int) -> list[float]:
+    """The rate each of ``count`` requests is drawn at, as vLLM's ``_get_current_request_rate``: request
+    ``i`` at progress ``i / (count - 1)`` from ``start_rps`` to ``end_rps``, linearly or geometrically."""
+    rates = []
+    for i in range(count):
+        progress = i / max(count - 1, 1)
+        rates.append(start_rps + (end_rps - start_rps) * progress if strategy == "linear"
+                     else start_rps * (end_rps / start_rps) ** progress)
+    return rates
+
+
+def ramp_up_arrival_times(strategy: str, start_rps: float, end_rps: float, burstiness: float, count: int,
+                          seed: int) -> list[float]:
+    """When each of ``count`` requests is sent under a ramp-up (``vllm bench serve --ramp-up-strategy``):
+    each waits a gamma gap after the one before it (shape ``burstiness``, scale ``1 / (rate_i x
+    burstiness)``; ``1 / rate_i`` at burstiness inf) at its own rate (:func:`ramp_up_rates`), and, as vLLM
+    does under a ramp, the times are not rescaled: the ramp's rates are the offered load."""
+    draw = random.Random(seed)
+    times, now = [], 0.0
+    for rate in ramp_up_rates(strategy, start_rps, end_rps, count):
+        now += 1.0 / rate if math.isinf(burstiness) else draw.gammavariate(burstiness, 1.0 / (rate * burstiness))
+        times.append(now)
+    return times
+
+
+def with_request_shapes(load: Mapping[str, Any], plan: ServingPlan, seed: int, engine_run: int,
+                        output_tokens: Sequence[int | None] = ()) -> ServingPlan:
+    """``plan`` with the lengths ``load`` asks for: every request's prompt cut to a drawn
+    ``load.input_len`` (:func:`fitted_prompts`), its output to a drawn ``load.output_len``
+    (``range_ratio`` spreading both); unchanged where neither is set.
+
+    ``load.output_len=dataset`` takes each request's output length from its prompt's record
+    (``output_tokens``, aligned with the prompts the plan cycles), capped at the plan's ``max_tokens``
+    (``workload.max_tokens``, which the engine's memory is sized for); a record without one takes
+    ``max_tokens``."""
+    ratio = float(load.get("range_ratio") or 0.0)
+    prompts, outputs = plan.prompts, plan.output_lens
+    if load.get("input_len") is not None:
+        prompts = fitted_prompts(plan.prompts, drawn_lengths(int(load["input_len"]), ratio, len(plan.prompts),
+                                                             shape_seed("inputs", seed, engine_run)))
+    if load.get("output_len") == FROM_DATASET:
+        own = [output_tokens[i % len(output_tokens)] if output_tokens else None for i in range(len(plan.prompts))]
+        outputs = tuple(plan.max_tokens if n is None else min(n, plan.max_tokens) for n in own)
+    elif load.get("output_len") is not None:
+        outputs = drawn_lengths(int(load["output_len"]), ratio, len(plan.prompts),
+                                shape_seed("outputs", seed, engine_run))
+    return dataclasses.replace(plan, prompts=prompts, output_lens=outputs)
+
+
+def shape_identity(load: Mapping[str, Any]) -> dict[str, Any]:
+    """The request-shape keys a serving cell's identity takes: those set, and the range ratio beside a
+    length; {} where none is (the cell keeps the identity it had)."""
+    keys: dict[str, Any] = {key: load[key] if load[key] == FROM_DATASET else int(load[key])
+                            for key in ("input_len", "output_len") if load.get(key) is not None}
+    if keys:
+        keys["range_ratio"] = float(load.get("range_ratio") or 0.0)
+    if load.get("ramp_up_strategy") is not None:
+        keys |= {"ramp_up_strategy": load["ramp_up_strategy"], "ramp_up_start_rps": float(load["ramp_up_start_rps"]),
+                 "ramp_up_end_rps": float(load["ramp_up_end_rps"])}
+    return keys
+
+
+def shape_id_part(load: Mapping[str, Any]) -> str:
+    """The request shapes' part of a cell id: ``-in512``, ``-out128`` (``-outdataset``), ``-rr0.5`` (a range
+    ratio beside a length), ``-ramplinear1to8``; '' where none is set."""
+    keys = shape_identity(load)
+    part = "".join(f"-{tag}{keys[key]}" for key, tag in (("input_len", "in"), ("output_len", "out")) if key in keys)
+    if keys.get("range_ratio"):
+        part += f"-rr{keys['range_ratio']:g}"
+    if "ramp_up_strategy" in keys:
+        part += f"-ramp{keys['ramp_up_strategy']}{keys['ramp_up_start_rps']:g}to{keys['ramp_up_end_rps']:g}"
+    return part
+
+
+def request_shape_problems(plain: Mapping[str, Any]) -> list[str]:
+    """Every problem with the request-shape keys (``load.output_len``, ``input_len``, ``range_ratio``, the
+    ``ramp_up_*``), one line each naming the key, its value and what is allowed."""
+    load = plain.get("load") or {}
+    workload = plain.get("workload") or {}
+    errors = []
+    ratio = load.get("range_ratio", 0.0)
+    ratio_ok = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0.0 <= ratio < 1.0
+    if not ratio_ok:
+        errors.append(f"load.range_ratio={ratio!r} must be in [0, 1): lengths are drawn uniformly from "
+                      "[L x (1 - r), L x (1 + r)] (vllm bench serve's --random-range-ratio)")
+    for key, bound_key in (("output_len", "max_tokens"), ("input_len", "max_prompt_tokens")):
+        value = load.get(key)
+        if value is None:
+            continue
+        if key == "output_len" and value == FROM_DATASET:
+            if workload.get("source") != "jsonl":
+                errors.append(f"load.output_len=dataset reads each record's output_tokens field (as vllm bench "
+                              f"serve's custom dataset), which only a jsonl workload has; "
+                              f"workload.source={workload.get('source')}")
+            continue
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            errors.append(f"load.{key}={value!r} must be null or an integer >= 1 (tokens)"
+                          + (" or dataset (each record's output_tokens)" if key == "output_len" else ""))
+            continue
+        bound = workload.get(bound_key)
+        if ratio_ok and isinstance(bound, int) and length_range(value, ratio)[1] > bound:
+            errors.append(f"load.{key}={value} with load.range_ratio={ratio:g} draws up to "
+                          f"{length_range(value, ratio)[1]} tokens, above workload.{bound_key}={bound}: "
+                          f"lower it or raise workload.{bound_key}")
+    if ratio_ok and ratio and load.get("output_len") in (None, FROM_DATASET) and load.get("input_len") is None:
+        errors.append(f"load.range_ratio={ratio:g} spreads no length: set load.output_len or load.input_len")
+    strategy = load.get("ramp_up_strategy")
+    start, end = load.get("ramp_up_start_rps"), load.get("ramp_up_end_rps")
+    if strategy is None:
+        errors += [f"load.{key}={value!r} needs load.ramp_up_strategy (linear or exponential)"
+                   for key, value in (("ramp_up_start_rps", start), ("ramp_up_end_rps", end)) if value is not None]
+        return errors
+    if strategy not in RAMP_UP_STRATEGIES:
+        return errors + [f"load.ramp_up_strategy={strategy!r} must be null, linear or exponential"]
+
+    def rps(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+    if not rps(start):
+        errors.append(f"load.ramp_up_start_rps={start!r} must be a finite rate > 0 with "
+                      f"load.ramp_up_strategy={strategy} (requests/s)")
+    elif not (rps(end) and end >= start):
+        errors.append(f"load.ramp_up_end_rps={end!r} must be a finite rate >= load.ramp_up_start_rps={start:g}")
+    rate = load.get("request_rate")
+    if not (isinstance(rate, (int, float)) and math.isinf(rate)):
+        errors.append(f"load.request_rate={rate!r} with load.ramp_up_strategy={strategy}: the ramp sets the "
+                      "rate; set load.request_rate=inf (as vllm bench serve does)")
+    if load.get("max_concurrency") is not None:
+        errors.append(f"load.max_concurrency={load['max_concurrency']!r} with load.ramp_up_strategy={strategy}: "
+                      "a cap at load.request_rate=inf is a closed loop; leave load.max_concurrency null")
+    return errors

@@ -244,3 +244,103 @@ def test_the_table_names_what_the_failed_probes_missed():
     text = capacity.table([("baseline", found)], targets)
     assert text.splitlines()[1].split() == ["baseline", "0.5", "req/s", "[0.5,", "2)", "3", "12s",
                                             "TPOT,", "saturation"]
+
+
+# --- the concurrency axis ----------------------------------------------------------------------------------
+
+CONCURRENCY = Settings(min_rate=0.5, max_rate=8.0, max_probes=6, percentile=90.0, tolerance=0.1,
+                       axis=capacity.CONCURRENCY, min_concurrency=1, max_concurrency=64)
+
+
+def test_the_same_search_bisects_whole_concurrency_caps_and_measures_the_bracket_again():
+    caps: list[float] = []
+    renewed: list[int] = []
+    found = capacity.search(_knee(12.5, caps), CONCURRENCY, renew=lambda: renewed.append(len(caps)))
+    # 1 passes, 64 fails, then the rounded geometric midpoints: 8 passes, 23 and 14 fail, 11 passes; six caps
+    # spent, the bracket's ends (11 and 14) measured three more times each on fresh engines.
+    assert caps == [1, 64, 8, 23, 14, 11] + [11] * 3 + [14] * 3 and renewed == list(range(6, 12))
+    assert (found.capacity, found.low, found.high) == (11, 11, 14) and found.axis is capacity.CONCURRENCY
+    assert found.text() == "11 concurrent requests [11, 14)"
+    # With probes to spare it stops where no whole cap lies between the ends.
+    fine = capacity.search(_knee(12.5), dataclasses.replace(CONCURRENCY, max_probes=20, confirmations=0))
+    assert (fine.low, fine.high) == (12, 13) and all(p.rate == int(p.rate) for p in fine.probes)
+    assert capacity.CONCURRENCY.midpoint(12, 13) is None and capacity.CONCURRENCY.midpoint(12, 14) == 13
+    assert CONCURRENCY.requests(64) == 4 + 100  # a closed loop: requests_per_probe, no seconds of a rate
+
+
+def test_concurrency_capacity_is_worded_and_written_in_its_own_unit():
+    targets = {"tpot_ms": 100.0}
+    base = capacity.Capacity(8, 8, 11, (Probe(8, {}, None, met=100, requests=100),), axis=capacity.CONCURRENCY)
+    spec = capacity.Capacity(16, 16, 19, axis=capacity.CONCURRENCY)
+    assert capacity.verdict("ngram K=4", base, spec, targets, 90) == (
+        "ngram K=4 raises capacity at TPOT p90 <= 100 ms from 8 concurrent requests [8, 11) to 16 concurrent "
+        "requests [16, 19) (at least 1.45x)")
+    none = capacity.Capacity(None, 0.0, 1, axis=capacity.CONCURRENCY)
+    assert none.text() == "below 1 concurrent requests"
+    assert "at 1 concurrent requests, the lowest concurrency searched" in capacity.verdict("x", none, none, targets, 90)
+    written = capacity.as_json("baseline", base)
+    assert written["axis"] == "concurrency" and written["capacity_concurrency"] == 8
+    assert written["interval_concurrency"] == [8, 11] and written["probe_results"][0]["max_concurrency"] == 8
+    assert capacity.as_json("baseline", capacity.Capacity(2.0, 2.0, 3.0))["interval_req_s"] == [2.0, 3.0]
+
+
+def test_a_probe_reads_its_cap_from_the_load_key_the_axis_names():
+    from benchmarks import serving_sim
+
+    keys = {"request_rate": math.inf, "burstiness": 1.0, "max_concurrency": 4, "num_requests": 24,
+            "warmup_requests": 4}
+    measured = serving_sim.run_closed(serving_sim.unlimited(1.0), keys, 0)
+    # The closed loop keeps four in flight: each measured request goes out as one completes.
+    sends = sorted(r.sent_s for r in measured.requests[4:])
+    assert sends[:4] == [sends[0]] * 4 and sends[4] == pytest.approx(sends[0] + 1.0)
+    found = capacity.probe_of(measured, keys, {"e2e_ms": 1500.0}, 90.0, axis=capacity.CONCURRENCY)
+    assert found.rate == 4 and found.met == found.requests == 20 and found.saturated is None
+
+
+def test_the_concurrency_interval_covers_a_known_capacity():
+    # A closed-loop server whose share of requests within the E2E target crosses 90% at 21.5 requests in flight,
+    # searched along the concurrency axis with the default settings; tests/benchmarks/serving_sim.py runs 200.
+    from benchmarks import serving_sim
+
+    truth = serving_sim.true_concurrency()
+    assert truth == 21
+    found = [serving_sim.concurrency_search(i) for i in range(3)]
+    assert all(c.covers(truth) for c in found), [c.text() for c in found]
+    assert all(c.axis is capacity.CONCURRENCY and math.isfinite(c.high) for c in found)
+
+
+def test_a_bad_axis_or_cap_is_refused_naming_the_key():
+    base = {"min_rate": 0.5, "max_rate": 8, "max_probes": 6, "requests_per_probe": 100, "warmup": 4,
+            "percentile": 90, "tolerance": 0.1}
+    with pytest.raises(CapacityError, match=r"^capacity.axis='speed' must be rate or concurrency \(rate: the "
+                                            r"offered request rate, an open loop; concurrency"):
+        Settings.of(base | {"axis": "speed"})
+    with pytest.raises(CapacityError, match=r"^capacity.min_concurrency=0 must be an integer >= 1"):
+        Settings.of(base | {"axis": "concurrency", "min_concurrency": 0})
+    with pytest.raises(CapacityError, match=r"^capacity.max_concurrency=4 must be an integer above "
+                                            r"capacity.min_concurrency=4$"):
+        Settings.of(base | {"axis": "concurrency", "min_concurrency": 4, "max_concurrency": 4})
+    assert Settings.of(base | {"axis": "concurrency", "max_concurrency": 32}).span == (1.0, 32.0)
+
+
+def test_the_command_searches_concurrency_as_a_closed_loop_and_refuses_a_bad_axis_in_one_line(capsys):
+    from hydra.core.global_hydra import GlobalHydra
+
+    from specbench.capacity import _load_shape, main, searches
+
+    found, _ = searches(["method=ngram", "load.slo.tpot_ms=100", "capacity.axis=concurrency",
+                         "capacity.max_concurrency=16"])
+    load = found[0].cell.identity["load"]
+    assert math.isinf(load["request_rate"]) and load["max_concurrency"] == 1 and load["num_requests"] == 104
+    assert found[0].settings.span == (1.0, 16.0) and _load_shape(found[0].cell, capacity.CONCURRENCY).text() == ""
+    for overrides, line in (
+            (["capacity.axis=speed"], "error: capacity.axis='speed' must be rate or concurrency"),
+            (["capacity.axis=concurrency", "capacity.max_concurrency=512"],
+             "error: capacity.max_concurrency=512 exceeds engine.max_num_seqs=256"),
+            (["load.request_rate=inf", "load.ramp_up_strategy=linear", "load.ramp_up_start_rps=1",
+              "load.ramp_up_end_rps=4"], "error: load.ramp_up_strategy=linear in a capacity search")):
+        GlobalHydra.instance().clear()
+        capsys.readouterr()
+        assert main(["method=ngram", "load.slo.tpot_ms=100", *overrides]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(line), err

@@ -1,4 +1,4 @@
-"""Capacity: the highest request rate at which a configuration meets every SLO, with an interval.
+"""Capacity: the highest request rate (or concurrency) at which a configuration meets every SLO, with an interval.
 
 An operator asks of speculative decoding "how much more traffic does it let me
 serve within my latency targets?", not "how much faster is one request?". The
@@ -23,6 +23,11 @@ vLLM's sweeps run each level several times, and judged again with every probe
 at the rate. The capacity is the highest rate passed below the lowest failed,
 reported with the interval ``[passed, failed)``: the true capacity lies in it
 unless a pass or a fail was wrong, which each interval bounds at 2.5%.
+
+The same search runs along another axis (:class:`Axis`): the concurrency cap of a closed loop
+(``load.max_concurrency`` with every request ready at once), where the capacity is the most requests a
+configuration keeps in flight within the SLOs. Its values are whole numbers, so bisection takes the
+rounded geometric midpoint and stops when no whole number lies between the ends.
 
 Pure Python: probes are functions handed in (``python -m specbench.capacity``
 drives them through the engine); nothing here measures.
@@ -50,6 +55,38 @@ class CapacityError(ValueError):
     """A capacity search that cannot be run as configured (one line, naming the keys)."""
 
 
+@dataclass(frozen=True)
+class Axis:
+    """What a search varies: the offered request rate of an open loop, or the concurrency cap of a closed
+    loop. ``load_key`` is the ``load.*`` key a probe sets, ``unit`` how a value is named, ``json_key`` how
+    capacity.json names the capacity and its interval, and ``integer`` whether its values are whole."""
+
+    name: str
+    load_key: str
+    unit: str
+    json_key: str
+    integer: bool = False
+
+    def text(self, value: float) -> str:
+        """``"2.38 req/s"``, ``"12 concurrent requests"``."""
+        return f"{value:.3g} {self.unit}"
+
+    def midpoint(self, low: float, high: float) -> float | None:
+        """The next value bisection probes between ``low`` and ``high``: their geometric mean, rounded for a
+        whole-number axis and kept strictly inside; None where no whole number lies between them."""
+        middle = math.sqrt(low * high)
+        if not self.integer:
+            return middle
+        if high - low < 2:
+            return None
+        return float(min(max(round(middle), math.floor(low) + 1), math.ceil(high) - 1))
+
+
+RATE = Axis("rate", "request_rate", "req/s", "req_s")
+CONCURRENCY = Axis("concurrency", "max_concurrency", "concurrent requests", "concurrency", integer=True)
+AXES = {axis.name: axis for axis in (RATE, CONCURRENCY)}
+
+
 @dataclass
 class CapacitySchema:
     """Types of ``capacity.*`` (conf/config.yaml holds the defaults and what each means)."""
@@ -64,6 +101,9 @@ class CapacitySchema:
     tolerance: float = 0.1
     max_extensions: int = 3
     confirmations: int = 3
+    axis: str = "rate"
+    min_concurrency: int = 1
+    max_concurrency: int = 64
 
 
 # What a rate's probes say of it (:func:`outcome`).
@@ -85,6 +125,16 @@ class Settings:
     min_probe_s: float = 30.0
     max_extensions: int = 3
     confirmations: int = 3
+    axis: Axis = RATE
+    min_concurrency: int = 1
+    max_concurrency: int = 64
+
+    @property
+    def span(self) -> tuple[float, float]:
+        """The lowest and the highest value searched along the axis (rates, or concurrency caps)."""
+        if self.axis == CONCURRENCY:
+            return float(self.min_concurrency), float(self.max_concurrency)
+        return self.min_rate, self.max_rate
 
     @property
     def target(self) -> float:
@@ -93,7 +143,12 @@ class Settings:
 
     def requests(self, rate: float) -> int:
         """How many requests a probe at ``rate`` sends, warm-up included: ``requests_per_probe`` measured,
-        or as many as ``min_probe_s`` seconds of the rate, whichever is more (a trend needs a duration)."""
+        or as many as ``min_probe_s`` seconds of the rate, whichever is more (a trend needs a duration).
+
+        Along the concurrency axis ``rate`` is the cap, and a probe is ``requests_per_probe`` measured
+        requests: a closed loop has no rate to turn seconds into requests before it runs."""
+        if self.axis == CONCURRENCY:
+            return self.warmup + self.requests_per_probe
         return self.warmup + max(self.requests_per_probe, math.ceil(self.min_probe_s * rate))
 
     @classmethod
@@ -126,6 +181,16 @@ class Settings:
             value = capacity.get(key, getattr(cls, key))
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                 errors.append(f"capacity.{key}={value!r} must be an integer >= 0")
+        axis = capacity.get("axis", RATE.name)
+        if axis not in AXES:
+            errors.append(f"capacity.axis={axis!r} must be rate or concurrency (rate: the offered request rate, an "
+                          "open loop; concurrency: load.max_concurrency of a closed loop, every request ready at once)")
+        fewest, most = (capacity.get(k, getattr(cls, k)) for k in ("min_concurrency", "max_concurrency"))
+        if not (isinstance(fewest, int) and not isinstance(fewest, bool) and fewest >= 1):
+            errors.append(f"capacity.min_concurrency={fewest!r} must be an integer >= 1 (requests in flight)")
+        elif not (isinstance(most, int) and not isinstance(most, bool) and most > fewest):
+            errors.append(f"capacity.max_concurrency={most!r} must be an integer above "
+                          f"capacity.min_concurrency={fewest!r}")
         extensions = capacity.get("max_extensions", cls.max_extensions)
         if not errors and not _can_pass(per_probe * (1 + extensions), percentile / 100.0):
             least = next(n for n in range(per_probe, 100_000) if _can_pass(n * (1 + extensions), percentile / 100.0))
@@ -138,7 +203,7 @@ class Settings:
         return cls(float(low), float(high), int(capacity["max_probes"]), float(capacity["percentile"]),
                    float(capacity["tolerance"]), int(capacity["requests_per_probe"]), int(capacity["warmup"]),
                    float(seconds), int(capacity.get("max_extensions", cls.max_extensions)),
-                   int(capacity.get("confirmations", cls.confirmations)))
+                   int(capacity.get("confirmations", cls.confirmations)), AXES[axis], int(fewest), int(most))
 
 
 def _can_pass(requests: int, target: float) -> bool:
@@ -172,9 +237,9 @@ def slo_text(targets: Mapping[str, float], percentile: float) -> str:
 
 @dataclass(frozen=True)
 class Probe:
-    """One probe: the rate served, each SLO metric at the percentile (ms), what it missed (None: nothing),
-    the measured requests and how many met every target, and, apart, why its engine fell behind the load
-    (None: it kept up)."""
+    """One probe: the rate served (along the concurrency axis: the cap), each SLO metric at the percentile
+    (ms), what it missed (None: nothing), the measured requests and how many met every target, and, apart,
+    why its engine fell behind the load (None: it kept up)."""
 
     rate: float
     figures_ms: Mapping[str, float | None]
@@ -227,10 +292,10 @@ def judge(figures_ms: Mapping[str, float | None], targets: Mapping[str, float], 
 
 
 def probe_of(m: ServingMeasurement, load: Mapping[str, Any], targets: Mapping[str, float], percentile: float,
-             duration_s: float = 0.0, draw: int = 0) -> Probe:
-    """A probe read from a served measurement at ``load`` (its ``request_rate`` the probe's rate): each SLO
-    metric at the percentile over the measured requests, how many met every target, and the saturation
-    test of a serving cell."""
+             duration_s: float = 0.0, draw: int = 0, axis: Axis = RATE) -> Probe:
+    """A probe read from a served measurement at ``load`` (its ``axis.load_key``, the request rate or the
+    concurrency cap, the probe's value): each SLO metric at the percentile over the measured requests, how
+    many met every target, and the saturation test of a serving cell."""
     measured = m.requests[m.warmup_requests:]
     latencies = [serving.request_latencies(r) for r in measured]
     per_metric = {"ttft_ms": [t for t, _, _, _ in latencies], "tpot_ms": [t for _, t, _, _ in latencies],
@@ -241,7 +306,7 @@ def probe_of(m: ServingMeasurement, load: Mapping[str, Any], targets: Mapping[st
         figures[key] = float(np.percentile(known, percentile)) * 1000.0 if known else None
     columns = serving.cell_columns(m, dict(load, slo={}))
     saturated = columns["saturation_reason"]
-    return Probe(float(load["request_rate"]), figures, judge(figures, targets, percentile, saturated),
+    return Probe(float(load[axis.load_key]), figures, judge(figures, targets, percentile, saturated),
                  duration_s, columns["achieved_request_rate"], saturated,
                  met=sum(serving.meets_slo(r, targets) for r in measured), requests=len(measured), draw=draw)
 
@@ -249,13 +314,15 @@ def probe_of(m: ServingMeasurement, load: Mapping[str, Any], targets: Mapping[st
 @dataclass(frozen=True)
 class Capacity:
     """What a search found: the highest rate passed below the lowest failed (None: none), the interval the
-    probes pinned it to (``low`` passed, ``high`` failed; inf: no rate searched failed), and every probe."""
+    probes pinned it to (``low`` passed, ``high`` failed; inf: no rate searched failed), and every probe;
+    ``axis`` says what was searched (rates, or concurrency caps)."""
 
     capacity: float | None
     low: float
     high: float
     probes: tuple[Probe, ...] = field(default_factory=tuple)
     duration_s: float = 0.0
+    axis: Axis = RATE
 
     def limited_by(self, targets: Mapping[str, float]) -> str:
         """What the failed probes missed: the SLO metrics over target and "saturation" (the engine fell
@@ -276,12 +343,13 @@ class Capacity:
         return self.low <= rate < self.high
 
     def text(self) -> str:
-        """``"2.38 req/s [2.38, 2.83)"``, ``"below 0.25 req/s"``, ``"at least 8 req/s"``."""
+        """``"2.38 req/s [2.38, 2.83)"``, ``"below 0.25 req/s"``, ``"at least 8 req/s"``;
+        ``"12 concurrent requests [12, 14)"`` along the concurrency axis."""
         if self.capacity is None:
-            return f"below {self.high:.3g} req/s"
+            return f"below {self.axis.text(self.high)}"
         if math.isinf(self.high):
-            return f"at least {self.capacity:.3g} req/s"
-        return f"{self.capacity:.3g} req/s [{self.low:.3g}, {self.high:.3g})"
+            return f"at least {self.axis.text(self.capacity)}"
+        return f"{self.axis.text(self.capacity)} [{self.low:.3g}, {self.high:.3g})"
 
 
 def search(probe: Callable[[float, int], Probe], settings: Settings,
@@ -289,6 +357,8 @@ def search(probe: Callable[[float, int], Probe], settings: Settings,
     """Search ``probe`` over the rates of ``settings`` for the highest rate that passes (see the module).
 
     ``probe(rate, draw)`` serves arrival draw ``draw`` at ``rate``; every call gets a draw of its own.
+    Along ``settings.axis`` = :data:`CONCURRENCY`, ``rate`` is a concurrency cap (a whole number) and the
+    same decisions, bisection and confirmations apply.
     ``renew`` (where given) starts a fresh engine; it is called before each probe that measures a bracket's
     end again, so that the confirmations hold the engine-to-engine spread as well as the arrivals'.
     Bisection assumes a rate that fails fails at every higher rate (latency grows with load); the interval
@@ -310,10 +380,14 @@ def search(probe: Callable[[float, int], Probe], settings: Settings,
             measure(rate)
         return outcome(by_rate[rate], settings.target)
 
-    if level(settings.min_rate) == PASSED and level(settings.max_rate) != PASSED:
-        low, high = settings.min_rate, settings.max_rate
+    lowest, highest = settings.span
+    if level(lowest) == PASSED and level(highest) != PASSED:
+        low, high = lowest, highest
         while len(by_rate) < settings.max_probes and high / low > 1.0 + settings.tolerance:
-            rate = math.sqrt(low * high)
+            middle = settings.axis.midpoint(low, high)
+            if middle is None:
+                break
+            rate = middle
             if level(rate) == PASSED:
                 low = rate
             else:
@@ -333,8 +407,8 @@ def search(probe: Callable[[float, int], Probe], settings: Settings,
     if low is None:
         # Not even the lowest rate passed: capacity is below the lowest rate that failed, or, where none
         # failed outright, below the lowest searched.
-        return Capacity(None, 0.0, min(high, settings.min_rate), tuple(probes), clock() - started)
-    return Capacity(low, low, high, tuple(probes), clock() - started)
+        return Capacity(None, 0.0, min(high, lowest), tuple(probes), clock() - started, settings.axis)
+    return Capacity(low, low, high, tuple(probes), clock() - started, settings.axis)
 
 
 def _bracket(by_rate: Mapping[float, Sequence[Probe]], target: float) -> tuple[float | None, float]:
@@ -357,12 +431,15 @@ def verdict(label: str, baseline: Capacity, speculative: Capacity, targets: Mapp
     """
     at = slo_text(targets, percentile)
     base, spec = baseline.capacity, speculative.capacity
+    axis = baseline.axis
     if base is None and spec is None:
-        return f"{label}: neither it nor the baseline meets {at} at {baseline.high:.3g} req/s, the lowest rate searched"
+        lowest = "rate" if axis == RATE else "concurrency"
+        return (f"{label}: neither it nor the baseline meets {at} at {axis.text(baseline.high)}, "
+                f"the lowest {lowest} searched")
     if base is None and speculative.low >= baseline.high:
         return f"{label} raises capacity at {at} from below {baseline.high:.3g} to {speculative.text()}"
     if spec is None and baseline.low >= speculative.high:
-        return f"{label} lowers capacity at {at} from {baseline.text()} to below {speculative.high:.3g} req/s"
+        return f"{label} lowers capacity at {at} from {baseline.text()} to below {axis.text(speculative.high)}"
     if base is not None and spec is not None and speculative.low >= baseline.high:
         return (f"{label} raises capacity at {at} from {baseline.text()} to {speculative.text()} "
                 f"(at least {speculative.low / baseline.high:.2f}x)")
@@ -378,10 +455,14 @@ def as_json(label: str, found: Capacity) -> dict[str, Any]:
     def finite(v: float) -> float | None:
         return v if math.isfinite(v) else None
 
+    key = found.axis.json_key
+    # A probe names its value by the load.* key it set: "rate" (as before the axis existed) or "max_concurrency".
+    value = "rate" if found.axis == RATE else found.axis.load_key
     return {
-        "configuration": label, "capacity_req_s": found.capacity, "interval_req_s": [found.low, finite(found.high)],
+        "configuration": label, "axis": found.axis.name, f"capacity_{key}": found.capacity,
+        f"interval_{key}": [found.low, finite(found.high)],
         "probes": len(found.probes), "search_s": round(found.duration_s, 2),
-        "probe_results": [{"rate": p.rate, "draw": p.draw, "met": p.met, "requests": p.requests,
+        "probe_results": [{value: p.rate, "draw": p.draw, "met": p.met, "requests": p.requests,
                            "passed": p.passed, "failed": p.failed, "figures_ms": dict(p.figures_ms),
                            "saturated": p.saturated, "achieved_rate": p.achieved_rate,
                            "other_cpu_share": p.other_cpu_share,
@@ -393,7 +474,7 @@ def table(found: Sequence[tuple[str, Capacity]], targets: Mapping[str, float]) -
     """The searches as a short text table: configuration, capacity and interval, probes, seconds, and what the
     failed probes missed (:meth:`Capacity.limited_by`)."""
     width = max([len("configuration"), *(len(label) for label, _ in found)])
-    lines = [f"{'configuration':<{width}}  {'capacity':<28} {'probes':>6} {'time':>7}  limited by"]
-    lines += [f"{label:<{width}}  {c.text():<28} {len(c.probes):>6} {c.duration_s:>6.0f}s  "
+    lines = [f"{'configuration':<{width}}  {'capacity':<32} {'probes':>6} {'time':>7}  limited by"]
+    lines += [f"{label:<{width}}  {c.text():<32} {len(c.probes):>6} {c.duration_s:>6.0f}s  "
               f"{c.limited_by(targets) or '-'}" for label, c in found]
     return "\n".join(lines)

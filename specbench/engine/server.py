@@ -329,7 +329,7 @@ class ServerEngine:
         payload = {
             "model": self.model,
             "prompt": list(plan.prompts[index]),
-            "max_tokens": plan.max_tokens,
+            "max_tokens": plan.max_tokens_of(index),
             "ignore_eos": plan.ignore_eos,
             "stream": True,
             "stream_options": {"include_usage": True},

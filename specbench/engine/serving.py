@@ -96,8 +96,10 @@ class ServingEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(max_tokens=plan.max_tokens, output_kind=RequestOutputKind.DELTA,
-                                ignore_eos=plan.ignore_eos, **GREEDY.params())
+        # One SamplingParams per output length (load.output_len draws one per request; else all max_tokens).
+        lengths = {plan.max_tokens_of(i) for i in range(len(plan.prompts))}
+        params = {n: SamplingParams(max_tokens=n, output_kind=RequestOutputKind.DELTA, ignore_eos=plan.ignore_eos,
+                                    **GREEDY.params()) for n in lengths}
         tag = uuid.uuid4().hex[:8]
         # Every cell (and every capacity probe) meets a cold prefix cache: one cell's prompts cached by
         # the cell before it would give it prefills the next cell's baseline pays for; its warm-up then
@@ -113,7 +115,8 @@ class ServingEngine:
         self._steps.clear()
         start = self._clock[0] = time.perf_counter()
         served, due = await replay(plan.arrivals_s, plan.max_concurrency, start,
-                                   lambda index: self._request(index, plan, params, tag, start), plan.warmup_requests)
+                                   lambda i: self._request(i, plan, params[plan.max_tokens_of(i)], tag, start),
+                                   plan.warmup_requests)
         return ServingMeasurement(requests=tuple(served), steps=tuple(self._steps),
                                   warmup_requests=plan.warmup_requests, arrivals_s=due)
 

@@ -157,10 +157,15 @@ class Prompt:
             ``question_id``, dataset id, or the 1-based line / 0-based row
             number when the source has none).
         text: the user message, before any chat template.
+        output_tokens: the output length the record names (jsonl: its
+            ``output_tokens`` field, as ``vllm bench serve``'s custom dataset);
+            None where it names none. A serving cell sends it with
+            ``load.output_len=dataset``.
     """
 
     id: str
     text: str
+    output_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,11 @@ class Workload:
     token_ids: tuple[tuple[int, ...], ...]
     skipped_too_long: int
     source_fingerprint: str
+
+    @property
+    def output_tokens(self) -> tuple[int | None, ...]:
+        """Each selected prompt's own output length from its record (None: none), in submission order."""
+        return tuple(prompt.output_tokens for prompt in self.prompts)
 
     @property
     def prompt_ids(self) -> list[str]:
@@ -516,8 +526,24 @@ def _prompts_from_jsonl(data: bytes, file: str, prompt_field: str, id_field: str
             )
         text = _prompt_text(record[prompt_field], f"{file}:{number}", prompt_field)
         prompt_id = str(record[id_field]) if id_field in record else str(number)
-        _add_unique(prompts, seen, Prompt(prompt_id, text), f"line {number}", file)
+        output_tokens = _output_tokens(record, f"{file}:{number}")
+        _add_unique(prompts, seen, Prompt(prompt_id, text, output_tokens), f"line {number}", file)
     return prompts
+
+
+# The field of a jsonl record that names its output length, as vllm bench serve's custom dataset names it.
+OUTPUT_TOKENS_FIELD = "output_tokens"
+
+
+def _output_tokens(record: Mapping[str, Any], where: str) -> int | None:
+    """A record's own output length (:data:`OUTPUT_TOKENS_FIELD`); None where it has none."""
+    value = record.get(OUTPUT_TOKENS_FIELD)
+    if value is None:
+        return None
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        raise WorkloadError(f"{where}: field {OUTPUT_TOKENS_FIELD!r} must be an integer >= 1 (the request's "
+                            f"output length), got {str(value)[:60]!r}")
+    return value
 
 
 def _spec_bench_categories(cfg: Mapping[str, Any]) -> list[str]:

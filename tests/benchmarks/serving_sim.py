@@ -25,11 +25,19 @@ unresolved, the bracket's ends measured three times more), each probe read by
 :func:`specbench.analytic.capacity.probe_of`; it prints how often the reported interval covers the
 true capacity over 200 searches (the target: 90% or more) and the intervals' median width.
 
+**Capacity over concurrency.** The same search along ``capacity.axis=concurrency``: a closed loop
+(every request ready at once, each completion letting the next one go, as :func:`specbench.load.replay`
+sends it under ``load.max_concurrency``) against a server whose E2E is log-normal (coefficient of
+variation 0.3) around a median that grows linearly with the requests it is given to keep in flight, so
+the most it keeps in flight with 90% of requests within the E2E target is known exactly (21). It prints
+how often the interval covers it over 200 searches (the target: 90% or more).
+
 Each run's time is the simulated clock's, not the machine's: nothing here is timed.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -95,6 +103,29 @@ def run(engine: Engine, keys: dict, seed: int) -> ServingMeasurement:
     return ServingMeasurement(tuple(requests), (), plan.warmup_requests, tuple(due))
 
 
+def run_closed(engine: Engine, keys: dict, seed: int) -> ServingMeasurement:
+    """One closed-loop run (``keys``: rate inf under ``max_concurrency``) sent as :func:`load.replay` sends
+    it: each request, warm-up first, goes out when one of the cap's slots frees; the measured requests
+    start once every warm-up request has completed."""
+    plan = load.serving_plan(keys, [(1,)], TOKENS, seed, 0)
+    assert plan.max_concurrency is not None
+    rng = np.random.default_rng(seed)
+    done: list[float] = []
+    requests = []
+    offset = 0.0
+    for first, last in ((0, plan.warmup_requests), (plan.warmup_requests, len(plan.arrivals_s))):
+        slots = [offset] * plan.max_concurrency  # when each slot next frees, as a heap
+        for i in range(first, last):
+            sent = max(offset + plan.arrivals_s[i], heapq.heappop(slots))
+            done.append(engine(sent, rng, done))
+            heapq.heappush(slots, done[-1])
+            requests.append(request(sent, done[-1]))
+        offset = max(done, default=0.0)
+    due = (*plan.arrivals_s[:plan.warmup_requests],
+           *(max(done[:plan.warmup_requests], default=0.0) + t for t in plan.arrivals_s[plan.warmup_requests:]))
+    return ServingMeasurement(tuple(requests), (), plan.warmup_requests, tuple(due))
+
+
 def flagged_share(engine: Engine, rate: float, requests: int, warmup: int, draws: int) -> float:
     """The share of ``draws`` seeded runs at ``rate`` that ``cell_columns`` calls saturated."""
     keys = {"request_rate": rate, "burstiness": 1.0, "max_concurrency": None, "num_requests": requests,
@@ -127,13 +158,14 @@ SETTINGS = capacity.Settings.of({"min_rate": 0.5, "max_rate": 16.0, "max_probes"
                                  "max_extensions": 3, "confirmations": 3})
 
 
-def true_capacity(target: float = SETTINGS.target) -> float:
-    """The rate at which the capacity server's share of requests within :data:`E2E_TARGET_MS` is ``target``."""
+def true_capacity(target: float = SETTINGS.target, scale: float = SLOW_RATE) -> float:
+    """The rate at which the capacity server's share of requests within :data:`E2E_TARGET_MS` is ``target``
+    (with ``scale`` :data:`CONCURRENCY_SCALE`: the concurrency cap at which the closed-loop server's is)."""
     sigma = math.sqrt(math.log1p(SLOW_CV * SLOW_CV))
     z = float(np.sqrt(2.0) * _erfinv(2.0 * target - 1.0))
     # E2E = m x exp(sigma N - sigma^2 / 2): within T with probability Phi((ln(T / m) + sigma^2 / 2) / sigma).
     median = (E2E_TARGET_MS / 1000.0) * math.exp(sigma * sigma / 2.0 - sigma * z)
-    return SLOW_RATE * (median / SLOW_E2E_S - 1.0)
+    return scale * (median / SLOW_E2E_S - 1.0)
 
 
 def _erfinv(y: float) -> float:
@@ -158,10 +190,44 @@ def capacity_search(index: int, settings: capacity.Settings = SETTINGS) -> capac
     return capacity.search(probe, settings)
 
 
+# The closed-loop server: median E2E = SLOW_E2E_S x (1 + cap / CONCURRENCY_SCALE), coefficient of variation
+# SLOW_CV; its share within E2E_TARGET_MS crosses 90% at 21.5 requests in flight, so its capacity is 21.
+CONCURRENCY_SCALE = 11.5
+CONCURRENCY_SETTINGS = capacity.Settings.of({
+    "min_rate": 0.5, "max_rate": 16.0, "max_probes": 6, "requests_per_probe": 100, "warmup": 4,
+    "percentile": 90.0, "tolerance": 0.1, "min_probe_s": 30.0, "max_extensions": 3, "confirmations": 3,
+    "axis": "concurrency", "min_concurrency": 1, "max_concurrency": 64})
+
+
+def true_concurrency(target: float = CONCURRENCY_SETTINGS.target) -> int:
+    """The closed-loop server's capacity: the most requests in flight at which its share within
+    :data:`E2E_TARGET_MS` is still at least ``target``."""
+    return math.floor(true_capacity(target, CONCURRENCY_SCALE))
+
+
+def concurrency_search(index: int, settings: capacity.Settings = CONCURRENCY_SETTINGS) -> capacity.Capacity:
+    """One search of the closed-loop server along the concurrency axis, seeded by ``index`` and each probe's draw."""
+    targets = {"e2e_ms": E2E_TARGET_MS}
+
+    def probe(cap: float, draw: int) -> capacity.Probe:
+        keys = {"request_rate": math.inf, "burstiness": 1.0, "max_concurrency": int(cap),
+                "num_requests": settings.requests(cap), "warmup_requests": settings.warmup}
+        engine = unlimited(SLOW_E2E_S * (1.0 + cap / CONCURRENCY_SCALE), SLOW_CV)
+        return capacity.probe_of(run_closed(engine, keys, index * 1000 + draw), keys, targets, settings.percentile,
+                                 draw=draw, axis=settings.axis)
+
+    return capacity.search(probe, settings)
+
+
 def coverage(searches: int, settings: capacity.Settings = SETTINGS) -> tuple[float, float, float]:
-    """(share of searches whose interval covers the true capacity, median relative width, median probes)."""
-    truth = true_capacity(settings.target)
-    found = [capacity_search(i, settings) for i in range(searches)]
+    """(share of searches whose interval covers the true capacity, median relative width, median probes);
+    along the axis ``settings`` names (the rate server, or the closed-loop one)."""
+    if settings.axis == capacity.CONCURRENCY:
+        truth: float = true_concurrency(settings.target)
+        found = [concurrency_search(i, settings) for i in range(searches)]
+    else:
+        truth = true_capacity(settings.target)
+        found = [capacity_search(i, settings) for i in range(searches)]
     widths = [c.high / c.low - 1.0 for c in found if c.low > 0 and math.isfinite(c.high)]
     return (sum(c.covers(truth) for c in found) / searches, float(np.median(widths)) if widths else math.nan,
             float(np.median([len(c.probes) for c in found])))
@@ -175,6 +241,11 @@ def main(argv: Sequence[str]) -> int:
     print(f"capacity server (true capacity {true_capacity():.3f} req/s at E2E p90 <= {E2E_TARGET_MS:g} ms): "
           f"the interval covers it in {covered:.1%} of {searches} searches; median width {width:.1%} of its "
           f"lower end; median {probes:g} probes a search")
+    covered, width, probes = coverage(searches, CONCURRENCY_SETTINGS)
+    print(f"closed-loop server (true capacity {true_concurrency()} concurrent requests at E2E p90 <= "
+          f"{E2E_TARGET_MS:g} ms; its share crosses 90% at {true_capacity(scale=CONCURRENCY_SCALE):.2f}): the "
+          f"interval covers it in {covered:.1%} of {searches} searches; median width {width:.1%} of its lower end; "
+          f"median {probes:g} probes a search")
     print(f"share of {draws} draws flagged saturated (E2E {E2E_S:g} s; in flight = rate x E2E)")
     print(f"{'engine':<24} {'requests':>8}  " + "  ".join(f"{n:>5}" for n in IN_FLIGHT))
     rows = saturation_table(draws)
