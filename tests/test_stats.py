@@ -373,7 +373,7 @@ class TestStratumSpreads:
     def test_intervals_as_make_demo_narrow_and_still_cover(self) -> None:
         # tests/benchmarks/interval_coverage_sim.py, as make demo (4 configurations x 2 workloads at batch 1 and 4,
         # 2 engine runs), baseline engine sd 0.02, one noise: the fitted spread's intervals are narrower than each
-        # batch size's own (median log width: 0.137 against 0.160 at batch 1, 0.148 at batch 4 both, in 300 sweeps), and miss the true
+        # batch size's own (median log width: 0.137 against 0.158 at batch 1, 0.148 against 0.150 at batch 4, in 300 sweeps), and miss the true
         # speedup about 5% of the time. Asserted on 100 sweeps (800 cells per batch size, correlated in a sweep).
         design = dict(interval_coverage_sim.DEMO, batch_noise=(1.0, 1.0))
         own = interval_coverage_sim.coverage(100, 11, 0.02, spreads="own", **design)
