@@ -30,10 +30,13 @@ from typing import cast
 import numpy as np
 
 __all__ = [
+    "GROWTH_ALPHA",
+    "POOL_MIN_DF",
     "NO_INTERVAL",
     "EngineRunSpread",
     "EngineRunSummary",
     "ShiftedBaseline",
+    "StratumSpreads",
     "SpeedupInterval",
     "Summary",
     "WithinNoise",
@@ -52,6 +55,7 @@ __all__ = [
     "shift_testable",
     "shifted_baselines",
     "speedup_interval",
+    "stratum_spreads",
     "student_t_quantile",
     "student_t_quantile_real",
     "summarize",
@@ -446,6 +450,127 @@ def _baseline_group_spread(
         "engine": max(0.0, engine.value - inverse_cells * cell.value),
     }
     return [run, engine, cell], weights, parts
+
+
+# The batch sizes share one spread unless it is shown to grow with the batch at this one-sided level (a liberal
+# level: a spread that grows is seldom pooled), and only where each batch size's own spread has this many
+# degrees of freedom: below them the baseline engine's few deviations dominate, Satterthwaite's count of df is
+# already too kind, and pooling lent df it could not vouch for (make demo's design at baseline-engine sd 0.05:
+# misses 7.2% -> 10.4%; tests/benchmarks/interval_coverage_sim.py).
+GROWTH_ALPHA = 0.2
+POOL_MIN_DF = 4.0
+
+
+def _digamma(x: float) -> float:
+    """psi(x) for x > 0: the recurrence up to x >= 10, then the asymptotic series (error below 1e-10)."""
+    shift = 0.0
+    while x < 10.0:
+        shift -= 1.0 / x
+        x += 1.0
+    inverse = 1.0 / (x * x)
+    return shift + math.log(x) - 0.5 / x - inverse * (1.0 / 12 - inverse * (1.0 / 120 - inverse / 252))
+
+
+def _trigamma(x: float) -> float:
+    """psi'(x) for x > 0: the recurrence up to x >= 10, then the asymptotic series (error below 1e-10)."""
+    shift = 0.0
+    while x < 10.0:
+        shift += 1.0 / (x * x)
+        x += 1.0
+    inverse = 1.0 / (x * x)
+    return shift + 1.0 / x + 0.5 * inverse + inverse / x * (1.0 / 6 - inverse * (1.0 / 30 - inverse / 42))
+
+
+@dataclass(frozen=True)
+class StratumSpreads:
+    """The engine-to-engine spread behind each batch size's intervals, and how it was chosen (:func:`stratum_spreads`).
+
+    ``spreads``: per stratum (batch size) the spread its intervals use; ``sources``: per stratum ``"own"`` (its
+    cells' spread, :func:`engine_run_spread`), ``"pooled"`` (one spread fitted to every batch size, on their
+    pooled degrees of freedom) or ``"none"`` (no cell with two engine runs: df 0); ``slope``: the slope of
+    log sd on log batch size fitted to the batch sizes' own spreads, and ``growth_p`` the one-sided p-value of
+    "the spread does not grow with the batch" (both None with fewer than two batch sizes measured).
+    """
+
+    spreads: dict[Hashable, EngineRunSpread]
+    sources: dict[Hashable, str]
+    slope: float | None
+    growth_p: float | None
+
+
+def stratum_spreads(
+    ratios_by_cell: Sequence[Mapping[Hashable, float]],
+    engines: Sequence[Hashable],
+    baselines: Sequence[Hashable],
+    batches: Sequence[Hashable],
+    *,
+    growth_alpha: float = GROWTH_ALPHA,
+) -> StratumSpreads:
+    """Each batch size's engine-to-engine spread: its own, or one fitted across batch sizes where that knows more.
+
+    ``ratios_by_cell``, ``engines``, ``baselines``: as for :func:`engine_run_spread`; ``batches``: each cell's
+    batch size, the stratum whose noise it shares. A batch size's own spread assumes nothing about the others,
+    but has few degrees of freedom where it has few engines (4 configurations x 2 workloads in 2 engine runs:
+    about 4). Where the spread does not grow with the batch, one spread for every batch size lends each the
+    others' degrees of freedom: :func:`engine_run_spread` over all their cells at once, so that they stay
+    counted in independent engines (one baseline engine serves every batch size: its deviations are no new
+    evidence in a second stratum, and adding the strata's df would count them twice).
+
+    Whether it grows: log sd = a + b log(batch), fitted to the batch sizes' own spreads by weighted least
+    squares. The log of a variance on d df varies by trigamma(d / 2) and is biased by digamma(d / 2) - log(d / 2)
+    (a scaled chi-square), both allowed for; b is tested one-sided against 0 (z on its standard error, the
+    variances taken as independent: batch sizes that share a baseline engine's deviations vary together, so
+    the error is overstated and growth must be clearer to be found, hence the liberal level). Below ``growth_alpha``, or where a batch
+    size's own spread has fewer than :data:`POOL_MIN_DF` degrees of freedom (a spread the baseline engine
+    dominates: its deviations are the same ones in every stratum, and pooling would lend df nobody measured),
+    every batch size keeps its own spread. Otherwise each takes the pooled spread where that has more degrees of
+    freedom than its own. (A log-linear model of the sd, fitted across three batch sizes or more, lends df even
+    where the spread grows, but where the spread is not log-linear in the batch it misplaced the largest batch
+    size's spread: docs/methodology.md.)
+
+    A batch size where no cell has two engine runs keeps its empty spread (df 0: the caller falls back on the
+    sweep's); strata that are not positive numbers keep their own spread and are not tested.
+    """
+    if not len(ratios_by_cell) == len(engines) == len(baselines) == len(batches):
+        raise ValueError(f"{len(ratios_by_cell)} cells, {len(engines)} engines, {len(baselines)} baselines and "
+                         f"{len(batches)} batch sizes")
+    if not 0.0 < growth_alpha < 1.0:
+        raise ValueError(f"growth_alpha must lie strictly between 0 and 1, got {growth_alpha}")
+    cells: dict[Hashable, list[int]] = {}
+    for i, batch in enumerate(batches):
+        cells.setdefault(batch, []).append(i)
+
+    def spread_of(indices: Sequence[int]) -> EngineRunSpread:
+        return engine_run_spread([ratios_by_cell[i] for i in indices], [engines[i] for i in indices],
+                                 [baselines[i] for i in indices])
+
+    own = {batch: spread_of(indices) for batch, indices in cells.items()}
+    sources = {b: "own" if s.df > 0 else "none" for b, s in own.items()}
+    measured = {b: s for b, s in own.items() if s.df > 0 and s.sd > 0.0 and _positive_number(b)}
+    if len(measured) < 2:
+        return StratumSpreads(own, sources, None, None)
+    logs = {b: math.log(float(cast(float, b))) for b in measured}
+    weights = {b: 1.0 / _trigamma(s.df / 2.0) for b, s in measured.items()}
+    centre = sum(weights[b] * logs[b] for b in measured) / sum(weights.values())
+    sxx = sum(weights[b] * (logs[b] - centre) ** 2 for b in measured)
+    unbiased = {b: 2.0 * math.log(s.sd) - (_digamma(s.df / 2.0) - math.log(s.df / 2.0)) for b, s in measured.items()}
+    slope = sum(weights[b] * (logs[b] - centre) * unbiased[b] for b in measured) / sxx  # of the log variance
+    growth_p = 1.0 - _normal_cdf(slope * math.sqrt(sxx))
+    spreads = dict(own)
+    if growth_p >= growth_alpha and min(s.df for s in measured.values()) >= POOL_MIN_DF:
+        pooled = spread_of([i for b in measured for i in cells[b]])
+        for b in measured:
+            if pooled.df > own[b].df:
+                spreads[b], sources[b] = pooled, "pooled"
+    return StratumSpreads(spreads, sources, slope / 2.0, growth_p)
+
+
+def _positive_number(value: Hashable) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
 
 @dataclass(frozen=True)

@@ -439,3 +439,37 @@ def test_sound_sweeps_of_eight_ties_seldom_say_anything_pays():
     verdict, anything = interval_coverage_sim.false_pays(150, 5)
     assert verdict <= 0.05 + 2 * (0.05 * 0.95 / 150) ** 0.5
     assert anything <= 0.10
+
+
+def test_the_best_speedup_is_judged_over_the_cells_it_was_chosen_from_and_says_so(tmp_path):
+    # The summary's best speedup is chosen from every judged cell of the sweep (16 here: a flagged 17th is none of
+    # them), the verdict's configuration from the 8 at batch 1. A win clear of the 8 and not of the 16 reads so in
+    # both, each line naming the set its bound is over. Before: "1.20× (CI [1.10, 1.31]; simultaneous over 17
+    # cells [0.98, 1.47])" beside "pays at batch 1 (...; simultaneous lower bound 1.02 over 8 configurations)".
+    from specbench.analytic import verdicts
+    from specbench.report import tables
+
+    rows = _eight_ties(1.2)
+    sd, half = rows[-1]["speedup_log_sd"], math.log(rows[-1]["speedup_ci_high"])
+    rows.append(make_row("ngram", 9, 4, speedup=1.0, engine_runs=3, speedup_log_sd=sd, speedup_df=4.0,
+                         speedup_ci_low=math.exp(-half), speedup_ci_high=math.exp(half), flagged=True,
+                         flag_reasons=["engine runs disagree: 0.80x, 1.25x, 1.00x"]))
+    lucky = next(r for r in rows if r["num_speculative_tokens"] == 3 and r["batch_size"] == 1)
+    overall = verdicts.best_overall(rows)
+    assert overall is not None and overall.top is lucky and overall.candidates == 16 and not overall.pays
+    assert overall.interval == pytest.approx(verdicts.simultaneous_interval(lucky, 16))
+    assert overall.interval[0] == pytest.approx(verdicts.simultaneous_lower_bound(lucky, 16))
+    assert overall.interval[0] < 1.0
+    assert verdicts.simultaneous_lower_bound(lucky, 8) > 1.0
+    path = write_results(tmp_path, rows)
+    assert ("ngram K=3 pays at batch 1 (1.20×, CI [1.10, 1.31]; simultaneous lower bound 1.02 over 8 "
+            "configurations)") in verdict_lines(tmp_path)[0]
+    frame, missing = tables.load_frame(path)
+    assert tables.summary(frame, missing).best == (
+        "1.20× with ngram K=3 at batch 1 on summarize (CI [1.10, 1.31]; the largest of 16 judged cells: over all 16 "
+        "at once [0.98, 1.46], not shown above 1× as the best of them all (each workload's verdict chooses among "
+        "the configurations at one batch size, and judges over those))")
+    # Clear of all 16, the summary says so too.
+    write_results(tmp_path, _eight_ties(1.3))
+    frame, missing = tables.load_frame(path)
+    assert tables.summary(frame, missing).best.endswith("above 1× even as the best of them)")

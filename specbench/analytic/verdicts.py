@@ -114,6 +114,47 @@ def best_row(rows: Sequence[Mapping[str, Any]], margin: float = 0.0) -> tuple[Ma
     return chosen, bool(paying)
 
 
+def simultaneous_interval(row: Mapping[str, Any], candidates: int, confidence: float = 0.95
+                          ) -> tuple[float, float] | None:
+    """Both ends of a row's speedup interval widened to hold for ``candidates`` rows at once (Bonferroni), as
+    :func:`simultaneous_lower_bound` builds the lower one; None without the ingredients (or ``candidates`` < 1)."""
+    speedup, sd, dof, runs = (row.get(c) for c in ("speedup", "speedup_log_sd", "speedup_df", "engine_runs"))
+    if candidates < 1 or not all(_known(v) for v in (speedup, sd, dof, runs)) or float(speedup) <= 0 \
+            or float(dof) < 1 or int(runs) < 1:
+        return None
+    t = stats.student_t_quantile_real(1.0 - (1.0 - confidence) / (2 * candidates), float(dof))
+    half = t * float(sd) / math.sqrt(int(runs))
+    return float(speedup) * math.exp(-half), float(speedup) * math.exp(half)
+
+
+@dataclass(frozen=True)
+class Overall:
+    """The sweep's largest speedup (:func:`best_overall`).
+
+    ``top``: the cell :func:`best_row` names among every cell of the sweep fit to be judged; ``candidates``: how
+    many it was chosen from; ``interval``: its speedup interval over all of them at once (None without the
+    ingredients); ``pays``: whether it pays even as the best of them all (its lower bound over the candidates
+    above 1). A verdict chooses among fewer, the configurations of one workload at one batch size, and its
+    bound is over those: the two are different claims, and a cell can pay in its verdict and not here.
+    """
+
+    top: Mapping[str, Any]
+    candidates: int
+    interval: tuple[float, float] | None
+    pays: bool
+
+
+def best_overall(rows: Sequence[Mapping[str, Any]]) -> Overall | None:
+    """The sweep's largest speedup, chosen and judged over every cell fit to be judged (:func:`best_row`), with
+    its interval over all of those at once; None when no cell is left."""
+    chosen = best_row(rows)
+    if chosen is None:
+        return None
+    top, pays_among = chosen
+    candidates = sum(recommendable(r) for r in rows)
+    return Overall(top, candidates, simultaneous_interval(top, candidates), pays_among)
+
+
 def why_not_judged(row: Mapping[str, Any]) -> str | None:
     """Why a speculative cell is not judged (failed, not compared, mismatched outputs, flagged); None if it is."""
     if row.get("status") != "ok":

@@ -240,18 +240,20 @@ def summary(df: pd.DataFrame, missing_columns: Sequence[str], grid: Grid | None 
     chooser) and call a cell paying by :func:`specbench.analytic.verdicts.pays`;
     the verdicts walk the planned grid (``grid``, by default the one the rows
     imply: :func:`specbench.analytic.verdicts.verdict`).
-    The best speedup is the largest of every compared cell's, so beside its
-    own interval stands the simultaneous one over all of them
-    (:func:`simultaneous_ci`).
+    The best speedup is chosen from every eligible cell of the sweep
+    (:func:`specbench.analytic.verdicts.best_overall`), so beside its own
+    interval stands the one over all of them at once, named as such: a
+    verdict chooses among the configurations of one workload at one batch
+    size, and its simultaneous bound is over those.
     """
     grid = grid or grid_of(df)
-    comp = compared(df)
-    top = best_of(eligible(df))
+    overall = verdicts.best_overall(records(eligible(df)))
     best = None
-    if top is not None:
+    if overall is not None:
+        top = overall.top
         best = (
-            f"{_evidence(top, len(comp))} with {top[CONFIG]} at batch {_batch(top['batch_size'])} "
-            f"on {top[PANEL]}{_caveat_clause(top)}"
+            f"{fmt_speedup(top['speedup'])} with {top[CONFIG]} at batch {_batch(top['batch_size'])} "
+            f"on {top[PANEL]} ({_ci_phrase(top)}{_overall_clause(overall)}){_caveat_clause(top)}"
         )
     panels = sorted(p for p in df.loc[df["workload"].notna(), PANEL].unique())
     return Summary(
@@ -274,11 +276,16 @@ def _ci_phrase(row: Mapping[str, Any]) -> str:
     return f"CI {fmt_ci(row['speedup_ci_low'], row['speedup_ci_high'])}"
 
 
-def _evidence(row: Mapping[str, Any], cells: int) -> str:
-    """``"1.80× (CI [1.62, 1.98]; simultaneous over 24 cells [1.41, 2.30])"``: a chosen cell and its intervals."""
-    simultaneous = simultaneous_ci(row, cells)
-    also = "" if simultaneous is None else f"; simultaneous over {cells} cells {fmt_ci(*simultaneous)}"
-    return f"{fmt_speedup(row['speedup'])} ({_ci_phrase(row)}{also})"
+def _overall_clause(overall: verdicts.Overall) -> str:
+    """``"; the largest of 16 judged cells: over all 16 at once [1.32, 2.85], above 1× even so"``, or nothing
+    for a cell chosen from one or without the interval's ingredients."""
+    if overall.candidates <= 1 or overall.interval is None:
+        return ""
+    n = overall.candidates
+    outcome = ("above 1× even as the best of them" if overall.pays else
+               "not shown above 1× as the best of them all (each workload's verdict chooses among the "
+               "configurations at one batch size, and judges over those)")
+    return f"; the largest of {n} judged cells: over all {n} at once {fmt_ci(*overall.interval)}, {outcome}"
 
 
 def _caveat_clause(row: Mapping[str, Any]) -> str:

@@ -128,24 +128,26 @@ def judge_speedups(speculative: Sequence[dict[str, Any]], tests: int = 0) -> Non
 
     ``speculative``: the merge's offline speculative rows with their per-run ratios and engines (the private
     ``_runs``, ``_engine``, ``_baseline``, ``_within`` and ``_disturbed``). The spread behind a cell's interval is
-    its batch size's (:func:`stratum`), with that stratum's own degrees of freedom, so a stratum of few
-    engines gets the wider t quantile it has earned; a stratum where no cell has two engine runs falls back on
-    the spread pooled over the sweep. The disagreement test judges a cell against the other cells of its
-    stratum, at the family's level Bonferroni over ``tests`` cells (the sweep's, serving cells included:
-    :func:`disagreement_tests`; at least the compared cells of ``speculative``).
+    its batch size's (:func:`stratum`, :func:`stratum_spreads`): the stratum's own, on its own degrees of freedom,
+    or a spread fitted across batch sizes where that gives the stratum more of them; a stratum where no cell has
+    two engine runs falls back on the spread pooled over the sweep. The disagreement test judges a cell against
+    the spread its stratum gets from the other cells (the same choice, made without it), at the family's level
+    Bonferroni over ``tests`` cells (the sweep's, serving cells included: :func:`disagreement_tests`; at least
+    the compared cells of ``speculative``).
     """
     pooled = _engine_spread(speculative)
     compared = max(tests, sum(len(r["speedup_per_engine_run"]) > 1 for r in speculative))
-    by_stratum: dict[Any, list[dict[str, Any]]] = {}
-    for row in speculative:
-        by_stratum.setdefault(stratum(row), []).append(row)
-    spreads = {key: _engine_spread(cells) for key, cells in by_stratum.items()}
+    spreads = stratum_spreads(speculative)
     for row in speculative:
         within = row.pop("_within", None)
         ratios = row["speedup_per_engine_run"]
         own = spreads[stratum(row)]
-        spread, peers = (own, by_stratum[stratum(row)]) if own.df else (pooled, list(speculative))
-        others = _engine_spread([r for r in peers if r is not row]) if len(ratios) > 1 else None
+        spread = own if own.df else pooled
+        others = None
+        if len(ratios) > 1:  # the same choice without the cell: a cell whose runs jumped would widen its yardstick
+            rest = [r for r in speculative if r is not row]
+            others = stratum_spreads(rest).get(stratum(row)) if own.df else None
+            others = others if others is not None and others.df else _engine_spread(rest)
         interval = stats.speedup_interval(ratios, spread, within, cells=max(compared, 1), others=others,
                                           flag_alpha=FAMILY_ALPHA)
         # The interval's ingredients, in the terms exp(m +- t_df sd / sqrt(engine runs)); a within-engine
@@ -167,9 +169,30 @@ def judge_speedups(speculative: Sequence[dict[str, Any]], tests: int = 0) -> Non
         if interval.engine_runs_disagree:
             row["flag_reasons"] = (row.get("flag_reasons") or []) + [
                 "engine runs disagree: " + ", ".join(f"{r:.2f}x" for r in ratios)
-                + f" (beyond the engine-to-engine spread of the other cells at batch {stratum(row)}, at "
+                + f" (beyond the engine-to-engine spread the other cells give batch {stratum(row)}, at "
                 f"{FAMILY_ALPHA:g} Bonferroni over {compared} cells)"
             ]
+
+
+def stratum_spreads(speculative: Sequence[dict[str, Any]]) -> dict[Any, stats.EngineRunSpread]:
+    """Per batch size (:func:`stratum`), the engine-to-engine spread behind its cells' intervals: its own, or one
+    fitted across batch sizes where that gives it more degrees of freedom (:func:`stats.stratum_spreads`), from
+    the cells that measured the machine's spread (:func:`_engine_spread`: disturbed cells stay out). A batch size
+    whose undisturbed cells have no two engine runs gets its own cells' spread, disturbed ones included (df 0
+    where none has two runs: :func:`judge_speedups` falls back on the sweep's).
+    """
+    cells = [r for r in speculative if not r.get("_disturbed")]
+    fitted = stats.stratum_spreads([dict(zip(r["_runs"], r["speedup_per_engine_run"])) for r in cells],
+                                   engines=[r["_engine"] for r in cells], baselines=[r["_baseline"] for r in cells],
+                                   batches=[stratum(r) for r in cells]).spreads
+    spreads = {}
+    for row in speculative:
+        key = stratum(row)
+        if key not in spreads:
+            found = fitted.get(key)
+            spreads[key] = found if found is not None and found.df else _engine_spread(
+                [r for r in speculative if stratum(r) == key])
+    return spreads
 
 
 def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[str, Any]]) -> None:

@@ -1,7 +1,7 @@
 """Do the page's speedup intervals hold at every batch size, and does choosing the best of several pay for itself?
 
 Prints figures; asserts nothing (tests/test_results.py and tests/test_verdicts.py assert the same properties on
-fewer draws). No engine, a minute or two:
+fewer draws, as do tests/test_stats.py). No engine, about ten minutes at the default:
 
     .venv/bin/python tests/benchmarks/interval_coverage_sim.py [TRIALS [SELECTION_TRIALS]]
 
@@ -11,11 +11,15 @@ fewer draws). No engine, a minute or two:
 speculative configurations, 2 workloads x 3 batch sizes, 3 engine runs. Log speedup of a cell in a run: log
 1.5 + u (the baseline engine, sd 0.02, 0.05 or 0.15) + w (the baseline cell, sd sqrt(0.02^2 + 0.02^2)) - v
 (the speculative engine, 0.02) + e (the cell, 0.02), every term but u scaled by its batch size's noise (x1,
-x1.5, x3). The rows go through ``results.merge.judge_speedups``, the code that makes the page's intervals;
-"before" runs the same code with every cell in one stratum (one spread pooled over the sweep, as before the
-spread was estimated per batch size). Per batch size and setting: how often the 95% interval misses the true
-speedup (1.5x), the median width of the interval (log of high over low) and how often a sound sweep has a
-cell whose engine runs disagree.
+x1.5, x3). The rows go through ``results.merge.judge_speedups``, the code that makes the page's intervals:
+"fitted" as it is (each batch size's own spread, or the spread pooled over batch sizes where it does not
+grow with the batch and that has more df: ``stats.stratum_spreads``), "own" with each batch size's own spread
+only (``coverage(..., spreads="own")``; ``pooled=True``: every cell in one stratum). Per batch size and
+setting: how often the 95% interval misses the true speedup (1.5x), the median width of the interval (log of
+high over low), the median df and how often a sound sweep has a cell whose engine runs disagree.
+
+**As make demo.** The same, with 4 configurations x 2 workloads at batch 1 and 4 and 2 engine runs, noise
+x1 / x1, x1 / x1.5 and x1 / x3.
 
 **Choosing among configurations.** 8 configurations at batch 1 and 4, all truly 1.0x, 3 engine runs,
 baseline engine sd 0.02, 0.05 or 0.15, the rest as above: the share of sweeps whose verdict
@@ -77,10 +81,22 @@ def sound_sweep(rng: np.random.Generator, baseline_sd: float, *, configurations:
     return rows
 
 
-def judged(rows: list[dict[str, Any]], *, pooled: bool = False) -> list[dict[str, Any]]:
-    """``rows`` with their speedups judged by the merge (``pooled``: one stratum, the spread of the whole sweep)."""
-    if pooled:
+def _own_spreads(rows: Sequence[dict[str, Any]]) -> dict[Any, Any]:
+    """Each batch size's own spread and nothing fitted across them (the rule before the fitted model)."""
+    keys = dict.fromkeys(merge.stratum(r) for r in rows)
+    return {key: merge._engine_spread([r for r in rows if merge.stratum(r) == key]) for key in keys}
+
+
+def judged(rows: list[dict[str, Any]], *, pooled: bool = False, spreads: str = "fitted") -> list[dict[str, Any]]:
+    """``rows`` with their speedups judged by the merge. ``spreads``: ``"fitted"`` (the merge as it is: a batch
+    size's own spread, or one fitted across batch sizes where that has more df), ``"own"`` (each batch size's own
+    spread only) or ``"pooled"`` (one stratum, the spread of the whole sweep; also ``pooled=True``)."""
+    spreads = "pooled" if pooled else spreads
+    if spreads == "pooled":
         with mock.patch.object(merge, "stratum", lambda row: None):
+            merge.judge_speedups(rows)
+    elif spreads == "own":
+        with mock.patch.object(merge, "stratum_spreads", _own_spreads):
             merge.judge_speedups(rows)
     else:
         merge.judge_speedups(rows)
@@ -89,22 +105,29 @@ def judged(rows: list[dict[str, Any]], *, pooled: bool = False) -> list[dict[str
     return rows
 
 
-def coverage(trials: int, seed: int, baseline_sd: float, *, pooled: bool) -> dict[int, dict[str, float]]:
-    """Per batch size: the share of cells whose interval misses the true speedup, the median log width, and the
-    share of sweeps with a cell flagged for disagreeing engine runs."""
+def coverage(trials: int, seed: int, baseline_sd: float, *, pooled: bool = False, spreads: str = "fitted",
+             batches: Sequence[int] = BATCHES, batch_noise: Sequence[float] = BATCH_NOISE, runs: int = RUNS,
+             configurations: int = CONFIGURATIONS, workloads: int = WORKLOADS) -> dict[int, dict[str, float]]:
+    """Per batch size: the share of cells whose interval misses the true speedup, the median log width, the
+    median df, and the share of sweeps with a cell flagged for disagreeing engine runs (``pooled``, ``spreads``:
+    :func:`judged`; the rest: :func:`sound_sweep`)."""
     rng = np.random.default_rng(seed)
-    misses: dict[int, list[bool]] = {b: [] for b in BATCHES}
-    widths: dict[int, list[float]] = {b: [] for b in BATCHES}
-    flagged: dict[int, int] = dict.fromkeys(BATCHES, 0)
+    misses: dict[int, list[bool]] = {b: [] for b in batches}
+    widths: dict[int, list[float]] = {b: [] for b in batches}
+    dfs: dict[int, list[float]] = {b: [] for b in batches}
+    flagged: dict[int, int] = dict.fromkeys(batches, 0)
     for _ in range(trials):
-        rows = judged(sound_sweep(rng, baseline_sd), pooled=pooled)
-        for batch in BATCHES:
+        sweep = sound_sweep(rng, baseline_sd, configurations=configurations, workloads=workloads, batches=batches,
+                            batch_noise=batch_noise, runs=runs)
+        rows = judged(sweep, pooled=pooled, spreads=spreads)
+        for batch in batches:
             here = [r for r in rows if r["batch_size"] == batch]
             misses[batch] += [not r["speedup_ci_low"] <= TRUE_SPEEDUP <= r["speedup_ci_high"] for r in here]
             widths[batch] += [math.log(r["speedup_ci_high"] / r["speedup_ci_low"]) for r in here]
+            dfs[batch] += [r["speedup_df"] for r in here]
             flagged[batch] += any(r["flagged"] for r in here)
     return {b: {"miss": float(np.mean(misses[b])), "width": statistics.median(widths[b]),
-                "disagree": flagged[b] / trials} for b in BATCHES}
+                "df": statistics.median(dfs[b]), "disagree": flagged[b] / trials} for b in batches}
 
 
 def selection_sweep(rng: np.random.Generator, baseline_sd: float = 0.05) -> list[dict[str, Any]]:
@@ -136,27 +159,44 @@ def false_pays(trials: int, seed: int, *, baseline_sd: float = 0.05) -> tuple[fl
     return sum(v for v, _ in found) / trials, sum(a for _, a in found) / trials
 
 
+DEMO = {"batches": (1, 4), "runs": 2, "configurations": 4, "workloads": 2}  # make demo: 8 cells per batch size
+DEMO_NOISE = ((1.0, 1.0), (1.0, 1.5), (1.0, 3.0))
+
+
+def _line(label: str, before: dict[str, float], after: dict[str, float]) -> str:
+    return (f"  {label}: own miss {before['miss']:.1%} width {before['width']:.3f} df {before['df']:.1f} "
+            f"disagree {before['disagree']:.1%} | fitted miss {after['miss']:.1%} width {after['width']:.3f} "
+            f"df {after['df']:.1f} disagree {after['disagree']:.1%} (width x{after['width'] / before['width']:.2f})")
+
+
 def main(argv: Sequence[str]) -> None:
     trials = int(argv[0]) if argv else 1000
     selection = int(argv[1]) if len(argv) > 1 else trials
     print(f"Coverage of the 95% speedup interval, {trials} sound sweeps per setting "
-          f"({CONFIGURATIONS} configurations x {WORKLOADS} workloads per batch size, {RUNS} engine runs):")
+          f"({CONFIGURATIONS} configurations x {WORKLOADS} workloads per batch size, {RUNS} engine runs); "
+          "own: each batch size's own spread; fitted: the merge's choice (own, or fitted across batch sizes):")
     for baseline_sd in BASELINE_ENGINE_SDS:
-        before = coverage(trials, 1, baseline_sd, pooled=True)
-        after = coverage(trials, 1, baseline_sd, pooled=False)
+        before = coverage(trials, 1, baseline_sd, spreads="own")
+        after = coverage(trials, 1, baseline_sd)
         for batch, scale in zip(BATCHES, BATCH_NOISE):
-            b, a = before[batch], after[batch]
-            print(f"  baseline sd {baseline_sd:.2f}, batch {batch} (noise x{scale:g}): "
-                  f"before miss {b['miss']:.1%} width {b['width']:.3f} disagree {b['disagree']:.1%} | "
-                  f"after miss {a['miss']:.1%} width {a['width']:.3f} disagree {a['disagree']:.1%} "
-                  f"(width x{a['width'] / b['width']:.2f})")
+            print(_line(f"baseline sd {baseline_sd:.2f}, batch {batch} (noise x{scale:g})", before[batch], after[batch]))
+    print(f"As make demo: {DEMO['configurations']} configurations x {DEMO['workloads']} workloads at batch 1 and 4, "
+          f"{DEMO['runs']} engine runs, {trials} sound sweeps per setting:")
+    for baseline_sd in BASELINE_ENGINE_SDS:
+        for noise in DEMO_NOISE:
+            before = coverage(trials, 1, baseline_sd, spreads="own", batch_noise=noise, **DEMO)  # type: ignore[arg-type]
+            after = coverage(trials, 1, baseline_sd, batch_noise=noise, **DEMO)  # type: ignore[arg-type]
+            for batch, scale in zip(DEMO["batches"], noise):  # type: ignore[call-overload]
+                label = f"baseline sd {baseline_sd:.2f}, noise x{noise[0]:g} / x{noise[1]:g}, batch {batch}"
+                print(_line(label, before[batch], after[batch]))
     for baseline_sd in BASELINE_ENGINE_SDS:
         with mock.patch.object(verdicts, "simultaneous_lower_bound", lambda row, candidates: verdicts.lower_bound(row)):
-            before = false_pays(selection, 2, baseline_sd=baseline_sd)
-        after = false_pays(selection, 2, baseline_sd=baseline_sd)
+            before_pays = false_pays(selection, 2, baseline_sd=baseline_sd)
+        after_pays = false_pays(selection, 2, baseline_sd=baseline_sd)
         print(f"8 configurations at batch 1 and 4, all truly 1.0x, baseline sd {baseline_sd:.2f}, {selection} sweeps: "
-              f"the verdict says one pays in {before[0]:.1%} before, {after[0]:.1%} after; anything (verdict, best "
-              f"configuration, K schedule) at either batch size in {before[1]:.1%} before, {after[1]:.1%} after")
+              f"the verdict says one pays in {before_pays[0]:.1%} before, {after_pays[0]:.1%} after; anything "
+              f"(verdict, best configuration, K schedule) at either batch size in {before_pays[1]:.1%} before, "
+              f"{after_pays[1]:.1%} after")
 
 
 if __name__ == "__main__":
