@@ -6,9 +6,13 @@ cell rows, a whole sweep of them and their files).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -18,14 +22,22 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
+# A disturbed cell is measured once, not up to three times (the default `attempts`): the engine tests assert
+# what a cell measured, never how fast, and each attempt more costs a measurement and a 5 s wait on a busy
+# machine (and always under hydra/launcher=submitit_local, whose jobs measure at once and disturb each
+# other). The re-measuring itself is tested in tests/test_job.py against a real busy process.
+TEST_ATTEMPTS = "attempts=1"
+
 # One small multirun on the real engine serves every test that needs measured cells of the shipped
 # methods: ngram, a draft model (the target itself, the oracle: every draft accepted), EAGLE and EAGLE-3,
 # at two batch sizes, with their baselines. Creative prompts are short: a long prompt's prefill costs
-# seconds a request on 2 cores. 2 prompts x 16 tokens; 10 cells on 5 engines.
+# seconds a request on 2 cores. 2 prompts x 16 tokens; 10 cells on 5 engines. One attempt a cell
+# (TEST_ATTEMPTS).
 REFERENCE_GRID = [
     "method=ngram,draft_model,eagle,eagle3", "model.drafts.small=embedded:smollm2-135m-instruct",  # self-draft
     "num_speculative_tokens=2", "batch_size=1,2",
     "workload=creative", "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1", "engine_runs=1",
+    TEST_ATTEMPTS,
 ]
 
 
@@ -42,6 +54,48 @@ def specbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``python -m specbench <args>`` as a user runs it, both streams captured."""
     return subprocess.run([sys.executable, "-m", "specbench", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=1200)
+
+
+def _run_script(script: str, conn: Connection) -> None:
+    """``script`` as ``python -c`` would run it, in this (forked) process; sends back its exit status, what it
+    printed and, where it raised, the traceback."""
+    out, code, error = io.StringIO(), 0, ""
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(script, "<script>", "exec"), {"__name__": "__main__"})
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - sent to the test, which fails on it
+        code, error = 1, traceback.format_exc()
+    conn.send((code, out.getvalue(), error))
+
+
+def run_forked(script: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -c script`` in a fresh process of its own, forked from the engine fork server of this pytest
+    process (:func:`specbench.engine.worker_context`) instead of a new interpreter: vLLM is imported there
+    once for every engine test of the session, not once per script, and no engine has been built in it.
+    Its stdout, and its traceback as stderr; a process that dies or outlives ``timeout`` fails."""
+    from specbench import engine
+
+    ctx = engine.worker_context(None)
+    receive, send = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_run_script, args=(script, send))
+    process.start()
+    send.close()
+    answered = False
+    try:
+        if not receive.poll(timeout):
+            return subprocess.CompletedProcess(script, -1, "", f"no answer within {timeout:.0f} s")
+        code, out, error = receive.recv()
+        answered = True
+        return subprocess.CompletedProcess(script, code, out, error)
+    except EOFError:
+        return subprocess.CompletedProcess(script, -1, "", "the process died without a word")
+    finally:
+        process.join(timeout=30 if answered else 0)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 @dataclass(frozen=True)

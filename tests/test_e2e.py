@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from conftest import REFERENCE_GRID, Sweep, specbench
+from conftest import REFERENCE_GRID, TEST_ATTEMPTS, Sweep, specbench
 
 pytestmark = pytest.mark.engine
 
@@ -127,7 +127,7 @@ def test_single_run_measures_the_cell_with_its_baseline_where_a_sweep_does_and_a
     """A single run writes to outputs/<sweep_name>/ and resumes there; a grid run into the same
     directory adds its cells to the plan, so the results and report cover both."""
     small = ["workload=creative", "workload.num_prompts=2", "workload.max_tokens=8", "repetitions=1",
-             "engine_runs=1", "sweep_name=shared"]
+             "engine_runs=1", "sweep_name=shared", TEST_ATTEMPTS]
     run_dir = tmp_path / "outputs" / "shared"
     done = specbench("method=ngram", "num_speculative_tokens=2", *small, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]

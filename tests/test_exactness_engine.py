@@ -9,14 +9,14 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from conftest import run_sweep
+from conftest import TEST_ATTEMPTS, run_sweep
 from specbench.results.files import CellFiles
 
 pytestmark = pytest.mark.engine
 
 GRID = [
     "method=ngram", "model.dtype=bfloat16", "num_speculative_tokens=4", "batch_size=1,4", "workload=creative",
-    "workload.num_prompts=4", "workload.max_tokens=48", "repetitions=1", "engine_runs=1",
+    "workload.num_prompts=4", "workload.max_tokens=48", "repetitions=1", "engine_runs=1", TEST_ATTEMPTS,
 ]
 
 

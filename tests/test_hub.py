@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import pandas as pd
 import pytest
+from conftest import TEST_ATTEMPTS
 
 from specbench import config, hub, job, models
 from specbench.config import cell_from_config
@@ -281,7 +282,7 @@ def test_a_checkpoint_in_the_hub_cache_runs_a_cell_with_the_network_out_of_reach
     done = subprocess.run(
         [sys.executable, "-m", "specbench", "model.path=specbench/smollm2-135m-instruct", "method=baseline",
          "workload=creative", "workload.num_prompts=1", "workload.max_tokens=4", "repetitions=1", "engine_runs=1",
-         "sweep_name=hub"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+         "sweep_name=hub", TEST_ATTEMPTS], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "downloading" not in done.stderr
     run_dir = tmp_path / "outputs" / "hub"

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import TEST_ATTEMPTS
 
 pytestmark = pytest.mark.engine
 
@@ -83,7 +84,8 @@ def test_killed_sweep_takes_its_engine_along_then_resumes_to_complete_results_an
     victim.write_bytes(b"not parquet")
     started = {p.name: pq.read_table(p).column("started_at")[0].as_py() for p in kept}
 
-    resumed = specbench(*grid, cwd=tmp_path)
+    # (The killed sweep itself keeps the default attempts: the kill must still find it mid-cell, as before.)
+    resumed = specbench(*grid, TEST_ATTEMPTS, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert f"{4 - len(kept)} to run on" in resumed.stdout
     assert (f", {len(kept)} already complete" in resumed.stdout) == bool(kept)
@@ -101,7 +103,7 @@ def test_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     not_a_model.mkdir()
     sweep = tmp_path / "sweep"
     done = specbench("method=ngram,draft_model", "num_speculative_tokens=2", f"model.drafts.small={not_a_model}",
-                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+                     f"hydra.sweep.dir={sweep}", TEST_ATTEMPTS, cwd=tmp_path)
     assert done.returncode != 0
     results = pd.read_parquet(sweep / "results.parquet")
     by_method = results.set_index("method")
@@ -114,8 +116,9 @@ def test_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
 
 def test_submitit_local_launcher_runs_cells_and_merges(tmp_path):
     sweep = tmp_path / "sweep"
+    # Its two jobs run at once: each disturbs the other, and would be measured three times with the default.
     done = specbench("hydra/launcher=submitit_local", "method=ngram", "num_speculative_tokens=2",
-                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+                     f"hydra.sweep.dir={sweep}", TEST_ATTEMPTS, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:]
     results = pd.read_parquet(sweep / "results.parquet")
     assert sorted(results["method"]) == ["baseline", "ngram"]

@@ -13,20 +13,18 @@ needs distribution_check.samples=256, minutes on this CPU, so it is measured out
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from conftest import run_sweep
+from conftest import TEST_ATTEMPTS, run_forked, run_sweep
 from specbench.results import distribution
 
 pytestmark = pytest.mark.engine
 
 SAMPLES = 24
 GRID = ["method=ngram", "temperature=0.4,1.0", "num_speculative_tokens=4", "batch_size=1", "workload=creative",
-        "workload.num_prompts=4", "workload.max_tokens=16", "repetitions=1", "engine_runs=1",
+        "workload.num_prompts=4", "workload.max_tokens=16", "repetitions=1", "engine_runs=1", TEST_ATTEMPTS,
         # Three quarters of the default draws: the check cost 61 of this sweep's 107 s on 2 cores.
         f"distribution_check.samples={SAMPLES}"]
 
@@ -120,7 +118,7 @@ def test_vllm_honours_min_tokens_with_speculative_decoding():
     # Sampled cells are timed at equal length (sampling.Sampling.timed: min_tokens = max_tokens). A yes-or-no
     # question stops in a few tokens when sampled freely; with min_tokens every request runs to max_tokens,
     # ngram drafting all along (vLLM 0.32 masks the stop tokens in the rejection sampler's draft rows too).
-    done = subprocess.run([sys.executable, "-c", _MIN_TOKENS], capture_output=True, text=True, timeout=900)
+    done = run_forked(_MIN_TOKENS, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     free, _ = found["free"]

