@@ -90,7 +90,7 @@ $(STAMP): pyproject.toml Makefile
 
 # The report holds measurements against the roofline model, which needs this
 # machine's calibrated profile: measured once, then reused. The demo's takes one round
-# over the grid (about 1.5 min on 2 cores instead of 2); `python -m specbench.calibrate`
+# over the grid (about 1.7 min on 2 cores instead of 2.2); `python -m specbench.calibrate`
 # alone takes two, for a profile steadier by a few percent (specbench/calibrate.py).
 CALIBRATED := $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)/hardware/calibrated.yaml
 
