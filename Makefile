@@ -89,11 +89,13 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 # The report holds measurements against the roofline model, which needs this
-# machine's calibrated profile: measured once (a few minutes), then reused.
+# machine's calibrated profile: measured once, then reused. The demo's takes one round
+# over the grid (about 1.7 min on 2 cores instead of 2.2); `python -m specbench.calibrate`
+# alone takes two, for a profile steadier by a few percent (specbench/calibrate.py).
 CALIBRATED := $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)/hardware/calibrated.yaml
 
 demo: setup
-	test -f $(CALIBRATED) || $(BIN)/python -m specbench.calibrate || echo "calibration failed: the report will show no model curves"
+	test -f $(CALIBRATED) || $(BIN)/python -m specbench.calibrate --rounds 1 || echo "calibration failed: the report will show no model curves"
 	$(BIN)/python -m specbench sweep=cpu_demo
 
 # The report's browser test needs Debian's chromium; installed here when possible.

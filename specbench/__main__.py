@@ -9,16 +9,19 @@ the results when the jobs are done.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from specbench import grid, hub, job, logs
 from specbench.config import REFUSED_EXIT, ConfigError, cell_from_config, engine_start_environment, refuse
+from specbench.plan import run_time, within_budget
 from specbench.results.files import CellFiles
 from specbench.job import completed_row, run_cell
 from specbench.sweep import describe_plan, write_plan
@@ -46,6 +49,9 @@ def run(cfg: DictConfig) -> None:
     """Measure the configured cell (and, in a single run, its baseline first)."""
     hydra_cfg = HydraConfig.get()
     try:
+        if hydra_cfg.mode != RunMode.MULTIRUN and cfg.get("budget") is not None:
+            # A multirun's sweeper sized every cell to the budget before launching them.
+            cfg = sized_to_budget(cfg, hydra_cfg.overrides.task)
         cell = cell_from_config(cfg)
         if hydra_cfg.mode != RunMode.MULTIRUN and cfg.get("confirm"):
             # A single run measures one configuration: there is no choice among several to confirm.
@@ -71,7 +77,7 @@ def run(cfg: DictConfig) -> None:
     planned = grid.single_run_cells(cell, cfg.engine_runs)
     earlier = write_plan(run_dir, planned)
     todo = [p for p in planned if completed_row(CellFiles(run_dir / "cells", p.cell.cell_id), p.cell) is None]
-    print("\n".join([describe_plan(run_dir, planned, todo, 1, cfg.verbose), *earlier]), flush=True)
+    print("\n".join([describe_plan(run_dir, planned, todo, 1, cfg.verbose, run_time(todo)), *earlier]), flush=True)
     job.PROGRESS = job.SweepProgress(len(planned))
     if todo:
         job.start_engine_server(engine_log, engine_start_environment(cfg.engine))
@@ -81,6 +87,25 @@ def run(cfg: DictConfig) -> None:
     finally:
         job.PROGRESS.close()
         job.PROGRESS = None
+
+
+def sized_to_budget(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """A single run's config sized to its ``budget`` as a sweep's cells are (:func:`specbench.plan.within_budget`:
+    the cell and its baseline, in every engine run), saying so in one line; called where Hydra's config
+    search is initialised (inside the app).
+
+    Raises:
+        ConfigError: one line naming the budget that would fit, when even the smallest sizing does not.
+    """
+    from hydra import compose
+
+    extra, note = within_budget([tuple(overrides)], lambda point: compose(config_name="config", overrides=list(point)))
+    for override in extra:
+        key, value = override.split("=", 1)
+        OmegaConf.update(cfg, key, yaml.safe_load(value))
+    if note:
+        print(note, flush=True)
+    return cfg
 
 
 if __name__ == "__main__":

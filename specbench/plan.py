@@ -23,11 +23,12 @@ Exits 1 when some cell would be refused, 2 on a config error or a budget the swe
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -172,9 +173,10 @@ def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate:
                 decode_speedup: float | None, engine: Hashable) -> CellTiming | None:
     """A valid cell's share of the wall time (:mod:`specbench.analytic.walltime`); None where it cannot be priced.
 
-    Generation at plain-decoding speed over ``decode_speedup`` (the prediction at the plan's alpha; a
-    baseline's None), the prompts sized by :func:`specbench.analytic.sizing.sized`; its engine's start
-    from the memory model's weights and CUDA-graph sizes.
+    Generation at plain-decoding speed, on a GPU its decode steps over ``decode_speedup`` (the prediction
+    at the plan's alpha; a baseline's None: prefill is not sped up), the prompts sized by
+    :func:`specbench.analytic.sizing.sized`; its engine's start from the memory model's weights and
+    CUDA-graph sizes.
     """
     requests = estimated_requests(plain["workload"])
     try:
@@ -188,10 +190,16 @@ def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate:
     workload, engine_cfg = plain["workload"], plain["engine"]
     batch, max_tokens, prompt_len = int(plain["batch_size"]), int(workload["max_tokens"]), max(requests[1], 1.0)
     step_tokens = engine_cfg.get("max_num_batched_tokens") or prediction.default_step_tokens(hw.name)
-    speed = decode_speedup if decode_speedup else 1.0
+    gpu = bool(hardware.get("memory_bytes"))
+    # On the CPU build a speculative cell is priced as plain decoding: the model at the plan's alpha took
+    # the 2026-12-07 demo's speculative cells (ngram, the shipped EAGLE-3 head) for 0.49-0.77 of their
+    # measured time, which was 0.8-1.1 of their baselines' (docs/results/2026-12-07-demo-time.md).
+    speed = decode_speedup if decode_speedup and gpu else 1.0
 
     def batch_s(size: int, tokens: int) -> float:
-        return steps.plain_batch_time(target, hw, size, prompt_len, tokens, step_tokens) / speed
+        # Speculation speeds up the decode steps; the prefill (which emits each first token) runs as plain.
+        prefill = steps.prefill_time(target, hw, size, prompt_len, step_tokens)
+        return prefill + (steps.plain_batch_time(target, hw, size, prompt_len, tokens, step_tokens) - prefill) / speed
 
     sizable = sizing.is_sizable(plain)
     available = int(workload["num_prompts"]) if sizable else requests[0]
@@ -210,7 +218,6 @@ def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate:
         warmup_s=batch_s(batch, min(max_tokens, WARMUP_MAX_TOKENS)) if plain.get("warmup", True) else 0.0,
         repetitions=int(plain["repetitions"]), engine_runs=int(plain["engine_runs"]), prompts=prompts,
         fixed_s=fixed)
-    gpu = bool(hardware.get("memory_bytes"))
     start = walltime.engine_start_s(
         gpu=gpu, weight_bytes=estimate.target_weight_bytes + estimate.drafter_weight_bytes,
         models=2 if estimate.drafter_weight_bytes else 1, capture_sizes=len(estimate.capture_sizes),
@@ -383,6 +390,41 @@ def plan_time(rows: Sequence[PlannedRow], half_width: float | None = None) -> wa
     return walltime.sweep_time([t.cost for t in timings], _starts(timings), half_width)
 
 
+def run_time(todo: Sequence[grid.PlannedCell], alpha: float = DEFAULT_ALPHA) -> tuple[walltime.SweepTime | None, str]:
+    """The wall time of the cells still to run, in the order they run, and the hardware profile that priced
+    it (or, with no time, why).
+
+    Each cell is priced for its own engine run as :func:`plan_row` prices a grid point; an engine starts
+    wherever the engine changes along the order (as :func:`specbench.sweep.engine_starts` counts them),
+    and the sweep's own work is :func:`specbench.analytic.walltime.overhead_s`. Cells that differ only in
+    their engine run are priced once.
+    """
+    if not todo:
+        return walltime.SweepTime(0.0, 0, 0.0), ""
+    hardware = memory.resolve_hardware(todo[0].cell.config.get("hardware"))
+    if hardware is None:
+        return None, "no hardware profile: python -m specbench.calibrate, or hardware=<name>"
+    priced: dict[str, CellTiming | None] = {}
+    costs: list[walltime.CellCost] = []
+    starts: list[float] = []
+    previous = None
+    for p in todo:
+        config = {k: v for k, v in p.cell.config.items() if k != "engine_run"}
+        key = json.dumps(config, sort_keys=True, default=str)
+        if key not in priced:
+            priced[key] = plan_row(p.overrides, OmegaConf.create(p.cell.config), alpha, grid.engine_key(p.cell)).timing
+        timing = priced[key]
+        if timing is None:
+            return None, f"{p.cell.cell_id} cannot be priced (a workload read only by the engines?)"
+        costs.append(replace(timing.cost, engine_runs=1))
+        spec = p.cell.engine_spec(prepare=False)
+        if spec != previous:
+            starts.append(timing.start_s)
+        previous = spec
+    return walltime.sweep_time(costs, starts), (f"{hardware.get('name', 'calibrated')}; "
+                                                f"{speculation(bool(hardware.get('memory_bytes')), alpha)}")
+
+
 def speculative_engines(rows: Sequence[PlannedRow]) -> int:
     """Speculative engines per baseline engine in the grid (the engines' degrees of freedom; at least 1)."""
     timings = _timed(rows) or []
@@ -410,8 +452,8 @@ def time_lines(rows: Sequence[PlannedRow], alpha: float, half_width: float | Non
     where = "GPU" if any(t.gpu for t in timings) else "CPU"
     starts = ("weights load and CUDA-graph capture" if where == "GPU" else "KV pool allocation")
     lines = [f"estimated wall time: {_minutes(time.total_s)} = generation {_minutes(time.generation_s)} "
-             f"(speculative cells at their predicted speedup, alpha={alpha:g}) + {time.starts} engine start(s) "
-             f"{_minutes(time.start_s)} ({starts}; {where})"]
+             f"({speculation(where == 'GPU', alpha)}) + {time.starts} engine start(s) "
+             f"{_minutes(time.start_s)} ({starts}; {where}) + the sweep's own work {_minutes(time.overhead_s)}"]
     widest = widest_half_width(rows, half_width)
     if widest is not None:
         precision = next(t.precision for t in timings if t.sizable)
@@ -428,6 +470,12 @@ def time_lines(rows: Sequence[PlannedRow], alpha: float, half_width: float | Non
                         f"precision.speculative_engines={precision.speculative_engines}"
                         if grid_engines != precision.speculative_engines else ""))
     return lines
+
+
+def speculation(gpu: bool, alpha: float) -> str:
+    """How the wall time priced the speculative cells (:func:`cell_timing`)."""
+    return f"speculative cells at their predicted speedup, alpha={alpha:g}" if gpu else \
+        "speculative cells at plain-decoding speed, as the CPU build measures them"
 
 
 def _minutes(seconds: float) -> str:

@@ -48,9 +48,9 @@ from specbench import confirm, grid, hub, job
 from specbench.analytic import memory
 from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, engine_start_environment, refuse, validate
 from specbench.logs import LOG_FILE, engine_log
-from specbench.analytic.prediction import TimeEstimate, generation_estimate, predict_sweep, with_serving_predictions
-from specbench.measure import WARMUP_MAX_TOKENS
-from specbench.plan import within_budget
+from specbench.analytic import walltime
+from specbench.analytic.prediction import predict_sweep, with_serving_predictions
+from specbench.plan import run_time, within_budget
 from specbench.grid import PlannedCell
 from specbench.results.files import PLAN_FILE, CellFiles, write_atomic, write_results
 from specbench.results import serving
@@ -58,7 +58,7 @@ from specbench.results.merge import merge
 from specbench.results.provenance import provenance_differences
 from specbench.results.schema import ResultsError, read_rows, results_path
 from specbench.job import completed_row, current_provenance
-from specbench.workloads import check_source, estimated_requests
+from specbench.workloads import check_source
 
 log = logging.getLogger(__name__)
 
@@ -206,23 +206,13 @@ def engine_starts(planned: Sequence[PlannedCell]) -> int:
     return sum(1 for i, spec in enumerate(specs) if i == 0 or spec != specs[i - 1])
 
 
-def estimate_time(todo: Sequence[PlannedCell]) -> TimeEstimate:
-    """The analytic model's time for the cells still to run, decoding plainly (see
-    :func:`specbench.analytic.prediction.generation_estimate`)."""
-    requests: dict[str, tuple[int, float] | None] = {}
-    cells = []
-    for p in todo:
-        workload = p.cell.config["workload"]
-        key = json.dumps(workload, sort_keys=True, default=str)
-        if key not in requests:
-            requests[key] = estimated_requests(workload)
-        cells.append((p.cell.config, requests[key]))
-    return generation_estimate(cells, WARMUP_MAX_TOKENS)
-
-
 def describe_plan(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequence[PlannedCell],
-                  grid_points: int, verbose: bool, estimate: TimeEstimate | None = None) -> str:
-    """The plan as the terminal shows it before the first engine: cells, engines, time, where things go."""
+                  grid_points: int, verbose: bool,
+                  estimate: tuple[walltime.SweepTime | None, str] | None = None) -> str:
+    """The plan as the terminal shows it before the first engine: cells, engines, time, where things go.
+
+    ``estimate``: the cells to run's wall time and the hardware profile that priced it, or None and why
+    not (:func:`specbench.plan.run_time`)."""
     skipped = len(planned) - len(todo)
     runs = max((p.cell.engine_run for p in planned), default=0) + 1
     engines = engine_starts(todo)
@@ -232,10 +222,12 @@ def describe_plan(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequenc
         + (f", {skipped} already complete" if skipped else ""),
     ]
     if estimate is not None and todo:
+        time, basis = estimate
         lines.append(
-            f"  estimated: {_duration(estimate.seconds)} generating at plain-decoding speed "
-            f"({estimate.basis}; speculation changes it by its speedup), plus {engines} engine start(s)"
-            if estimate.seconds is not None else f"  estimated time: none ({estimate.basis})"
+            f"  estimated wall time: {_duration(time.total_s)} = generation {_duration(time.generation_s)} + "
+            f"{time.starts} engine start(s) {_duration(time.start_s)} + the sweep's own work "
+            f"{_duration(time.overhead_s)} ({basis})"
+            if time is not None else f"  estimated wall time: none ({basis})"
         )
     lines += [
         f"  results and report: {sweep_dir}/",
@@ -295,7 +287,7 @@ class CellSweeper(BasicSweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cells_dir = sweep_dir / "cells"
         todo = [p for p in planned if completed_row(CellFiles(cells_dir, p.cell.cell_id), p.cell) is None]
-        plan = describe_plan(sweep_dir, planned, todo, len(jobs), bool(self.config.get("verbose")), estimate_time(todo))
+        plan = describe_plan(sweep_dir, planned, todo, len(jobs), bool(self.config.get("verbose")), run_time(todo))
         if (waves := waves_line(planned)) is not None:
             plan += f"\n  {waves}"
         plan += "".join(f"\n{line}" for line in earlier)

@@ -418,3 +418,46 @@ def test_a_signed_draft_correction_never_prices_a_pass_below_nothing():
     assert drafting.draft_time("eagle", hw=hw, batch_size=1, k=4, context_len=100.0, target=MODEL) == 0.0
     # Unsigned, as the GPU's head-step fit and any other caller use it: floored at 0.
     assert profile_fit.fit_draft_overhead(fast, method="eagle", target=MODEL, head=None, hw=TRUE)[0] == 0.0
+
+
+def test_a_calibration_times_each_grid_point_once_a_round_and_each_head_at_batch_1(tmp_path, monkeypatch, capsys):
+    # Through calibrate.main, on engines that time passes as a machine with TRUE's rates would: the target's
+    # engine measures every grid point once per round, each head's engine its one draft point once per round.
+    from types import SimpleNamespace
+
+    from specbench.measure import Measurement, SpecCounters
+
+    target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
+    measured: list[tuple[str, int, int]] = []  # (engine, batch, prompt tokens)
+
+    class TimedEngine:
+        def __init__(self, spec, log_path=None):
+            self.drafts = spec.speculative_config_json is not None
+            self.info = SimpleNamespace(machine="CPU test machine (2 cores)", vllm_version="0.32.0")
+
+        def measure(self, plan):
+            batch, prompt = plan.batch_size, len(plan.prompts[0])
+            measured.append(("draft" if self.drafts else "target", batch, prompt))
+            step = steps.step_time(target, TRUE, num_tokens=batch, num_seqs=batch, context_len=prompt + 12)
+            prefill = steps.prefill_time(target, TRUE, batch, prompt, max_step_tokens=4096)
+            tokens = batch * plan.max_tokens
+            return Measurement(rep_wall_s=[1.0], rep_output_tokens=[tokens], prompt_tokens=batch * prompt,
+                               token_ids=[], outputs_stable=True, counters=SpecCounters(drafts=10 if self.drafts else 0),
+                               ttft_s=[prefill] * batch, tpot_s=[step] * batch, decode_s=4 * step * 10)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(calibrate, "EngineWorker", TimedEngine)
+    out = tmp_path / "calibrated.yaml"
+    for rounds in (1, 2):
+        measured.clear()
+        assert calibrate.main([f"--rounds={rounds}", "--device-rates", "40,1", "--out", str(out)]) == 0
+        points = calibrate.grid(calibrate.DEFAULT_BATCH_SIZES, calibrate.DEFAULT_PROMPT_LENGTHS, 4096)
+        assert [m for m in measured if m[0] == "target"] == [("target", p.batch_size, p.prompt_len)
+                                                           for _ in range(rounds) for p in points]
+        # EAGLE-3's and EAGLE-1's heads, each at batch 1 only.
+        assert [m for m in measured if m[0] == "draft"] == [("draft", 1, 512)] * (2 * rounds)
+        doc = yaml.safe_load(out.read_text())
+        assert doc["settings"]["rounds"] == rounds and len(doc["samples"]) == 2 * len(points)
+        assert {m: len(s) for m, s in doc["head_draft_samples"].items()} == {"eagle3": 1, "eagle": 1}

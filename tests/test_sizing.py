@@ -160,6 +160,23 @@ def test_the_plan_prices_each_engines_start_for_the_model_runner_it_gets():
             model_runner=row.model_runner))
 
 
+def test_the_wall_time_speeds_up_only_decode_steps_and_on_a_cpu_none():
+    # A GPU prices a speculative cell's decode steps at the predicted speedup, its prefill as plain decoding's;
+    # the CPU build's speculative cells are priced as plain decoding (the demo's took 0.8-1.1 of their baselines').
+    for hardware, gpu in (("h200", True), ("cpu-amd-epyc-2-cores", False)):
+        rows = make_plan(["sweep=cpu_demo", f"hardware={hardware}"])
+        base = {r.label.split(" ", 2)[2]: r for r in rows if r.label.startswith("baseline")}
+        speculative = [r for r in rows if not r.label.startswith("baseline")]
+        assert len(speculative) == 8 and len(base) == 4
+        for row in speculative:
+            plain = base[row.label.split(" ", 2)[2]].timing.cost.batch_s
+            if gpu:
+                assert row.predicted_decode_speedup > 1.0
+                assert plain / row.predicted_decode_speedup < row.timing.cost.batch_s < plain
+            else:
+                assert row.timing.cost.batch_s == pytest.approx(plain)
+
+
 def test_a_cells_time_follows_its_batches():
     cost = walltime.CellCost(batch_size=4, batch_s=2.0, warmup_s=0.5, repetitions=2, engine_runs=3,
                              prompts=lambda h: 36 if h is None else 8)
@@ -235,3 +252,38 @@ def test_a_budget_too_small_is_refused_in_one_line_before_any_engine(command, tm
     refusal = [line for line in result.output.splitlines() if "budget=5" in line]
     assert len(refusal) == 1
     assert not (tmp_path / "sweep").exists()  # nothing planned, no engine
+
+
+def test_a_single_runs_budget_too_small_is_refused_in_one_line_before_any_engine(command, tmp_path: Path):
+    # One cell and its baseline, three engine runs on a 2-core CPU: more than a minute, whatever the sizing.
+    result = command(sweep("method=ngram", "hardware=cpu-amd-epyc-2-cores", "budget=0.5", multirun=False,
+                           out=tmp_path))
+    assert result.returncode == 2
+    assert_refused(result, "budget=0.5: the sweep takes at least", "would fit")
+    assert len([line for line in result.output.splitlines() if "budget=0.5" in line]) == 1
+    assert not (tmp_path / "run" / "plan.json").exists() and not (tmp_path / "run" / "cells").exists()
+
+
+def test_a_single_run_is_sized_to_its_budget_as_a_sweeps_cell_is(capsys):
+    from specbench.__main__ import sized_to_budget
+    from specbench.plan import within_budget
+
+    overrides = ["method=ngram", "batch_size=1", "sweep=batch_decay", *AWQ_4090, "budget=6"]  # 8 min as configured
+    GlobalHydra.instance().clear()
+    with initialize_config_module("specbench.conf", version_base="1.3"):
+        def composed(point):
+            return compose("config", overrides=list(point))
+
+        unsized = cell_from_config(composed(overrides))
+        cfg = sized_to_budget(composed(overrides), overrides)
+        half_width = cfg.precision.half_width
+        sized = cell_from_config(cfg)
+        as_typed = cell_from_config(composed([*overrides, f"precision.half_width={half_width}"]))
+        # Sized so, the run fits its budget as it stands.
+        again, note = within_budget([(*overrides, f"precision.half_width={half_width}")], composed)
+    GlobalHydra.instance().clear()
+    assert half_width > 0.1 and again == [] and "fits as configured" in note
+    assert f"budget=6: cells sized for +-{half_width:.1%}" in capsys.readouterr().out
+    # The cell serves the prompts the half-width gives, the one a user typing it would get.
+    assert sized.config_hash == as_typed.config_hash
+    assert sized.workload["num_prompts"] < unsized.workload["num_prompts"]

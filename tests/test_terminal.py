@@ -95,44 +95,74 @@ def test_cell_line_has_speedup_acceptance_and_exactness(compose_cell, tmp_path):
         "baseline batch 4 summarize engine run 0: 42.7 tok/s; measured before it: ngram K=2 1.50x exact")
 
 
-def test_plan_estimates_the_time_of_the_cells_to_run_at_plain_decoding_speed(compose_cell, tmp_path):
-    """The plan line's time: every cell to run priced by the analytic model as plain
-    decoding (warm-up and repetitions over its batches), from prompt lengths in characters."""
-    from specbench.analytic import prediction, profiles, steps
+def test_plan_estimates_the_wall_time_of_the_cells_to_run(compose_cell, tmp_path):
+    """The plan line's time is the cells' wall time (specbench.analytic.walltime): each cell's generation
+    (warm-up and repetitions over its batches, from prompt lengths in characters), an engine start wherever
+    the engine changes, and the sweep's own work."""
+    from specbench.analytic import prediction, profiles, steps, walltime
     from specbench.measure import WARMUP_MAX_TOKENS
-    from specbench.sweep import estimate_time
+    from specbench.plan import run_time
     from specbench.workloads import estimated_requests
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": str(i), "prompt": "x" * 900}) + "\n" for i in range(6)))
     workload = [f"workload.source=jsonl", f"workload.path={prompts}", "workload.num_prompts=3",
-                "workload.max_tokens=16", "hardware=h200", "repetitions=2", "engine_runs=1"]
-    planned = plan_cells([["method=ngram", "batch_size=2"] + workload], compose_cell)
-    estimate = estimate_time(planned)
+                "workload.max_tokens=16", "hardware=h200", "repetitions=2", "engine_runs=2"]
+    planned = plan_cells([["method=baseline", "batch_size=2"] + workload], compose_cell)
+    time, basis = run_time(planned)
     assert estimated_requests(planned[0].cell.config["workload"]) == (3, 200.0)  # 900 characters: 200 tokens
     hw = profiles.HardwareProfile.from_mapping(planned[0].cell.config["hardware"])
     target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
     batch = lambda tokens: steps.plain_batch_time(target, hw, 2, 200.0, tokens, 16384)  # noqa: E731
-    # Per cell (baseline and ngram): a warm-up of 8 tokens, then 2 repetitions of 2 batches (3 prompts, batch 2).
-    per_cell = batch(WARMUP_MAX_TOKENS) + 2 * 2 * batch(16)
-    assert estimate.seconds == pytest.approx(2 * per_cell)
-    assert estimate.basis == "h200"
-    text = describe_plan(tmp_path, planned, planned, 1, verbose=False, estimate=estimate)
+    # Per engine run: a warm-up of 8 tokens, then 2 repetitions of 2 batches (3 prompts, batch 2); a fresh engine.
+    assert time.generation_s == pytest.approx(2 * (batch(WARMUP_MAX_TOKENS) + 2 * 2 * batch(16)))
+    assert time.starts == engine_starts(planned) == 2 and time.start_s > 2 * walltime.GPU_START_FIXED_S
+    assert time.overhead_s == walltime.overhead_s(2)
+    assert basis == "h200; speculative cells at their predicted speedup, alpha=0.7"
+    text = describe_plan(tmp_path, planned, planned, 1, verbose=False, estimate=(time, basis))
+    minutes = lambda s: f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min"  # noqa: E731
     assert text.splitlines()[1] == (
-        f"  estimated: {estimate.seconds:.0f} s generating at plain-decoding speed (h200; speculation "
-        "changes it by its speedup), plus 2 engine start(s)")
+        f"  estimated wall time: {minutes(time.total_s)} = generation {minutes(time.generation_s)} + 2 engine "
+        f"start(s) {minutes(time.start_s)} + the sweep's own work {minutes(time.overhead_s)} ({basis})")
+    # Only what is left to run is priced: a resumed sweep's second engine run.
+    left, _ = run_time(planned[1:])
+    assert left.starts == 1 and left.total_s == pytest.approx(
+        time.total_s - time.start_s / 2 - time.generation_s / 2 - walltime.CELL_OVERHEAD_S)
+
+
+def test_the_plan_lines_wall_time_is_the_plan_commands_for_the_same_grid():
+    # What python -m specbench prints before its first engine and what python -m specbench.plan prints for the
+    # same grid are one estimate (the demo preset on a CPU profile, every cell still to run).
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from specbench.analytic import walltime
+    from specbench.plan import grid_jobs, make_plan, plan_time, run_time
+
+    overrides = ["sweep=cpu_demo", "hardware=cpu-amd-epyc-2-cores"]
+    GlobalHydra.instance().clear()
+    jobs = grid_jobs(overrides)
+    expected = plan_time(make_plan(overrides))
+    with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
+        planned = plan_cells(jobs, lambda job: compose(config_name="config", overrides=list(job)))
+    GlobalHydra.instance().clear()
+    time, basis = run_time(planned)
+    assert basis == "cpu-amd-epyc-2-cores; speculative cells at plain-decoding speed, as the CPU build measures them"
+    assert time.starts == expected.starts == engine_starts(planned)
+    assert time.total_s == pytest.approx(expected.total_s)
+    assert time.overhead_s == walltime.overhead_s(len(planned))
 
 
 def test_plan_says_why_it_has_no_time_estimate(compose_cell, tmp_path, monkeypatch):
     from specbench.analytic import prediction
-    from specbench.sweep import estimate_time
+    from specbench.plan import run_time
 
     monkeypatch.setattr(prediction, "calibrated_path", lambda: tmp_path / "none.yaml")
     planned = plan_cells([["method=ngram", "engine_runs=1"]], compose_cell)
-    estimate = estimate_time(planned)
-    assert estimate.seconds is None and "calibrate" in estimate.basis
-    assert f"  estimated time: none ({estimate.basis})" in describe_plan(
-        tmp_path, planned, planned, 1, verbose=False, estimate=estimate).splitlines()
+    time, basis = run_time(planned)
+    assert time is None and "calibrate" in basis
+    assert f"  estimated wall time: none ({basis})" in describe_plan(
+        tmp_path, planned, planned, 1, verbose=False, estimate=(time, basis)).splitlines()
 
 
 def test_plan_counts_cells_and_engines(compose_cell, tmp_path):

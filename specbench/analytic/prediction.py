@@ -503,56 +503,6 @@ def with_serving_predictions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]
     return rows
 
 
-@dataclass(frozen=True)
-class TimeEstimate:
-    """Seconds a sweep's cells would spend in generate() decoding plainly, and
-    the hardware profile that priced them; or None and why not."""
-
-    seconds: float | None
-    basis: str
-
-
-def generation_estimate(
-    cells: Sequence[tuple[Mapping[str, Any], tuple[int, float] | None]], warmup_tokens: int
-) -> TimeEstimate:
-    """What the plan line says a sweep will take, before any engine.
-
-    ``cells`` pairs each cell's resolved config with its requests (count and
-    mean prompt tokens, :func:`specbench.workloads.estimated_requests`). Each
-    cell is priced as plain decoding: its warm-up (the first batch, up to
-    ``warmup_tokens`` tokens; none with ``warmup: false``) and ``repetitions`` passes over its batches,
-    each :func:`steps.plain_batch_time`. Speculative cells differ from
-    that by their speedup, which is what the sweep measures; engine starts
-    are not priced.
-    """
-    total = 0.0
-    profiles: list[str] = []
-    for config, requests in cells:
-        if requests is None:
-            return TimeEstimate(None, f"workload {config['workload']['name']} is read only by the engines")
-        choice = choose_hardware(config.get("hardware"))
-        if choice is None:
-            return TimeEstimate(None, "no hardware profile (python -m specbench.calibrate)")
-        model = config["model"]
-        try:
-            target = model_profile(model["path"], config["engine"]["dtype"] or model["dtype"], model.get("name"))
-        except ValueError as exc:
-            return TimeEstimate(None, str(exc))
-        count, prompt_len = requests
-        batch, max_tokens = int(config["batch_size"]), int(config["workload"]["max_tokens"])
-        step_tokens = config["engine"].get("max_num_batched_tokens") or default_step_tokens(choice.profile.name)
-
-        def batch_s(tokens: int) -> float:
-            return steps.plain_batch_time(target, choice.profile, batch, max(prompt_len, 1.0), tokens, step_tokens)
-
-        batches = math.ceil(count / batch)
-        warmup = batch_s(min(max_tokens, warmup_tokens)) if config.get("warmup", True) else 0.0
-        total += warmup + int(config["repetitions"]) * batches * batch_s(max_tokens)
-        if choice.profile.name not in profiles:
-            profiles.append(choice.profile.name)
-    return TimeEstimate(total, ", ".join(profiles))
-
-
 # --------------------------------------------------------------------------- accuracy
 
 

@@ -11,7 +11,10 @@ starts: each engine of each engine run, started once for the cells that share it
   capture counted as often as vLLM 0.32 runs it: its memory profiling captures graphs before the
   real capture does (:func:`captured_sizes`);
 - on the CPU build, a fixed part and the KV pool touched at :data:`CPU_KV_S_PER_GIB` (measured on
-  2 cores, conf/config.yaml).
+  2 cores, below).
+
+Around them, the sweep's own work (:data:`FORK_SERVER_S` once, :data:`CELL_OVERHEAD_S` per cell and
+engine run, :data:`FINISH_S` once), which :attr:`SweepTime.overhead_s` counts.
 
 The GPU constants follow vLLM's own start-up lines for a model on one card with torch.compile's
 cache warm (vllm#20264: "torch.compile takes 7.51 s", "Graph capturing finished in 17 secs" for the
@@ -32,8 +35,19 @@ from dataclasses import dataclass
 GPU_START_FIXED_S = 25.0
 WEIGHT_LOAD_BYTES_PER_S = 1.5e9
 CAPTURE_S_PER_SIZE = 0.25
-CPU_START_FIXED_S = 8.0
-CPU_KV_S_PER_GIB = 5.0
+# A CPU engine's start, from a quiet cpu_demo sweep on 2 cores (2026-12-07, vLLM 0.32, SmolLM2-135M,
+# 1 GiB KV pool): each of its 10 engines started in 6.3-8.7 s (mean 7.4 s, the worker's engine_start_s),
+# and stopping the engine before it and forking the next took 1.1 s more. The KV pool's share: 2.6 s per
+# GiB (an engine's "init engine" took 3.1 s at 2 GiB, 0.5 s at 1 GiB, 2026-12-05); the rest is fixed.
+CPU_START_FIXED_S = 5.9
+CPU_KV_S_PER_GIB = 2.6
+# The same sweep's own work around its engines: the engines' fork server imported vLLM once while the
+# first job prepared its prompts (the first engine started 11.4 s after the plan was printed); each
+# cell's job spent 0.35 s around its measurement (its prompts, row, files and line: 14 s over 40 cells);
+# the merge, the report and the verdicts took 10 s after the last cell.
+FORK_SERVER_S = 11.0
+CELL_OVERHEAD_S = 0.35
+FINISH_S = 10.0
 # The descriptors per mode V1's memory profiling captures before it extrapolates the rest (``descs[:2]`` in
 # GPUModelRunner.profile_cudagraph_memory, vllm/v1/worker/gpu_model_runner.py).
 V1_PROFILED_SIZES = 2
@@ -103,21 +117,29 @@ class CellCost:
 
 @dataclass(frozen=True)
 class SweepTime:
-    """A sweep's estimated seconds: generation and engine starts."""
+    """A sweep's estimated seconds: generation, engine starts, and the sweep's own work around them."""
 
     generation_s: float
     starts: int
     start_s: float
+    overhead_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        """Generation and starts together."""
-        return self.generation_s + self.start_s
+        """Generation, starts and the sweep's own work together."""
+        return self.generation_s + self.start_s + self.overhead_s
+
+
+def overhead_s(cell_runs: int) -> float:
+    """The sweep's own seconds around ``cell_runs`` measured cells (each cell once per engine run): its
+    engines' fork server, each cell's job, the merge and report; none for a sweep with nothing to run."""
+    return FORK_SERVER_S + CELL_OVERHEAD_S * cell_runs + FINISH_S if cell_runs else 0.0
 
 
 def sweep_time(cells: Sequence[CellCost], starts: Sequence[float], half_width: float | None = None) -> SweepTime:
     """The sweep's time with its cells sized for ``half_width``; ``starts``: each engine start's seconds."""
-    return SweepTime(sum(c.seconds(half_width) for c in cells), len(starts), sum(starts))
+    return SweepTime(sum(c.seconds(half_width) for c in cells), len(starts), sum(starts),
+                     overhead_s(sum(c.engine_runs for c in cells)))
 
 
 @dataclass(frozen=True)
