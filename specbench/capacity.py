@@ -78,6 +78,9 @@ def searches(overrides: Sequence[str]) -> tuple[list[Search], Any]:
             # The probe's rate is set per probe; the cell stands for the configuration at the lowest.
             cfg.load.request_rate = settings.min_rate
             cfg.load.num_requests = settings.requests(settings.min_rate)
+            # A probe's 100 requests or more repeat the workload's prompts (a builtin one holds about 40);
+            # each probe starts from an empty prefix cache, its warm-up filling it.
+            cfg.load.cycle_prompts = True
             cfg.load.warmup_requests = settings.warmup
             cell = cell_from_config(cfg)
             first = first if first is not None else cfg
