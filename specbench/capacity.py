@@ -99,6 +99,9 @@ def searches(overrides: Sequence[str]) -> tuple[list[Search], Any]:
             else:
                 cfg.load.request_rate = lowest
             cfg.load.num_requests = settings.requests(lowest)
+            # A probe's 100 requests or more repeat the workload's prompts (a builtin one holds about 40);
+            # each probe starts from an empty prefix cache, its warm-up filling it.
+            cfg.load.cycle_prompts = True
             cfg.load.warmup_requests = settings.warmup
             cell = cell_from_config(cfg)
             first = first if first is not None else cfg

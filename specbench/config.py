@@ -355,6 +355,9 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
                                                            "\n  " + "\n  ".join(errors)))
     # Sized by its precision (specbench.analytic.sizing): the prompts it serves join its identity.
     plain = sizing.sized(with_schedule(_to_plain(cfg)))
+    # A serving cell's requests each meet a prompt of their own unless load.cycle_prompts (the prompts it then
+    # takes, workload.num_prompts, join its identity).
+    plain = load.with_unique_prompts(plain)
     method = plain["method"]
     baseline = method["name"] == "baseline"
     # The repairs join the identity only when turned off, async scheduling only when pinned, the CPU

@@ -54,6 +54,7 @@ class LoadSchema:
     warmup_requests: int = MISSING
     ignore_eos: bool = False
     via: str = "inprocess"
+    cycle_prompts: bool = False
     slo: SloSchema = MISSING
     # Request shapes, as vllm bench serve's (:func:`request_shape_problems`); null: as the workload has them.
     output_len: Any = None  # null, an integer, or "dataset" (each record's own output_tokens)
@@ -109,6 +110,24 @@ def id_part(load: Mapping[str, Any] | None) -> str:
     burst = f"-burst{burstiness:g}" if burstiness != 1.0 else ""
     server = "-server" if load.get("via") == "server" else ""
     return f"-rate{load['request_rate']:g}{concurrency}{burst}{server}{shape_id_part(load)}"
+
+
+def with_unique_prompts(plain: dict[str, Any]) -> dict[str, Any]:
+    """A serving cell's config whose workload holds a prompt for each of its requests: an integer
+    ``workload.num_prompts`` below ``load.num_requests`` raised to it, unless ``load.cycle_prompts`` asks
+    for the workload's prompts to repeat (:func:`serving_plan` cycles them). Offline cells, cycling cells,
+    and ``num_prompts: all`` come back unchanged.
+
+    A repeated prompt's prefill comes whole from the prefix cache, so a schedule that cycles its prompts
+    reads a TTFT no server meeting new prompts would; and the warm-up requests' prompts would come round
+    again among the measured ones.
+    """
+    load, workload = plain.get("load") or {}, plain.get("workload") or {}
+    prompts, requests = workload.get("num_prompts"), load.get("num_requests")
+    if load.get("request_rate") is None or load.get("cycle_prompts") or not isinstance(prompts, int) \
+            or not isinstance(requests, int) or requests <= prompts:
+        return plain
+    return dict(plain, workload=dict(workload, num_prompts=requests))
 
 
 def is_closed_loop(rate: float | None, max_concurrency: int | None) -> bool:
@@ -211,6 +230,8 @@ def validate(plain: Mapping[str, Any]) -> list[str]:
                               "load.warmup_requests", load.get("warmup_requests"))
     if not isinstance(load.get("ignore_eos", False), bool):
         errors.append(f"load.ignore_eos={load.get('ignore_eos')!r} must be true or false")
+    if not isinstance(load.get("cycle_prompts", False), bool):
+        errors.append(f"load.cycle_prompts={load.get('cycle_prompts')!r} must be true or false")
     for key, value in (load.get("slo") or {}).items():
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             errors.append(f"load.slo.{key}={value!r} must be null or > 0 (milliseconds)")
@@ -327,7 +348,9 @@ def serving_plan(
     load: Mapping[str, Any], prompts: list[tuple[int, ...]], max_tokens: int, seed: int, engine_run: int,
     output_tokens: Sequence[int | None] = (),
 ) -> ServingPlan:
-    """A serving cell's plan in one engine run: ``load.num_requests`` requests cycling through the prompts.
+    """A serving cell's plan in one engine run: ``load.num_requests`` requests cycling through the prompts
+    (each prompt once where there are as many as requests: :func:`with_unique_prompts`; the warm-up then
+    takes the first prompts and the measured requests the rest).
 
     The ``load.warmup_requests`` first are due at once (a burst that :func:`replay` serves to completion
     before the measured schedule starts); the measured requests follow the engine run's schedule
@@ -402,6 +425,8 @@ class ServingMeasurement:
     ``max_concurrency``). ``counters``: the engine's speculative counters over the measured
     requests' lifetime, from the first measured send to the last token, where the requests carry no
     counts of their own (through the server, from its ``/metrics``); None: the requests' own counts.
+    ``server_counters``: through the server with speculation, its ``/metrics`` counters over the same
+    stretch whatever the requests carried, the cross-check of their own counts; None in process.
     """
 
     requests: tuple[ServedRequest, ...]
@@ -409,6 +434,7 @@ class ServingMeasurement:
     warmup_requests: int
     arrivals_s: tuple[float, ...] = ()
     counters: SpecCounters | None = None
+    server_counters: SpecCounters | None = None
 
 
 # --- request shapes: per-request lengths and a ramp-up, as vllm bench serve offers them ---------------------

@@ -166,6 +166,8 @@ def cycled_prompts(plain: Mapping[str, Any]) -> tuple[int, int] | None:
     prompts, requests = (plain.get("workload") or {}).get("num_prompts"), load.get("num_requests")
     if load.get("request_rate") is None or not isinstance(prompts, int) or not isinstance(requests, int):
         return None
+    if not load.get("cycle_prompts"):
+        return None  # the cell takes a prompt per request (specbench.load.with_unique_prompts)
     return (requests, prompts) if requests > prompts else None
 
 
@@ -588,8 +590,9 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
         requests, prompts = max(cycling, key=lambda c: c[0] / c[1])
         lines.append(
             f"{len(cycling)} serving cell(s) cycle their prompts (up to {requests} requests through {prompts} "
-            f"prompts): a repeated prompt's prefill comes from the prefix cache where engine.enable_prefix_caching "
-            "is on, and its TTFT reads low; set workload.num_prompts to load.num_requests for unique prompts")
+            f"prompts, load.cycle_prompts=true): a repeated prompt's prefill comes from the prefix cache where "
+            "engine.enable_prefix_caching is on, and its TTFT reads low; leave load.cycle_prompts false for a "
+            "prompt per request")
     graphed = [r for r in rows if r.largest_step is not None]
     if graphed:
         lines.append(

@@ -1,15 +1,18 @@
 """Serving cells through the real server (``load.via=server``): the key, the stream, the counts, the engine.
 
-The engine test serves one tiny greedy cell both ways (2 requests of 8 tokens) and holds the server's
-token ids to the in-process engine's.
+The engine test serves one tiny greedy cell both ways (4 requests of 16 tokens, each its own prompt) and
+holds the server's token ids and each request's acceptance to the in-process engine's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import subprocess
 import time
+from typing import Any
 
 import pytest
 
@@ -130,6 +133,150 @@ def test_acceptance_through_the_server_is_the_window_counters():
     assert serving.cell_columns(served, {"request_rate": 2, "burstiness": 1}, plan)["load_via"] == "inprocess"
 
 
+class FakeServer:
+    """A stand-in for ``vllm serve`` on a local port: /reset_prefix_cache, /metrics and streaming
+    /v1/completions, each request's speculative counts added to the server's counters as it completes.
+
+    The reset refuses once (a block still held) before it succeeds; a warm-up request (prompt ``(0,)``)
+    drafts 100 times, so that a window holding the warm-up would read a far lower acceptance."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.drafts = self.draft_tokens = self.accepted = 0
+        self.refusals = 1
+
+    def app(self) -> Any:
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_post("/reset_prefix_cache", self.reset)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/v1/completions", self.complete)
+        return app
+
+    async def reset(self, request: Any) -> Any:
+        from aiohttp import web
+
+        self.calls.append("reset")
+        self.refusals -= 1
+        return web.json_response({"success": self.refusals < 0})
+
+    async def metrics(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.Response(text="\n".join([
+            'vllm:num_requests_running{engine="0"} 0.0', 'vllm:num_requests_waiting{engine="0"} 0.0',
+            f'vllm:spec_decode_num_drafts_total{{engine="0"}} {self.drafts}.0',
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {self.draft_tokens}.0',
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {self.accepted}.0']))
+
+    async def complete(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.json()
+        self.calls.append(f"complete {body['prompt']}")
+        warm = body["prompt"] == [0]
+        histogram = [100, 0, 0] if warm else [1, 1, 2]  # steps that accepted 0, 1, 2 drafts
+        reply = web.StreamResponse()
+        await reply.prepare(request)
+        await asyncio.sleep(0.05)  # the prefill: nothing drafts before it
+        await reply.write(b'data: {"choices": [{"token_ids": [5, 6, 7]}]}\n\n')
+        self.drafts += sum(histogram)
+        self.draft_tokens += 2 * sum(histogram)
+        self.accepted += sum(j * n for j, n in enumerate(histogram))
+        final = {"choices": [], "usage": {"completion_tokens": 3}, "metrics": {
+            "queue_time_ms": 250.0 if warm else 40.0 + body["prompt"][0],
+            "speculative_decoding": {"acceptance_histogram": histogram, "num_draft_tokens": 2 * sum(histogram),
+                                     "per_step_accepted": [0], "per_step_drafted": [2]}}}
+        await reply.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
+        return reply
+
+
+def test_through_the_server_the_cache_is_reset_and_metrics_cross_check_the_measured_requests_alone():
+    # Before: the server's prefix cache was never reset, queue_s was null through the server, and /metrics
+    # was read only where a request lacked its own counts, so nothing cross-checked the usage chunks.
+    from aiohttp import web
+
+    from specbench.engine.server import ServerEngine
+
+    fake, loop = FakeServer(), asyncio.new_event_loop()
+    runner = web.AppRunner(fake.app())
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    engine = object.__new__(ServerEngine)  # the client alone: no vllm serve to start
+    engine.speculative, engine.model, engine._loop = True, "m", loop
+    engine.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    plan = ServingPlan(prompts=((0,), (1,), (2,)), arrivals_s=(0.0, 0.05, 0.1), max_tokens=3,
+                       max_concurrency=None, warmup_requests=1)
+    try:
+        served = engine.serve(plan)
+    finally:
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+    assert fake.calls[:2] == ["reset", "reset"] and fake.calls[2] == "complete [0]"  # retried, before the warm-up
+    # The window holds the two measured requests (4 drafts, 5 accepted each), not the warm-up's 100 drafts.
+    assert served.server_counters == SpecCounters(drafts=8, draft_tokens=16, accepted_tokens=10)
+    assert served.counters is None  # every measured request carried its own counts: acceptance is theirs
+    assert [r.queue_s for r in served.requests] == [0.25, 0.041, 0.042]
+    columns = serving.cell_columns(served, {"request_rate": 2, "burstiness": 1, "via": "server"}, plan)
+    assert columns["server_metrics_acceptance"] == pytest.approx(1 + 10 / 8)
+    assert columns["server_metrics_note"] is None
+    assert columns["queue_s_p50"] == pytest.approx(0.0415)
+    assert serving.as_measurement(served, plan).counters.drafts == 8
+
+
+def test_acceptance_from_metrics_that_disagrees_with_the_usage_chunks_is_noted():
+    plan = ServingPlan(prompts=((1,), (2,), (3,)), arrivals_s=(0.0, 0.5, 1.0), max_tokens=4,
+                       max_concurrency=None, warmup_requests=1)
+    requests = tuple(ServedRequest(t, (t + 0.2, t + 0.3), (1, 3), None, (7, 8, 9, 10), drafts=2, accepted_tokens=2,
+                                   accepted_histogram=(1, 0, 1)) for t in plan.arrivals_s)
+    load = {"request_rate": 2, "burstiness": 1, "via": "server"}
+
+    def columns(window: SpecCounters | None) -> dict[str, Any]:
+        return serving.cell_columns(ServingMeasurement(requests, (), 1, plan.arrivals_s, server_counters=window),
+                                    load, plan)
+
+    agrees = columns(SpecCounters(drafts=4, draft_tokens=8, accepted_tokens=4))
+    assert agrees["server_metrics_acceptance"] == 2.0 and agrees["server_metrics_note"] is None
+    # The warm-up's steps inside the window: 6 drafts, 4 accepted reads 1.67 against the requests' 2.00.
+    off = columns(SpecCounters(drafts=6, draft_tokens=12, accepted_tokens=4))
+    assert off["server_metrics_acceptance"] == pytest.approx(5 / 3)
+    assert off["server_metrics_note"] == ("the server's /metrics over the measured requests read acceptance 1.667 "
+                                          "(4 accepted in 6 drafts), their own usage chunks 2.000 (4 in 4)")
+    inprocess = serving.cell_columns(ServingMeasurement(requests, (), 1, plan.arrivals_s), {**load, "via": "inprocess"},
+                                     plan)
+    assert inprocess["server_metrics_acceptance"] is None and inprocess["server_metrics_note"] is None
+
+
+def test_the_server_starts_in_development_mode_with_per_request_metrics(compose_cell, monkeypatch, tmp_path):
+    # vLLM 0.32 mounts POST /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1, and puts queue_time_ms in
+    # the final usage chunk only under --enable-per-request-metrics.
+    from specbench.engine import server
+
+    started: dict[str, Any] = {}
+
+    class Started(Exception):
+        pass
+
+    real = server.subprocess.Popen
+
+    def popen(command: list[str], **kwargs: Any) -> Any:
+        if "vllm.entrypoints.openai.api_server" not in command:
+            return real(command, **kwargs)  # vLLM's own probes while it loads
+        started.update(command=command, env=kwargs["env"])
+        raise Started
+
+    monkeypatch.setattr(server.subprocess, "Popen", popen)
+    monkeypatch.setattr(server.tempfile, "mkstemp", lambda **_: (0, str(tmp_path / "serve.log")))
+    cell = cell_from_config(compose_cell([*SERVING, "load.via=server"]))
+    with pytest.raises(Started):
+        server.ServerEngine(cell.engine_spec(prepare=False))
+    assert started["env"]["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "--enable-per-request-metrics" in started["command"]
+    assert "--disable-log-stats" not in started["command"]  # vLLM refuses per-request metrics without stats
+
+
 def test_cpu_accounting_reaches_grandchildren():
     # A server's engine core is the worker's grandchild: its CPU time is the cell's own, not another process's.
     shell = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
@@ -145,9 +292,9 @@ def test_cpu_accounting_reaches_grandchildren():
         shell.wait()
 
 
-GREEDY_SERVED = ["method=ngram", "num_speculative_tokens=2", "workload.num_prompts=2", "workload.selection=first",
-                 "workload.max_prompt_tokens=480", "workload.max_tokens=8", "load.request_rate=4",
-                 "load.num_requests=2", "load.warmup_requests=0", "engine.enable_prefix_caching=true",
+GREEDY_SERVED = ["method=ngram", "num_speculative_tokens=2", "workload.num_prompts=4", "workload.selection=first",
+                 "workload.max_prompt_tokens=480", "workload.max_tokens=16", "load.request_rate=4",
+                 "load.num_requests=4", "load.warmup_requests=1", "engine.enable_prefix_caching=true",
                  # Huge pages change neither path's tokens; asked for, they would cost two vLLM imports (below).
                  "engine.cpu_huge_pages=false"]
 
@@ -165,22 +312,38 @@ def test_the_engine_test_below_forks_its_workers_from_the_sessions_server(compos
 
 
 @pytest.mark.engine
-def test_a_greedy_cell_gives_the_same_tokens_in_process_and_through_the_server(compose_cell):
-    tokens, windows = {}, {}
+def test_a_greedy_cell_gives_the_same_tokens_and_per_request_acceptance_in_process_and_through_the_server(
+        compose_cell):
+    # Four requests of 16 tokens, one of them warm-up, each with a prompt of its own: the warm-up's prompt
+    # is not among the measured ones (at 913428f the warm-ups repeated the measured prompts, so an
+    # agreement of the two paths proved nothing).
+    tokens, acceptance, counts, columns = {}, {}, {}, {}
     for via in ("inprocess", "server"):
         cell = cell_from_config(compose_cell([*GREEDY_SERVED, f"load.via={via}"]))
         _, plan = job._requests(cell)
+        assert len(set(plan.prompts)) == 4 and not set(plan.prompts[:1]) & set(plan.prompts[1:])
         worker = EngineWorker(cell.engine_spec())
         try:
-            served = worker.measure(plan, timeout_s=600)
+            served = worker.measure(plan, timeout_s=900)
         finally:
             worker.close()
-        assert all(r.chunk_s and len(r.token_ids) == 8 for r in served.requests)
+        assert all(r.chunk_s and len(r.token_ids) == 16 for r in served.requests)
         tokens[via] = [r.token_ids for r in served.requests]
-        windows[via] = serving.as_measurement(served, plan).counters
+        acceptance[via] = serving.as_measurement(served, plan).request_acceptance
+        counts[via] = [(r.drafts, r.accepted_tokens, r.draft_tokens) for r in served.requests[1:]]
+        columns[via] = serving.cell_columns(served, cell.identity["load"], plan)
+        print(f"{via}: acceptance per measured request {acceptance[via]}, (drafts, accepted, drafted) {counts[via]}, "
+              f"/metrics {columns[via]['server_metrics_acceptance']}, queue p50 {columns[via]['queue_s_p50']}")
     assert tokens["server"] == tokens["inprocess"]
-    # Prompt lookup drafted on summaries both ways; through the server the counts are the engine's window.
-    assert windows["server"].drafts > 0 and windows["inprocess"].drafts > 0
+    # Greedy: each measured request drafts and accepts the same both ways, read from its own counts.
+    assert counts["server"] == counts["inprocess"] and all(d for d, _, _ in counts["server"])
+    assert acceptance["server"] == acceptance["inprocess"]
+    # The server's /metrics over the measured requests alone agree with their usage chunks.
+    assert columns["server"]["server_metrics_acceptance"] is not None
+    assert columns["server"]["server_metrics_note"] is None
+    assert columns["inprocess"]["server_metrics_acceptance"] is None
+    # Each request's queueing delay reaches the client through the server too.
+    assert columns["server"]["queue_s_p50"] is not None and columns["inprocess"]["queue_s_p50"] is not None
 
 
 def test_the_server_gets_the_engine_arguments_the_in_process_engine_gets(compose_cell):

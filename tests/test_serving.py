@@ -7,6 +7,7 @@ import math
 import statistics
 
 import pytest
+from omegaconf import OmegaConf
 
 from specbench import grid, load
 from specbench.analytic import verdicts
@@ -842,6 +843,29 @@ def test_the_plan_says_when_a_serving_schedule_cycles_its_prompts():
     from specbench.plan import format_plan, make_plan
 
     common = ["method=ngram", "load.request_rate=2", "load.num_requests=16", "load.warmup_requests=2"]
-    cycling = format_plan(make_plan(common + ["workload.num_prompts=4"]), 0.7)
-    assert "2 serving cell(s) cycle their prompts (up to 16 requests through 4 prompts)" in cycling
+    cycling = format_plan(make_plan(common + ["workload.num_prompts=4", "load.cycle_prompts=true"]), 0.7)
+    assert "2 serving cell(s) cycle their prompts (up to 16 requests through 4 prompts, load.cycle_prompts=true)" \
+        in cycling
     assert "cycle their prompts" not in format_plan(make_plan(common + ["workload.num_prompts=16"]), 0.7)
+    # Unless asked, a cell takes a prompt per request: nothing cycles.
+    assert "cycle their prompts" not in format_plan(make_plan(common + ["workload.num_prompts=4"]), 0.7)
+
+
+def test_a_serving_cell_takes_a_prompt_per_request_unless_asked_to_cycle(compose_cell):
+    # At 913428f a serving cell cycled its workload's prompts (16 requests through the default 8, 220 through 64
+    # in serving_4090): a repeated prompt's prefill came whole from the prefix cache, and the warm-up's
+    # prompts came round again among the measured ones.
+    overrides = ["method=ngram", "load.request_rate=2", "load.num_requests=16", "load.warmup_requests=2"]
+    unique = cell_from_config(compose_cell(overrides))
+    assert unique.workload["num_prompts"] == 16 and unique.identity["workload"]["num_prompts"] == 16
+    prompts = [(i,) for i in range(unique.workload["num_prompts"])]
+    plan = load.serving_plan(unique.identity["load"], prompts, 8, 0, 0)
+    assert len(set(plan.prompts)) == 16 and not set(plan.prompts[:2]) & set(plan.prompts[2:])
+    cycling = cell_from_config(compose_cell([*overrides, "load.cycle_prompts=true"]))
+    assert cycling.workload["num_prompts"] == 8
+    assert cell_from_config(compose_cell([*overrides, "workload.num_prompts=20"])).workload["num_prompts"] == 20
+    assert cell_from_config(compose_cell(["load.num_requests=32"])).workload["num_prompts"] == 8  # offline
+    # The schema refuses a non-boolean on the command line; a stored config is checked too.
+    plain = OmegaConf.to_container(compose_cell(overrides))
+    plain["load"]["cycle_prompts"] = "maybe"
+    assert "load.cycle_prompts='maybe' must be true or false" in load.validate(plain)

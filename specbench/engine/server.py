@@ -14,14 +14,18 @@ from the worker's own process, as ``vllm bench serve`` sends them
 ITL the gaps between such chunks, and the output length the server's
 ``usage.completion_tokens``, checked against the token ids streamed.
 
-Each request's own speculative counts come in its final usage chunk
-(``metrics.speculative_decoding``, vLLM 0.32 with ``--per-request-spec-decode-metrics``).
-What the HTTP path cannot read per request is read from the server's
-``/metrics``: the running and waiting requests every :data:`METRICS_PERIOD_S`
-(the running batch), and, only where a measured request came without its own
-counts, the speculative counters differenced from the first measured send to
-the last token (acceptance). The server, its engine core
-and the server's log go with :meth:`ServerEngine.shutdown`.
+Each request's own speculative counts and its queueing delay come in its final
+usage chunk (``metrics.speculative_decoding`` under
+``--per-request-spec-decode-metrics``, ``metrics.queue_time_ms`` under
+``--enable-per-request-metrics``; vLLM 0.32). What the HTTP path cannot read
+per request is read from the server's ``/metrics``: the running and waiting
+requests every :data:`METRICS_PERIOD_S` (the running batch), and the
+speculative counters differenced from the first measured send to the last
+measured token, a cross-check of the requests' own counts (and their stand-in
+where a measured request came without them). Before each cell's warm-up the
+server's prefix cache is reset (``POST /reset_prefix_cache``), as the
+in-process engine's is. The server, its engine core and the server's log go
+with :meth:`ServerEngine.shutdown`.
 
 The client uses ``aiohttp``, which vLLM itself depends on. This module
 imports vLLM only inside :func:`server_arguments`; the stream parsing and the
@@ -57,6 +61,9 @@ START_TIMEOUT_S = 900.0
 STOP_GRACE_S = 20.0
 # Characters of the server's log an error carries.
 LOG_TAIL_CHARS = 4000
+# Tries, and the wait between them, at resetting the server's prefix cache before a cell: vLLM answers
+# success false while a block is still held (the last cell's final step not yet released).
+RESET_TRIES, RESET_WAIT_S = 40, 0.05
 
 
 class ServerError(EngineError):
@@ -136,6 +143,10 @@ class StreamedCompletion:
     # The request's own speculative counts, from the final usage chunk's metrics.speculative_decoding
     # (vLLM 0.32 with --per-request-spec-decode-metrics; None without speculation or on an older server).
     speculative: Mapping[str, Any] | None = None
+    # The engine's queueing delay, queued to first scheduled, from the final usage chunk's
+    # metrics.queue_time_ms (vLLM 0.32 with --enable-per-request-metrics: the in-process path's
+    # scheduled_ts - queued_ts, computed in the server); None where the server sent none.
+    queue_s: float | None = None
 
     def add(self, event: Mapping[str, Any], at_s: float) -> None:
         """Count one event received at ``at_s``: a chunk's token ids, or the final usage."""
@@ -150,9 +161,11 @@ class StreamedCompletion:
         usage = event.get("usage")
         if usage and usage.get("completion_tokens") is not None:
             self.completion_tokens = int(usage["completion_tokens"])
-        speculative = (event.get("metrics") or {}).get("speculative_decoding")
-        if speculative:
-            self.speculative = speculative
+        metrics = event.get("metrics") or {}
+        if metrics.get("speculative_decoding"):
+            self.speculative = metrics["speculative_decoding"]
+        if metrics.get("queue_time_ms") is not None:
+            self.queue_s = float(metrics["queue_time_ms"]) / 1000.0
 
     def spec_counts(self) -> dict[str, Any]:
         """The request's own speculative counts as :class:`ServedRequest` holds them (as the in-process
@@ -230,13 +243,18 @@ class ServerEngine:
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *server_arguments(spec),
                    "--host", "127.0.0.1", "--port", str(self.port),
                    # A line per /metrics read (four a second) would bury the server's own log.
-                   "--disable-uvicorn-access-log"]
+                   "--disable-uvicorn-access-log",
+                   # Each request's queueing delay in its final usage chunk (metrics.queue_time_ms).
+                   "--enable-per-request-metrics"]
         with open(self.log_path, "ab") as log:
             # The worker has applied worker_environment to os.environ (VLLM_CPU_KVCACHE_SPACE, threads, the
-            # method's own settings): the server inherits it. A session of its own, so that stopping it
-            # reaches its engine core too.
+            # method's own settings): the server inherits it. VLLM_SERVER_DEV_MODE=1 because vLLM 0.32
+            # mounts POST /reset_prefix_cache only in its development mode
+            # (entrypoints/launchers/api_server/routers.py), as vLLM's own sweeps start their servers
+            # (benchmarks/sweep/server.py); its other development routes stay on 127.0.0.1 with the rest.
+            # A session of its own, so that stopping it reaches its engine core too.
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            env=dict(os.environ), start_new_session=True)
+                                            env=dict(os.environ, VLLM_SERVER_DEV_MODE="1"), start_new_session=True)
         self._loop = asyncio.new_event_loop()
         try:
             self._loop.run_until_complete(self._wait_healthy(start_timeout_s))
@@ -285,6 +303,7 @@ class ServerEngine:
         # As vllm bench serve: no connection limit, a long total timeout (the cell's own timeout is the sweep's).
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=6 * 3600)) as session:
+            await self._reset_prefix_cache(session)
             steps: list[EngineStep] = []
             before, _ = await self._metrics(session)
             start = time.perf_counter()
@@ -298,14 +317,27 @@ class ServerEngine:
                 sampling.cancel()
                 await asyncio.gather(sampling, return_exceptions=True)
             after, _ = await self._metrics(session)
-            counters = None
+            # The server's counters over the measured requests alone: read as the first measured request
+            # goes out (the warm-up burst has completed by then) and after the last measured token.
+            window = after - (await window_start[0] if window_start else before) if self.speculative else None
             # Each request's own counts, from its final usage chunk, where every measured request carried
-            # them (the in-process figure's definition); else the server's counters over the measured window.
-            if self.speculative and any(r.drafts is None for r in served[plan.warmup_requests:]):
-                opened = await window_start[0] if window_start else before
-                counters = after - opened
+            # them (the in-process figure's definition); else the window stands in for them.
+            missing = any(r.drafts is None for r in served[plan.warmup_requests:])
         return ServingMeasurement(requests=tuple(served), steps=tuple(steps), warmup_requests=plan.warmup_requests,
-                                  arrivals_s=due, counters=counters)
+                                  arrivals_s=due, counters=window if missing else None, server_counters=window)
+
+    async def _reset_prefix_cache(self, session: Any) -> None:
+        """Empty the server's prefix cache, as :class:`specbench.engine.serving.ServingEngine` empties its
+        own before each cell and capacity probe: no cell inherits the prompts the one before it cached."""
+        for _ in range(RESET_TRIES):
+            async with session.post(f"{self.url}/reset_prefix_cache") as reply:
+                if reply.status != 200:
+                    raise ServerError(f"POST /reset_prefix_cache: HTTP {reply.status}: {(await reply.text())[:500]}")
+                if (await reply.json()).get("success"):
+                    return
+            await asyncio.sleep(RESET_WAIT_S)
+        raise ServerError(f"vllm serve refused to reset its prefix cache before a serving cell {RESET_TRIES} "
+                          "times: blocks still held with no request in flight")
 
     async def _metrics(self, session: Any) -> tuple[SpecCounters, tuple[int, int]]:
         """The speculative counters and the requests running and waiting, now."""
@@ -352,8 +384,7 @@ class ServerEngine:
         completion.checked(index)
         return ServedRequest(
             sent_s=sent, chunk_s=tuple(completion.chunk_s), chunk_tokens=tuple(completion.chunk_tokens),
-            # Not reported over HTTP: the engine's queueing delay.
-            queue_s=None, token_ids=tuple(completion.token_ids), **completion.spec_counts(),
+            queue_s=completion.queue_s, token_ids=tuple(completion.token_ids), **completion.spec_counts(),
         )
 
     async def _counters(self, session: Any) -> SpecCounters:

@@ -269,6 +269,11 @@ SCHEMA = pa.schema(
         ("arrival_seeds", pa.list_(_INT)),  # merged: each engine run's, in engine-run order
         ("engine_usage_context", _STR),  # vLLM usage context the serving engine started in (vllm serve's)
         ("load_via", _STR),  # inprocess (AsyncLLM in the worker) | server (vllm serve over HTTP)
+        # Through the server: 1 + accepted / drafts from its /metrics counters over the measured requests
+        # alone (first measured send to last measured token), the cross-check of their own counts; and
+        # why the two disagree beyond rounding (per engine run; null where they agree or in process).
+        ("server_metrics_acceptance", _F),
+        ("server_metrics_note", _STR),
         ("offered_rate_realised", _F),  # measured requests' sends: (n - 1) / (last - first), from the schedule
         ("offered_rate_realised_per_engine_run", pa.list_(_F)),  # merged: each engine run's
         ("served_requests", _INT),  # measured requests (after the warm-up)

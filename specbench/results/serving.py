@@ -77,8 +77,13 @@ CELL_COLUMNS = (
     "itl_s_p50", "itl_s_p90", "itl_s_p99", "queue_s_p50", "queue_s_p90", "queue_s_p99", "queue_s_mean",
     "tpot_s_request_mean", "tpot_s_std", "queue_growth_per_s", "ttft_slope",
     "running_batch_mean", "running_batch_p90", "running_batch_max",
-    *ARRIVAL_COLUMNS,
+    *ARRIVAL_COLUMNS, "server_metrics_acceptance",
 )
+# Through the server, acceptance read a second way: 1 + accepted / drafts from vLLM's /metrics counters
+# differenced over the measured requests' lifetime (first measured send to last measured token), beside
+# the requests' own counts from their final usage chunks. Both count the same engine steps, so a gap
+# beyond the second decimal means a step of another request fell inside the window or a counter lagged.
+METRICS_TOLERANCE = 0.005
 # The speedups against the baseline at the same offered load (results.parquet only), each with its interval.
 SPEEDUPS = {
     "tpot_p50": ("tpot_s_p50", False),
@@ -351,6 +356,7 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
                  if start + shift <= t <= end + shift)
     reason = saturation(offered, achieved, queue_growth, ttft_slope, closed_loop=closed, completions_p=achieved_p)
     waits = arrival_waits(m)
+    server_acceptance, server_note = metrics_cross_check(m)
     return {
         "load_request_rate": float(load["request_rate"]),
         "load_burstiness": float(load["burstiness"]),
@@ -360,6 +366,8 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
         "arrival_seed": plan.arrival_seed if plan is not None else None,
         "engine_usage_context": USAGE_CONTEXT,
         "load_via": load.get("via", "inprocess"),
+        "server_metrics_acceptance": server_acceptance,
+        "server_metrics_note": server_note,
         "offered_rate_realised": offered,
         "served_requests": len(measured),
         "serving_window_s": span,
@@ -389,6 +397,26 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
         **_percentiles([] if closed else [w for w, _ in waits], "wait_to_send_s"),
         **_percentiles([] if closed else [e for _, e in waits if e is not None], "e2e_from_arrival_s"),
     }
+
+
+def metrics_cross_check(m: ServingMeasurement) -> tuple[float | None, str | None]:
+    """The server's ``/metrics`` acceptance over the measured requests (``m.server_counters``), and a note
+    where it disagrees with their own counts beyond :data:`METRICS_TOLERANCE`; (None, None) in process,
+    without speculation, or where nothing drafted in the window."""
+    window = m.server_counters
+    if window is None or window.drafts <= 0:
+        return None, None
+    server = 1.0 + window.accepted_tokens / window.drafts
+    measured = _measured(m)
+    if any(r.drafts is None for r in measured):
+        return server, None  # the window is the cell's acceptance itself (as_measurement): nothing to check
+    drafts, accepted = sum(r.drafts or 0 for r in measured), sum(r.accepted_tokens or 0 for r in measured)
+    own = 1.0 + accepted / drafts if drafts else None
+    if own is not None and abs(own - server) <= METRICS_TOLERANCE:
+        return server, None
+    return server, (f"the server's /metrics over the measured requests read acceptance {server:.3f} "
+                    f"({window.accepted_tokens} accepted in {window.drafts} drafts), their own usage chunks "
+                    + (f"{own:.3f} ({accepted} in {drafts})" if own is not None else "no drafts"))
 
 
 def as_measurement(m: ServingMeasurement, plan: ServingPlan) -> Measurement:
@@ -570,6 +598,8 @@ def _combine_runs(row: dict[str, Any], mine: list[dict[str, Any]]) -> None:
     saturated = [(r.get("engine_run") or 0, r.get("saturation_reason")) for r in mine if r.get("saturated")]
     row["saturated"] = bool(saturated)
     row["saturation_reason"] = "; ".join(f"engine run {run}: {why}" for run, why in saturated) or None
+    notes = [(r.get("engine_run") or 0, r.get("server_metrics_note")) for r in mine if r.get("server_metrics_note")]
+    row["server_metrics_note"] = "; ".join(f"engine run {run}: {note}" for run, note in notes) or None
 
 
 def _spread(cells: Mapping[str, Mapping[str, float]], engines: Mapping[str, Sequence[str]],

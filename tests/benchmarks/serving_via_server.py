@@ -31,7 +31,7 @@ from specbench.results.provenance import CpuTimes
 CELL = [
     "method=ngram", "num_speculative_tokens=4", "workload=summarize", "workload.num_prompts=2",
     "workload.selection=first", "workload.max_tokens=32", "workload.max_prompt_tokens=512",
-    "load.request_rate=1", "load.num_requests=16", "load.warmup_requests=2",
+    "load.request_rate=1", "load.num_requests=16", "load.warmup_requests=2", "load.cycle_prompts=true",
     "load.slo.ttft_ms=2000", "load.slo.tpot_ms=100", "engine.max_num_seqs=128", "engine.enable_prefix_caching=true",
 ]
 FIGURES = ("ttft_s_p50", "ttft_s_p90", "tpot_s_p50", "tpot_s_p90", "e2e_s_p50", "e2e_s_p90")
