@@ -466,10 +466,10 @@ def test_the_best_speedup_is_judged_over_the_cells_it_was_chosen_from_and_says_s
             "configurations)") in verdict_lines(tmp_path)[0]
     frame, missing = tables.load_frame(path)
     assert tables.summary(frame, missing).best == (
-        "1.20× with ngram K=3 at batch 1 on summarize (CI [1.10, 1.31]; the largest of 16 judged cells: over all 16 "
-        "at once [0.98, 1.46], not shown above 1× as the best of them all (each workload's verdict chooses among "
-        "the configurations at one batch size, and judges over those))")
+        "1.20× (CI [1.10, 1.31]; the largest of 16 judged cells: over all 16 at once [0.98, 1.46], not shown above "
+        "1× as the best of them all (each workload's verdict chooses among the configurations at one batch size, "
+        "and judges over those)) with ngram K=3 at batch 1 on summarize")
     # Clear of all 16, the summary says so too.
     write_results(tmp_path, _eight_ties(1.3))
     frame, missing = tables.load_frame(path)
-    assert tables.summary(frame, missing).best.endswith("above 1× even as the best of them)")
+    assert "above 1× even as the best of them) with ngram K=3 at batch 1" in tables.summary(frame, missing).best

@@ -252,8 +252,8 @@ def summary(df: pd.DataFrame, missing_columns: Sequence[str], grid: Grid | None 
     if overall is not None:
         top = overall.top
         best = (
-            f"{fmt_speedup(top['speedup'])} with {top[CONFIG]} at batch {_batch(top['batch_size'])} "
-            f"on {top[PANEL]} ({_ci_phrase(top)}{_overall_clause(overall)}){_caveat_clause(top)}"
+            f"{fmt_speedup(top['speedup'])} ({_ci_phrase(top)}{_overall_clause(overall)}) with {top[CONFIG]} "
+            f"at batch {_batch(top['batch_size'])} on {top[PANEL]}{_caveat_clause(top)}"
         )
     panels = sorted(p for p in df.loc[df["workload"].notna(), PANEL].unique())
     return Summary(
