@@ -698,13 +698,13 @@ def test_the_best_configuration_carries_a_simultaneous_interval(tmp_path: Path) 
 
     sd, dof, runs = 0.05, 4, 2
 
-    def cell(k: int, speedup: float) -> dict[str, Any]:
+    def cell(k: int, speedup: float, **more: Any) -> dict[str, Any]:
         half = student_t_quantile(0.975, dof) * sd / math.sqrt(runs)
         return make_row("ngram", k, speedup=speedup, engine_runs=runs, speedup_log_sd=sd, speedup_df=dof,
-                        speedup_ci_low=speedup * math.exp(-half), speedup_ci_high=speedup * math.exp(half))
+                        speedup_ci_low=speedup * math.exp(-half), speedup_ci_high=speedup * math.exp(half), **more)
 
-    rows = [make_row("baseline"), cell(2, 1.5), cell(4, 1.8), cell(8, 1.6)]
-    _, page = render(tmp_path, rows, extra={"confirmation_speedup": [None, None, 1.71, None]})
+    rows = [make_row("baseline"), cell(2, 1.5), cell(4, 1.8, confirmation_speedup=1.71), cell(8, 1.6)]
+    _, page = render(tmp_path, rows)
     header, best = page.tables["best"][:2]
     assert header[5] == "simultaneous CI (all cells of the workload)" and header[6] == "confirmation speedup"
     # Bonferroni over the 3 cells compared on the workload: t at 1 - 0.05 / 6.
