@@ -79,7 +79,10 @@ from specbench import methods, sampling
 #     wait_to_send_s_* and e2e_from_arrival_s_* null and its offered rate without the burst that fills its
 #     slots; through the server, acceptance per request from the final usage chunk; speedup intervals and
 #     the disagreement test on the engine-to-engine spread of the cell's batch size
-SCHEMA_VERSION = 16
+# 17: confirmation_* (confirm=true: the verdict's cell measured again on fresh engines and judged on those
+#     runs alone); through the server, server_metrics_acceptance and server_metrics_note (/metrics over
+#     the measured requests alone, the cross-check of their usage chunks) and queue_s_* filled
+SCHEMA_VERSION = 17
 _STR, _INT, _F, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 # Where a request's output first leaves its reference (the baseline; for a baseline, plain decoding
 # at batch 1) and why: "tie" when the token emitted there is in the reference's own tied set (its
