@@ -223,7 +223,8 @@ class TestPromptLengths:
         assert check_source(cfg, str(TOKENIZER_DIR)) == [
             "workload.num_prompts=32 but only 9 prompts of summarize (source=builtin) fit "
             "workload.max_prompt_tokens=512 (29 of 38 are longer with this model's tokenizer); "
-            "lower workload.num_prompts or raise workload.max_prompt_tokens"
+            "lower workload.num_prompts or raise workload.max_prompt_tokens (a serving cell takes a prompt per "
+            "request, raising workload.num_prompts to load.num_requests: load.cycle_prompts=true cycles fewer)"
         ]
         assert check_source({**cfg, "num_prompts": 9}, str(TOKENIZER_DIR)) == []
 

@@ -430,7 +430,8 @@ def load_workload(cfg: Mapping[str, Any], tokenizer: Tokenizer) -> Workload:
             f"workload.num_prompts={cfg['num_prompts']} but only {len(eligible)} prompts of "
             f"{cfg['name']} (source={cfg['source']}) fit workload.max_prompt_tokens={max_prompt_tokens} "
             f"({skipped} of {len(prompts)} are longer with this model's tokenizer); "
-            f"lower workload.num_prompts or raise workload.max_prompt_tokens"
+            f"lower workload.num_prompts or raise workload.max_prompt_tokens (a serving cell takes a prompt "
+            f"per request, raising workload.num_prompts to load.num_requests: load.cycle_prompts=true cycles fewer)"
         )
     if cfg.get("selection", "random") == "first":
         chosen = eligible[:num_prompts]
