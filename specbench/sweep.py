@@ -296,24 +296,7 @@ class CellSweeper(BasicSweeper):
         # By name: Hydra's plugin scan re-executes core plugin modules, so the
         # class imported here need not be the one the launcher was made from.
         in_process = type(self.launcher).__name__ == "BasicLauncher"
-        if in_process:
-            job.PROGRESS = job.SweepProgress(len(todo))
-            if todo:
-                job.start_engine_server(engine_log(sweep_dir, bool(self.config.get("verbose"))),
-                                          engine_start_environment(self.config.engine))
-        returns = []
-        batch_size = self.max_batch_size or len(todo) or 1
-        for start in range(0, len(todo), batch_size):
-            batch = [list(p.overrides) for p in todo[start : start + batch_size]]
-            results = self.launcher.launch(batch, initial_job_idx=start)
-            for point, result in zip(batch, results):
-                if result.status == JobStatus.FAILED:
-                    # The job itself records cell failures; this is a failure around it.
-                    log.error("job %s failed outside the cell: %s", " ".join(point), result._return_value)
-            returns.append(results)
-        if in_process and job.PROGRESS is not None:
-            job.PROGRESS.close()
-            job.PROGRESS = None
+        returns = self._launch(sweep_dir, todo, 0, in_process)
         # Read from the cells: a preset's sweeper params set it in the jobs, not in the sweeper's own config.
         if any(p.cell.config.get("confirm") for p in planned):
             returns += self._confirm(sweep_dir, lambda point: cell_from_config(
@@ -334,18 +317,33 @@ class CellSweeper(BasicSweeper):
         line = confirm.describe(planned, todo)
         log.info("%s", line)
         print(line, flush=True)
-        if not todo:
-            return []
+        return self._launch(sweep_dir, todo, first_job, in_process) if todo else []
+
+    def _launch(self, sweep_dir: Path, todo: Sequence[PlannedCell], first_job: int, in_process: bool) -> list[Any]:
+        """Launch ``todo``'s jobs, numbered from ``first_job``, in batches of ``max_batch_size``; in process,
+        with a progress bar and the engine fork server started first (none for nothing to run)."""
+        assert self.launcher is not None
         if in_process:
             job.PROGRESS = job.SweepProgress(len(todo))
-            job.start_engine_server(engine_log(sweep_dir, bool(self.config.get("verbose"))),
-                                    engine_start_environment(self.config.engine))
+            if todo:
+                job.start_engine_server(engine_log(sweep_dir, bool(self.config.get("verbose"))),
+                                        engine_start_environment(self.config.engine))
+        returns = []
         try:
-            return [self.launcher.launch([list(p.overrides) for p in todo], initial_job_idx=first_job)]
+            batch_size = self.max_batch_size or len(todo) or 1
+            for start in range(0, len(todo), batch_size):
+                batch = [list(p.overrides) for p in todo[start : start + batch_size]]
+                results = self.launcher.launch(batch, initial_job_idx=first_job + start)
+                for point, result in zip(batch, results):
+                    if result.status == JobStatus.FAILED:
+                        # The job itself records cell failures; this is a failure around it.
+                        log.error("job %s failed outside the cell: %s", " ".join(point), result._return_value)
+                returns.append(results)
         finally:
             if in_process and job.PROGRESS is not None:
                 job.PROGRESS.close()
                 job.PROGRESS = None
+        return returns
 
 
 class FinishSweep(Callback):
