@@ -90,3 +90,41 @@ def test_close_waits_for_the_device_memory_to_return_and_says_so_when_it_does_no
     # No GPU (no NVML): nothing to wait for.
     monkeypatch.setattr(engine, "device_free_bytes", lambda: None)
     _worker(_idle_worker, free_before=None).close(bound_s=0)
+
+
+def _worker_with_a_child_core(sweep_pid: int, conn: Any) -> None:
+    """A worker's stand-in on the real watch: a child that, like vLLM's async engine core, watches nothing."""
+    from specbench.engine import worker
+
+    worker._exit_with(sweep_pid)
+    core = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(120)"],
+                            stdout=subprocess.PIPE)
+    core.stdout.readline()
+    conn.send(core.pid)
+    time.sleep(120)
+
+
+def test_a_worker_whose_sweep_dies_takes_its_engine_core_with_it():
+    # No vLLM engine can run in a fast test: the "sweep" is a sleeping process killed here, the core a plain
+    # child. The watch thread and the kill are the worker's own (worker._exit_with).
+    sweep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=_worker_with_a_child_core, args=(sweep.pid, child), daemon=True)
+    process.start()
+    core = parent.recv()
+    try:
+        assert _running(core)
+        sweep.kill()
+        sweep.wait()
+        deadline = time.monotonic() + 10
+        while (_running(core) or process.is_alive()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not process.is_alive(), "the worker outlived its sweep"
+        assert not _running(core), "the worker's engine core outlived the sweep"
+    finally:
+        for pid in (core, process.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

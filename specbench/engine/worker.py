@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specbench.engine import (
-    MEMORY_REQUEST, EngineInfo, EngineMemory, EngineMode, EngineSpec, describe_machine, fixes,
+    MEMORY_REQUEST, EngineInfo, EngineMemory, EngineMode, EngineSpec, _descendants, _signal_all, describe_machine,
+    fixes,
 )
 from specbench.engine.mode import engine_mode
 from specbench.measure import GeneratedRequest, SpecCounters, TopTokens
@@ -414,8 +415,12 @@ def _exit_with(sweep_pid: int) -> None:
     server outlives a killed sweep for as long as any worker holds the pipe it
     watches (each forked child inherits it): so :func:`_die_with_parent` alone
     would leave the engine running its cell. A daemon thread polls the sweep
-    once a second instead.
+    once a second instead. Before it exits it kills every process below the
+    worker: vLLM's async engine (a serving cell) runs its core in a child
+    process that watches nothing, and an orphaned core kept polling for work
+    at a third of a core until killed by hand.
     """
+    import signal
     import threading
 
     def watch() -> None:
@@ -426,6 +431,7 @@ def _exit_with(sweep_pid: int) -> None:
             except ProcessLookupError:
                 for stop in _ON_SWEEP_DEATH:
                     stop()
+                _signal_all(_descendants(os.getpid()), signal.SIGKILL)
                 os._exit(1)
             except PermissionError:  # a process of another user: the pid is alive
                 pass
