@@ -357,11 +357,6 @@ def test_the_thoughtworks_eagle3_heads_shipped_shape_is_the_checkpoints():
     assert (shipped["num_key_value_heads"], shipped["intermediate_size"]) == (7, 14336)
 
 
-# Hub checkpoints the model configs name whose commit could not be found yet: null in model.revisions
-# (main, with a warning before any engine). Pin each when its commit is known.
-UNPINNED = {"yuhuili/EAGLE-LLaMA3.1-Instruct-8B"}
-
-
 def test_every_hub_checkpoint_a_model_config_names_is_pinned_to_a_commit():
     import yaml
 
@@ -373,12 +368,8 @@ def test_every_hub_checkpoint_a_model_config_names_is_pinned_to_a_commit():
                  if isinstance(r, str) and hub.is_hub_id(r)}
         revisions = model.get("revisions") or {}
         assert set(revisions) == named, path.name  # every hub id it names, and nothing else
-        assert model["path"] not in UNPINNED, path.name  # every hub target is pinned
-        for reference, revision in revisions.items():
-            if reference in UNPINNED:
-                assert revision is None, (path.name, reference)
-            else:
-                assert isinstance(revision, str) and hub.is_commit(revision), (path.name, reference, revision)
+        for reference, revision in revisions.items():  # each a commit: none left on main
+            assert isinstance(revision, str) and hub.is_commit(revision), (path.name, reference, revision)
         assert config.validate(_compose([f"model={path.stem}"])) == [], path.name
 
 
