@@ -20,11 +20,13 @@ speculative and parallel configs only, so the CPU platform does not bend it.
 
 The checkpoints are the published ``config.json`` files of the hub models
 the model configs name, shipped in ``tests/data/hub-configs/<org>/<name>/``
-(each folder's SOURCE says where it comes from). One is not wholly the
-published file: the thoughtworks Qwen2.5-7B EAGLE-3 head's, whose shape is
+(each folder's SOURCE says where it comes from). The EAGLE heads' are not
+read from the hub: the thoughtworks Qwen2.5-7B EAGLE-3 head's shape is
 verified (:func:`test_the_thoughtworks_eagle3_heads_shipped_shape_is_the_checkpoints`)
-but whose other fields are reconstructed, so for that head this checks vLLM's
-rules on its shape, not that vLLM loads the file the hub serves. No weights
+but its other fields are reconstructed; the yuhuili heads' are the EAGLE
+authors' configs from their repository, leptonai's is written in their
+format. For the heads this checks vLLM's rules on those shapes, not that
+vLLM loads the file the hub serves at the pinned revision. No weights
 (``load_format="dummy"``), no tokenizer (``skip_tokenizer_init``). The
 cells are composed as on a CUDA build of vLLM (``${cpu_engine:}`` false:
 CUDA graphs).
