@@ -20,11 +20,13 @@ speculative and parallel configs only, so the CPU platform does not bend it.
 
 The checkpoints are the published ``config.json`` files of the hub models
 the model configs name, shipped in ``tests/data/hub-configs/<org>/<name>/``
-(each folder's SOURCE says where it comes from). One is not wholly the
-published file: the thoughtworks Qwen2.5-7B EAGLE-3 head's, whose shape is
+(each folder's SOURCE says where it comes from). The EAGLE heads' are not
+read from the hub: the thoughtworks Qwen2.5-7B EAGLE-3 head's shape is
 verified (:func:`test_the_thoughtworks_eagle3_heads_shipped_shape_is_the_checkpoints`)
-but whose other fields are reconstructed, so for that head this checks vLLM's
-rules on its shape, not that vLLM loads the file the hub serves. No weights
+but its other fields are reconstructed; the yuhuili heads' are the EAGLE
+authors' configs from their repository, leptonai's is written in their
+format. For the heads this checks vLLM's rules on those shapes, not that
+vLLM loads the file the hub serves at the pinned revision. No weights
 (``load_format="dummy"``), no tokenizer (``skip_tokenizer_init``). The
 cells are composed as on a CUDA build of vLLM (``${cpu_engine:}`` false:
 CUDA graphs).
@@ -357,11 +359,6 @@ def test_the_thoughtworks_eagle3_heads_shipped_shape_is_the_checkpoints():
     assert (shipped["num_key_value_heads"], shipped["intermediate_size"]) == (7, 14336)
 
 
-# Hub checkpoints the model configs name whose commit could not be found yet: null in model.revisions
-# (main, with a warning before any engine). Pin each when its commit is known.
-UNPINNED = {"yuhuili/EAGLE-LLaMA3.1-Instruct-8B"}
-
-
 def test_every_hub_checkpoint_a_model_config_names_is_pinned_to_a_commit():
     import yaml
 
@@ -373,12 +370,8 @@ def test_every_hub_checkpoint_a_model_config_names_is_pinned_to_a_commit():
                  if isinstance(r, str) and hub.is_hub_id(r)}
         revisions = model.get("revisions") or {}
         assert set(revisions) == named, path.name  # every hub id it names, and nothing else
-        assert model["path"] not in UNPINNED, path.name  # every hub target is pinned
-        for reference, revision in revisions.items():
-            if reference in UNPINNED:
-                assert revision is None, (path.name, reference)
-            else:
-                assert isinstance(revision, str) and hub.is_commit(revision), (path.name, reference, revision)
+        for reference, revision in revisions.items():  # each a commit: none left on main
+            assert isinstance(revision, str) and hub.is_commit(revision), (path.name, reference, revision)
         assert config.validate(_compose([f"model={path.stem}"])) == [], path.name
 
 
