@@ -134,6 +134,15 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"]
 
 
+def _recorded(df: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """The measured serving rows that recorded every one of ``columns`` (none where the frame lacks one: rows
+    stored before a column was added)."""
+    rows = _ok(df)
+    if not all(c in rows for c in columns):
+        return rows[0:0]
+    return rows[rows[list(columns)].notna().all(axis=1)]
+
+
 def saturation_rate(panel_rows: pd.DataFrame) -> float | None:
     """The lowest finite offered rate at which one workload's baseline falls behind the load; None: never
     (:func:`specbench.analytic.verdicts.saturation_rate`)."""
@@ -436,6 +445,14 @@ def _places(curve: pd.DataFrame, x: pd.Series) -> dict[float, float]:
     return dict(zip(curve["load_request_rate"].astype(float), x.loc[curve.index]))
 
 
+def _two_rows(panels: list[str]) -> tuple[Any, Any]:
+    """A figure of two rows of axes (two figures on one load axis), a column per panel: the figure and its
+    axes, ``grid[row][column]``."""
+    fig = plots.Figure(figsize=(max(plots._PANEL_W * len(panels), plots._MIN_WIDTH), plots._PANEL_H * 2),
+                       layout="constrained")
+    return fig, fig.subplots(2, len(panels), squeeze=False)
+
+
 def _handles(cells: pd.DataFrame, enc: plots.Encoding) -> list[Any]:
     """Legend entries for the configurations drawn: variant colours, K markers."""
     ks = sorted(int(k) for k in cells["num_speculative_tokens"].unique())
@@ -456,7 +473,8 @@ def _per_configuration_against_rate(
     ``draw(ax, cells, x, colour, marker)`` per configuration against the offered load (:func:`_along`), a line
     at 1 and saturation marked."""
     rows = _ok(df)
-    comp = rows[(rows["method"] != "baseline") & rows.get(column, pd.Series(dtype=float)).notna()]
+    comp = _recorded(rows, column)
+    comp = comp[comp["method"] != "baseline"]
     if comp.empty:
         return plots._without(plot, missing)
     panels = sorted(comp[CURVE].unique())
@@ -509,9 +527,7 @@ def latency_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
         return plots._without(plot, "No serving cell was measured.")
     panels = sorted(rows[CURVE].unique())
     with plots._style():
-        fig = plots.Figure(figsize=(max(plots._PANEL_W * len(panels), plots._MIN_WIDTH), plots._PANEL_H * 2),
-                           layout="constrained")
-        grid = fig.subplots(2, len(panels), squeeze=False)
+        fig, grid = _two_rows(panels)
         for col, panel in enumerate(panels):
             these = rows[rows[CURVE] == panel]
             knee = saturation_rate(these)
@@ -539,8 +555,8 @@ def running_batch_over_time(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot
         caption=("Requests the engine ran at each step (vLLM's scheduler statistics) over each baseline cell's "
                  "measured window, one line per offered rate; the dashed level is the time-weighted mean, the "
                  "batch size the offline axis stands for at that rate (Little's law)."))
-    rows = _ok(df)
-    base = rows[(rows["method"] == "baseline") & rows["running_batch"].notna()] if "running_batch" in rows else rows[0:0]
+    base = _recorded(df, "running_batch")
+    base = base[base["method"] == "baseline"]
     if base.empty:
         return plots._without(plot, "No serving baseline recorded its running batch.")
     panels = sorted(base[CURVE].unique())
@@ -619,9 +635,7 @@ def throughput_vs_latency(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
                  "the front of every configuration together: for a latency budget, the most throughput any of "
                  "them gave. The dashed red line is the TPOT SLO (load.slo.tpot_ms) where one was set: a point "
                  "left of it had 90% of its requests within it."))
-    rows = _ok(df)
-    needed = ("achieved_output_tokens_per_s", "tpot_s_p90")
-    known = rows[rows[list(needed)].notna().all(axis=1)] if all(c in rows for c in needed) else rows[0:0]
+    known = _recorded(df, "achieved_output_tokens_per_s", "tpot_s_p90")
     if known.empty:
         return plots._without(plot, "No serving cell recorded both its output throughput and its TPOT p90.")
     panels = sorted(known[CURVE].unique())
@@ -682,7 +696,7 @@ def goodput_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
                  "A load whose band lies wholly above the line meets the SLO; one whose band straddles it is not "
                  "resolved. A closed-loop curve is drawn against its concurrency cap. Grey: past saturation."))
     rows = _ok(df)
-    known = rows[rows["slo_attainment"].notna()] if "slo_attainment" in rows else rows[0:0]
+    known = _recorded(rows, "slo_attainment")
     if known.empty:
         return plots._without(plot, "No serving cell was measured against an SLO (load.slo.*): no goodput or "
                                     "attainment to draw.")
@@ -692,9 +706,7 @@ def goodput_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
     if not targets:
         notes.append("No attainment target is drawn: the cells' configs record no capacity.percentile.")
     with plots._style():
-        fig = plots.Figure(figsize=(max(plots._PANEL_W * len(panels), plots._MIN_WIDTH), plots._PANEL_H * 2),
-                           layout="constrained")
-        grid = fig.subplots(2, len(panels), squeeze=False)
+        fig, grid = _two_rows(panels)
         for col, panel in enumerate(panels):
             these = known[known[CURVE] == panel]
             knee = saturation_rate(rows[rows[CURVE] == panel])
