@@ -244,3 +244,81 @@ def test_the_rate_figures_draw_a_closed_loop_sweep_against_its_cap(tmp_path, mon
     assert ([1.0, 4.0, 16.0, 64.0], [speedups[c] for c in caps]) in drawn
     plot, (fig,) = _drawn(monkeypatch, serving.running_batch_over_time, served)
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [f"c{c}" for c in caps]
+
+
+# --- a ramp-up ---------------------------------------------------------------------------------------
+
+
+def _ramped(row: dict[str, Any], start: float, end: float, *, in_config: bool = True) -> dict[str, Any]:
+    """``row`` (rate inf) as a cell whose requests climbed from ``start`` to ``end`` req/s (load.ramp_up_*):
+    its id's part, and its config's keys unless ``in_config`` is false (a row that kept only its id)."""
+    part = f"-ramplinear{start:g}to{end:g}"
+    config = json.loads(row["config_json"])
+    if in_config:
+        config["load"] |= {"ramp_up_strategy": "linear", "ramp_up_start_rps": start, "ramp_up_end_rps": end}
+    return row | {"cell_id": row["cell_id"].replace("-rateinf", f"-rateinf{part}"),
+                  "baseline_cell_id": row["baseline_cell_id"] and row["baseline_cell_id"].replace(
+                      "-rateinf", f"-rateinf{part}"),
+                  "config_json": json.dumps(config)}
+
+
+def _compared(rows: list[dict[str, Any]], speedup: float = 1.2) -> list[dict[str, Any]]:
+    """``rows`` with each speculative cell compared with its baseline, paying ``speedup`` on every figure."""
+    from specbench.results.serving import pays
+
+    for row in rows:
+        if row["method"] != "baseline":
+            row |= {f"serving_speedup_{n}": speedup for n in ("tpot_p50", "e2e_p50", "e2e_p90")}
+            row |= {"serving_speedup_e2e_p50_ci_low": speedup * 0.9, "serving_speedup_e2e_p50_ci_high": speedup * 1.1}
+            row["serving_pays"] = pays(row)
+    return rows
+
+
+def test_a_ramp_up_cell_is_told_apart_from_an_all_at_once_cell_on_every_figure_and_table_row(
+        tmp_path, monkeypatch):
+    from rows import write_results
+
+    from specbench.report import write_report
+
+    # Both are served at rate inf without a cap: the ramp (its config, or only its id) is what sets it apart.
+    rows = _grid_rows()
+    rows += [_row("baseline", math.inf, 95.0, 260.0), _row("ngram", math.inf, 70.0, 300.0)]
+    rows += [_ramped(_row("baseline", math.inf, 50.0, 240.0), 1.0, 8.0),
+             _ramped(_row("ngram", math.inf, 35.0, 290.0), 1.0, 8.0)]
+    rows += [_ramped(_row(method, math.inf, 40.0, 200.0), 0.5, 4.0, in_config=False)
+             for method in ("baseline", "ngram")]
+    served = _served(tmp_path, _compared(rows))
+    ramp, slower = "summarize · ramp linear 1→8 req/s", "summarize · ramp linear 0.5→4 req/s"
+    assert sorted(set(served[serving.CURVE])) == sorted(set(served[tables.PANEL])) == sorted(
+        ["summarize", ramp, slower])
+
+    # The table's load column names the ramp; the all-at-once cell keeps its words.
+    table = serving.table(served)
+    assert {(r.panel, r.rate) for r in table if r.config == "ngram K=4" and r.rate.startswith(("ramp", "all"))} == {
+        ("summarize", "all at once"), (ramp, "ramp linear 1→8 req/s"), (slower, "ramp linear 0.5→4 req/s")}
+    # Each ramp is judged at its own point, not walked from the Poisson cells' lowest rate.
+    lines = serving.verdicts(served)
+    assert f"{ramp}, ngram K=4: pays (E2E p50 speedup: ramp linear 1→8 req/s 1.20×)" in lines, lines
+    assert [r.pays for r in table if r.panel == ramp and r.config == "ngram K=4"] == ["pays"]
+
+    # The figures draw the ramp in a panel of its own, its point and its tick named by the ramp.
+    plot, (fig,) = _drawn(monkeypatch, serving.throughput_vs_latency, served)
+    by_title = {ax.get_title(): ax for ax in fig.axes}
+    assert set(by_title) == {"summarize", ramp, slower}
+    assert sorted(t.get_text() for t in by_title[ramp].texts) == ["ramp 1→8", "ramp 1→8"]
+    assert "all" in [t.get_text() for t in by_title["summarize"].texts]
+    plot, (fig,) = _drawn(monkeypatch, serving.goodput_vs_rate, served)
+    ticks = {ax.get_title(): [t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes[:3]}
+    assert ticks == {"summarize": ["1", "2", "4", "8", "all"], ramp: ["ramp 1→8"], slower: ["ramp 0.5→4"]}
+    write_results(tmp_path, rows)
+    page = write_report(tmp_path).read_text()
+    assert "<td>ramp linear 1→8 req/s</td>" in page and "<td>all at once</td>" in page
+
+
+def test_a_ramp_up_beside_poisson_rates_adds_no_rate_to_their_walk(tmp_path):
+    # The ramp's rate is inf; the Poisson cells of the same shape were planned at 1-8 req/s only.
+    rows = _grid_rows() + [_ramped(_row(method, math.inf, 40.0, 200.0), 1.0, 8.0) for method in ("baseline", "ngram")]
+    served = _served(tmp_path, _compared(rows))
+    lines = serving.verdicts(served)
+    assert "summarize, ngram K=4: pays up to 8 req/s (E2E p50 speedup: 1 req/s 1.20×, 2 req/s 1.20×, "\
+        "4 req/s 1.20×, 8 req/s 1.20×)" in lines, lines

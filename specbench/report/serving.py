@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -74,15 +75,72 @@ def _closed_loop(row: Mapping[str, Any]) -> bool:
 
 
 def shape_suffix(row: Mapping[str, Any]) -> str:
-    """`` · c8``, `` · burstiness 0.5``, `` · closed loop c8``: a serving panel's load shape; '' for the default."""
-    text = decide.shape(row).text()
+    """`` · c8``, `` · burstiness 0.5``, `` · closed loop c8``, `` · ramp linear 1→8 req/s``: a serving panel's
+    load shape; '' for the default."""
+    text = ", ".join(t for t in (decide.shape(row).text(), ramp_text(row)) if t)
     if _closed_loop(row):
         text = "closed loop " + text
     return f" · {text}" if text else ""
 
 
+# A ramp-up's part of a cell id (specbench.load.shape_id_part): ``-ramplinear1to8``.
+_RAMP_ID = re.compile(r"-ramp(?P<strategy>linear|exponential)(?P<start>[0-9.e+]+?)to(?P<end>[0-9.e+]+?)-")
+
+
+def ramp(row: Mapping[str, Any]) -> tuple[str, float, float] | None:
+    """A serving row's ramp-up (``load.ramp_up_strategy``, start and end rate in req/s), from its config or,
+    for a row without one, its cell id; None for a cell served at one rate.
+
+    A ramp's ``load.request_rate`` is ``inf`` (the ramp sets the rate), so without this a ramp cell and an
+    all-at-once cell of one workload would read alike on every figure and table row.
+    """
+    load = row_config(row).get("load") or {}
+    if load.get("ramp_up_strategy") is not None:
+        return str(load["ramp_up_strategy"]), float(load["ramp_up_start_rps"]), float(load["ramp_up_end_rps"])
+    found = _RAMP_ID.search(str(row.get("cell_id") or ""))
+    return (found["strategy"], float(found["start"]), float(found["end"])) if found else None
+
+
+def ramp_text(row: Mapping[str, Any]) -> str:
+    """``"ramp linear 1→8 req/s"``: the ramp-up a row's requests climbed; '' for one rate."""
+    climbed = ramp(row)
+    return "" if climbed is None else f"ramp {climbed[0]} {climbed[1]:g}→{climbed[2]:g} req/s"
+
+
+def _panel_grid(grid: Grid, served: pd.DataFrame, panel_rows: pd.DataFrame) -> Grid:
+    """The planned grid one panel's verdicts walk.
+
+    A ramp-up is served at rate inf, as an all-at-once cell of its load shape is, so the grid holds its rate
+    among that shape's planned ones: a ramp's panel walks its own points alone (from 1 req/s it would find
+    nothing measured), and a panel beside it keeps inf only where one of its own cells, measured or planned,
+    is at it.
+    """
+    cells = records(served)
+    ramped = [r for r in cells if ramp(r) is not None]
+    if not ramped:
+        return grid
+    if ramp(records(panel_rows)[0]) is not None:
+        return Grid.of(records(panel_rows))
+    plain = Grid.of([r for r in cells if ramp(r) is None]).rates
+    ramp_only = {(key, rate) for key, rates in Grid.of(ramped).rates.items() for rate in rates
+                 if rate not in plain.get(key, ()) and not any(
+                     (c.workload, c.temperature, c.shape, c.rate) == (key[0][1], key[0][2], key[1], rate)
+                     for c in grid.unmeasured)}
+    rates = {key: tuple(r for r in rates if (key, r) not in ramp_only) for key, rates in grid.rates.items()}
+    return dataclasses.replace(grid, rates=rates)
+
+
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"]
+
+
+def _recorded(df: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """The measured serving rows that recorded every one of ``columns`` (none where the frame lacks one: rows
+    stored before a column was added)."""
+    rows = _ok(df)
+    if not all(c in rows for c in columns):
+        return rows[0:0]
+    return rows[rows[list(columns)].notna().all(axis=1)]
 
 
 def saturation_rate(panel_rows: pd.DataFrame) -> float | None:
@@ -162,18 +220,18 @@ def table(df: pd.DataFrame, grid: Grid | None = None) -> list[ServingRow]:
     for panel, panel_rows in df.groupby(PANEL, sort=True):
         spec = panel_rows[panel_rows["method"] != "baseline"]
         for config, group in spec.groupby(CONFIG, sort=True):
-            decided[(panel, config)] = decide.serving_verdict(records(group), records(panel_rows), grid)
+            decided[(panel, config)] = decide.serving_verdict(records(group), records(panel_rows),
+                                                              _panel_grid(grid, df, panel_rows))
     rows = _ok(df)
     out = []
     for panel, panel_rows in rows.groupby(PANEL, sort=True):
         ordered = panel_rows.assign(_base=panel_rows["method"] != "baseline").sort_values(
             ["_base", CONFIG, "load_request_rate"])
         for row in ordered.to_dict("records"):
-            rate = float(row["load_request_rate"])
             walked = decided.get((panel, row[CONFIG]))
             judged = decide.rate_judgement(walked, row) if walked is not None else None
             out.append(ServingRow(
-                panel=str(panel), config=str(row[CONFIG]), rate=f"{rate:g}" if math.isfinite(rate) else "all at once",
+                panel=str(panel), config=str(row[CONFIG]), rate=_offered(row),
                 realised=fmt_number(row.get("offered_rate_realised"), 2),
                 saturated=bool(row.get("saturated")) if _known(row.get("saturated")) else False,
                 running_batch=fmt_number(row.get("running_batch_mean"), 2),
@@ -207,12 +265,12 @@ def verdicts(df: pd.DataFrame, grid: Grid | None = None) -> list[str]:
         spec = panel_rows[panel_rows["method"] != "baseline"]
         for config, group in spec.groupby(CONFIG, sort=True):
             cells = records(group)
-            decided = decide.serving_verdict(cells, workload, grid)
+            decided = decide.serving_verdict(cells, workload, _panel_grid(grid, df, panel_rows))
             compared = [r for r in cells if r.get("status") == "ok" and r.get("serving_speedup_e2e_p50") is not None]
             if not compared:
                 lines.append(f"{panel}, {config}: not compared with a baseline at the same load")
                 continue
-            by_rate = ", ".join(f"{_rate(r['load_request_rate'])} {fmt_speedup(r['serving_speedup_e2e_p50'])}"
+            by_rate = ", ".join(f"{_load_name(r)} {fmt_speedup(r['serving_speedup_e2e_p50'])}"
                                 for r in sorted(compared, key=lambda r: r["load_request_rate"]))
             mismatched = [r for r in compared if r.get("exactness") == "mismatch"]
             flagged = [r for r in compared if r.get("exactness") != "mismatch" and r.get("flagged")]
@@ -289,17 +347,30 @@ def offline_beside(offline: pd.DataFrame, served: pd.DataFrame) -> tuple[list[Of
     return rows, answer
 
 
+def _load_name(row: Mapping[str, Any]) -> str:
+    """A row's offered load in words: ``"2 req/s"``, ``"all at once"`` for rate inf (every request ready at the
+    start; a closed loop too), ``"ramp linear 1→8 req/s"`` for a ramp-up, whose rate is inf as well."""
+    return ramp_text(row) or _rate(float(row["load_request_rate"]))
+
+
 def _rate(rate: float) -> str:
     """``"2 req/s"``; ``"all at once"`` for rate inf (every request ready at the start)."""
     return f"{rate:g} req/s" if math.isfinite(rate) else "all at once"
+
+
+def _offered(row: Mapping[str, Any]) -> str:
+    """The table's offered load (its column counts req/s): ``2``, ``all at once``, ``ramp linear 1→8 req/s``."""
+    rate = float(row["load_request_rate"])
+    return ramp_text(row) or (f"{rate:g}" if math.isfinite(rate) else "all at once")
 
 
 def _rates(rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{r['load_request_rate']:g}" for r in rows)
 
 
-def _rates_axis(ax: Any, rates: list[float]) -> dict[float, float]:
-    """Rates on a log-2 axis; ``inf`` (all at once) drawn one step past the highest finite rate, labelled so."""
+def _rates_axis(ax: Any, rates: list[float], inf_label: str = "all") -> dict[float, float]:
+    """Rates on a log-2 axis; ``inf`` (all at once, or a ramp-up) drawn one step past the highest finite rate,
+    labelled ``inf_label``."""
     finite = sorted(r for r in rates if math.isfinite(r))
     top = (finite[-1] * 2) if finite else 1.0
     where = {r: (r if math.isfinite(r) else top) for r in rates}
@@ -307,7 +378,7 @@ def _rates_axis(ax: Any, rates: list[float]) -> dict[float, float]:
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(plots.FixedLocator(ticks))
     ax.xaxis.set_minor_locator(plots.NullLocator())
-    ax.set_xticklabels([f"{t:g}" if any(r == t and math.isfinite(r) for r in rates) else "all" for t in ticks])
+    ax.set_xticklabels([f"{t:g}" if any(r == t and math.isfinite(r) for r in rates) else inf_label for t in ticks])
     ax.set_xlim(ticks[0] / 1.5, ticks[-1] * 1.5)
     ax.set_xlabel("offered request rate (req/s)")
     return where
@@ -326,7 +397,9 @@ def _along(ax: Any, curve: pd.DataFrame) -> pd.Series:
         ax.set_xlim(ticks[0] / 1.5, ticks[-1] * 1.5)
         ax.set_xlabel("max concurrency (closed loop)")
         return caps
-    where = _rates_axis(ax, [float(r) for r in curve["load_request_rate"]])
+    # A ramp-up's rate is inf as well; its curve holds that ramp alone (the panel names it, :func:`shape_suffix`).
+    ramps = [_load_label(r) for r in records(curve) if ramp(r) is not None]
+    where = _rates_axis(ax, [float(r) for r in curve["load_request_rate"]], ramps[0] if ramps else "all")
     return curve["load_request_rate"].astype(float).map(where)
 
 
@@ -342,9 +415,13 @@ def _load_values(curve: pd.DataFrame) -> pd.Series:
 
 
 def _load_label(row: Mapping[str, Any]) -> str:
-    """A point's load, as its curve's axis names it: ``2`` (req/s), ``all`` (all at once) or ``c16`` (closed loop)."""
+    """A point's load, as its curve's axis names it: ``2`` (req/s), ``all`` (all at once), ``ramp 1→8`` (a ramp-up
+    from 1 to 8 req/s) or ``c16`` (closed loop)."""
     if _closed_loop(row):
         return f"c{int(row['load_max_concurrency'])}"
+    climbed = ramp(row)
+    if climbed is not None:
+        return f"ramp {climbed[1]:g}→{climbed[2]:g}"
     rate = float(row["load_request_rate"])
     return f"{rate:g}" if math.isfinite(rate) else "all"
 
@@ -368,6 +445,14 @@ def _places(curve: pd.DataFrame, x: pd.Series) -> dict[float, float]:
     return dict(zip(curve["load_request_rate"].astype(float), x.loc[curve.index]))
 
 
+def _two_rows(panels: list[str]) -> tuple[Any, Any]:
+    """A figure of two rows of axes (two figures on one load axis), a column per panel: the figure and its
+    axes, ``grid[row][column]``."""
+    fig = plots.Figure(figsize=(max(plots._PANEL_W * len(panels), plots._MIN_WIDTH), plots._PANEL_H * 2),
+                       layout="constrained")
+    return fig, fig.subplots(2, len(panels), squeeze=False)
+
+
 def _handles(cells: pd.DataFrame, enc: plots.Encoding) -> list[Any]:
     """Legend entries for the configurations drawn: variant colours, K markers."""
     ks = sorted(int(k) for k in cells["num_speculative_tokens"].unique())
@@ -388,7 +473,8 @@ def _per_configuration_against_rate(
     ``draw(ax, cells, x, colour, marker)`` per configuration against the offered load (:func:`_along`), a line
     at 1 and saturation marked."""
     rows = _ok(df)
-    comp = rows[(rows["method"] != "baseline") & rows.get(column, pd.Series(dtype=float)).notna()]
+    comp = _recorded(rows, column)
+    comp = comp[comp["method"] != "baseline"]
     if comp.empty:
         return plots._without(plot, missing)
     panels = sorted(comp[CURVE].unique())
@@ -441,9 +527,7 @@ def latency_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
         return plots._without(plot, "No serving cell was measured.")
     panels = sorted(rows[CURVE].unique())
     with plots._style():
-        fig = plots.Figure(figsize=(max(plots._PANEL_W * len(panels), plots._MIN_WIDTH), plots._PANEL_H * 2),
-                           layout="constrained")
-        grid = fig.subplots(2, len(panels), squeeze=False)
+        fig, grid = _two_rows(panels)
         for col, panel in enumerate(panels):
             these = rows[rows[CURVE] == panel]
             knee = saturation_rate(these)
@@ -471,8 +555,8 @@ def running_batch_over_time(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot
         caption=("Requests the engine ran at each step (vLLM's scheduler statistics) over each baseline cell's "
                  "measured window, one line per offered rate; the dashed level is the time-weighted mean, the "
                  "batch size the offline axis stands for at that rate (Little's law)."))
-    rows = _ok(df)
-    base = rows[(rows["method"] == "baseline") & rows["running_batch"].notna()] if "running_batch" in rows else rows[0:0]
+    base = _recorded(df, "running_batch")
+    base = base[base["method"] == "baseline"]
     if base.empty:
         return plots._without(plot, "No serving baseline recorded its running batch.")
     panels = sorted(base[CURVE].unique())
@@ -483,10 +567,8 @@ def running_batch_over_time(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot
             these = these.assign(_load=_load_values(these)).sort_values("_load")
             palette = plots.sns.color_palette("rocket_r", len(these))
             for colour, row in zip(palette, these.to_dict("records")):
-                label = _load_label(row)
-                name = label if label.startswith("c") else "all at once" if label == "all" else f"{label} req/s"
                 ax.step(list(row["running_batch_t_s"]), list(row["running_batch"]), where="pre", color=colour,
-                        lw=1.2, label=name)
+                        lw=1.2, label=_load_label(row) if _closed_loop(row) else _load_name(row))
                 if row.get("running_batch_mean") is not None:
                     ax.axhline(row["running_batch_mean"], color=colour, ls="--", lw=0.8)
             ax.set_xlabel("seconds into the measured window")
@@ -553,9 +635,7 @@ def throughput_vs_latency(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
                  "the front of every configuration together: for a latency budget, the most throughput any of "
                  "them gave. The dashed red line is the TPOT SLO (load.slo.tpot_ms) where one was set: a point "
                  "left of it had 90% of its requests within it."))
-    rows = _ok(df)
-    needed = ("achieved_output_tokens_per_s", "tpot_s_p90")
-    known = rows[rows[list(needed)].notna().all(axis=1)] if all(c in rows for c in needed) else rows[0:0]
+    known = _recorded(df, "achieved_output_tokens_per_s", "tpot_s_p90")
     if known.empty:
         return plots._without(plot, "No serving cell recorded both its output throughput and its TPOT p90.")
     panels = sorted(known[CURVE].unique())
@@ -616,7 +696,7 @@ def goodput_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
                  "A load whose band lies wholly above the line meets the SLO; one whose band straddles it is not "
                  "resolved. A closed-loop curve is drawn against its concurrency cap. Grey: past saturation."))
     rows = _ok(df)
-    known = rows[rows["slo_attainment"].notna()] if "slo_attainment" in rows else rows[0:0]
+    known = _recorded(rows, "slo_attainment")
     if known.empty:
         return plots._without(plot, "No serving cell was measured against an SLO (load.slo.*): no goodput or "
                                     "attainment to draw.")
@@ -626,9 +706,7 @@ def goodput_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
     if not targets:
         notes.append("No attainment target is drawn: the cells' configs record no capacity.percentile.")
     with plots._style():
-        fig = plots.Figure(figsize=(max(plots._PANEL_W * len(panels), plots._MIN_WIDTH), plots._PANEL_H * 2),
-                           layout="constrained")
-        grid = fig.subplots(2, len(panels), squeeze=False)
+        fig, grid = _two_rows(panels)
         for col, panel in enumerate(panels):
             these = known[known[CURVE] == panel]
             knee = saturation_rate(rows[rows[CURVE] == panel])
