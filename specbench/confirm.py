@@ -88,6 +88,22 @@ def describe(planned: Sequence[PlannedCell], todo: Sequence[PlannedCell]) -> str
             f"{len(planned)} cells, {len(todo)} to run" + (f", {skipped} already measured" if skipped else ""))
 
 
+def set_aside(sweep_dir: Path) -> str | None:
+    """A sweep run without ``confirm=true``: an earlier run's ``confirm.json`` is removed, and a line says so.
+
+    It named what that run's verdicts chose then; the finish would attach its figures to this run's rows as if
+    this run had asked for them (:func:`with_confirmations`), over a grid that may have changed since. Its cells
+    stay in ``cells/``: a run with ``confirm=true`` plans the confirmation again and keeps those it still needs.
+    None where there was none.
+    """
+    path = sweep_dir / CONFIRM_FILE
+    if not path.is_file():
+        return None
+    path.unlink()
+    return (f"confirm=false: the confirmation an earlier run measured ({path.name}) is left out of these results; "
+            "its cells stay, and a run with confirm=true measures again only what it still needs")
+
+
 def with_confirmations(
     rows: Sequence[dict[str, Any]], sweep_dir: Path
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

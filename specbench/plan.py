@@ -58,6 +58,9 @@ class CellTiming:
     sizable: bool
     gpu: bool
     speculative: bool = True
+    # confirm=true: the verdict this offline cell is a candidate of (model, workload, temperature), whose chosen
+    # configuration and baseline are measured again after the grid (:func:`confirmation_timings`); None otherwise.
+    verdict: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -225,8 +228,10 @@ def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate:
         models=2 if estimate.drafter_weight_bytes else 1, capture_sizes=len(estimate.capture_sizes),
         cpu_kv_gib=float(engine_cfg.get("cpu_kvcache_space_gib") or 0),
         model_runner=memory.model_runner(plain, hardware))
+    verdict = ((plain["model"].get("name"), workload.get("name"), float(plain.get("temperature") or 0.0))
+               if plain.get("confirm") and load.get("request_rate") is None else None)
     return CellTiming(cost, engine, start, sizing.Precision.from_config(plain), sizable, gpu,
-                      plain["method"]["name"] != "baseline")
+                      plain["method"]["name"] != "baseline", verdict)
 
 
 def on_hardware(cfg: Any) -> Any:
@@ -384,22 +389,56 @@ def _starts(timings: Sequence[CellTiming]) -> list[float]:
     return [start for start, count in runs.values() for _ in range(count)]
 
 
+def confirmation_timings(timings: Sequence[CellTiming]) -> list[CellTiming]:
+    """What ``confirm=true`` measures after the grid (:mod:`specbench.confirm`), priced before the grid says which.
+
+    Per verdict (model, workload, temperature of the offline cells that ask for it), the cell the verdict names is
+    one of its speculative cells at its smallest batch size: the costliest of them is priced, with its baseline,
+    each in every engine run of its own and on engines of their own (the confirmation's engines are fresh ones:
+    the baselines of several verdicts share one per engine run, as the confirmation's run shares it).
+    """
+    panels: dict[Hashable, list[CellTiming]] = {}
+    for t in timings:
+        if t.verdict is not None:
+            panels.setdefault(t.verdict, []).append(t)
+    out: list[CellTiming] = []
+    for cells in panels.values():
+        speculative = [t for t in cells if t.speculative]
+        if not speculative:
+            continue
+        smallest = min(t.cost.batch_size for t in speculative)
+        chosen = max((t for t in speculative if t.cost.batch_size == smallest), key=lambda t: t.cost.seconds())
+        baseline = next((t for t in cells if not t.speculative and t.cost.batch_size == smallest), None)
+        out += [replace(t, engine=("confirmation", t.engine), verdict=None)
+                for t in (baseline, chosen) if t is not None]
+    return out
+
+
+def _with_confirmation(timings: list[CellTiming]) -> list[CellTiming]:
+    """The grid's timings and, with ``confirm=true``, its confirmation's (:func:`confirmation_timings`)."""
+    return timings + confirmation_timings(timings)
+
+
 def plan_time(rows: Sequence[PlannedRow], half_width: float | None = None) -> walltime.SweepTime | None:
-    """The sweep's estimated wall time (``half_width``: sized for it instead of the config's own); None: unpriced."""
+    """The sweep's estimated wall time (``half_width``: sized for it instead of the config's own), with
+    ``confirm=true`` its confirmation's included; None: unpriced."""
     timings = _timed(rows)
     if timings is None:
         return None
+    timings = _with_confirmation(timings)
     return walltime.sweep_time([t.cost for t in timings], _starts(timings), half_width)
 
 
-def run_time(todo: Sequence[grid.PlannedCell], alpha: float = DEFAULT_ALPHA) -> tuple[walltime.SweepTime | None, str]:
+def run_time(todo: Sequence[grid.PlannedCell], alpha: float = DEFAULT_ALPHA,
+             planned: Sequence[grid.PlannedCell] | None = None) -> tuple[walltime.SweepTime | None, str]:
     """The wall time of the cells still to run, in the order they run, and the hardware profile that priced
     it (or, with no time, why).
 
     Each cell is priced for its own engine run as :func:`plan_row` prices a grid point; an engine starts
     wherever the engine changes along the order (as :func:`specbench.sweep.engine_starts` counts them),
     and the sweep's own work is :func:`specbench.analytic.walltime.overhead_s`. Cells that differ only in
-    their engine run are priced once.
+    their engine run are priced once. ``planned``: the whole grid, whose ``confirm=true`` confirmation runs
+    after ``todo`` (:func:`confirmation_timings`, priced from every cell of the grid: it chooses among them all).
     """
     if not todo:
         return walltime.SweepTime(0.0, 0, 0.0), ""
@@ -407,15 +446,19 @@ def run_time(todo: Sequence[grid.PlannedCell], alpha: float = DEFAULT_ALPHA) -> 
     if hardware is None:
         return None, "no hardware profile: python -m specbench.calibrate, or hardware=<name>"
     priced: dict[str, CellTiming | None] = {}
-    costs: list[walltime.CellCost] = []
-    starts: list[float] = []
-    previous = None
-    for p in todo:
+
+    def timing_of(p: grid.PlannedCell) -> CellTiming | None:
         config = {k: v for k, v in p.cell.config.items() if k != "engine_run"}
         key = json.dumps(config, sort_keys=True, default=str)
         if key not in priced:
             priced[key] = plan_row(p.overrides, OmegaConf.create(p.cell.config), alpha, grid.engine_key(p.cell)).timing
-        timing = priced[key]
+        return priced[key]
+
+    costs: list[walltime.CellCost] = []
+    starts: list[float] = []
+    previous = None
+    for p in todo:
+        timing = timing_of(p)
         if timing is None:
             return None, f"{p.cell.cell_id} cannot be priced (a workload read only by the engines?)"
         costs.append(replace(timing.cost, engine_runs=1))
@@ -423,6 +466,10 @@ def run_time(todo: Sequence[grid.PlannedCell], alpha: float = DEFAULT_ALPHA) -> 
         if spec != previous:
             starts.append(timing.start_s)
         previous = spec
+    grid_cells = [timing_of(p) for p in {p.cell.config_hash: p for p in planned or ()}.values()]
+    confirmation = confirmation_timings([t for t in grid_cells if t is not None])
+    costs += [t.cost for t in confirmation]
+    starts += _starts(confirmation)
     return walltime.sweep_time(costs, starts), (f"{hardware.get('name', 'calibrated')}; "
                                                 f"{speculation(bool(hardware.get('memory_bytes')), alpha)}")
 
@@ -456,6 +503,12 @@ def time_lines(rows: Sequence[PlannedRow], alpha: float, half_width: float | Non
     lines = [f"estimated wall time: {_minutes(time.total_s)} = generation {_minutes(time.generation_s)} "
              f"({speculation(where == 'GPU', alpha)}) + {time.starts} engine start(s) "
              f"{_minutes(time.start_s)} ({starts}; {where}) + the sweep's own work {_minutes(time.overhead_s)}"]
+    confirmation = confirmation_timings(timings)
+    if confirmation:
+        grid_only = walltime.sweep_time([t.cost for t in timings], _starts(timings), half_width)
+        lines.append(f"confirm=true: {len(confirmation)} cells measured again after the grid on fresh engines, "
+                     f"{max(t.cost.engine_runs for t in confirmation)} engine run(s) each (per verdict its costliest "
+                     f"candidate and its baseline), included: {_minutes(time.total_s - grid_only.total_s)}")
     widest = widest_half_width(rows, half_width)
     if widest is not None:
         precision = next(t.precision for t in timings if t.sizable)
@@ -504,8 +557,9 @@ def fit_budget(rows: Sequence[PlannedRow]) -> tuple[walltime.BudgetFit, float] |
     if timings is None:
         raise ConfigError(f"budget={budget:g}: the sweep has no time estimate to hold against it "
                           "(pass hardware=<name> or run python -m specbench.calibrate)")
-    cells, starts = [t.cost for t in timings], _starts(timings)
     sizable = [t for t in timings if t.sizable]
+    timings = _with_confirmation(timings)  # the confirmation's cells are sized as the grid's
+    cells, starts = [t.cost for t in timings], _starts(timings)
     start = (sizable[0].precision.half_width if sizable and sizable[0].precision.half_width is not None
              else (widest_half_width(rows) or (0.05, 0, 0))[0])
     fit = walltime.fit_budget(cells, starts, budget * 60.0, start)

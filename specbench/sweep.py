@@ -284,10 +284,15 @@ class CellSweeper(BasicSweeper):
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
         earlier = write_plan(sweep_dir, planned)
+        # Read from the cells: a preset's sweeper params set it in the jobs, not in the sweeper's own config.
+        confirming = any(p.cell.config.get("confirm") for p in planned)
+        if not confirming and (stale := confirm.set_aside(sweep_dir)) is not None:
+            earlier.append(f"  {stale}")
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cells_dir = sweep_dir / "cells"
         todo = [p for p in planned if completed_row(CellFiles(cells_dir, p.cell.cell_id), p.cell) is None]
-        plan = describe_plan(sweep_dir, planned, todo, len(jobs), bool(self.config.get("verbose")), run_time(todo))
+        plan = describe_plan(sweep_dir, planned, todo, len(jobs), bool(self.config.get("verbose")),
+                             run_time(todo, planned=planned))
         if (waves := waves_line(planned)) is not None:
             plan += f"\n  {waves}"
         plan += "".join(f"\n{line}" for line in earlier)
@@ -297,8 +302,7 @@ class CellSweeper(BasicSweeper):
         # class imported here need not be the one the launcher was made from.
         in_process = type(self.launcher).__name__ == "BasicLauncher"
         returns = self._launch(sweep_dir, todo, 0, in_process)
-        # Read from the cells: a preset's sweeper params set it in the jobs, not in the sweeper's own config.
-        if any(p.cell.config.get("confirm") for p in planned):
+        if confirming:
             returns += self._confirm(sweep_dir, lambda point: cell_from_config(
                 loader.load_sweep_config(self.config, list(point))), len(todo), in_process)
         return returns

@@ -246,3 +246,25 @@ def test_a_sweep_with_confirm_measures_the_chosen_cell_again_on_fresh_engines_an
     again = specbench("-m", *grid, "confirm=true", f"hydra.sweep.dir={first.directory}", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "2 cells, 0 to run, 2 already measured" in again.stdout
+
+
+def test_a_sweep_run_again_without_confirm_leaves_the_earlier_confirmation_out(command, tmp_path, monkeypatch):  # noqa: F811
+    # An earlier run with confirm=true left confirm.json naming its chosen cell; the grid is run again with
+    # confirm=false (the default). Its finish must not attach the earlier confirmation to this run's rows.
+    import specbench.sweep as sweeping
+
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    grid = ["method=ngram", "num_speculative_tokens=2", "batch_size=1", "engine_runs=1", "workload.num_prompts=2"]
+    finished: list[Path] = []
+    monkeypatch.setattr(sweeping.CellSweeper, "_launch", lambda self, *args: [])  # no engine: the grid is not run
+    monkeypatch.setattr(sweeping, "finish", finished.append)
+    earlier = [{"cell_id": "ngram-k2-b1-summarize-cccccccccccc-r0", "overrides": [], "confirms": "the-grid-cell"}]
+    (sweep_dir / confirm.CONFIRM_FILE).write_text(json.dumps(earlier))
+    rows = [make_row("ngram", 2, 1, speedup=1.4, cell_id="the-grid-cell")]
+    assert confirm.with_confirmations(rows, sweep_dir)[0][0]["confirmation_not_judged"] == "never measured"
+    result = command(sweep(*grid, multirun=True, out=tmp_path))
+    assert result.returncode == 0 and finished == [sweep_dir], result.output[-2000:]
+    assert "confirm=false: the confirmation an earlier run measured (confirm.json) is left out of these results" \
+        in result.output
+    assert confirm.with_confirmations(rows, sweep_dir) == (rows, [])

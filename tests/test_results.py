@@ -317,7 +317,9 @@ def test_shared_baselines_separate_the_baseline_engines_spread_from_the_speculat
     ms_run = 2 * sum(m * m for m in run_means)  # E sum_r mean_r^2 over R-1 = 1
     ms_engine = sum((centred[c][r] - run_means[r]) ** 2 for c in range(2) for r in range(2))  # over (E-1)(R-1) = 1
     variance = ms_run / 2 + ms_engine / 2
-    df = variance**2 / ((ms_run / 2) ** 2 + (ms_engine / 2) ** 2)
+    # Satterthwaite's df, the run mean square (one df) counted at its upper bound (stats.run_term_bound).
+    run = stats.run_term_bound(1) * ms_run / 2
+    df = (run + ms_engine / 2) ** 2 / (run**2 + (ms_engine / 2) ** 2)
     row = next(r for r in rows if r["num_speculative_tokens"] == 2)
     assert (row["speedup_df"], row["speedup_log_sd"]) == (pytest.approx(df), pytest.approx(math.sqrt(variance)))
     assert row["baseline_engine_log_sd"] == pytest.approx(math.sqrt(max(0.0, ms_run - ms_engine) / 2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -287,3 +288,44 @@ def test_a_single_run_is_sized_to_its_budget_as_a_sweeps_cell_is(capsys):
     # The cell serves the prompts the half-width gives, the one a user typing it would get.
     assert sized.config_hash == as_typed.config_hash
     assert sized.workload["num_prompts"] < unsized.workload["num_prompts"]
+
+
+# --------------------------------------------------------------------------- confirm=true in the estimate
+
+
+def test_the_estimate_and_the_budget_price_the_confirmation_of_confirm_true():
+    # The demo grid on 2 CPU cores: per workload the verdict's configuration (one of the speculative cells at
+    # batch 1) and its baseline are measured again, twice (engine_runs=2), on fresh engines.
+    grid = ["sweep=cpu_demo", "hardware=cpu-amd-epyc-2-cores"]
+    rows, confirming = make_plan(grid), make_plan([*grid, "confirm=true"])
+    alone, with_confirmation = plan_time(rows), plan_time(confirming)
+    batch1 = [r for r in rows if " b=1 " in r.label]
+    added = 0.0
+    for workload in ("summarize", "creative"):
+        here = [r.timing for r in batch1 if r.label.endswith(workload)]
+        baseline = next(t for t in here if not t.speculative)
+        added += max(t.cost.seconds() for t in here if t.speculative) + baseline.cost.seconds()
+    runs = baseline.cost.engine_runs
+    # Per workload, the costliest candidate and the baseline, each in both engine runs.
+    assert with_confirmation.generation_s == pytest.approx(alone.generation_s + added)
+    assert with_confirmation.overhead_s == pytest.approx(alone.overhead_s + 4 * runs * walltime.CELL_OVERHEAD_S)
+    # Fresh engines in each engine run: the baselines' one, and at least one speculative engine.
+    assert with_confirmation.starts >= alone.starts + 2 * runs
+    assert with_confirmation.start_s >= alone.start_s + runs * (baseline.start_s + min(
+        r.timing.start_s for r in batch1 if r.timing.speculative))
+    # A budget the grid alone fits, but not with its confirmation: sized (or refused), not "fits as configured".
+    minutes = math.ceil(alone.total_s / 60)
+    assert with_confirmation.total_s > minutes * 60
+    from specbench.config import ConfigError
+    from specbench.plan import budget_overrides, format_plan
+
+    assert budget_overrides([replace(r, budget=minutes) for r in rows])[0] == []
+    try:
+        extra, _ = budget_overrides([replace(r, budget=minutes) for r in confirming])
+    except ConfigError as exc:
+        assert f"budget={minutes}: the sweep takes at least" in str(exc)
+    else:
+        assert extra and extra[0].startswith("precision.half_width=")
+    # The plan says so.
+    assert "confirm=true: 4 cells measured again after the grid on fresh engines, 2 engine run(s) each" in \
+        format_plan(confirming, 0.7)

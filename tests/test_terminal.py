@@ -130,6 +130,30 @@ def test_plan_estimates_the_wall_time_of_the_cells_to_run(compose_cell, tmp_path
         time.total_s - time.start_s / 2 - time.generation_s / 2 - walltime.CELL_OVERHEAD_S)
 
 
+def test_the_plan_lines_wall_time_counts_the_confirmation_of_confirm_true(compose_cell, tmp_path):
+    """With confirm=true the sweep measures, after the grid, the verdict's configuration and its baseline again on
+    fresh engines, in each engine run: the line's estimate prices them (the costliest candidate at batch 1)."""
+    from specbench.analytic import walltime
+    from specbench.plan import run_time
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": str(i), "prompt": "x" * 900}) + "\n" for i in range(6)))
+    workload = ["workload.source=jsonl", f"workload.path={prompts}", "workload.num_prompts=3",
+                "workload.max_tokens=16", "hardware=h200", "repetitions=1", "engine_runs=2", "confirm=true"]
+    jobs = [["method=ngram", f"num_speculative_tokens={k}", f"batch_size={b}"] + workload for k in (2, 4) for b in (1, 4)]
+    planned = plan_cells(jobs, compose_cell)
+    grid, confirming = run_time(planned)[0], run_time(planned, planned=planned)[0]
+    alone = {(p.cell.k, p.cell.batch_size): run_time([p])[0] for p in planned if p.cell.engine_run == 0}
+    chosen = max(alone[2, 1].generation_s, alone[4, 1].generation_s)
+    # The baseline at batch 1 and the costliest candidate there, in both engine runs, each run on fresh engines.
+    assert confirming.generation_s == pytest.approx(grid.generation_s + 2 * (alone[0, 1].generation_s + chosen))
+    assert confirming.starts == grid.starts + 4
+    assert confirming.overhead_s == pytest.approx(grid.overhead_s + 4 * walltime.CELL_OVERHEAD_S)
+    # Without confirm=true nothing is added.
+    plain = plan_cells([[o for o in job if o != "confirm=true"] for job in jobs], compose_cell)
+    assert run_time(plain, planned=plain)[0] == run_time(plain)[0]
+
+
 def test_the_plan_lines_wall_time_is_the_plan_commands_for_the_same_grid():
     # What python -m specbench prints before its first engine and what python -m specbench.plan prints for the
     # same grid are one estimate (the demo preset on a CPU profile, every cell still to run).

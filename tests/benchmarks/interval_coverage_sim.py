@@ -4,8 +4,13 @@ Prints figures; asserts nothing (tests/test_results.py and tests/test_verdicts.p
 fewer draws, as do tests/test_stats.py). No engine, about ten minutes at the default:
 
     .venv/bin/python tests/benchmarks/interval_coverage_sim.py [TRIALS [SELECTION_TRIALS]]
+    .venv/bin/python tests/benchmarks/interval_coverage_sim.py df [TRIALS]
 
 (TRIALS sweeps per coverage setting, default 1,000; SELECTION_TRIALS per selection setting, default TRIALS.)
+
+**The baseline engine's df** (``df``). Per batch size at 2 and 3 engine runs (and as make demo), baseline-engine
+sd 0.02, 0.05 and 0.15: misses and median width before and after counting the run mean square at its upper
+bound in the spread's df (``stats.run_term_bound``).
 
 **Coverage by batch size.** Simulated sweeps as in tests/benchmarks/flag_budget.py: one baseline engine, 4
 speculative configurations, 2 workloads x 3 batch sizes, 3 engine runs. Log speedup of a cell in a run: log
@@ -39,6 +44,7 @@ from unittest import mock
 
 import numpy as np
 
+from specbench import stats
 from specbench.analytic import verdicts
 from specbench.results import merge
 
@@ -169,7 +175,41 @@ def _line(label: str, before: dict[str, float], after: dict[str, float]) -> str:
             f"df {after['df']:.1f} disagree {after['disagree']:.1%} (width x{after['width'] / before['width']:.2f})")
 
 
+def uncounted() -> Any:
+    """The engine-to-engine spread's df as counted before a run mean square on one df was held at its upper
+    bound (``stats.run_term_bound``): Satterthwaite's df on the observed mean squares alone."""
+    return mock.patch.object(stats, "run_term_bound", lambda df: 1.0)
+
+
+def baseline_df(trials: int) -> None:
+    """Per stratum at 2 and 3 engine runs: misses and median width with the run mean square counted at its
+    bound, against Satterthwaite's plug-in df (before)."""
+    print(f"The baseline engine's deviation in the df, {trials} sound sweeps per setting ({CONFIGURATIONS} "
+          f"configurations x {WORKLOADS} workloads per batch size): before (Satterthwaite's df on the observed "
+          "mean squares) -> after (the run mean square counted at its upper bound, stats.run_term_bound):")
+    settings: list[tuple[str, dict[str, Any]]] = [
+        (f"{runs} engine runs", {"runs": runs}) for runs in (2, 3)]
+    settings += [(f"as make demo, noise x{n[0]:g} / x{n[1]:g}", dict(DEMO, batch_noise=n)) for n in DEMO_NOISE]
+    worst = 0.0
+    for name, design in settings:
+        for baseline_sd in BASELINE_ENGINE_SDS:
+            with uncounted():
+                before = coverage(trials, 1, baseline_sd, **design)
+            after = coverage(trials, 1, baseline_sd, **design)
+            noise = design.get("batch_noise", BATCH_NOISE)
+            for batch, scale in zip(design.get("batches", BATCHES), noise):
+                b, a = before[batch], after[batch]
+                worst = max(worst, a["miss"])
+                print(f"  {name}, baseline sd {baseline_sd:.2f}, batch {batch} (noise x{scale:g}): miss "
+                      f"{b['miss']:.1%} -> {a['miss']:.1%}, median width {b['width']:.3f} -> {a['width']:.3f} "
+                      f"(x{a['width'] / b['width']:.2f}), df {b['df']:.1f} -> {a['df']:.1f}")
+    print(f"worst miss after: {worst:.1%}")
+
+
 def main(argv: Sequence[str]) -> None:
+    if argv and argv[0] == "df":
+        baseline_df(int(argv[1]) if len(argv) > 1 else 1000)
+        return
     trials = int(argv[0]) if argv else 1000
     selection = int(argv[1]) if len(argv) > 1 else trials
     print(f"Coverage of the 95% speedup interval, {trials} sound sweeps per setting "
