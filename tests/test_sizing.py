@@ -57,6 +57,13 @@ def test_the_engines_df_are_those_engine_run_spread_counts():
     assert sizing.engine_df(3, 2) > 2 and sizing.engine_df(3, 24) > sizing.engine_df(3, 2)
 
 
+def test_at_two_engine_runs_the_plan_counts_the_baselines_one_df_as_the_merge_does():
+    # The merge counts a run mean square on one df at its upper bound (stats.run_term_bound): 24 speculative
+    # engines over one baseline engine then leave about 1.3 df, not the 3.6 the observed mean squares would.
+    assert sizing.engine_df(2, 24) == pytest.approx(1.293, abs=0.01)
+    assert sizing.engine_df(3, 24) == pytest.approx(4 * 2 / ((1 + 1 / 24) ** 2 + (1 - 1 / 24) ** 2 / 23))
+
+
 @pytest.mark.parametrize(("runs", "engines", "cells"), [(3, 1, 16), (3, 2, 16), (3, 12, 21), (3, 24, 3)])
 def test_the_engines_half_width_is_what_the_merge_gives_on_average(runs, engines, cells):
     # Simulated through the merge's own statistics (engine_run_spread, speedup_interval): baseline and

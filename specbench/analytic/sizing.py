@@ -82,15 +82,19 @@ def engine_df(engine_runs: int, speculative_engines: int = 1) -> float:
     when the baseline engine and each speculative engine deviate alike and the cells do not.
 
     Satterthwaite's over its two mean squares at their expectations (u = v, e = 0): with S speculative
-    engines per baseline engine and R runs, ``4 (R - 1) / ((1 + 1/S)^2 + (1 - 1/S)^2 / (S - 1))``;
-    R - 1 for one speculative engine (every cell shares every deviation).
+    engines per baseline engine and R runs, ``(R - 1) (a + b)^2 / (a^2 + b^2 / (S - 1))`` with
+    ``a = k (1 + 1/S)``, ``b = 1 - 1/S`` and ``k`` the merge's :func:`specbench.stats.run_term_bound` (the
+    run mean square counted at its upper bound on one df: 6.7 at two runs, 1 from three on); R - 1 for one
+    speculative engine (every cell shares every deviation).
     """
     if engine_runs < 2:
         return 0.0
     s = max(1, speculative_engines)
     if s == 1:
         return float(engine_runs - 1)
-    return 4.0 * (engine_runs - 1) / ((1.0 + 1.0 / s) ** 2 + (1.0 - 1.0 / s) ** 2 / (s - 1))
+    a = stats.run_term_bound(engine_runs - 1) * (1.0 + 1.0 / s)
+    b = 1.0 - 1.0 / s
+    return (engine_runs - 1) * (a + b) ** 2 / (a ** 2 + b ** 2 / (s - 1))
 
 
 def engine_half_width(engine_sd: float, engine_runs: int, speculative_engines: int = 1) -> float:
