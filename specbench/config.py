@@ -888,8 +888,11 @@ def _local_config(reference: str) -> dict[str, Any] | None:
 
 def _to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(cfg, DictConfig):
-        cfg = cfg.copy()
-        with open_dict(cfg):
-            cfg.pop("hydra", None)  # resolving it outside a running job fails; it is not the cell
+        # Copied only to drop the hydra node (resolving it outside a running job fails; it is not the cell):
+        # the copy is a deep copy, most of the cost of pricing a grid (validate and cell_from_config call this).
+        if "hydra" in cfg:
+            cfg = cfg.copy()
+            with open_dict(cfg):
+                cfg.pop("hydra")
         return with_draft_vocabulary(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))  # type: ignore[arg-type]
     return with_draft_vocabulary(dict(cfg))
