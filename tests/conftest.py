@@ -32,7 +32,8 @@ TEST_ATTEMPTS = "attempts=1"
 # methods: ngram, a draft model (the target itself, the oracle: every draft accepted), EAGLE and EAGLE-3,
 # at two batch sizes, with their baselines. Creative prompts are short: a long prompt's prefill costs
 # seconds a request on 2 cores. 2 prompts x 16 tokens; 10 cells on 5 engines. One attempt a cell
-# (TEST_ATTEMPTS).
+# (TEST_ATTEMPTS). A test that needs a complete grid to add to (confirm=true, tests/test_confirm.py) runs
+# on a copy of its directory rather than measuring a grid of its own.
 REFERENCE_GRID = [
     "method=ngram,draft_model,eagle,eagle3", "model.drafts.small=embedded:smollm2-135m-instruct",  # self-draft
     "num_speculative_tokens=2", "batch_size=1,2",
