@@ -1,8 +1,9 @@
 """Sampling on the real engine: seeded, reproducible draws, and a distribution check that can fail.
 
-One small multirun through the real command line: plain decoding and ngram at temperature 0.4 and
-1.0 (creative prompts, one engine run). The negative control compares plain decoding at 0.4 with
-plain decoding at 1.0: a test that cannot tell them apart would pass any speculative sampler. A real
+One small grid, measured, merged and reported in the test's process as a multirun would (conftest.run_here):
+plain decoding and ngram at temperature 0.4 and 1.0 (creative prompts, one engine run). The negative control
+compares plain decoding at 0.4 with plain decoding at 1.0: a test that cannot tell them apart would pass any
+speculative sampler. A real
 wrong sampler, vLLM's own CPU build before specbench repairs it, is tested in tests/test_vllm_fixes.py. The
 issue's finer control, 0.7 against 0.8 (a drift of ~0.08 in total variation per position on these
 prompts), is below what the default check size detects (~0.15, its distribution_power_tv); it
@@ -17,7 +18,7 @@ import textwrap
 
 import pytest
 
-from conftest import TEST_ATTEMPTS, run_forked, run_sweep
+from conftest import TEST_ATTEMPTS, run_forked, run_here
 from specbench.results import distribution
 
 pytestmark = pytest.mark.engine
@@ -31,7 +32,7 @@ GRID = ["method=ngram", "temperature=0.4,1.0", "num_speculative_tokens=4", "batc
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    return run_sweep(GRID, tmp_path_factory.mktemp("sampling")).results
+    return run_here(GRID, tmp_path_factory.mktemp("sampling")).results
 
 
 def test_sampled_cells_record_their_settings_seeds_and_draws(sweep):
