@@ -125,9 +125,10 @@ HERE = ("engine.cpu_huge_pages=false",)
 
 def run_here(grid: Sequence[str], root: Path, *, measure: Callable[[Cell], bool] | None = None,
              finish: bool = True) -> Sweep:
-    """What ``python -m specbench -m <grid>`` writes to ``root``, measured in this process: the sweeper's plan
-    (:func:`specbench.sweep.plan_cells`), each cell as its job measures it (:func:`specbench.job.run_cell`) on engines
-    forked from this session's engine fork server, then merged, priced and reported as the sweep's finish does.
+    """The plan, cells, results and report ``python -m specbench -m <grid>`` writes to ``root``, measured in this
+    process: the sweeper's plan (:func:`specbench.sweep.plan_cells`), each cell as its job measures it
+    (:func:`specbench.job.run_cell`) on engines forked from this session's engine fork server, then merged, priced
+    and reported as the sweep's finish does (:func:`specbench.sweep.finish`).
 
     For tests of what the engines measure: a command of its own would cost an interpreter, an import of vLLM and
     the report's imports (about 15 s on 2 cores); what the command line does is tested through it (:func:`run_sweep`).
