@@ -14,13 +14,16 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
+
+if TYPE_CHECKING:
+    from specbench.config import Cell
 
 # A disturbed cell is measured once, not up to three times (the default `attempts`): the engine tests assert
 # what a cell measured, never how fast, and each attempt more costs a measurement and a 5 s wait on a busy
@@ -32,7 +35,8 @@ TEST_ATTEMPTS = "attempts=1"
 # methods: ngram, a draft model (the target itself, the oracle: every draft accepted), EAGLE and EAGLE-3,
 # at two batch sizes, with their baselines. Creative prompts are short: a long prompt's prefill costs
 # seconds a request on 2 cores. 2 prompts x 16 tokens; 10 cells on 5 engines. One attempt a cell
-# (TEST_ATTEMPTS).
+# (TEST_ATTEMPTS). A test that needs a complete grid to add to (confirm=true, tests/test_confirm.py) runs
+# on a copy of its directory rather than measuring a grid of its own.
 REFERENCE_GRID = [
     "method=ngram,draft_model,eagle,eagle3", "model.drafts.small=embedded:smollm2-135m-instruct",  # self-draft
     "num_speculative_tokens=2", "batch_size=1,2",
@@ -112,6 +116,60 @@ def run_sweep(grid: Sequence[str], root: Path) -> Sweep:
     done = specbench("-m", *grid, f"hydra.sweep.dir={root / 'sweep'}", cwd=root)
     assert done.returncode == 0, done.stderr[-4000:]
     return Sweep(root / "sweep", done, pd.read_parquet(root / "sweep" / "results.parquet"))
+
+
+# What a grid measured in this process (run_here) asks for: the start environment this session's engine fork server
+# starts with (no huge pages), so that every engine forks from it; another would be spawned, importing vLLM again.
+HERE = ("engine.cpu_huge_pages=false",)
+
+
+def run_here(grid: Sequence[str], root: Path, *, measure: Callable[[Cell], bool] | None = None,
+             finish: bool = True) -> Sweep:
+    """The plan, cells, results and report ``python -m specbench -m <grid>`` writes to ``root``, measured in this
+    process: the sweeper's plan (:func:`specbench.sweep.plan_cells`), each cell as its job measures it
+    (:func:`specbench.job.run_cell`) on engines forked from this session's engine fork server, then merged, priced
+    and reported as the sweep's finish does (:func:`specbench.sweep.finish`).
+
+    For tests of what the engines measure: a command of its own would cost an interpreter, an import of vLLM and
+    the report's imports (about 15 s on 2 cores); what the command line does is tested through it (:func:`run_sweep`).
+    ``grid`` gets :data:`HERE`. ``measure``: the planned cells to measure (all by default); ``finish`` false leaves
+    the merge out, and the results are then the measured cells' own rows (a speculative cell without its baseline
+    has no speedup, which the finish fails). ``done``: the lines each cell printed and the finish's output.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from specbench import grid as grids
+    from specbench import job
+    from specbench.engine import EnginePool
+    from specbench.results.files import CellFiles
+    from specbench.results.schema import read_rows
+    from specbench.sweep import finish as finish_sweep
+    from specbench.sweep import plan_cells, write_plan
+
+    jobs = grids.grid_points(OverridesParser.create(), {}, [*grid, *HERE])
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
+        planned = plan_cells(jobs, lambda point: compose(config_name="config", overrides=list(point)))
+    GlobalHydra.instance().clear()
+    write_plan(root, planned)
+    chosen = [p.cell for p in planned if measure is None or measure(p.cell)]
+    pool, out, err = EnginePool(), io.StringIO(), io.StringIO()
+    try:
+        for cell in chosen:
+            outcome = job.run_cell(cell, root / "cells", engine_runs=cell.config["engine_runs"],
+                                   timeout_s=cell.config["engine"]["cell_timeout_s"], pool=pool,
+                                   engine_log=root / "specbench.log")
+            assert outcome.status == "ok", outcome.error
+            out.write(f"{outcome.summary}\n")
+    finally:
+        pool.discard()
+    if finish:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            finish_sweep(root)
+        results = pd.read_parquet(root / "results.parquet")
+    else:
+        results = pd.DataFrame([read_rows(CellFiles(root / "cells", cell.cell_id).row)[0] for cell in chosen])
+    return Sweep(root, subprocess.CompletedProcess(list(grid), 0, out.getvalue(), err.getvalue()), results)
 
 
 @pytest.fixture

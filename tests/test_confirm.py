@@ -1,12 +1,14 @@
 """confirm=true (specbench.confirm): what the verdicts chose, measured again on fresh engines, judged on those runs alone.
 
 The selection and the decision on constructed rows (tests/rows.py), the merge apart on constructed cell files,
-the refusals through the real command line; one engine test runs the tiniest grid with confirm=true end to end.
+the refusals through the real command line; one engine test runs confirm=true end to end on a copy of the session's
+reference sweep (tests/conftest.py), whose grid is already measured.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -217,33 +219,38 @@ def _undisturbed(cells: Path) -> None:
 
 
 @pytest.mark.engine
-def test_a_sweep_with_confirm_measures_the_chosen_cell_again_on_fresh_engines_and_a_rerun_keeps_it(tmp_path):
-    from conftest import run_sweep, specbench
+def test_a_sweep_with_confirm_measures_the_chosen_cell_again_on_fresh_engines_and_a_rerun_keeps_it(
+        tmp_path, reference_sweep):
+    from conftest import REFERENCE_GRID, specbench
 
-    grid = ["method=ngram", "num_speculative_tokens=2", "batch_size=1", "workload=creative", "workload.num_prompts=2",
-            "workload.max_tokens=16", "repetitions=1", "engine_runs=1", "attempts=1"]
-    first = run_sweep(grid, tmp_path)
-    # A flagged cell is named by no verdict, and a shared machine flags every cell as disturbed: the grid's cells
-    # are marked undisturbed, so that what is tested does not hang on the machine's load (a no-op on a quiet one).
-    _undisturbed(first.directory / "cells")
-    done = specbench("-m", *grid, "confirm=true", f"hydra.sweep.dir={first.directory}", cwd=tmp_path)
+    # The session's reference sweep, copied: its grid is complete, so confirm=true measures the confirmation alone
+    # (a grid of its own would cost a vLLM import and two engines more). A flagged cell is named by no verdict, and a
+    # shared machine flags every cell as disturbed: the copy's cells are marked undisturbed, so that what is tested
+    # does not hang on the machine's load (a no-op on a quiet one).
+    directory = tmp_path / "sweep"
+    shutil.copytree(reference_sweep.directory, directory)
+    _undisturbed(directory / "cells")
+    done = specbench("-m", *REFERENCE_GRID, "confirm=true", f"hydra.sweep.dir={directory}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "0 to run on 0 engine(s), 2 already complete" in done.stdout
-    assert "confirming on fresh engines what the verdicts chose: ngram K=2 at batch 1 on creative, with their " \
-           "baselines: 2 cells, 2 to run" in done.stdout
-    listed = json.loads((first.directory / confirm.CONFIRM_FILE).read_text())
-    assert len(listed) == 2 and all((first.directory / "cells" / f"{e['cell_id']}.parquet").is_file() for e in listed)
-    results = pd.read_parquet(first.directory / "results.parquet")
-    assert len(results) == 2  # the grid's two cells only: the confirmation is merged apart
-    chosen = results[results["method"] == "ngram"].iloc[0]
+    assert "0 to run on 0 engine(s), 10 already complete" in done.stdout
+    listed = json.loads((directory / confirm.CONFIRM_FILE).read_text())
+    assert len(listed) == 2 and all((directory / "cells" / f"{e['cell_id']}.parquet").is_file() for e in listed)
+    results = pd.read_parquet(directory / "results.parquet")
+    assert len(results) == 10  # the grid's cells only: the confirmation is merged apart
+    # The verdict names one cell of the one workload (the fastest at batch 1 of several speculative ones: which
+    # depends on the machine); it and its baseline are measured again.
+    [chosen] = [row for _, row in results.iterrows() if pd.notna(row["confirmation_cell_id"])]
+    assert chosen["method"] != "baseline" and chosen["batch_size"] == 1
+    assert (f"confirming on fresh engines what the verdicts chose: {chosen['method_label']} at batch 1 on creative, "
+            "with their baselines: 2 cells, 2 to run") in done.stdout
     assert chosen["confirmation_cell_id"] in {e["cell_id"] for e in listed}
     assert pd.notna(chosen["confirmation_speedup"])
     # Fresh engines: none of the confirmation's engine ids is one of the grid's.
-    cells = [pd.read_parquet(first.directory / "cells" / f"{e['cell_id']}.parquet").iloc[0] for e in listed]
+    cells = [pd.read_parquet(directory / "cells" / f"{e['cell_id']}.parquet").iloc[0] for e in listed]
     assert not {c["engine_id"] for c in cells} & set(",".join(results["engine_id"]).split(","))
     assert any("on fresh engines" in line for line in done.stdout.splitlines() if line.startswith("verdict:"))
     # A rerun (after a crash, say) measures nothing again: grid and confirmation are complete.
-    again = specbench("-m", *grid, "confirm=true", f"hydra.sweep.dir={first.directory}", cwd=tmp_path)
+    again = specbench("-m", *REFERENCE_GRID, "confirm=true", f"hydra.sweep.dir={directory}", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "2 cells, 0 to run, 2 already measured" in again.stdout
 

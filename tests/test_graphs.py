@@ -3,6 +3,8 @@ each cell gets, and what vLLM does with the list."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from specbench import grid
@@ -135,32 +137,51 @@ def test_plan_shows_the_capture_sizes_and_graph_memory_of_a_gpu_grid():
     assert "step 640 > max_num_batched_tokens 512, no graph" in format_plan(over, 0.7)
 
 
-@pytest.mark.engine  # not an engine, but vLLM's config machinery: a minute on this machine
+# The CPU build turns graphs off; the sizing rule itself is platform-independent Python. What vLLM's config
+# machinery makes of three requests: the list specbench hands it, a largest size alone, neither.
+_SIZED = """
+import json
+
+from vllm.config.compilation import CUDAGraphMode
+from vllm.engine.arg_utils import EngineArgs
+
+from specbench import models
+from specbench.analytic import graphs
+
+config = EngineArgs(
+    model=str(models.resolve("embedded:smollm2-135m-instruct")), skip_tokenizer_init=True, max_num_seqs=256,
+    max_num_batched_tokens=8192,
+    speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+).create_engine_config()
+compilation = config.compilation_config
+
+
+def sized(sizes, largest):
+    config.model_config.enforce_eager = False
+    compilation.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    compilation.cudagraph_capture_sizes, compilation.max_cudagraph_capture_size = sizes, largest
+    config._set_cudagraph_sizes()
+    return [list(compilation.cudagraph_capture_sizes), compilation.max_cudagraph_capture_size]
+
+
+ours = list(graphs.capture_sizes(100, 4, None))
+print(json.dumps({"ours": ours, "given": sized(ours, None), "largest_alone": sized(None, 500),
+                  "default": sized(None, None)}))
+"""
+
+
+@pytest.mark.engine  # not an engine, but vLLM's config machinery: vLLM is imported once for the engine pass
 def test_vllm_keeps_the_list_and_a_largest_size_alone_misses_off_grid_decode_steps():
-    from vllm.config.compilation import CUDAGraphMode
-    from vllm.engine.arg_utils import EngineArgs
+    # In a process forked from the engine fork server, which has imported vLLM: this one never does.
+    from conftest import run_forked
 
-    from specbench import models
-
-    # The CPU build turns graphs off; the sizing rule itself is platform-independent Python.
-    config = EngineArgs(
-        model=str(models.resolve("embedded:smollm2-135m-instruct")), skip_tokenizer_init=True, max_num_seqs=256,
-        max_num_batched_tokens=8192,
-        speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
-    ).create_engine_config()
-    compilation = config.compilation_config
-
-    def sized(sizes: list[int] | None, largest: int | None) -> list[int]:
-        config.model_config.enforce_eager = False
-        compilation.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
-        compilation.cudagraph_capture_sizes, compilation.max_cudagraph_capture_size = sizes, largest
-        config._set_cudagraph_sizes()
-        return list(compilation.cudagraph_capture_sizes)
-
-    ours = list(graphs.capture_sizes(100, 4, None))
-    assert sized(ours, None) == ours and compilation.max_cudagraph_capture_size == 500
-    assert 500 not in sized(None, 500)  # truncated to the grid's 496: 100 requests x 5 get no graph
-    assert max(sized(None, None)) == 512  # the default ceiling: 128 x 5 = 640 gets none
+    done = run_forked(_SIZED, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = found["ours"]
+    assert found["given"] == [ours, 500]
+    assert 500 not in found["largest_alone"][0]  # truncated to the grid's 496: 100 requests x 5 get no graph
+    assert max(found["default"][0]) == 512  # the default ceiling: 128 x 5 = 640 gets none
 
 
 def test_graph_memory_is_shaped_like_each_runners_accounting(monkeypatch):

@@ -11,9 +11,8 @@ import pytest
 
 from specbench import models
 
-pytestmark = pytest.mark.engine  # converts a real GGUF: tens of seconds
 
-
+@pytest.mark.engine  # converts a real GGUF: tens of seconds
 def test_two_processes_preparing_at_once_make_one_complete_checkpoint(tmp_path):
     env = dict(os.environ, SPECBENCH_CACHE=str(tmp_path))
     script = "from specbench import models; print(models.prepare_embedded('smollm2-135m-instruct-l24'))"

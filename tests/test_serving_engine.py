@@ -2,7 +2,8 @@
 
 Two summarize prompts (prompt lookup finds drafts there), six requests of 16 tokens at 4 req/s,
 the first left out as warm-up; baseline and ngram K=2 at the same offered load; the prefix cache
-prefills each prompt once.
+prefills each prompt once. Measured, merged and reported in the test's process as a multirun would
+(conftest.run_here); the cells' lines are what the terminal would show.
 """
 
 from __future__ import annotations
@@ -11,21 +12,19 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import specbench
+from conftest import run_here
 
 pytestmark = pytest.mark.engine
 
 
 def test_a_serving_sweep_records_latencies_the_running_batch_and_exact_outputs(tmp_path: Path) -> None:
-    done = specbench(
-        "-m", "method=ngram", "num_speculative_tokens=2", "workload=summarize", "workload.num_prompts=2",
-        "workload.selection=first", "workload.max_prompt_tokens=480", "workload.max_tokens=16",
-        "load.request_rate=4", "load.num_requests=6", "load.warmup_requests=1", "load.slo.ttft_ms=60000",
-        "engine_runs=1", "attempts=1", "engine.enable_prefix_caching=true",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    rows = pd.read_parquet(tmp_path / "sweep" / "results.parquet").set_index("method")
+    done = run_here(
+        ["method=ngram", "num_speculative_tokens=2", "workload=summarize", "workload.num_prompts=2",
+         "workload.selection=first", "workload.max_prompt_tokens=480", "workload.max_tokens=16",
+         "load.request_rate=4", "load.num_requests=6", "load.warmup_requests=1", "load.slo.ttft_ms=60000",
+         "engine_runs=1", "attempts=1", "engine.enable_prefix_caching=true"], tmp_path,
+    ).done
+    rows = pd.read_parquet(tmp_path / "results.parquet").set_index("method")
     assert set(rows.index) == {"baseline", "ngram"}
     for method in ("baseline", "ngram"):
         row = rows.loc[method]
@@ -56,7 +55,7 @@ def test_a_serving_sweep_records_latencies_the_running_batch_and_exact_outputs(t
         assert ngram[f"serving_speedup_{name}"] > 0
     # Greedy outputs under load are the baseline's, request for request (warm-up included).
     assert ngram["exactness"] in ("exact", "ties"), ngram["divergences"]
-    report = (tmp_path / "sweep" / "report.html").read_text()
+    report = (tmp_path / "report.html").read_text()
     assert 'id="serving"' in report and "img-serving-batch" in report
     # The terminal names a serving cell by its offered rate and gives the speedup the verdict reads.
     ngram_line = next(line for line in done.stdout.splitlines() if line.startswith("ngram K=2 at 4 req/s summarize"))
