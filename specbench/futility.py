@@ -31,9 +31,10 @@ from specbench.results.schema import recommendable
 
 
 # A settled configuration leaves the pooled spread with the engines of the configurations that go on. At two
-# engine runs each has one degree of freedom of engine-to-engine spread to give, and six configurations that
-# became three took Satterthwaite's df from 2.7 to 2.0 (t from 3.6 to 4.3, the intervals of those that pay a fifth
-# wider); at three runs, 5.3 to 4.0 (t from 2.53 to 2.78): futility stops only configurations of three or more.
+# engine runs each has one degree of freedom of engine-to-engine spread to give: six configurations that became
+# three take Satterthwaite's df from 2.7 to 2.0 at equal engine deviations (specbench.analytic.sizing.engine_df;
+# t from 3.46 to 4.30, the intervals of those that pay a quarter wider); at three runs from 5.3 to 4.0 (t from
+# 2.52 to 2.78, a tenth): futility stops only configurations of three engine runs or more.
 MIN_ENGINE_RUNS = 3
 
 

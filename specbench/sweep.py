@@ -332,6 +332,10 @@ class CellSweeper(BasicSweeper):
         waiting = futility.below_one(merge(cells_dir, [p.cell.cell_id for p in planned if p.cell.engine_run == 0]),
                                      futility.asking(planned))
         now = [p for p in futility.later_now(planned, waiting) if p.cell.cell_id in to_run]
+        if not any(not p.cell.is_baseline for p in now):
+            # Nothing goes on to measure a spread by which to settle the rest: every cell, in the grid's order.
+            later = [p for p in todo if p.cell.engine_run > 0]
+            return returns + (self._launch(sweep_dir, later, launched, in_process) if later else [])
         returns += self._launch(sweep_dir, now, launched, in_process)
         launched += len(now)
         if not waiting:

@@ -95,23 +95,16 @@ def _runs_of(planned) -> dict[str, set[int]]:
     return runs
 
 
-@pytest.mark.parametrize("k4_pace, k4_runs_again", [(0.5, False), (0.97, True)], ids=["settled", "straddles"])
-def test_the_sweeper_runs_engine_run_0_then_what_pays_then_only_what_is_unsettled(
-        tmp_path: Path, compose_cell, monkeypatch, k4_pace, k4_runs_again):
-    # ngram K=2 pays (about 2x, its engine runs 5% apart); K=4 measures below 1x in engine run 0 and waits. At 0.5x
-    # its interval (on K=2's spread, 2 df) lies below 1: it stops. At 0.97x it reaches 1: its later engine runs
-    # follow, after everything else.
+def _futility_sweep(tmp_path: Path, compose_cell, monkeypatch, pace: dict[int, list[float]]):
+    """ngram K=2 and K=4 at batch 1 in 3 engine runs, swept by ``CellSweeper._launch_with_futility`` with its
+    launches recorded and each launched cell written as measured: the baseline 2 s, a cell 2 s / its pace in that
+    engine run. Returns the planned cells, the launches, and each configuration's config hash."""
     jobs = [(f"num_speculative_tokens={k}", "batch_size=1", "engine_runs=3", "hardware=cpu-amd-epyc-2-cores")
             for k in (2, 4)]
     planned = plan_cells(jobs, compose_cell)
     write_plan(tmp_path, planned)
-    # The plan's line before the first engine: the time were both configurations to stop after engine run 0.
-    assert futility_floor(planned, planned).startswith("futility=true: from ")
-    assert futility.asking(planned) and not futility.asking(plan_cells([(*jobs[0][:2], "engine_runs=2")],
-                                                                         compose_cell))
     cells = tmp_path / "cells"
     launched: list[list] = []
-    pace = {2: [2.0, 1.9, 2.1], 4: [k4_pace] * 3}
 
     def launch(self, sweep_dir, todo, first_job, in_process):
         launched.append(list(todo))
@@ -125,15 +118,42 @@ def test_the_sweeper_runs_engine_run_0_then_what_pays_then_only_what_is_unsettle
 
     monkeypatch.setattr(CellSweeper, "_launch", launch)
     CellSweeper()._launch_with_futility(tmp_path, planned, planned, in_process=False)
-    k2, k4 = (next(p.cell.config_hash for p in planned if not p.cell.is_baseline and p.cell.k == k) for k in (2, 4))
-    base = next(p.cell.config_hash for p in planned if p.cell.is_baseline)
-    assert _runs_of(launched[0]) == {base: {0}, k2: {0}, k4: {0}}
-    assert _runs_of(launched[1]) == {base: {1, 2}, k2: {1, 2}}
+    hashes = {k: next(p.cell.config_hash for p in planned if not p.cell.is_baseline and p.cell.k == k) for k in (2, 4)}
+    hashes[0] = next(p.cell.config_hash for p in planned if p.cell.is_baseline)
+    return planned, launched, hashes
+
+
+@pytest.mark.parametrize("k4_pace, k4_runs_again", [(0.5, False), (0.97, True)], ids=["settled", "straddles"])
+def test_the_sweeper_runs_engine_run_0_then_what_pays_then_only_what_is_unsettled(
+        tmp_path: Path, compose_cell, monkeypatch, k4_pace, k4_runs_again):
+    # ngram K=2 pays (about 2x, its engine runs 5% apart); K=4 measures below 1x in engine run 0 and waits. At 0.5x
+    # its interval (on K=2's spread, 2 df) lies below 1: it stops. At 0.97x it reaches 1: its later engine runs
+    # follow, after everything else.
+    planned, launched, h = _futility_sweep(tmp_path, compose_cell, monkeypatch, {2: [2.0, 1.9, 2.1], 4: [k4_pace] * 3})
+    assert _runs_of(launched[0]) == {h[0]: {0}, h[2]: {0}, h[4]: {0}}
+    assert _runs_of(launched[1]) == {h[0]: {1, 2}, h[2]: {1, 2}}
     if k4_runs_again:
-        assert len(launched) == 3 and _runs_of(launched[2]) == {k4: {1, 2}}
+        assert len(launched) == 3 and _runs_of(launched[2]) == {h[4]: {1, 2}}
     else:
         assert len(launched) == 2  # K=4 settled: its later engine runs never start
     assert set(read_plan(tmp_path)) == {p.cell.cell_id for p in planned}  # the plan still lists them
+    # The plan's line before the first engine: the time were both configurations to stop after engine run 0.
+    assert futility_floor(planned, planned).startswith("futility=true: from ")
+
+
+def test_where_every_configuration_is_below_1x_after_run_0_every_cell_runs_in_the_grids_order(
+        tmp_path: Path, compose_cell, monkeypatch):
+    # Nothing goes on to measure a spread: nothing can be settled, so nothing waits.
+    planned, launched, h = _futility_sweep(tmp_path, compose_cell, monkeypatch, {2: [0.9] * 3, 4: [0.5] * 3})
+    assert len(launched) == 2
+    assert launched[1] == [p for p in planned if p.cell.engine_run > 0]
+
+
+def test_futility_asks_for_three_engine_runs(compose_cell):
+    jobs = [("num_speculative_tokens=2", f"engine_runs={runs}") for runs in (2, 3)]
+    assert not futility.asking(plan_cells(jobs[:1], compose_cell))
+    assert futility.asking(plan_cells(jobs[1:], compose_cell))
+    assert not futility.asking(plan_cells([(*jobs[1], "futility=false")], compose_cell))
 
 
 def test_validation_names_a_futility_that_is_not_a_bool(compose_cell):
