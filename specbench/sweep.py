@@ -236,6 +236,22 @@ def describe_plan(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequenc
     return "\n".join(lines)
 
 
+def without_settled(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequence[PlannedCell]) -> list[PlannedCell]:
+    """``todo`` less the later engine runs of configurations a ``futility=true`` sweep already settled: on a rerun
+    whose engine run 0 and whose cells that went on are all measured, the decision the first run made
+    (:mod:`specbench.futility`), so that the plan counts what will run. ``todo`` as it is otherwise."""
+    if not futility.asking(planned) or any(p.cell.engine_run == 0 for p in todo):
+        return list(todo)
+    cells_dir = sweep_dir / "cells"
+    waiting = futility.below_one(merge(cells_dir, [p.cell.cell_id for p in planned if p.cell.engine_run == 0]),
+                                 futility.asking(planned))
+    pending = {p.cell.cell_id for p in todo}
+    if not waiting or any(p.cell.cell_id in pending for p in futility.later_now(planned, waiting)):
+        return list(todo)
+    done = futility.settled(merge(cells_dir, [p.cell.cell_id for p in planned]), waiting)
+    return [p for p in todo if not (p.cell.engine_run > 0 and p.cell.config_hash in done)]
+
+
 def futility_floor(planned: Sequence[PlannedCell], todo: Sequence[PlannedCell]) -> str | None:
     """The plan's line under ``futility=true``: the time were every configuration that may stop measured in engine
     run 0 only (:mod:`specbench.futility`); None where the cells cannot be priced."""
@@ -298,6 +314,7 @@ class CellSweeper(BasicSweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cells_dir = sweep_dir / "cells"
         todo = [p for p in planned if completed_row(CellFiles(cells_dir, p.cell.cell_id), p.cell) is None]
+        todo = without_settled(sweep_dir, planned, todo)
         plan = describe_plan(sweep_dir, planned, todo, len(jobs), bool(self.config.get("verbose")), run_time(todo))
         if futility.asking(planned) and (floor := futility_floor(planned, todo)) is not None:
             plan += f"\n  {floor}"

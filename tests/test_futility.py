@@ -18,7 +18,7 @@ from rows import cell_row, write_cell
 from specbench import futility
 from specbench.analytic import verdicts
 from specbench.plan import DEFAULT_ALPHA, make_plan, time_lines
-from specbench.sweep import CellSweeper, futility_floor, plan_cells, read_plan, write_plan
+from specbench.sweep import CellSweeper, futility_floor, plan_cells, read_plan, without_settled, write_plan
 
 
 def _judged(logs_by_config: dict[int, list[float]]) -> list[dict]:
@@ -137,6 +137,10 @@ def test_the_sweeper_runs_engine_run_0_then_what_pays_then_only_what_is_unsettle
     else:
         assert len(launched) == 2  # K=4 settled: its later engine runs never start
     assert set(read_plan(tmp_path)) == {p.cell.cell_id for p in planned}  # the plan still lists them
+    # A rerun plans what is left: nothing where K=4 was settled, its later runs where it was not (here measured).
+    left = [p for p in planned if not (tmp_path / "cells" / f"{p.cell.cell_id}.parquet").is_file()]
+    assert len(left) == (0 if k4_runs_again else 2)
+    assert without_settled(tmp_path, planned, left) == []
     # The plan's line before the first engine: the time were both configurations to stop after engine run 0.
     assert futility_floor(planned, planned).startswith("futility=true: from ")
 

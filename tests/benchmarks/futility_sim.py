@@ -1,7 +1,7 @@
 """Does stopping for futility (``futility=true``) keep the verdict's error rates, and what does it cost the intervals?
 
 Prints figures; asserts nothing (tests/test_futility.py asserts the same properties on fewer draws). No engine,
-about a minute at the default:
+about ten minutes on 2 cores at the default (2,000 sweeps per line):
 
     .venv/bin/python tests/benchmarks/futility_sim.py [TRIALS]
 
