@@ -46,13 +46,24 @@ def test_only_a_waiting_configuration_whose_interval_lies_below_one_is_settled()
 
 
 def test_a_flagged_configuration_is_not_settled_and_below_one_takes_only_the_configurations_asking():
-    rows = _judged({0: [0.60, 0.64, 0.58], 1: [0.65, 0.61, 0.66], 2: [math.log(0.5)]})
-    assert futility.settled(rows, {"c2"}) == {"c2"}
-    rows[2]["flagged"] = True
-    assert futility.settled(rows, {"c2"}) == set()
+    rows = _judged({0: [0.60, 0.64, 0.58], 1: [0.65, 0.61, 0.66], 2: [0.62, 0.59, 0.66], 3: [math.log(0.5)]})
+    assert futility.settled(rows, {"c3"}) == {"c3"}
+    rows[3]["flagged"] = True
+    assert futility.settled(rows, {"c3"}) == set()
     first = _judged({0: [math.log(1.4)], 1: [math.log(0.9)], 2: [math.log(0.5)]})
     assert futility.below_one(first, {"c0", "c1", "c2"}) == {"c1", "c2"}
     assert futility.below_one(first, {"c0", "c1"}) == {"c1"}
+
+
+def test_three_configurations_go_on_to_measure_the_spread_those_nearest_to_1_first():
+    # One configuration pays; five measured 0.5-0.7x once. Settling all five would leave one engine to measure the
+    # spread (2 df): the two whose intervals reach highest go on with it.
+    rows = _judged({0: [0.14, 0.12, 0.16], **{c: [math.log(0.5 + 0.04 * c)] for c in range(1, 6)}})
+    waiting = {f"c{c}" for c in range(1, 6)}
+    assert all(r["speedup_ci_high"] < 1.0 for r in rows[1:])
+    assert futility.settled(rows, waiting) == {"c1", "c2", "c3"}
+    # Where there are only two configurations, both go on.
+    assert futility.settled(_judged({0: [0.14, 0.12, 0.16], 1: [math.log(0.5)]}), {"c1"}) == set()
 
 
 def test_a_settled_configuration_never_pays_and_no_verdict_pays_falsely_more_often_than_alpha():
@@ -96,11 +107,11 @@ def _runs_of(planned) -> dict[str, set[int]]:
 
 
 def _futility_sweep(tmp_path: Path, compose_cell, monkeypatch, pace: dict[int, list[float]]):
-    """ngram K=2 and K=4 at batch 1 in 3 engine runs, swept by ``CellSweeper._launch_with_futility`` with its
+    """ngram at batch 1 for each K of ``pace``, in 3 engine runs, swept by ``CellSweeper._launch_with_futility`` with its
     launches recorded and each launched cell written as measured: the baseline 2 s, a cell 2 s / its pace in that
     engine run. Returns the planned cells, the launches, and each configuration's config hash."""
     jobs = [(f"num_speculative_tokens={k}", "batch_size=1", "engine_runs=3", "hardware=cpu-amd-epyc-2-cores")
-            for k in (2, 4)]
+            for k in pace]
     planned = plan_cells(jobs, compose_cell)
     write_plan(tmp_path, planned)
     cells = tmp_path / "cells"
@@ -118,7 +129,7 @@ def _futility_sweep(tmp_path: Path, compose_cell, monkeypatch, pace: dict[int, l
 
     monkeypatch.setattr(CellSweeper, "_launch", launch)
     CellSweeper()._launch_with_futility(tmp_path, planned, planned, in_process=False)
-    hashes = {k: next(p.cell.config_hash for p in planned if not p.cell.is_baseline and p.cell.k == k) for k in (2, 4)}
+    hashes = {k: next(p.cell.config_hash for p in planned if not p.cell.is_baseline and p.cell.k == k) for k in pace}
     hashes[0] = next(p.cell.config_hash for p in planned if p.cell.is_baseline)
     return planned, launched, hashes
 
@@ -126,12 +137,14 @@ def _futility_sweep(tmp_path: Path, compose_cell, monkeypatch, pace: dict[int, l
 @pytest.mark.parametrize("k4_pace, k4_runs_again", [(0.5, False), (0.97, True)], ids=["settled", "straddles"])
 def test_the_sweeper_runs_engine_run_0_then_what_pays_then_only_what_is_unsettled(
         tmp_path: Path, compose_cell, monkeypatch, k4_pace, k4_runs_again):
-    # ngram K=2 pays (about 2x, its engine runs 5% apart); K=4 measures below 1x in engine run 0 and waits. At 0.5x
-    # its interval (on K=2's spread, 2 df) lies below 1: it stops. At 0.97x it reaches 1: its later engine runs
-    # follow, after everything else.
-    planned, launched, h = _futility_sweep(tmp_path, compose_cell, monkeypatch, {2: [2.0, 1.9, 2.1], 4: [k4_pace] * 3})
-    assert _runs_of(launched[0]) == {h[0]: {0}, h[2]: {0}, h[4]: {0}}
-    assert _runs_of(launched[1]) == {h[0]: {1, 2}, h[2]: {1, 2}}
+    # ngram K=1, 2, 3 pay (about 2x, their engine runs 5% apart); K=4 measures below 1x in engine run 0 and waits.
+    # At 0.5x its interval (on the others' spread) lies below 1: it stops. At 0.97x it reaches 1: its later engine
+    # runs follow, after everything else.
+    paying = [2.0, 1.9, 2.1]
+    planned, launched, h = _futility_sweep(tmp_path, compose_cell, monkeypatch,
+                                           {1: paying, 2: paying[::-1], 3: paying[1:] + paying[:1], 4: [k4_pace] * 3})
+    assert _runs_of(launched[0]) == {h[0]: {0}, h[1]: {0}, h[2]: {0}, h[3]: {0}, h[4]: {0}}
+    assert _runs_of(launched[1]) == {h[0]: {1, 2}, h[1]: {1, 2}, h[2]: {1, 2}, h[3]: {1, 2}}
     if k4_runs_again:
         assert len(launched) == 3 and _runs_of(launched[2]) == {h[4]: {1, 2}}
     else:
