@@ -149,6 +149,7 @@ class ConfigSchema:
     remeasure: Optional[str] = None
     confirm: bool = False  # measure each verdict's chosen configuration again on fresh engines (specbench.confirm)
     confirmation: bool = False  # set by the sweeper on a confirmation run's cells; not a user knob
+    futility: bool = True  # configurations below 1x after engine run 0 stop there once settled (specbench.futility)
     sweep_name: str = MISSING
     verbose: bool = MISSING
     engine: EngineSchema = field(default_factory=EngineSchema)
@@ -468,7 +469,7 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     if plain.get("remeasure") not in REMEASURE:
         errors.append(f"remeasure={plain.get('remeasure')!r} must be one of: "
                       + ", ".join("null" if r is None else r for r in REMEASURE))
-    for key in ("confirm", "confirmation"):
+    for key in ("confirm", "confirmation", "futility"):
         if not isinstance(plain.get(key, False), bool):
             errors.append(f"{key}={plain.get(key)!r} must be true or false")
 

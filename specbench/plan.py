@@ -36,7 +36,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
-from specbench import grid, methods
+from specbench import futility, grid, methods
 from specbench.analytic import (acceptance, footprint, graphs, memory, prediction, profiles, sizing, speedup, steps,
                                 walltime)
 from specbench.config import (ConfigError, batch_prompt_tokens, cell_from_config, validate, with_draft_vocabulary,
@@ -61,6 +61,7 @@ class CellTiming:
     # confirm=true: the verdict this offline cell is a candidate of (model, workload, temperature), whose chosen
     # configuration and baseline are measured again after the grid (:func:`confirmation_timings`); None otherwise.
     verdict: Hashable | None = None
+    futility: bool = False  # a speculative cell that stops after engine run 0 when below 1x (specbench.futility)
 
 
 @dataclass(frozen=True)
@@ -230,8 +231,10 @@ def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate:
         model_runner=memory.model_runner(plain, hardware))
     verdict = ((plain["model"].get("name"), workload.get("name"), float(plain.get("temperature") or 0.0))
                if plain.get("confirm") and load.get("request_rate") is None else None)
-    return CellTiming(cost, engine, start, sizing.Precision.from_config(plain), sizable, gpu,
-                      plain["method"]["name"] != "baseline", verdict)
+    speculative = plain["method"]["name"] != "baseline"
+    return CellTiming(cost, engine, start, sizing.Precision.from_config(plain), sizable, gpu, speculative, verdict,
+                      speculative and bool(plain.get("futility")) and sizable
+                      and cost.engine_runs >= futility.MIN_ENGINE_RUNS)
 
 
 def on_hardware(cfg: Any) -> Any:
@@ -429,6 +432,17 @@ def plan_time(rows: Sequence[PlannedRow], half_width: float | None = None) -> wa
     return walltime.sweep_time([t.cost for t in timings], _starts(timings), half_width)
 
 
+def futility_floor(rows: Sequence[PlannedRow], half_width: float | None = None) -> walltime.SweepTime | None:
+    """The sweep's shortest time under ``futility=true``: every configuration that may stop for futility
+    measured in engine run 0 only (it measured below 1x and its interval lay below 1), the baselines and the
+    rest in every engine run; None where no cell may stop (or the sweep is unpriced)."""
+    timings = _timed(rows)
+    if timings is None or not any(t.futility for t in timings):
+        return None
+    floor = [replace(t, cost=replace(t.cost, engine_runs=1)) if t.futility else t for t in timings]
+    return walltime.sweep_time([t.cost for t in floor], _starts(floor), half_width)
+
+
 def run_time(todo: Sequence[grid.PlannedCell], alpha: float = DEFAULT_ALPHA,
              planned: Sequence[grid.PlannedCell] | None = None) -> tuple[walltime.SweepTime | None, str]:
     """The wall time of the cells still to run, in the order they run, and the hardware profile that priced
@@ -509,6 +523,13 @@ def time_lines(rows: Sequence[PlannedRow], alpha: float, half_width: float | Non
         lines.append(f"confirm=true: {len(confirmation)} cells measured again after the grid on fresh engines, "
                      f"{max(t.cost.engine_runs for t in confirmation)} engine run(s) each (per verdict its costliest "
                      f"candidate and its baseline), included: {_minutes(time.total_s - grid_only.total_s)}")
+    floor = futility_floor(rows, half_width)
+    if floor is not None:
+        stopping = sum(t.futility for t in timings)
+        lines.append(f"futility=true: {_minutes(floor.total_s)} to {_minutes(time.total_s)}: each of the "
+                     f"{stopping} speculative configuration(s) that measures below 1x in engine run 0, its interval "
+                     f"below 1, stops there (the shortest: all do; {floor.starts} engine start(s)); one that pays "
+                     "runs every engine run")
     widest = widest_half_width(rows, half_width)
     if widest is not None:
         precision = next(t.precision for t in timings if t.sizable)

@@ -44,7 +44,7 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from specbench import confirm, grid, hub, job
+from specbench import confirm, futility, grid, hub, job
 from specbench.analytic import memory
 from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, engine_start_environment, refuse, validate
 from specbench.logs import LOG_FILE, engine_log
@@ -236,6 +236,33 @@ def describe_plan(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequenc
     return "\n".join(lines)
 
 
+def without_settled(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequence[PlannedCell]) -> list[PlannedCell]:
+    """``todo`` less the later engine runs of configurations a ``futility=true`` sweep already settled: on a rerun
+    whose engine run 0 and whose cells that went on are all measured, the decision the first run made
+    (:mod:`specbench.futility`), so that the plan counts what will run. ``todo`` as it is otherwise."""
+    if not futility.asking(planned) or any(p.cell.engine_run == 0 for p in todo):
+        return list(todo)
+    cells_dir = sweep_dir / "cells"
+    waiting = futility.below_one(merge(cells_dir, [p.cell.cell_id for p in planned if p.cell.engine_run == 0]),
+                                 futility.asking(planned))
+    pending = {p.cell.cell_id for p in todo}
+    if not waiting or any(p.cell.cell_id in pending for p in futility.later_now(planned, waiting)):
+        return list(todo)
+    done = futility.settled(merge(cells_dir, [p.cell.cell_id for p in planned]), waiting)
+    return [p for p in todo if not (p.cell.engine_run > 0 and p.cell.config_hash in done)]
+
+
+def futility_floor(planned: Sequence[PlannedCell], todo: Sequence[PlannedCell]) -> str | None:
+    """The plan's line under ``futility=true``: the time were every configuration that may stop measured in engine
+    run 0 only (:mod:`specbench.futility`); None where the cells cannot be priced."""
+    stopping = futility.asking(planned)
+    floor, _ = run_time([p for p in todo if p.cell.engine_run == 0 or p.cell.config_hash not in stopping])
+    if floor is None:
+        return None
+    return (f"futility=true: from {_duration(floor.total_s)}, were all {len(stopping)} speculative configuration(s) "
+            "below 1x after engine run 0 (each that is stops there; one that pays runs every engine run)")
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
@@ -291,8 +318,11 @@ class CellSweeper(BasicSweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cells_dir = sweep_dir / "cells"
         todo = [p for p in planned if completed_row(CellFiles(cells_dir, p.cell.cell_id), p.cell) is None]
+        todo = without_settled(sweep_dir, planned, todo)
         plan = describe_plan(sweep_dir, planned, todo, len(jobs), bool(self.config.get("verbose")),
                              run_time(todo, planned=planned))
+        if futility.asking(planned) and (floor := futility_floor(planned, todo)) is not None:
+            plan += f"\n  {floor}"
         if (waves := waves_line(planned)) is not None:
             plan += f"\n  {waves}"
         plan += "".join(f"\n{line}" for line in earlier)
@@ -301,11 +331,42 @@ class CellSweeper(BasicSweeper):
         # By name: Hydra's plugin scan re-executes core plugin modules, so the
         # class imported here need not be the one the launcher was made from.
         in_process = type(self.launcher).__name__ == "BasicLauncher"
-        returns = self._launch(sweep_dir, todo, 0, in_process)
+        returns = (self._launch_with_futility(sweep_dir, planned, todo, in_process) if futility.asking(planned)
+                   else self._launch(sweep_dir, todo, 0, in_process))
         if confirming:
             returns += self._confirm(sweep_dir, lambda point: cell_from_config(
                 loader.load_sweep_config(self.config, list(point))), len(todo), in_process)
         return returns
+
+    def _launch_with_futility(self, sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequence[PlannedCell],
+                              in_process: bool) -> list[Any]:
+        """``futility=true``: engine run 0, then the later runs of what is not below 1x, then those of the
+        configurations below 1x whose interval still reaches it (:mod:`specbench.futility`).
+
+        Decided from the cells on disk, so a rerun decides as the first run did and skips what is measured.
+        """
+        cells_dir = sweep_dir / "cells"
+        to_run = {p.cell.cell_id for p in todo}
+        first = [p for p in todo if p.cell.engine_run == 0]
+        returns = self._launch(sweep_dir, first, 0, in_process)
+        launched = len(first)
+        waiting = futility.below_one(merge(cells_dir, [p.cell.cell_id for p in planned if p.cell.engine_run == 0]),
+                                     futility.asking(planned))
+        now = [p for p in futility.later_now(planned, waiting) if p.cell.cell_id in to_run]
+        if not any(not p.cell.is_baseline for p in now):
+            # Nothing goes on to measure a spread by which to settle the rest: every cell, in the grid's order.
+            later = [p for p in todo if p.cell.engine_run > 0]
+            return returns + (self._launch(sweep_dir, later, launched, in_process) if later else [])
+        returns += self._launch(sweep_dir, now, launched, in_process)
+        launched += len(now)
+        if not waiting:
+            return returns
+        done = futility.settled(merge(cells_dir, read_plan(sweep_dir)), waiting)
+        rest = [p for p in todo if p.cell.engine_run > 0 and p.cell.config_hash in waiting - done]
+        line = futility.describe(waiting, done, len(rest))
+        log.info("%s", line)
+        print(line, flush=True)
+        return returns + (self._launch(sweep_dir, rest, launched, in_process) if rest else [])
 
     def _confirm(self, sweep_dir: Path, compose: Callable[[Sequence[str]], Any], first_job: int,
                  in_process: bool) -> list[Any]:

@@ -1,0 +1,193 @@
+"""futility=true (specbench.futility): a configuration below 1x gets no more engine runs than it needs to show it.
+
+The decision on rows judged by the merge's own code, its error rates on simulated sweeps
+(tests/benchmarks/futility_sim.py, fewer draws), the sweeper's three steps on constructed cell files (no engine),
+the key's validation and the plan's line.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from benchmarks import futility_sim
+from rows import cell_row, write_cell
+
+from specbench import futility
+from specbench.analytic import verdicts
+from specbench.plan import DEFAULT_ALPHA, make_plan, time_lines
+from specbench.sweep import CellSweeper, futility_floor, plan_cells, read_plan, without_settled, write_plan
+
+
+def _judged(logs_by_config: dict[int, list[float]]) -> list[dict]:
+    """Rows of configurations 0.. with these log speedups (one per engine run measured), judged by the merge."""
+    logs = np.full((len(logs_by_config), futility_sim.RUNS), np.nan)
+    runs = []
+    for c, values in logs_by_config.items():
+        logs[c, : len(values)] = values
+        runs.append(list(range(len(values))))
+    return futility_sim.rows_of(logs, runs)
+
+
+def test_only_a_waiting_configuration_whose_interval_lies_below_one_is_settled():
+    # Three configurations of three runs measure the spread (log sd ~0.03); three measured once wait.
+    rows = _judged({0: [0.60, 0.64, 0.58], 1: [0.65, 0.61, 0.66], 2: [0.62, 0.59, 0.66],
+                    3: [math.log(0.5)], 4: [math.log(0.97)], 5: [math.log(0.8)]})
+    waiting = {"c3", "c4", "c5"}
+    done = futility.settled(rows, waiting)
+    assert done == {r["config_hash"] for r in rows if r["config_hash"] in waiting and r["speedup_ci_high"] < 1.0}
+    assert {"c3", "c5"} <= done and "c4" not in done
+    # Only waiting configurations are ever settled, and only on an interval: with no spread measured, none.
+    assert futility.settled(rows, {"c0"}) == set()
+    alone = _judged({0: [math.log(0.5)], 1: [math.log(0.6)]})
+    assert futility.settled(alone, {"c0", "c1"}) == set()
+
+
+def test_a_flagged_configuration_is_not_settled_and_below_one_takes_only_the_configurations_asking():
+    rows = _judged({0: [0.60, 0.64, 0.58], 1: [0.65, 0.61, 0.66], 2: [0.62, 0.59, 0.66], 3: [math.log(0.5)]})
+    assert futility.settled(rows, {"c3"}) == {"c3"}
+    rows[3]["flagged"] = True
+    assert futility.settled(rows, {"c3"}) == set()
+    first = _judged({0: [math.log(1.4)], 1: [math.log(0.9)], 2: [math.log(0.5)]})
+    assert futility.below_one(first, {"c0", "c1", "c2"}) == {"c1", "c2"}
+    assert futility.below_one(first, {"c0", "c1"}) == {"c1"}
+
+
+def test_three_configurations_go_on_to_measure_the_spread_those_nearest_to_1_first():
+    # One configuration pays; five measured 0.5-0.7x once. Settling all five would leave one engine to measure the
+    # spread (2 df): the two whose intervals reach highest go on with it.
+    rows = _judged({0: [0.14, 0.12, 0.16], **{c: [math.log(0.5 + 0.04 * c)] for c in range(1, 6)}})
+    waiting = {f"c{c}" for c in range(1, 6)}
+    assert all(r["speedup_ci_high"] < 1.0 for r in rows[1:])
+    assert futility.settled(rows, waiting) == {"c1", "c2", "c3"}
+    # Where there are only two configurations, both go on.
+    assert futility.settled(_judged({0: [0.14, 0.12, 0.16], 1: [math.log(0.5)]}), {"c1"}) == set()
+
+
+def test_a_settled_configuration_never_pays_and_no_verdict_pays_falsely_more_often_than_alpha():
+    # No configuration truly above 1x: the share of sweeps whose verdict pays stays within the verdict's 5%,
+    # where three of them stop for futility (fewer df for the rest) as where none does.
+    rng = np.random.default_rng(7)
+    for speedups in [(1.0,) * 6, (1.0, 1.0, 1.0, 0.8, 0.8, 0.8)]:
+        pays = 0
+        for _ in range(200):
+            logs = futility_sim.draws(rng, speedups, 0.038, 0.025)
+            rows = futility_sim.with_futility(logs)
+            chosen = verdicts.best_row(rows)
+            pays += bool(chosen and chosen[1])
+            for row in rows:
+                if row["engine_runs"] == 1 and row["speedup_ci_high"] is not None:  # stopped after run 0
+                    assert not verdicts.pays(row)
+        assert pays / 200 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 200), speedups
+
+
+def test_the_headline_design_stops_the_eagle_configurations_and_what_it_costs_the_intervals():
+    figures = futility_sim.scenario(100, 3, futility_sim.SCENARIOS["headline (ngram 1.8-1.9, EAGLE 0.5-0.84)"],
+                                    (0.038, 0.025))
+    every, stopped, four = figures["all runs"], figures["futility"], figures["futility, 4 runs"]
+    assert stopped["pays"] == four["pays"] == every["pays"] == 1.0
+    # The EAGLE configurations at 0.67x and 0.5x stop nearly always, at 0.84x about two times in three.
+    assert stopped["cells"] <= 13.0 < every["cells"] == 18.0
+    assert stopped["minutes"] < 0.7 * every["minutes"] and four["minutes"] < 0.85 * every["minutes"]
+    for figure in (stopped, four):
+        assert figure["miss"] <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 300)
+    # The settled engines leave the spread: the intervals of those that pay widen at 3 engine runs (their df fall),
+    # and at 4 they are narrower than at 3 without stopping.
+    assert every["half"] < stopped["half"] <= 1.3 * every["half"]
+    assert four["half"] < every["half"]
+
+
+def _runs_of(planned) -> dict[str, set[int]]:
+    runs: dict[str, set[int]] = {}
+    for p in planned:
+        runs.setdefault(p.cell.config_hash, set()).add(p.cell.engine_run)
+    return runs
+
+
+def _futility_sweep(tmp_path: Path, compose_cell, monkeypatch, pace: dict[int, list[float]]):
+    """ngram at batch 1 for each K of ``pace``, in 3 engine runs, swept by ``CellSweeper._launch_with_futility`` with its
+    launches recorded and each launched cell written as measured: the baseline 2 s, a cell 2 s / its pace in that
+    engine run. Returns the planned cells, the launches, and each configuration's config hash."""
+    jobs = [(f"num_speculative_tokens={k}", "batch_size=1", "engine_runs=3", "hardware=cpu-amd-epyc-2-cores",
+             "futility=true") for k in pace]
+    planned = plan_cells(jobs, compose_cell)
+    write_plan(tmp_path, planned)
+    cells = tmp_path / "cells"
+    launched: list[list] = []
+
+    def launch(self, sweep_dir, todo, first_job, in_process):
+        launched.append(list(todo))
+        for p in todo:
+            cell, run = p.cell, p.cell.engine_run
+            wall = 2.0 if cell.is_baseline else 2.0 / pace[cell.k][run]
+            row = cell_row(cell.cell_id, cell.method, wall, engine_run=run, config_hash=cell.config_hash, k=cell.k,
+                           baseline_id=None if cell.is_baseline else cell.baseline().cell_id)
+            write_cell(cells, row | {"engine_id": f"{cell.method}{cell.k}-{run}"}, [[1]])
+        return [todo]
+
+    monkeypatch.setattr(CellSweeper, "_launch", launch)
+    CellSweeper()._launch_with_futility(tmp_path, planned, planned, in_process=False)
+    hashes = {k: next(p.cell.config_hash for p in planned if not p.cell.is_baseline and p.cell.k == k) for k in pace}
+    hashes[0] = next(p.cell.config_hash for p in planned if p.cell.is_baseline)
+    return planned, launched, hashes
+
+
+@pytest.mark.parametrize("k4_pace, k4_runs_again", [(0.5, False), (0.97, True)], ids=["settled", "straddles"])
+def test_the_sweeper_runs_engine_run_0_then_what_pays_then_only_what_is_unsettled(
+        tmp_path: Path, compose_cell, monkeypatch, k4_pace, k4_runs_again):
+    # ngram K=1, 2, 3 pay (about 2x, their engine runs 5% apart); K=4 measures below 1x in engine run 0 and waits.
+    # At 0.5x its interval (on the others' spread) lies below 1: it stops. At 0.97x it reaches 1: its later engine
+    # runs follow, after everything else.
+    paying = [2.0, 1.9, 2.1]
+    planned, launched, h = _futility_sweep(tmp_path, compose_cell, monkeypatch,
+                                           {1: paying, 2: paying[::-1], 3: paying[1:] + paying[:1], 4: [k4_pace] * 3})
+    assert _runs_of(launched[0]) == {h[0]: {0}, h[1]: {0}, h[2]: {0}, h[3]: {0}, h[4]: {0}}
+    assert _runs_of(launched[1]) == {h[0]: {1, 2}, h[1]: {1, 2}, h[2]: {1, 2}, h[3]: {1, 2}}
+    if k4_runs_again:
+        assert len(launched) == 3 and _runs_of(launched[2]) == {h[4]: {1, 2}}
+    else:
+        assert len(launched) == 2  # K=4 settled: its later engine runs never start
+    assert set(read_plan(tmp_path)) == {p.cell.cell_id for p in planned}  # the plan still lists them
+    # A rerun plans what is left: nothing where K=4 was settled, its later runs where it was not (here measured).
+    left = [p for p in planned if not (tmp_path / "cells" / f"{p.cell.cell_id}.parquet").is_file()]
+    assert len(left) == (0 if k4_runs_again else 2)
+    assert without_settled(tmp_path, planned, left) == []
+    # The plan's line before the first engine: the time were both configurations to stop after engine run 0.
+    assert futility_floor(planned, planned).startswith("futility=true: from ")
+
+
+def test_where_every_configuration_is_below_1x_after_run_0_every_cell_runs_in_the_grids_order(
+        tmp_path: Path, compose_cell, monkeypatch):
+    # Nothing goes on to measure a spread: nothing can be settled, so nothing waits.
+    planned, launched, h = _futility_sweep(tmp_path, compose_cell, monkeypatch, {2: [0.9] * 3, 4: [0.5] * 3})
+    assert len(launched) == 2
+    assert launched[1] == [p for p in planned if p.cell.engine_run > 0]
+
+
+def test_futility_asks_for_three_engine_runs(compose_cell):
+    jobs = [("num_speculative_tokens=2", f"engine_runs={runs}", "futility=true") for runs in (2, 3)]
+    assert not futility.asking(plan_cells(jobs[:1], compose_cell))
+    assert futility.asking(plan_cells(jobs[1:], compose_cell))
+    # Off by default.
+    assert not futility.asking(plan_cells([("num_speculative_tokens=2", "engine_runs=3")], compose_cell))
+
+
+def test_validation_names_a_futility_that_is_not_a_bool(compose_cell):
+    from omegaconf import OmegaConf
+
+    from specbench.config import validate
+
+    plain = OmegaConf.to_container(compose_cell([]), resolve=True)
+    assert plain["futility"] is False
+    assert "futility='yes' must be true or false" in validate({**plain, "futility": "yes"})
+
+
+def test_the_plan_prints_the_futility_range():
+    grid = ["method=ngram,eagle", "num_speculative_tokens=2,4,8", "hardware=cpu-amd-epyc-2-cores", "futility=true"]
+    lines = time_lines(make_plan(grid), DEFAULT_ALPHA)
+    line = next(line for line in lines if line.startswith("futility=true: "))
+    assert "each of the 6 speculative configuration(s)" in line and "9 engine start(s)" in line
+    off = time_lines(make_plan(["method=eagle", "hardware=cpu-amd-epyc-2-cores"]), DEFAULT_ALPHA)
+    assert not any(line.startswith("futility=true") for line in off)
