@@ -58,6 +58,21 @@ def test_a_failed_calibration_is_said_and_the_sweep_still_runs_with_its_own_stat
     assert demo.CALIBRATION_FAILED in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("bad, named", [("batch_size=0", "batch_size"), ("sweep=cpu_dmo", "cpu_dmo")])
+def test_a_bad_override_is_refused_before_any_engine(profile, capsys, bad, named):
+    calls, commands = _commands(0)
+    assert demo.main(["sweep=cpu_demo", bad], **commands) == 2
+    assert calls == []
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and named in err
+
+
+def test_hydras_information_flags_go_to_the_sweep_without_a_calibration(profile):
+    calls, commands = _commands(0)
+    assert demo.main(["sweep=cpu_demo", "--cfg", "job"], **commands) == 0
+    assert calls == [("sweep", ["sweep=cpu_demo", "--cfg", "job"])]
+
+
 def test_the_sweep_runs_as_python_m_specbench_in_this_process(monkeypatch):
     # The sweep is Hydra's entry point, which reads the command line: given the overrides, and sys.argv
     # restored after it, whatever status it exits with.
