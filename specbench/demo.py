@@ -48,6 +48,12 @@ def problem(overrides: Sequence[str]) -> str | None:
     return None
 
 
+def _verbose(overrides: Sequence[str]) -> bool:
+    """Whether the overrides ask the sweep to stream vLLM's log (``verbose=true``; the last one wins)."""
+    values = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0] == "verbose" and "=" in o]
+    return bool(values) and values[-1].strip().lower() in ("true", "yes", "on", "1")
+
+
 def _sweep(overrides: Sequence[str]) -> int:
     """``python -m specbench <overrides>`` in this process; its exit status."""
     from specbench.__main__ import main as specbench_main
@@ -76,7 +82,10 @@ def main(argv: Sequence[str] | None = None, *, calibrate_main: Callable[[list[st
         if (why := problem(overrides)) is not None:
             print(f"error: {why}", file=sys.stderr)
             return 2
-        if calibrate_main(list(CALIBRATE_ARGS)) != 0:
+        # The fork server keeps the output of the first command that starts it: a verbose sweep's engines
+        # stream to the terminal only if the calibration's did.
+        verbose = ["--verbose"] if _verbose(overrides) else []
+        if calibrate_main([*CALIBRATE_ARGS, *verbose]) != 0:
             print(CALIBRATION_FAILED, file=sys.stderr, flush=True)
     return sweep(overrides)
 

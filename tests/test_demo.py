@@ -43,6 +43,14 @@ def test_without_a_profile_it_calibrates_in_one_round_then_sweeps(profile):
     assert calls == [("calibrate", ["--rounds", "1"]), ("sweep", ["sweep=cpu_demo", "sweep_name=x"])]
 
 
+@pytest.mark.parametrize("given, streams", [("verbose=true", True), ("verbose=false", False), ("seed=1", False)])
+def test_a_verbose_sweeps_calibration_streams_too(profile, given, streams):
+    # The engines' fork server, started by the calibration, keeps its output for every later worker.
+    calls, commands = _commands(0)
+    demo.main(["sweep=cpu_demo", given], **commands)
+    assert calls[0] == ("calibrate", ["--rounds", "1", *(["--verbose"] if streams else [])])
+
+
 def test_a_cached_profile_is_reused(profile):
     profile.parent.mkdir(parents=True)
     profile.write_text("name: earlier\n")
