@@ -89,14 +89,13 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 # The report holds measurements against the roofline model, which needs this
-# machine's calibrated profile: measured once, then reused. The demo's takes one round
-# over the grid (about 1.7 min on 2 cores instead of 2.2); `python -m specbench.calibrate`
-# alone takes two, for a profile steadier by a few percent (specbench/calibrate.py).
-CALIBRATED := $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)/hardware/calibrated.yaml
-
+# machine's calibrated profile: measured once, then reused. specbench.demo calibrates
+# when none is cached, in one round over the grid (about 1.7 min on 2 cores instead of
+# 2.2; `python -m specbench.calibrate` alone takes two, for a profile steadier by a few
+# percent), then runs the sweep in the same process: both start their engines from one
+# fork server, which imports vLLM once (specbench/demo.py).
 demo: setup
-	test -f $(CALIBRATED) || $(BIN)/python -m specbench.calibrate --rounds 1 || echo "calibration failed: the report will show no model curves"
-	$(BIN)/python -m specbench sweep=cpu_demo
+	$(BIN)/python -m specbench.demo sweep=cpu_demo
 
 # The report's browser test needs Debian's chromium; installed here when possible.
 browser:

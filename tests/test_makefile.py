@@ -93,3 +93,15 @@ def test_the_targets_let_python_cache_the_bytecode_it_compiles(checkout):
     runs = [line for line in done.stdout.splitlines() if line.startswith("PYTHONDONTWRITEBYTECODE=")]
     assert runs and all(line.startswith("PYTHONDONTWRITEBYTECODE=unset ") for line in runs), done.stdout
     assert any("sweep=cpu_demo" in line for line in runs)
+
+
+def test_the_demo_calibrates_and_sweeps_in_one_process(checkout):
+    # One python process for both (specbench.demo): their engines fork from one server, which imports vLLM
+    # once; as two commands each imported it. `make -n` on a set-up venv lists what the demo runs.
+    _gpu(checkout, False)
+    (checkout / ".venv").mkdir()
+    (checkout / ".venv" / ".specbench-setup-cpu").touch()  # newer than the Makefile: nothing to set up
+    done = _make(checkout, "demo")
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if "python" in line] == [
+        ".venv/bin/python -m specbench.demo sweep=cpu_demo"]

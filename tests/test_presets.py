@@ -16,7 +16,7 @@ SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
 # preset -> (speculative cells in the grid, baselines, engine runs)
 EXPECTED = {
-    "cpu_demo": (2 * 2 * 2 * 2, 2 * 2, 2),
+    "cpu_demo": (2 * 1 * 2 * 2, 2 * 2, 3),
     "full_grid": (3 * 4 * 3 * 7, 3 * 7, 3),  # no EAGLE-1 for Qwen2 in vLLM 0.32
     "batch_decay": (2 * 1 * 2 * 8, 2 * 8, 3),
     "k_sweep": (3 * 8 * 3 * 1, 3 * 1, 2),

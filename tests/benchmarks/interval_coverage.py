@@ -6,8 +6,8 @@ Prints figures; asserts nothing. Two modes.
 
     .venv/bin/python tests/benchmarks/interval_coverage.py FIRST_DIR SECOND_DIR [OVERRIDE ...]
 
-The CPU demo sweep (``sweep=cpu_demo``: ngram and EAGLE-3, K=2,4 x batch 1,4 x
-summarize, creative, two engine runs: 16 speculative cells), with any extra Hydra
+The CPU demo sweep (``sweep=cpu_demo``: ngram and EAGLE-3, K=4 x batch 1,4 x
+summarize, creative, three engine runs: 8 speculative cells), with any extra Hydra
 overrides, runs into each directory unless it already holds a
 finished sweep (``results.parquet``), so a finished demo sweep can be reused.
 Both runs are merged again from their cell files with the current code, so

@@ -1,0 +1,94 @@
+"""``python -m specbench.demo [overrides]``: what ``make demo`` runs, in one process.
+
+First this machine's hardware profile, unless one is cached
+(:func:`specbench.analytic.prediction.calibrated_path`): ``python -m
+specbench.calibrate --rounds 1`` (one pass over the grid; ``calibrate`` alone
+takes two). Then the sweep, ``python -m specbench <overrides>`` (``make demo``
+passes ``sweep=cpu_demo``). Both start their engines from one fork server, the
+process that imports vLLM once (:func:`specbench.engine.worker_context`): as two
+commands, each imported it (about 10 s on 2 cores) and started Python, Hydra
+and transformers again.
+
+The overrides are checked first, every grid point as the sweeper checks it
+(:func:`specbench.sweep.plan_cells`): a bad one is refused in one line, exit 2,
+before the calibration's engines load. Hydra's information flags (``--help``,
+``--cfg`` ...) go to ``python -m specbench`` unchanged, with no calibration. A
+calibration that fails says so and the sweep still runs, its report without
+the model's curves. The exit status is the sweep's.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+from hydra import initialize_config_module
+
+from specbench import calibrate
+from specbench.analytic import prediction
+from specbench.plan import GridComposer, grid_jobs
+from specbench.sweep import plan_cells
+
+# make demo's calibration: one round (specbench/calibrate.py: its predicted speedups within 1-7% of two rounds').
+CALIBRATE_ARGS = ("--rounds", "1")
+CALIBRATION_FAILED = "calibration failed: the report will show no model curves"
+# Hydra's flags that print something and start nothing.
+INFO_FLAGS = frozenset({"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc"})
+
+
+def problem(overrides: Sequence[str]) -> str | None:
+    """Why the sweep would refuse these overrides (every grid point composed and validated as the sweeper
+    does, each workload's prompts read once), or None. Flags (``-m``) are left to Hydra."""
+    try:
+        jobs = grid_jobs([o for o in overrides if not o.startswith("-")])
+        with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
+            plan_cells(jobs, GridComposer())
+    except Exception as exc:  # Hydra's own message, or the sweeper's ConfigError, names the bad override
+        return str(exc)
+    return None
+
+
+def _verbose(overrides: Sequence[str]) -> bool:
+    """Whether the overrides ask the sweep to stream vLLM's log (``verbose=true``; the last one wins)."""
+    values = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0] == "verbose" and "=" in o]
+    return bool(values) and values[-1].strip().lower() in ("true", "yes", "on", "1")
+
+
+def _sweep(overrides: Sequence[str]) -> int:
+    """``python -m specbench <overrides>`` in this process; its exit status."""
+    from specbench.__main__ import main as specbench_main
+
+    argv = sys.argv
+    sys.argv = ["specbench", *overrides]  # Hydra's entry point reads its overrides from the command line
+    try:
+        specbench_main()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, *, calibrate_main: Callable[[list[str]], int] = calibrate.main,
+         sweep: Callable[[Sequence[str]], int] = _sweep) -> int:
+    """Calibrate if no profile is cached (the overrides checked first: 2 if refused), then sweep; the
+    sweep's exit status.
+
+    ``calibrate_main`` and ``sweep``: the two commands (:func:`specbench.calibrate.main` and
+    ``python -m specbench``), given as arguments so that a test can follow the order without engines.
+    """
+    overrides = list(sys.argv[1:] if argv is None else argv)
+    if INFO_FLAGS.isdisjoint(overrides) and not prediction.calibrated_path().is_file():
+        if (why := problem(overrides)) is not None:
+            print(f"error: {why}", file=sys.stderr)
+            return 2
+        # The fork server keeps the output of the first command that starts it: a verbose sweep's engines
+        # stream to the terminal only if the calibration's did.
+        verbose = ["--verbose"] if _verbose(overrides) else []
+        if calibrate_main([*CALIBRATE_ARGS, *verbose]) != 0:
+            print(CALIBRATION_FAILED, file=sys.stderr, flush=True)
+    return sweep(overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
