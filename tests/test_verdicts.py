@@ -165,6 +165,12 @@ def test_cell_ids_name_the_planned_cell():
     assert (served.workload, served.rate, served.config_hash) == ("summarize", 2.5, "0123456789ab")
     assert cell_name("rateinf-k0-b1-x-rateinf-0123456789ab-r0").rate == float("inf")
     assert cell_name("not-a-cell") is None
+    # Request shapes (specbench.load.shape_id_part) follow the load's part and are no part of the workload's name.
+    for shaped in ("ngram-k4-b1-summarize-rateinf-ramplinear1to8-0123456789ab-r0",
+                   "ngram-k4-b1-summarize-rate2-in256-out64-rr0.5-0123456789ab-r0",
+                   "ngram-k4-b1-summarize-rate2-c4-server-outdataset-0123456789ab-r0"):
+        name = cell_name(shaped)
+        assert name is not None and name.workload == "summarize" and name.rate is not None, shaped
 
 
 # --- serving ------------------------------------------------------------------------------------------

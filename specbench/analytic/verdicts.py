@@ -231,11 +231,14 @@ def gathered_caveats(cells: Iterable[Mapping[str, Any]]) -> list[tuple[str, tupl
 # --- the planned grid -----------------------------------------------------------------------------
 
 # A cell id (specbench.config.Cell.cell_id):
-# method-k<K>-b<batch>-<workload>[-t<T>][-rate<R>[-c<C>][-burst<B>]]-<hash>-r<run>.
+# method-k<K>-b<batch>-<workload>[-t<T>][-rate<R>[-c<C>][-burst<B>][-server][request shapes]]-<hash>-r<run>,
+# the request shapes (specbench.load.shape_id_part): [-in<N>][-out<N>|-outdataset][-rr<R>][-ramp<strategy><A>to<B>].
 _CELL_ID = re.compile(r"^(?P<method>.+?)-k(?P<k>\d+)-b(?P<batch>\d+)-(?P<rest>.+)-(?P<hash>[0-9a-f]{12})-r\d+$")
 _NUMBER = r"(?:inf|\d+(?:\.\d*)?(?:e[+-]?\d+)?)"
+_SHAPES = rf"(?:-in\d+)?(?:-out(?:\d+|dataset))?(?:-rr{_NUMBER})?(?:-ramp[a-z]+{_NUMBER}to{_NUMBER})?"
 _REST = re.compile(rf"^(?P<workload>.+?)(?:-t(?P<t>{_NUMBER}))?"
-                   rf"(?:-rate(?P<rate>{_NUMBER})(?:-c(?P<c>\d+))?(?:-burst(?P<burst>{_NUMBER}))?(?P<server>-server)?)?$")
+                   rf"(?:-rate(?P<rate>{_NUMBER})(?:-c(?P<c>\d+))?(?:-burst(?P<burst>{_NUMBER}))?(?P<server>-server)?"
+                   rf"{_SHAPES})?$")
 
 
 @dataclass(frozen=True)
