@@ -312,7 +312,7 @@ def test_a_single_run_is_sized_to_its_budget_as_a_sweeps_cell_is(capsys):
 
 def test_the_estimate_and_the_budget_price_the_confirmation_of_confirm_true():
     # The demo grid on 2 CPU cores: per workload the verdict's configuration (one of the speculative cells at
-    # batch 1) and its baseline are measured again, twice (engine_runs=2), on fresh engines.
+    # batch 1) and its baseline are measured again, once per engine run, on fresh engines.
     grid = ["sweep=cpu_demo", "hardware=cpu-amd-epyc-2-cores"]
     rows, confirming = make_plan(grid), make_plan([*grid, "confirm=true"])
     alone, with_confirmation = plan_time(rows), plan_time(confirming)
@@ -344,5 +344,5 @@ def test_the_estimate_and_the_budget_price_the_confirmation_of_confirm_true():
     else:
         assert extra and extra[0].startswith("precision.half_width=")
     # The plan says so.
-    assert "confirm=true: 4 cells measured again after the grid on fresh engines, 2 engine run(s) each" in \
+    assert f"confirm=true: 4 cells measured again after the grid on fresh engines, {runs} engine run(s) each" in \
         format_plan(confirming, 0.7)
