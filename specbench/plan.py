@@ -435,12 +435,25 @@ def plan_time(rows: Sequence[PlannedRow], half_width: float | None = None) -> wa
 def futility_floor(rows: Sequence[PlannedRow], half_width: float | None = None) -> walltime.SweepTime | None:
     """The sweep's shortest time under ``futility=true``: every configuration that may stop for futility
     measured in engine run 0 only (it measured below 1x and its interval lay below 1), the baselines and the
-    rest in every engine run; None where no cell may stop (or the sweep is unpriced)."""
+    rest in every engine run, with ``confirm=true`` the confirmation after them (it runs whatever stops); None
+    where no cell may stop (or the sweep is unpriced). The plan's line and the sweeper's both print it."""
     timings = _timed(rows)
     if timings is None or not any(t.futility for t in timings):
         return None
     floor = [replace(t, cost=replace(t.cost, engine_runs=1)) if t.futility else t for t in timings]
+    # The confirmation is priced from the whole grid: it measures what the verdicts choose, each in every run.
+    floor += confirmation_timings(timings)
     return walltime.sweep_time([t.cost for t in floor], _starts(floor), half_width)
+
+
+def cell_rows(cells: Sequence[grid.PlannedCell], alpha: float = DEFAULT_ALPHA) -> list[PlannedRow]:
+    """The configurations of a sweep's planned cells, one row each (its engine runs together), priced as
+    :func:`make_plan` prices a grid point."""
+    firsts: dict[str, grid.PlannedCell] = {}
+    for p in cells:
+        firsts.setdefault(p.cell.config_hash, p)
+    return [plan_row(p.overrides, OmegaConf.create(p.cell.config), alpha, grid.engine_key(p.cell))
+            for p in firsts.values()]
 
 
 def run_time(todo: Sequence[grid.PlannedCell], alpha: float = DEFAULT_ALPHA,
@@ -514,19 +527,19 @@ def time_lines(rows: Sequence[PlannedRow], alpha: float, half_width: float | Non
     timings = _timed(rows) or []
     where = "GPU" if any(t.gpu for t in timings) else "CPU"
     starts = ("weights load and CUDA-graph capture" if where == "GPU" else "KV pool allocation")
-    lines = [f"estimated wall time: {_minutes(time.total_s)} = generation {_minutes(time.generation_s)} "
+    lines = [f"estimated wall time: {duration(time.total_s)} = generation {duration(time.generation_s)} "
              f"({speculation(where == 'GPU', alpha)}) + {time.starts} engine start(s) "
-             f"{_minutes(time.start_s)} ({starts}; {where}) + the sweep's own work {_minutes(time.overhead_s)}"]
+             f"{duration(time.start_s)} ({starts}; {where}) + the sweep's own work {duration(time.overhead_s)}"]
     confirmation = confirmation_timings(timings)
     if confirmation:
         grid_only = walltime.sweep_time([t.cost for t in timings], _starts(timings), half_width)
         lines.append(f"confirm=true: {len(confirmation)} cells measured again after the grid on fresh engines, "
                      f"{max(t.cost.engine_runs for t in confirmation)} engine run(s) each (per verdict its costliest "
-                     f"candidate and its baseline), included: {_minutes(time.total_s - grid_only.total_s)}")
+                     f"candidate and its baseline), included: {duration(time.total_s - grid_only.total_s)}")
     floor = futility_floor(rows, half_width)
     if floor is not None:
         stopping = sum(t.futility for t in timings)
-        lines.append(f"futility=true: {_minutes(floor.total_s)} to {_minutes(time.total_s)}: each of the "
+        lines.append(f"futility=true: {duration(floor.total_s)} to {duration(time.total_s)}: each of the "
                      f"{stopping} speculative configuration(s) that measures below 1x in engine run 0, its interval "
                      f"below 1, stops there (the shortest: all do; {floor.starts} engine start(s)); one that pays "
                      "runs every engine run")
@@ -554,7 +567,8 @@ def speculation(gpu: bool, alpha: float) -> str:
         "speculative cells at plain-decoding speed, as the CPU build measures them"
 
 
-def _minutes(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds as the plan prints them: seconds below 90, minutes below 90, hours beyond."""
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else \
         f"{seconds / 3600:.1f} h"
 

@@ -50,7 +50,8 @@ from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config,
 from specbench.logs import LOG_FILE, engine_log
 from specbench.analytic import walltime
 from specbench.analytic.prediction import predict_sweep, with_serving_predictions
-from specbench.plan import run_time, within_budget
+from specbench.plan import cell_rows, duration, run_time, within_budget
+from specbench.plan import futility_floor as floor_time
 from specbench.grid import PlannedCell
 from specbench.results.files import PLAN_FILE, CellFiles, write_atomic, write_results
 from specbench.results import serving
@@ -224,9 +225,9 @@ def describe_plan(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequenc
     if estimate is not None and todo:
         time, basis = estimate
         lines.append(
-            f"  estimated wall time: {_duration(time.total_s)} = generation {_duration(time.generation_s)} + "
-            f"{time.starts} engine start(s) {_duration(time.start_s)} + the sweep's own work "
-            f"{_duration(time.overhead_s)} ({basis})"
+            f"  estimated wall time: {duration(time.total_s)} = generation {duration(time.generation_s)} + "
+            f"{time.starts} engine start(s) {duration(time.start_s)} + the sweep's own work "
+            f"{duration(time.overhead_s)} ({basis})"
             if time is not None else f"  estimated wall time: none ({basis})"
         )
     lines += [
@@ -239,32 +240,34 @@ def describe_plan(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequenc
 def without_settled(sweep_dir: Path, planned: Sequence[PlannedCell], todo: Sequence[PlannedCell]) -> list[PlannedCell]:
     """``todo`` less the later engine runs of configurations a ``futility=true`` sweep already settled: on a rerun
     whose engine run 0 and whose cells that went on are all measured, the decision the first run made
-    (:mod:`specbench.futility`), so that the plan counts what will run. ``todo`` as it is otherwise."""
+    (:mod:`specbench.futility`), so that the plan counts what will run. ``todo`` as it is otherwise.
+
+    The cells are merged once, as the sweeper's third step merges them. A configuration with no later engine run
+    measured reads its engine run 0's speedup there (the merge's mean over the runs it has); one with some measured
+    went on, so it is never dropped.
+    """
     if not futility.asking(planned) or any(p.cell.engine_run == 0 for p in todo):
         return list(todo)
-    cells_dir = sweep_dir / "cells"
-    waiting = futility.below_one(merge(cells_dir, [p.cell.cell_id for p in planned if p.cell.engine_run == 0]),
-                                 futility.asking(planned))
     pending = {p.cell.cell_id for p in todo}
+    went_on = {p.cell.config_hash for p in planned if p.cell.engine_run > 0 and p.cell.cell_id not in pending}
+    rows = merge(sweep_dir / "cells", [p.cell.cell_id for p in planned])
+    waiting = futility.below_one(rows, futility.asking(planned) - went_on)
     if not waiting or any(p.cell.cell_id in pending for p in futility.later_now(planned, waiting)):
         return list(todo)
-    done = futility.settled(merge(cells_dir, [p.cell.cell_id for p in planned]), waiting)
+    done = futility.settled(rows, waiting)
     return [p for p in todo if not (p.cell.engine_run > 0 and p.cell.config_hash in done)]
 
 
 def futility_floor(planned: Sequence[PlannedCell], todo: Sequence[PlannedCell]) -> str | None:
     """The plan's line under ``futility=true``: the time were every configuration that may stop measured in engine
-    run 0 only (:mod:`specbench.futility`); None where the cells cannot be priced."""
-    stopping = futility.asking(planned)
-    floor, _ = run_time([p for p in todo if p.cell.engine_run == 0 or p.cell.config_hash not in stopping])
+    run 0 only, as the plan command prices it (:func:`specbench.plan.futility_floor`), over the configurations with a
+    cell still to run; None where the cells cannot be priced."""
+    floor = floor_time(cell_rows(todo))
     if floor is None:
         return None
-    return (f"futility=true: from {_duration(floor.total_s)}, were all {len(stopping)} speculative configuration(s) "
-            "below 1x after engine run 0 (each that is stops there; one that pays runs every engine run)")
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+    return (f"futility=true: from {duration(floor.total_s)}, were all {len(futility.asking(planned))} "
+            "speculative configuration(s) below 1x after engine run 0 (each that is stops there; one that pays runs "
+            "every engine run)")
 
 
 def read_plan(sweep_dir: Path) -> list[str]:

@@ -16,8 +16,10 @@ from benchmarks import futility_sim
 from rows import cell_row, write_cell
 
 from specbench import futility
+from specbench.results.merge import merge
 from specbench.analytic import verdicts
-from specbench.plan import DEFAULT_ALPHA, make_plan, time_lines
+from specbench.plan import DEFAULT_ALPHA, composed_cells, duration, make_plan, price_cells, time_lines, with_baselines
+from specbench.plan import futility_floor as plan_floor
 from specbench.sweep import CellSweeper, futility_floor, plan_cells, read_plan, without_settled, write_plan
 
 
@@ -156,6 +158,42 @@ def test_the_sweeper_runs_engine_run_0_then_what_pays_then_only_what_is_unsettle
     assert without_settled(tmp_path, planned, left) == []
     # The plan's line before the first engine: the time were both configurations to stop after engine run 0.
     assert futility_floor(planned, planned).startswith("futility=true: from ")
+
+
+def test_a_rerun_merges_the_cells_once_to_find_what_futility_settled(tmp_path: Path, compose_cell, monkeypatch):
+    from specbench import sweep
+
+    planned, _, h = _futility_sweep(tmp_path, compose_cell, monkeypatch,
+                                    {1: [2.0, 1.9, 2.1], 2: [1.9, 2.1, 2.0], 3: [2.1, 2.0, 1.9], 4: [0.5] * 3})
+    merges = []
+    monkeypatch.setattr(sweep, "merge", lambda cells_dir, ids: merges.append(ids) or merge(cells_dir, ids))
+    left = [p for p in planned if not (tmp_path / "cells" / f"{p.cell.cell_id}.parquet").is_file()]
+    assert {p.cell.config_hash for p in left} == {h[4]} and len(left) == 2
+    assert without_settled(tmp_path, planned, left) == [] and len(merges) == 1
+    # Where K=4 had one later engine run measured before the sweep stopped, it went on: its last one stays.
+    went_on = [p for p in left if p.cell.engine_run == 1]
+    write_cell(tmp_path / "cells", cell_row(went_on[0].cell.cell_id, went_on[0].cell.method, 4.0, engine_run=1,
+                                            config_hash=h[4], k=4, baseline_id=went_on[0].cell.baseline().cell_id)
+               | {"engine_id": "ngram4-1"}, [[1]])
+    rest = [p for p in left if p.cell.engine_run == 2]
+    assert without_settled(tmp_path, planned, rest) == rest
+
+
+def test_the_sweeper_prints_the_plans_futility_floor_with_the_confirmation_in_it(compose_cell):
+    # One function prices the floor for the plan command and the sweeper; under confirm=true the confirmation runs
+    # after the grid whatever stops for futility, so the floor includes it.
+    grid = ["num_speculative_tokens=2", "batch_size=1", "engine_runs=3", "hardware=cpu-amd-epyc-2-cores",
+            "futility=true"]
+    floors = {}
+    for confirm in ("false", "true"):
+        jobs = [(*grid, f"confirm={confirm}")]
+        rows = price_cells(composed_cells(with_baselines(jobs), compose_cell))
+        floors[confirm] = plan_floor(rows)
+        line = futility_floor(plan_cells(jobs, compose_cell), plan_cells(jobs, compose_cell))
+        assert line.startswith(f"futility=true: from {duration(floors[confirm].total_s)}, ")
+    # The confirmation: ngram K=2 and its baseline at batch 1 again, each on an engine of its own in every run.
+    assert floors["true"].starts == floors["false"].starts + 2 * 3
+    assert floors["true"].generation_s > floors["false"].generation_s
 
 
 def test_where_every_configuration_is_below_1x_after_run_0_every_cell_runs_in_the_grids_order(

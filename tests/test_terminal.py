@@ -205,3 +205,15 @@ def test_plan_counts_cells_and_engines(compose_cell, tmp_path):
         f"  results and report: {tmp_path}/",
         f"  log: {tmp_path / LOG_FILE} (vLLM and engine output; verbose=true shows it here)",
     ]
+
+
+def test_the_sweeps_plan_line_and_the_plan_command_format_durations_alike(compose_cell, tmp_path):
+    # A GPU sweep of hours: the sweeper's line says hours as the plan command does, not hundreds of minutes.
+    from specbench.analytic import walltime
+    from specbench.plan import duration
+
+    planned = plan_cells([["method=ngram", "engine_runs=1"]], compose_cell)
+    long = walltime.SweepTime(generation_s=3 * 3600.0, starts=2, start_s=60.0, overhead_s=5.0)
+    line = describe_plan(tmp_path, planned, planned, 1, verbose=False, estimate=(long, "h200")).splitlines()[1]
+    assert line.startswith("  estimated wall time: 3.0 h = generation 3.0 h + 2 engine start(s) 60 s")
+    assert [duration(s) for s in (59.4, 89.0, 90.0, 5399.0, 5400.0)] == ["59 s", "89 s", "2 min", "90 min", "1.5 h"]
