@@ -189,6 +189,23 @@ def test_the_page_carries_both_curves_and_a_figure_that_fails_costs_only_itself(
     assert "img-serving-pareto" in page and "img-serving-goodput" in page
 
 
+
+def test_a_serving_figure_that_fails_keeps_its_declared_section(tmp_path, monkeypatch):
+    # Each serving figure declares its anchor, title and caption once (serving._figure); where drawing fails the
+    # page keeps them, so that the section and links to it stay where a reader expects them.
+    from specbench.report.page import _draw
+
+    def fails(*args: object) -> plots.Plot:
+        raise RuntimeError("no such column")
+
+    monkeypatch.setattr(serving, "_per_configuration_against_rate", fails)
+    served = _served(tmp_path, _grid_rows())
+    plot = _draw(serving.speedup_vs_rate, served, plots.Encoding.for_frame(served))
+    assert (plot.anchor, plot.title) == ("serving-speedup", "Serving: speedup against request rate")
+    assert plot.caption.startswith("Speedup at the same offered load") and plot.image is None
+    assert plot.missing == "This figure could not be drawn: RuntimeError: no such column"
+    assert len({figure.plot.anchor for figure in serving.FIGURES}) == len(serving.FIGURES)
+
 # --- a concurrency axis ----------------------------------------------------------------------------
 
 

@@ -166,12 +166,11 @@ def _draw(
     except Exception as exc:  # a partial sweep must still get a page; the error is shown and logged
         log.exception("report figure %s failed", figure.__name__)
         doc = (figure.__doc__ or figure.__name__).splitlines()[0].rstrip(".")
-        return plots.Plot(
-            anchor=figure.__name__.replace("_", "-"),
-            title=doc,
-            caption="",
-            missing=f"This figure could not be drawn: {type(exc).__name__}: {exc}",
-        )
+        missing = f"This figure could not be drawn: {type(exc).__name__}: {exc}"
+        declared = getattr(figure, "plot", None)  # a serving figure's section, declared (serving._figure)
+        if isinstance(declared, plots.Plot):
+            return dataclasses.replace(declared, missing=missing)
+        return plots.Plot(anchor=figure.__name__.replace("_", "-"), title=doc, caption="", missing=missing)
 
 
 def _saved_config(sweep_dir: Path) -> tuple[Mapping[str, Any] | None, Sequence[str] | None, str | None]:

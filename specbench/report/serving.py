@@ -20,11 +20,12 @@ their rate, while the tables and verdicts keep each cap the load shape it is.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import pandas as pd
@@ -465,9 +466,54 @@ def _with_legend(plot: plots.Plot, fig: Any, cells: pd.DataFrame, enc: plots.Enc
     return plots.replace(plot, image=plots._png(fig))
 
 
+Draw = Callable[[Any, pd.DataFrame, Any, Any, str], None]
+
+
+class Figure(Protocol):
+    """A serving figure as the page draws it, ``figure(df, enc)``, with its section declared (``figure.plot``:
+    anchor, title and caption, which the page keeps where drawing fails)."""
+
+    plot: plots.Plot
+    __name__: str
+
+    def __call__(self, df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot: ...
+
+
+def _figure(anchor: str, title: str, caption: str
+            ) -> Callable[[Callable[[plots.Plot, pd.DataFrame, plots.Encoding], plots.Plot]], Figure]:
+    """Declares a figure's section of the page: the decorated ``draw(plot, df, enc)`` gets it to fill in (or say
+    why it is empty), and the figure it becomes keeps it as ``.plot``."""
+    declared = plots.Plot(anchor=anchor, title=title, caption=caption)
+
+    def declare(draw: Callable[[plots.Plot, pd.DataFrame, plots.Encoding], plots.Plot]) -> Figure:
+        @functools.wraps(draw)
+        def figure(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+            return draw(declared, df, enc)
+
+        figure.plot = declared  # type: ignore[attr-defined]
+        return cast(Figure, figure)
+
+    return declare
+
+
+def _against_rate(anchor: str, title: str, caption: str, column: str, ylabel: str, missing: str
+                  ) -> Callable[[Draw], Figure]:
+    """Declares a figure that :func:`_per_configuration_against_rate` draws with the decorated ``draw(ax, cells, x,
+    colour, marker)``, one configuration at a time."""
+    def declare(draw: Draw) -> Figure:
+        @_figure(anchor, title, caption)
+        @functools.wraps(draw)
+        def figure(plot: plots.Plot, df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+            return _per_configuration_against_rate(plot, df, enc, column, draw, ylabel, missing)
+
+        return figure
+
+    return declare
+
+
 def _per_configuration_against_rate(
     plot: plots.Plot, df: pd.DataFrame, enc: plots.Encoding, column: str,
-    draw: Callable[[Any, pd.DataFrame, Any, Any, str], None], ylabel: str, missing: str,
+    draw: Draw, ylabel: str, missing: str,
 ) -> plots.Plot:
     """One panel per workload and load shape (:data:`CURVE`) of the speculative serving cells that have ``column``:
     ``draw(ax, cells, x, colour, marker)`` per configuration against the offered load (:func:`_along`), a line
@@ -491,37 +537,33 @@ def _per_configuration_against_rate(
         return _with_legend(plot, fig, comp, enc)
 
 
-def speedup_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+@_against_rate(
+    anchor="serving-speedup", title="Serving: speedup against request rate",
+    caption=("Speedup at the same offered load (same arrival times and prompts as the baseline) on the "
+             "median end-to-end latency (filled, with 95% intervals across engine runs) and the median time "
+             "per output token (hollow); dashed: the analytic model's decode speedup at the measured mean "
+             "running batch. Grey: past saturation, where the baseline falls behind the load."),
+    column="serving_speedup_e2e_p50", ylabel="speedup (×)",
+    missing="No serving cell was compared with a baseline at the same load.")
+def speedup_vs_rate(ax: Any, s: pd.DataFrame, x: Any, colour: Any, marker: str) -> None:
     """Serving speedup against request rate, with intervals, the model's prediction and saturation marked."""
-    plot = plots.Plot(
-        anchor="serving-speedup", title="Serving: speedup against request rate",
-        caption=("Speedup at the same offered load (same arrival times and prompts as the baseline) on the "
-                 "median end-to-end latency (filled, with 95% intervals across engine runs) and the median time "
-                 "per output token (hollow); dashed: the analytic model's decode speedup at the measured mean "
-                 "running batch. Grey: past saturation, where the baseline falls behind the load."))
-    def draw(ax: Any, s: pd.DataFrame, x: Any, colour: Any, marker: str) -> None:
-        y = s["serving_speedup_e2e_p50"].to_numpy(dtype=float)
-        low = (y - s["serving_speedup_e2e_p50_ci_low"].to_numpy(dtype=float, na_value=np.nan)).clip(min=0)
-        high = (s["serving_speedup_e2e_p50_ci_high"].to_numpy(dtype=float, na_value=np.nan) - y).clip(min=0)
-        ax.errorbar(x, y, yerr=np.nan_to_num([low, high]), color=colour, marker=marker,
-                    ms=6, lw=1.6, capsize=3, elinewidth=1)
-        ax.plot(x, s["serving_speedup_tpot_p50"].to_numpy(dtype=float), color=colour,
-                marker=marker, mfc="white", ls=":", lw=1)
-        if "serving_predicted_speedup" in s and s["serving_predicted_speedup"].notna().any():
-            ax.plot(x, s["serving_predicted_speedup"].to_numpy(dtype=float), color=colour, ls="--", lw=1)
-
-    return _per_configuration_against_rate(
-        plot, df, enc, "serving_speedup_e2e_p50", draw, "speedup (×)",
-        "No serving cell was compared with a baseline at the same load.")
+    y = s["serving_speedup_e2e_p50"].to_numpy(dtype=float)
+    low = (y - s["serving_speedup_e2e_p50_ci_low"].to_numpy(dtype=float, na_value=np.nan)).clip(min=0)
+    high = (s["serving_speedup_e2e_p50_ci_high"].to_numpy(dtype=float, na_value=np.nan) - y).clip(min=0)
+    ax.errorbar(x, y, yerr=np.nan_to_num([low, high]), color=colour, marker=marker,
+                ms=6, lw=1.6, capsize=3, elinewidth=1)
+    ax.plot(x, s["serving_speedup_tpot_p50"].to_numpy(dtype=float), color=colour,
+            marker=marker, mfc="white", ls=":", lw=1)
+    if "serving_predicted_speedup" in s and s["serving_predicted_speedup"].notna().any():
+        ax.plot(x, s["serving_predicted_speedup"].to_numpy(dtype=float), color=colour, ls="--", lw=1)
 
 
-def latency_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+@_figure(anchor="serving-latency", title="Serving: TPOT and TTFT against request rate",
+         caption=("Time per output token (top) and time to first token (bottom), p50 solid and p90 dashed, per "
+                  "configuration; the dotted grey line under TTFT is the baseline's median queueing delay (arrival "
+                  "to first scheduling), the part of TTFT that is waiting. Grey: past saturation."))
+def latency_vs_rate(plot: plots.Plot, df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
     """TPOT and TTFT percentiles against request rate, baseline and each configuration, saturation marked."""
-    plot = plots.Plot(
-        anchor="serving-latency", title="Serving: TPOT and TTFT against request rate",
-        caption=("Time per output token (top) and time to first token (bottom), p50 solid and p90 dashed, per "
-                 "configuration; the dotted grey line under TTFT is the baseline's median queueing delay (arrival "
-                 "to first scheduling), the part of TTFT that is waiting. Grey: past saturation."))
     rows = _ok(df)
     if rows.empty:
         return plots._without(plot, "No serving cell was measured.")
@@ -548,13 +590,12 @@ def latency_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
         return _with_legend(plot, fig, rows, enc)
 
 
-def running_batch_over_time(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+@_figure(anchor="serving-batch", title="Serving: running batch over time",
+         caption=("Requests the engine ran at each step (vLLM's scheduler statistics) over each baseline cell's "
+                  "measured window, one line per offered rate; the dashed level is the time-weighted mean, the "
+                  "batch size the offline axis stands for at that rate (Little's law)."))
+def running_batch_over_time(plot: plots.Plot, df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
     """The running batch over time: the baseline's cell at each rate (engine run 0), per workload."""
-    plot = plots.Plot(
-        anchor="serving-batch", title="Serving: running batch over time",
-        caption=("Requests the engine ran at each step (vLLM's scheduler statistics) over each baseline cell's "
-                 "measured window, one line per offered rate; the dashed level is the time-weighted mean, the "
-                 "batch size the offline axis stands for at that rate (Little's law)."))
     base = _recorded(df, "running_batch")
     base = base[base["method"] == "baseline"]
     if base.empty:
@@ -577,20 +618,17 @@ def running_batch_over_time(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot
         return plots.replace(plot, image=plots._png(fig))
 
 
-def acceptance_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+@_against_rate(
+    anchor="serving-acceptance", title="Serving: acceptance length against request rate",
+    caption=("Mean acceptance length (1 + accepted draft tokens per verification) over the measured "
+             "requests alone, each counted from its own speculative counts (warm-up and requests outside "
+             "the measured ones left out), per configuration. With load.ignore_eos the text past each "
+             "EOS is the model's invention and its acceptance is not the workload's. Grey: past saturation."),
+    column="acceptance_length", ylabel="acceptance length",
+    missing="No speculative serving cell recorded its acceptance.")
+def acceptance_vs_rate(ax: Any, s: pd.DataFrame, x: Any, colour: Any, marker: str) -> None:
     """Acceptance length against request rate, per configuration, from the measured requests' own counts."""
-    plot = plots.Plot(
-        anchor="serving-acceptance", title="Serving: acceptance length against request rate",
-        caption=("Mean acceptance length (1 + accepted draft tokens per verification) over the measured "
-                 "requests alone, each counted from its own speculative counts (warm-up and requests outside "
-                 "the measured ones left out), per configuration. With load.ignore_eos the text past each "
-                 "EOS is the model's invention and its acceptance is not the workload's. Grey: past saturation."))
-    def draw(ax: Any, s: pd.DataFrame, x: Any, colour: Any, marker: str) -> None:
-        ax.plot(x, s["acceptance_length"].to_numpy(dtype=float), color=colour, marker=marker, lw=1.6)
-
-    return _per_configuration_against_rate(
-        plot, df, enc, "acceptance_length", draw, "acceptance length",
-        "No speculative serving cell recorded its acceptance.")
+    ax.plot(x, s["acceptance_length"].to_numpy(dtype=float), color=colour, marker=marker, lw=1.6)
 
 
 # --- the curves an operator reads: throughput against latency, goodput and attainment against load -------------
@@ -623,18 +661,17 @@ def _slo_notes(rows: pd.DataFrame) -> list[str]:
     return notes
 
 
-def throughput_vs_latency(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+@_figure(anchor="serving-pareto", title="Serving: throughput against latency",
+         caption=("Output tokens per second over the send span against the 90th-percentile time per output token, "
+                  "one line per configuration through its offered loads (each point labelled with its rate in req/s, "
+                  "or its concurrency cap in a closed loop; ▲: saturated). Filled points are the configuration's Pareto front: no "
+                  "other load of it served more tokens per second at a lower or equal TPOT p90; hollow points are "
+                  "dominated (past saturation throughput stops rising while latency does). The wide grey line is "
+                  "the front of every configuration together: for a latency budget, the most throughput any of "
+                  "them gave. The dashed red line is the TPOT SLO (load.slo.tpot_ms) where one was set: a point "
+                  "left of it had 90% of its requests within it."))
+def throughput_vs_latency(plot: plots.Plot, df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
     """Output throughput against TPOT p90 per configuration across its loads, the Pareto front marked."""
-    plot = plots.Plot(
-        anchor="serving-pareto", title="Serving: throughput against latency",
-        caption=("Output tokens per second over the send span against the 90th-percentile time per output token, "
-                 "one line per configuration through its offered loads (each point labelled with its rate in req/s, "
-                 "or its concurrency cap in a closed loop; ▲: saturated). Filled points are the configuration's Pareto front: no "
-                 "other load of it served more tokens per second at a lower or equal TPOT p90; hollow points are "
-                 "dominated (past saturation throughput stops rising while latency does). The wide grey line is "
-                 "the front of every configuration together: for a latency budget, the most throughput any of "
-                 "them gave. The dashed red line is the TPOT SLO (load.slo.tpot_ms) where one was set: a point "
-                 "left of it had 90% of its requests within it."))
     known = _recorded(df, "achieved_output_tokens_per_s", "tpot_s_p90")
     if known.empty:
         return plots._without(plot, "No serving cell recorded both its output throughput and its TPOT p90.")
@@ -685,16 +722,15 @@ def throughput_vs_latency(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
         return plots.replace(plot, image=plots._png(fig), notes=_slo_notes(known))
 
 
-def goodput_vs_rate(df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
+@_figure(anchor="serving-goodput", title="Serving: goodput and SLO attainment against offered load",
+         caption=("Top: goodput, the requests per second completed within every load.slo.* target, per "
+                  "configuration; the dotted grey diagonal is the offered rate, which goodput meets when every "
+                  "request meets the SLO. Bottom: the share of measured requests within the SLO, with its Wilson "
+                  "95% band; the dashed red line is the share the capacity search asks for (capacity.percentile). "
+                  "A load whose band lies wholly above the line meets the SLO; one whose band straddles it is not "
+                  "resolved. A closed-loop curve is drawn against its concurrency cap. Grey: past saturation."))
+def goodput_vs_rate(plot: plots.Plot, df: pd.DataFrame, enc: plots.Encoding) -> plots.Plot:
     """Goodput and SLO attainment (with its Wilson interval) against offered load, the attainment target drawn."""
-    plot = plots.Plot(
-        anchor="serving-goodput", title="Serving: goodput and SLO attainment against offered load",
-        caption=("Top: goodput, the requests per second completed within every load.slo.* target, per "
-                 "configuration; the dotted grey diagonal is the offered rate, which goodput meets when every "
-                 "request meets the SLO. Bottom: the share of measured requests within the SLO, with its Wilson "
-                 "95% band; the dashed red line is the share the capacity search asks for (capacity.percentile). "
-                 "A load whose band lies wholly above the line meets the SLO; one whose band straddles it is not "
-                 "resolved. A closed-loop curve is drawn against its concurrency cap. Grey: past saturation."))
     rows = _ok(df)
     known = _recorded(rows, "slo_attainment")
     if known.empty:
