@@ -1,4 +1,4 @@
-"""Which demo grid reaches make demo's verdicts more often: K=2,4 over 2 engine runs, or K=4 over 3?
+"""Which demo grid reaches make demo's verdicts, how often, and in how many seconds of sweep?
 
 Prints figures; asserts nothing. No engine, about a minute at the default:
 
@@ -13,7 +13,7 @@ engine, ``engine_sd``) + w (the baseline cell) - e (the cell), w and e of sd ``c
 intervals; ``interval_coverage_sim.judged``) and ``analytic.verdicts.verdict`` (the page's sentences), so
 the figures are those of the code that writes the report.
 
-Per design and noise setting: how often the summarize verdict says its configuration pays at every measured
+Per design and noise setting: its sweep's seconds priced from the quiet demo's engines (``sweep_seconds``), how often the summarize verdict says its configuration pays at every measured
 batch size (up to 4), how often the creative verdict says something pays at batch 1, and of ngram K=4 on
 summarize at batch 4: how often its 95% interval misses the true speedup, its median width (log of high over
 low) and its median df.
@@ -42,21 +42,45 @@ TRUE: Mapping[tuple[str, int], Mapping[str, tuple[float, float]]] = {
     ("eagle3", 2): {"summarize": (0.96, 0.94), "creative": (0.98, 0.88)},
     ("eagle3", 4): {"summarize": (0.82, 0.81), "creative": (1.08, 0.78)},
 }
-DESIGNS = {"K=2,4 x 2 engine runs (today)": ((2, 4), 2), "K=4 x 3 engine runs": ((4,), 3)}
+# name: (methods, K values, engine runs, creative at batch 4 too)
+DESIGNS: Mapping[str, tuple[tuple[str, ...], tuple[int, ...], int, bool]] = {
+    "K=2,4 x 2 engine runs": (("ngram", "eagle3"), (2, 4), 2, True),
+    "K=4 x 3 engine runs (today)": (("ngram", "eagle3"), (4,), 3, True),
+    "K=4 x 2 engine runs": (("ngram", "eagle3"), (4,), 2, True),
+    "K=4 x 3, creative at batch 1 only": (("ngram", "eagle3"), (4,), 3, False),
+    "ngram K=4 x 3 engine runs": (("ngram",), (4,), 3, True),
+    "ngram K=4 x 4 engine runs": (("ngram",), (4,), 4, True),
+}
+# Seconds per engine per engine run (its start, warm-ups and cells, and ~1 s to stop it and fork the next), read
+# from the quiet 2026-12-07 demo's rows (docs/results/2026-12-07-demo-time.md): the baseline's, ngram K=4's and
+# EAGLE-3 K=4's; K=2's engines cost what K=4's do. A creative batch-4 cell and its warm-up: 2.8, 2.8 and 3.7 s
+# (and its job, 0.35 s). The sweep's own work: 8 s before the plan line, 10 s of merge and report.
+ENGINE_S = {"baseline": 39.0, "ngram": 34.0, "eagle3": 43.0}
+CREATIVE_B4_S = {"baseline": 3.1, "ngram": 3.1, "eagle3": 4.0}
+SWEEP_OWN_S = 18.0
+
+
+def sweep_seconds(methods: Sequence[str], ks: Sequence[int], runs: int, creative_b4: bool) -> float:
+    """The design's sweep, priced from the quiet demo's engines."""
+    engines = ["baseline", *(m for m in methods for _ in ks)]
+    per_run = sum(ENGINE_S[e] - (0.0 if creative_b4 else CREATIVE_B4_S[e]) for e in engines)
+    return runs * per_run + SWEEP_OWN_S
 # (baseline engine sd, speculative engine sd, cell sd at batch 1, batch 4's scale): the quiet demo's merge
 # reported a baseline engine log SD of 0.042-0.050 and per-run log speedups spread 0.076-0.080.
 NOISE = ((0.045, 0.02, 0.04, 1.0), (0.045, 0.02, 0.05, 1.5), (0.02, 0.02, 0.05, 1.5), (0.08, 0.03, 0.05, 1.5))
 
 
-def sweep(rng: np.random.Generator, ks: Sequence[int], runs: int, baseline_sd: float, engine_sd: float,
-          cell_sd: float, b4_scale: float) -> list[dict[str, Any]]:
+def sweep(rng: np.random.Generator, methods: Sequence[str], ks: Sequence[int], runs: int, creative_b4: bool,
+          baseline_sd: float, engine_sd: float, cell_sd: float, b4_scale: float) -> list[dict[str, Any]]:
     """One simulated demo's speculative rows, judged by the merge."""
-    configurations = [(m, k) for m in ("ngram", "eagle3") for k in ks]
+    configurations = [(m, k) for m in methods for k in ks]
     u = rng.normal(0, baseline_sd, runs)
     v = {c: rng.normal(0, engine_sd, runs) for c in configurations}
     rows = []
     for workload in ("summarize", "creative"):
         for i, batch in enumerate((1, 4)):
+            if workload == "creative" and batch == 4 and not creative_b4:
+                continue
             sd = cell_sd * (b4_scale if batch == 4 else 1.0)
             w = rng.normal(0, sd, runs)
             for method, k in configurations:
@@ -94,10 +118,10 @@ def main(argv: Sequence[str]) -> None:
     for noise in NOISE:
         print(f"baseline engine sd {noise[0]}, speculative engine sd {noise[1]}, cell sd {noise[2]} "
               f"(x{noise[3]} at batch 4):")
-        for name, (ks, runs) in DESIGNS.items():
+        for name, design in DESIGNS.items():
             rng = np.random.default_rng(0)
-            found = [outcome(sweep(rng, ks, runs, *noise)) for _ in range(trials)]
-            print(f"  {name:<32} summarize pays up to 4: {sum(f[0] for f in found) / trials:6.1%}   "
+            found = [outcome(sweep(rng, *design, *noise)) for _ in range(trials)]
+            print(f"  {name:<34} sweep {sweep_seconds(*design):4.0f} s   summarize pays up to 4: {sum(f[0] for f in found) / trials:6.1%}   "
                   f"creative pays at 1: {sum(f[1] for f in found) / trials:6.1%}   "
                   f"ngram K=4 b4 summarize: misses {sum(f[2] for f in found) / trials:5.1%}, "
                   f"median log width {statistics.median(f[3] for f in found):.3f}, "
