@@ -232,6 +232,7 @@ def test_a_sweep_with_confirm_measures_the_chosen_cell_again_on_fresh_engines_an
     _undisturbed(directory / "cells")
     done = specbench("-m", *REFERENCE_GRID, "confirm=true", f"hydra.sweep.dir={directory}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
+    # A multirun into a complete directory resumes: none of the grid's cells is measured again.
     assert "0 to run on 0 engine(s), 10 already complete" in done.stdout
     listed = json.loads((directory / confirm.CONFIRM_FILE).read_text())
     assert len(listed) == 2 and all((directory / "cells" / f"{e['cell_id']}.parquet").is_file() for e in listed)

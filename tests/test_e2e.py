@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from conftest import REFERENCE_GRID, TEST_ATTEMPTS, Sweep, specbench
+from conftest import TEST_ATTEMPTS, Sweep, specbench
 
 pytestmark = pytest.mark.engine
 
@@ -116,16 +116,14 @@ def test_terminal_shows_the_plan_and_cells_and_the_log_file_the_rest(reference_s
     assert "vllm" in text.lower() and "specbench.job" in text
 
 
-def test_rerun_into_the_same_directory_resumes(reference_sweep):
-    directory = reference_sweep.directory
-    again = specbench("-m", *REFERENCE_GRID, f"hydra.sweep.dir={directory}", cwd=directory.parent)
-    assert again.returncode == 0, again.stderr[-4000:]
-    assert "0 to run on 0 engine(s), 10 already complete" in again.stdout + again.stderr
-
-
 def test_single_run_measures_the_cell_with_its_baseline_where_a_sweep_does_and_a_grid_adds_to_it(tmp_path):
     """A single run writes to outputs/<sweep_name>/ and resumes there; a grid run into the same
-    directory adds its cells to the plan, so the results and report cover both."""
+    directory adds its cells to the plan, so the results and report cover both. The grid's draft_model
+    cell is given a draft folder that holds no model: it is recorded as failed, the sweep goes on with
+    the other cells, and the command fails naming it (one grid for both: each command costs a vLLM import).
+
+    (A multirun into a complete directory resumes measuring nothing: tests/test_confirm.py's engine test
+    asserts it on a copy of the session's reference sweep.)"""
     small = ["workload=creative", "workload.num_prompts=2", "workload.max_tokens=8", "repetitions=1",
              "engine_runs=1", "sweep_name=shared", TEST_ATTEMPTS]
     run_dir = tmp_path / "outputs" / "shared"
@@ -137,16 +135,29 @@ def test_single_run_measures_the_cell_with_its_baseline_where_a_sweep_does_and_a
     assert results["exact_match"].all() and (results["status"] == "ok").all()
     assert (run_dir / "report.html").is_file()
 
-    grid = specbench("-m", "method=ngram", "num_speculative_tokens=3", *small, cwd=tmp_path)
-    assert grid.returncode == 0, grid.stderr[-4000:]
+    not_a_model = tmp_path / "empty-draft"
+    not_a_model.mkdir()
+    grid = specbench("-m", "method=ngram,draft_model", "num_speculative_tokens=3", f"model.drafts.small={not_a_model}",
+                     *small, cwd=tmp_path)
+    assert grid.returncode != 0
     assert "1 already complete" in grid.stdout  # the shared baseline
     assert "+ 1 cell(s) of earlier grids in this directory" in grid.stdout
     both = pd.read_parquet(run_dir / "results.parquet")
-    assert sorted(both["method_label"]) == ["baseline", "ngram K=2", "ngram K=3"]
-    assert both.loc[both["method"] == "ngram", "speedup"].notna().all()
+    assert sorted(both["method"]) == ["baseline", "draft_model", "ngram", "ngram"]
+    ngram = both[both["method"] == "ngram"]
+    assert sorted(ngram["method_label"]) == ["ngram K=2", "ngram K=3"]
+    # The failing cell is recorded; the sweep went on, and the cells it measured have their speedups.
+    [failed] = [row for _, row in both.iterrows() if row["method"] == "draft_model"]
+    assert failed["status"] == "failed" and "engine failed to start" in failed["error"]
+    assert (ngram["status"] == "ok").all() and ngram["speedup"].gt(0).all()
+    assert failed["cell_id"] in grid.stderr and f"1 of 4 cells failed: {failed['cell_id']}" in grid.stderr
     assert "ngram K=2" in (run_dir / "report.html").read_text()
 
     again = specbench("method=ngram", "num_speculative_tokens=2", *small, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "0 to run on 0 engine(s), 2 already complete" in again.stdout
-    assert sorted(pd.read_parquet(run_dir / "results.parquet")["method_label"]) == ["baseline", "ngram K=2", "ngram K=3"]
+    # The earlier grid's measured cell joins the merge; its failed one is left out, and the terminal says why.
+    assert "+ 1 cell(s) of earlier grids in this directory" in again.stdout
+    assert f"left out of the merge: {failed['cell_id']}: it failed (" in again.stdout
+    merged = pd.read_parquet(run_dir / "results.parquet")
+    assert sorted(merged["method_label"]) == ["baseline", "ngram K=2", "ngram K=3"]

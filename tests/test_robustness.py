@@ -1,8 +1,9 @@
-"""Sweeps that survive: a killed sweep resumes, a failing cell is isolated, a launcher plugin runs it.
+"""Sweeps that survive: a killed sweep resumes, a launcher plugin runs it.
 
 All on the real engine (small cells for 2 cores). The faults are real: the
-sweep process is SIGKILLed mid-cell (its engine must not outlive it), a draft
-folder holds no model, a results file is overwritten with garbage.
+sweep process is SIGKILLed mid-cell (its engine must not outlive it), a results
+file is overwritten with garbage. A failing cell (a draft folder that holds no
+model) is isolated in tests/test_e2e.py's grid run, which measures the other cells anyway.
 """
 
 from __future__ import annotations
@@ -96,22 +97,6 @@ def test_killed_sweep_takes_its_engine_along_then_resumes_to_complete_results_an
     assert pq.read_table(victim).num_rows == 1
     for path in kept:  # finished cells were not measured again
         assert pq.read_table(path).column("started_at")[0].as_py() == started[path.name]
-
-
-def test_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
-    not_a_model = tmp_path / "empty-draft"
-    not_a_model.mkdir()
-    sweep = tmp_path / "sweep"
-    done = specbench("method=ngram,draft_model", "num_speculative_tokens=2", f"model.drafts.small={not_a_model}",
-                     f"hydra.sweep.dir={sweep}", TEST_ATTEMPTS, cwd=tmp_path)
-    assert done.returncode != 0
-    results = pd.read_parquet(sweep / "results.parquet")
-    by_method = results.set_index("method")
-    assert by_method.loc["draft_model", "status"] == "failed"
-    assert "engine failed to start" in by_method.loc["draft_model", "error"]
-    assert by_method.loc["ngram", "status"] == "ok" and by_method.loc["ngram", "speedup"] > 0
-    failed_id = by_method.loc["draft_model", "cell_id"]
-    assert failed_id in done.stdout and "1 of 3 cells failed" in done.stdout
 
 
 def test_submitit_local_launcher_runs_cells_and_merges(tmp_path):
