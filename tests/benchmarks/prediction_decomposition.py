@@ -22,9 +22,10 @@ the baseline of the same engine run. Per line:
 
 ``--ngram-host-ms`` then prices the merged rows again with each figure as the
 profile's ngram host work per step (:class:`specbench.analytic.drafting.LookupDraft`);
-``--lookup-from`` adds the figure :func:`specbench.analytic.profile_fit.fit_lookup_overhead`
+``--lookup-from`` adds the figures :func:`specbench.analytic.profile_fit.fit_lookup_overhead`
 fits to another sweep's batch-1 ngram engine runs (as calibrate fits its own
-timed ngram passes), so that no sweep is priced with a figure taken from itself.
+timed ngram passes), so that no sweep is priced with a figure taken from
+itself: as timed, and relative to the plain step of each run's own baseline.
 """
 
 from __future__ import annotations
@@ -91,18 +92,26 @@ def hardware_of(sweep: Path, hardware: Path | None) -> prediction.HardwareChoice
     return choice
 
 
-def lookup_samples(sweep: Path, choice: prediction.HardwareChoice) -> tuple[list[profile_fit.LookupSample], Any]:
+def lookup_samples(
+    sweep: Path, choice: prediction.HardwareChoice, relative: bool = False
+) -> tuple[list[profile_fit.LookupSample], Any]:
     """Each batch-1 ngram engine run of a sweep as calibrate times an ngram engine: seconds per decode pass
-    and draft tokens verified per pass; and the target's profile."""
+    and draft tokens verified per pass; and the target's profile. ``relative``: each pass scaled by the
+    predicted over the measured plain step of the same engine run's baseline, so that a run whose engines
+    all ran slow (or fast) adds nothing of it to the ngram figure."""
+    rows = _rows(sweep)
+    plain = {(r["workload"], r["engine_run"]): _measured_step_ms(r) for r in rows
+             if r["method"] == "baseline" and r["batch_size"] == 1}
     samples, target = [], None
-    for row in _rows(sweep):
+    for row in rows:
         if row["method"] != "ngram" or row["batch_size"] != 1:
             continue
         cfg = row_config(row)
         target = prediction.model_profile(cfg["model"]["path"], row["dtype"], row["model"])
         acceptance = prediction.decode_acceptance(row)
+        scale = _steps_ms(row, choice.profile)[0] / plain[(row["workload"], row["engine_run"])] if relative else 1.0
         samples.append(profile_fit.LookupSample(1, int(row["num_speculative_tokens"]), prediction.context_length(row),
-                                                _measured_step_ms(row) / 1e3, acceptance.draft_tokens_per_pass))
+                                                _measured_step_ms(row) * scale / 1e3, acceptance.draft_tokens_per_pass))
     return samples, target
 
 
@@ -172,11 +181,13 @@ def main() -> None:
               f"speedup pred/meas {err:5.3f}")
     figures = list(args.ngram_host_ms)
     if args.lookup_from:
-        samples, target = lookup_samples(args.lookup_from, hardware_of(args.lookup_from, args.lookup_hardware))
-        fitted, _ = profile_fit.fit_lookup_overhead(
-            samples, target=target, hw=hardware_of(args.lookup_from, args.lookup_hardware).profile)
-        print(f"ngram host work fitted to {len(samples)} engine runs of {args.lookup_from}: {fitted * 1e3:.2f} ms")
-        figures.append(round(fitted * 1e3, 2))
+        source = hardware_of(args.lookup_from, args.lookup_hardware)
+        for relative in (False, True):
+            samples, target = lookup_samples(args.lookup_from, source, relative)
+            fitted, _ = profile_fit.fit_lookup_overhead(samples, target=target, hw=source.profile)
+            print(f"ngram host work fitted to {len(samples)} engine runs of {args.lookup_from}"
+                  f"{' relative to their own baseline' if relative else ''}: {fitted * 1e3:.2f} ms")
+            figures.append(round(fitted * 1e3, 2))
     if not figures:
         return
     choice = hardware_of(args.sweep, args.hardware)
