@@ -43,6 +43,16 @@ first head's is ``draft_overhead_ms``, which every other drafter pays, and
 the output says which heads were timed. Without a head, draft passes are
 charged the step's overhead (an upper bound) and the profile says so.
 
+Prompt lookup has no draft pass, but each of its steps does host work that a
+plain step does not (the lookup, the verification's metadata, the rejection
+sampler), several ms a step on 2 CPU cores. An ngram engine decodes
+:data:`DRAFT_POINTS` at K = :data:`DRAFT_K` too, and
+:func:`specbench.analytic.profile_fit.fit_lookup_overhead` takes what its
+decode passes cost beyond verifying what they drafted: ngram's
+``head_draft_overhead_ms`` entry, paid once per step
+(:class:`specbench.analytic.drafting.LookupDraft`), its passes written as
+``lookup_samples``.
+
 Each engine captures CUDA graphs for every batch it decodes
 (``engine.cudagraph_batch_size``: the largest batch of its points, unless
 the overrides set one), so that its steps replay graphs as a sweep's do.
@@ -59,7 +69,7 @@ The profile, the samples and their residuals are printed and written to
 ``~/.cache/specbench/hardware/``), where :mod:`specbench.analytic.prediction` finds it
 for every later sweep that names no ``hardware``.
 
-    python -m specbench.calibrate                      # 2 min on 2 CPU cores (an engine per head)
+    python -m specbench.calibrate                      # 2 min on 2 CPU cores (an engine per head, one for ngram)
     python -m specbench.calibrate model=qwen2.5-7b-instruct --max-step-tokens 8192
 """
 
@@ -72,7 +82,7 @@ import re
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +138,8 @@ DRAFT_K = 3
 # Every method the model config names a head for is timed, in this order; the first one's overhead is the
 # profile's draft_overhead_ms, paid by drafters without a timed head of their own.
 DRAFT_METHODS = ("eagle3", "eagle")
+# Drafters without a draft pass whose per-step host work is timed on an engine of their own.
+LOOKUP_METHODS = ("ngram",)
 
 
 def grid(
@@ -276,6 +288,57 @@ def draft_sample(
     return sample, record
 
 
+def lookup_sample(
+    point: GridPoint, k: int, max_tokens: int, rounds: Sequence[tuple[float, int, int]]
+) -> tuple[profile_fit.LookupSample, dict[str, Any]]:
+    """The prompt-lookup sample of one draft point, and its record for the YAML.
+
+    ``rounds`` holds, per round, the decode seconds summed over requests, their
+    decode passes and the draft tokens vLLM verified in them: a lookup drafts
+    only where it matches, so the passes, not the drafts, count the steps. The
+    fastest round per pass is kept, with the draft tokens per pass it verified.
+    Raises ValueError when no round decoded.
+    """
+    timed = [(seconds / passes, tokens / passes) for seconds, passes, tokens in rounds if passes > 0 and seconds > 0]
+    if not timed:
+        raise ValueError(f"lookup batch {point.batch_size} x {point.prompt_len} tokens: no decode pass was timed")
+    seconds, drafted = min(timed)
+    context = point.prompt_len + max_tokens / 2
+    sample = profile_fit.LookupSample(batch_size=point.batch_size, k=k, context_len=context, seconds=seconds,
+                                      drafted=min(drafted, float(k)))
+    record = {"batch_size": point.batch_size, "prompt_tokens": point.prompt_len, "k": k, "context_len": context,
+              "seconds_per_pass": seconds, "drafted_per_pass": sample.drafted,
+              "round_seconds_per_pass": [t for t, _ in timed]}
+    return sample, record
+
+
+def fit_lookup(
+    records: Sequence[dict[str, Any]], model: profiles.ModelProfile, profile: profiles.HardwareProfile
+) -> tuple[float, list[dict[str, Any]]]:
+    """Prompt lookup's host work per step from its timed passes (records as :func:`lookup_sample` writes
+    them); the records gain their residuals."""
+    samples = [profile_fit.LookupSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"],
+                                        r["drafted_per_pass"]) for r in records]
+    overhead, residuals = profile_fit.fit_lookup_overhead(samples, target=model, hw=profile)
+    return overhead, [dict(r, residual=res) for r, res in zip(records, residuals)]
+
+
+def with_lookup_overheads(profile: profiles.HardwareProfile, overheads: Mapping[str, float]) -> profiles.HardwareProfile:
+    """``profile`` with each lookup method's host work per step among its :attr:`HardwareProfile.head_overheads`,
+    after the heads' (whose first is the draft overhead other drafters pay)."""
+    kept = tuple((m, s) for m, s in profile.head_overheads if m not in overheads)
+    return replace(profile, head_overheads=kept + tuple(overheads.items())) if overheads else profile
+
+
+def format_lookup_fit(method: str, overhead_s: float, records: Sequence[dict[str, Any]]) -> str:
+    """The lookup fit and its per-sample residuals as a text table."""
+    lines = [f"host work per {method} step (beyond verifying its drafts): {overhead_s * 1e3:.2f} ms",
+             f"{'batch':>5} {'prompt':>6} {'K':>3} {'drafted/pass':>12} {'measured ms/pass':>17} {'residual':>9}"]
+    lines += [f"{r['batch_size']:>5} {r['prompt_tokens']:>6} {r['k']:>3} {r['drafted_per_pass']:>12.2f} "
+              f"{r['seconds_per_pass'] * 1e3:>17.2f} {r['residual'] * 100:>+8.1f}%" for r in records]
+    return "\n".join(lines)
+
+
 def fit(
     samples: Sequence[profile_fit.StepSample],
     records: Sequence[dict[str, Any]],
@@ -309,12 +372,13 @@ def profile_document(
     bounds: profile_fit.DeviceBounds | None = None,
     warnings: Sequence[str] = (),
     device_memory_bytes: int | None = None,
+    lookup_records: Mapping[str, Sequence[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """The YAML document: conf/hardware keys, then the evidence behind them
     (the device rates that bounded the fit, and what makes it suspect).
 
     ``head_records``: every timed head's draft records by method (``draft_records``
-    are the first's). ``device_memory_bytes``: the GPU's memory (:attr:`specbench.gpu_timing.DeviceProbe.memory_bytes`);
+    are the first's); ``lookup_records``: each timed lookup method's passes. ``device_memory_bytes``: the GPU's memory (:attr:`specbench.gpu_timing.DeviceProbe.memory_bytes`);
     given, the profile states ``memory_bytes`` (and ``memory_gb``, its GB) and
     vLLM's default ``max_num_batched_tokens`` for the device, so the memory
     model prices a GPU engine (``specbench.analytic.memory.budget``). Without
@@ -366,6 +430,10 @@ def profile_document(
         doc["head_draft_samples"] = {m: list(r) for m, r in head_records.items()}
         doc["notes"] += (f" Each head's draft pass priced from its own timed passes (measured, head_draft_samples): "
                          f"{', '.join(head_records)}.")
+    if lookup_records:
+        doc["lookup_samples"] = {m: list(r) for m, r in lookup_records.items()}
+        doc["notes"] += (f" Host work per step of {', '.join(lookup_records)} priced from its own timed passes "
+                         "(measured, lookup_samples).")
     if draft_records:
         doc["draft_samples"] = {"method": draft_method, "samples": list(draft_records)}
     else:
@@ -503,11 +571,12 @@ class Engines:
     target: Cell
     heads: dict[str, Cell]
     skipped: str
+    lookups: dict[str, Cell] = field(default_factory=dict)  # by method: :data:`LOOKUP_METHODS` timed
 
     @property
     def cells(self) -> list[Cell]:
         """Every cell an engine is started for, in the order they start."""
-        return [self.target, *self.heads.values()]
+        return [self.target, *self.heads.values(), *self.lookups.values()]
 
 
 def planned_engines(args: argparse.Namespace) -> Engines:
@@ -518,7 +587,7 @@ def planned_engines(args: argparse.Namespace) -> Engines:
                   positive_ints(args.prompt_lengths, "--prompt-lengths"), args.max_step_tokens)
     target = calibration_cell(overrides, points)
     heads, skipped = _draft_cells(overrides)
-    return Engines(overrides, points, target, heads, skipped)
+    return Engines(overrides, points, target, heads, skipped, _lookup_cells(overrides))
 
 
 def fetch_checkpoints(cells: Sequence[Cell]) -> dict[str, Path]:
@@ -619,6 +688,19 @@ def main(argv: list[str] | None = None) -> int:
         print(format_draft_fit(method, overheads[method], head_records[method]))
     profile = with_head_overheads(profile, overheads)
     print(format_heads_timed(overheads, planned.skipped))
+    lookup_overheads: dict[str, float] = {}
+    lookup_records: dict[str, list[dict[str, Any]]] = {}
+    for method, lookup_cell in planned.lookups.items():
+        try:
+            timed = _measure_lookup_passes(lookup_cell, stream, args.max_tokens, args.rounds,
+                                           None if args.verbose else engine_log)
+            lookup_overheads[method], lookup_records[method] = fit_lookup(
+                [lookup_sample(p, DRAFT_K, args.max_tokens, timed[p])[1] for p in DRAFT_POINTS], model, profile)
+        except (EngineError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(format_lookup_fit(method, lookup_overheads[method], lookup_records[method]))
+    profile = with_lookup_overheads(profile, lookup_overheads)
     draft_method = next(iter(head_records), None)
     draft_records = head_records.get(draft_method, []) if draft_method else []
     warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds, _labels(records))
@@ -631,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": overrides},
         draft_records=draft_records, draft_method=draft_method, head_records=head_records,
-        bounds=bounds, warnings=warnings, device_memory_bytes=probe.memory_bytes,
+        bounds=bounds, warnings=warnings, device_memory_bytes=probe.memory_bytes, lookup_records=lookup_records,
     )
     write_profile(doc, out)
     print(f"profile: {out}")
@@ -726,6 +808,12 @@ def _refit(path: Path, out: Path, given: profile_fit.DeviceBounds | None) -> int
             method, identity, written, model, doc["model"]["dtype"], profile)
         print(format_draft_fit(method, overheads[method], head_records[method]))
     profile = with_head_overheads(profile, overheads)
+    lookup_overheads: dict[str, float] = {}
+    lookup_records: dict[str, list[dict[str, Any]]] = {}
+    for method, written in (doc.get("lookup_samples") or {}).items():
+        lookup_overheads[method], lookup_records[method] = fit_lookup(written, model, profile)
+        print(format_lookup_fit(method, lookup_overheads[method], lookup_records[method]))
+    profile = with_lookup_overheads(profile, lookup_overheads)
     draft_records = head_records.get(draft.get("method"), []) if draft.get("method") else []
     warnings = profile_fit.fit_warnings(profile, [r["residual"] for r in records], bounds, _labels(records))
     print(format_warnings(warnings))
@@ -734,7 +822,7 @@ def _refit(path: Path, out: Path, given: profile_fit.DeviceBounds | None) -> int
         vllm_version=doc.get("vllm_version"), settings=dict(doc.get("settings") or {}, refit_from=str(path)),
         draft_records=draft_records, draft_method=draft.get("method"),
         head_records=head_records if doc.get("head_draft_samples") else None, bounds=bounds, warnings=warnings,
-        device_memory_bytes=doc.get("memory_bytes")), out)
+        device_memory_bytes=doc.get("memory_bytes"), lookup_records=lookup_records), out)
     print(f"profile: {out}")
     return 0
 
@@ -750,6 +838,19 @@ def _draft_cells(overrides: Sequence[str]) -> tuple[dict[str, Cell], str]:
         except ValueError as exc:
             reasons.append(f"{method}: {str(exc).splitlines()[-1].strip()}")
     return cells, "; ".join(reasons)
+
+
+def _lookup_cells(overrides: Sequence[str]) -> dict[str, Cell]:
+    """The cells whose engines time :data:`LOOKUP_METHODS` at K = :data:`DRAFT_K`, by method; a method the
+    config cannot run is left out (its steps are then priced without host work, as before it was timed)."""
+    cells = {}
+    for method in LOOKUP_METHODS:
+        try:
+            cells[method] = with_graphs_for(cell_from_config(_compose(
+                overrides, (f"method={method}", f"num_speculative_tokens={DRAFT_K}"))), DRAFT_POINTS)
+        except ValueError:
+            continue
+    return cells
 
 
 def fit_head(
@@ -805,6 +906,21 @@ def _measure_draft_passes(
     return {p: [(m.decode_s, m.counters.drafts) for m in ms] for p, ms in measured.items()}
 
 
+def _measure_lookup_passes(
+    cell: Any, stream: Sequence[int], max_tokens: int, rounds: int, log_path: Path | None
+) -> dict[GridPoint, list[tuple[float, int, int]]]:
+    """Decode :data:`DRAFT_POINTS` on an engine of the cell's lookup method, ``rounds`` times each: per point
+    and round, the decode seconds, the decode passes and the draft tokens verified in them."""
+    print(f"timing {cell.method} steps at K={DRAFT_K}")
+    worker = EngineWorker(cell.engine_spec(), log_path=log_path)
+    try:
+        measured = _measure_grid(worker, DRAFT_POINTS, stream, max_tokens, rounds, _lookup_line)
+    finally:
+        worker.close()
+    return {p: [(m.decode_s, sum(m.request_decode_passes), m.counters.draft_tokens) for m in ms]
+            for p, ms in measured.items()}
+
+
 def _measure_grid(
     worker: Any, points: Sequence[GridPoint], stream: Sequence[int], max_tokens: int, rounds: int,
     describe: Callable[[Any], str],
@@ -834,6 +950,13 @@ def _step_line(m: Any) -> str:
     step = statistics.median(m.tpot_s) * 1e3 if m.tpot_s else float("nan")
     prefill = statistics.median(m.ttft_s) * 1e3 if m.ttft_s else float("nan")
     return f"{step:.2f} ms per decode step, {prefill:.1f} ms prefill"
+
+
+def _lookup_line(m: Any) -> str:
+    passes = sum(m.request_decode_passes)
+    per_pass = m.decode_s / passes * 1e3 if passes else float("nan")
+    drafted = m.counters.draft_tokens / passes if passes else float("nan")
+    return f"{per_pass:.2f} ms per decode pass, {drafted:.2f} draft tokens verified per pass"
 
 
 def _draft_line(m: Any) -> str:

@@ -346,9 +346,11 @@ def test_calibrate_fetches_every_engines_checkpoints_with_their_tokenizers_at_th
     assert calibrate.main(["model=qwen2.5-7b-instruct"]) == 2
     assert "is not in the Hugging Face cache" in capsys.readouterr().err
     [(needed, tokenizers, revisions)] = asked
-    # The target's engine, then the EAGLE-3 head's (vLLM has no EAGLE-1 class for Qwen2: that head is not timed).
+    # The target's engine, the EAGLE-3 head's (vLLM has no EAGLE-1 class for Qwen2: that head is not timed),
+    # then ngram's, which loads the target alone.
     assert needed == [("model.path", "Qwen/Qwen2.5-7B-Instruct"), ("model.path", "Qwen/Qwen2.5-7B-Instruct"),
-                      ("model.eagle3", "thoughtworks/Qwen2.5-7B-Instruct-Eagle3")]
+                      ("model.eagle3", "thoughtworks/Qwen2.5-7B-Instruct-Eagle3"),
+                      ("model.path", "Qwen/Qwen2.5-7B-Instruct")]
     # The tokenizer vLLM loads (the target's), and every checkpoint at the commit its model config pins.
     assert set(tokenizers) == {"Qwen/Qwen2.5-7B-Instruct"}
     pins = yaml.safe_load((Path(calibrate.__file__).parent / "conf" / "model" / "qwen2.5-7b-instruct.yaml")
@@ -422,7 +424,8 @@ def test_a_signed_draft_correction_never_prices_a_pass_below_nothing():
 
 def test_a_calibration_times_each_grid_point_once_a_round_and_each_head_at_batch_1(tmp_path, monkeypatch, capsys):
     # Through calibrate.main, on engines that time passes as a machine with TRUE's rates would: the target's
-    # engine measures every grid point once per round, each head's engine its one draft point once per round.
+    # engine measures every grid point once per round, each head's engine its one draft point once per round,
+    # and so does an ngram engine, whose passes carry 3 ms of host work beyond verifying one draft token.
     from types import SimpleNamespace
 
     from specbench.measure import Measurement, SpecCounters
@@ -433,14 +436,21 @@ def test_a_calibration_times_each_grid_point_once_a_round_and_each_head_at_batch
     class TimedEngine:
         def __init__(self, spec, log_path=None):
             self.drafts = spec.speculative_config_json is not None
+            self.lookup = self.drafts and spec.speculative_config["method"] == "ngram"
             self.info = SimpleNamespace(machine="CPU test machine (2 cores)", vllm_version="0.32.0")
 
         def measure(self, plan):
             batch, prompt = plan.batch_size, len(plan.prompts[0])
-            measured.append(("draft" if self.drafts else "target", batch, prompt))
+            measured.append(("lookup" if self.lookup else "draft" if self.drafts else "target", batch, prompt))
             step = steps.step_time(target, TRUE, num_tokens=batch, num_seqs=batch, context_len=prompt + 12)
             prefill = steps.prefill_time(target, TRUE, batch, prompt, max_step_tokens=4096)
             tokens = batch * plan.max_tokens
+            if self.lookup:  # 20 decode passes, each verifying one draft token and 3 ms of host work
+                verify = steps.verify_step(target, TRUE, batch, calibrate.DRAFT_K, prompt + 12, 1.0)
+                return Measurement(rep_wall_s=[1.0], rep_output_tokens=[tokens], prompt_tokens=batch * prompt,
+                                   token_ids=[], outputs_stable=True, counters=SpecCounters(drafts=20, draft_tokens=20),
+                                   ttft_s=[prefill] * batch, tpot_s=[step] * batch, decode_s=20 * (verify + 3e-3),
+                                   request_decode_passes=[20])
             return Measurement(rep_wall_s=[1.0], rep_output_tokens=[tokens], prompt_tokens=batch * prompt,
                                token_ids=[], outputs_stable=True, counters=SpecCounters(drafts=10 if self.drafts else 0),
                                ttft_s=[prefill] * batch, tpot_s=[step] * batch, decode_s=4 * step * 10)
@@ -456,8 +466,50 @@ def test_a_calibration_times_each_grid_point_once_a_round_and_each_head_at_batch
         points = calibrate.grid(calibrate.DEFAULT_BATCH_SIZES, calibrate.DEFAULT_PROMPT_LENGTHS, 4096)
         assert [m for m in measured if m[0] == "target"] == [("target", p.batch_size, p.prompt_len)
                                                            for _ in range(rounds) for p in points]
-        # EAGLE-3's and EAGLE-1's heads, each at batch 1 only.
+        # EAGLE-3's and EAGLE-1's heads, each at batch 1 only; ngram's steps too.
         assert [m for m in measured if m[0] == "draft"] == [("draft", 1, 512)] * (2 * rounds)
+        assert [m for m in measured if m[0] == "lookup"] == [("lookup", 1, 512)] * rounds
         doc = yaml.safe_load(out.read_text())
+        assert doc["head_draft_overhead_ms"]["ngram"] == pytest.approx(3.0, rel=1e-3)
+        assert list(doc["head_draft_overhead_ms"])[0] == "eagle3" and doc["lookup_samples"]["ngram"][0]["drafted_per_pass"] == 1.0
+        loaded = prediction.load_hardware_file(out).profile
+        assert drafting.draft_time("ngram", hw=loaded, batch_size=1, k=4, context_len=600.0) == pytest.approx(3e-3, rel=1e-3)
         assert doc["settings"]["rounds"] == rounds and len(doc["samples"]) == 2 * len(points)
         assert {m: len(s) for m, s in doc["head_draft_samples"].items()} == {"eagle3": 1, "eagle": 1}
+
+
+def test_ngram_steps_are_timed_and_priced_with_the_host_work_beyond_their_verification(tmp_path, monkeypatch):
+    # An ngram engine at DRAFT_K, beside the heads' engines.
+    planned = calibrate.planned_engines(calibrate.argument_parser().parse_args([]))
+    assert list(planned.lookups) == ["ngram"] and planned.cells[-1].method == "ngram"
+    assert planned.lookups["ngram"].identity["method"]["speculative_config"]["num_speculative_tokens"] == calibrate.DRAFT_K
+    # Two rounds of 23 passes that verified 1.5 draft tokens each: the faster round is kept, with what it drafted.
+    point = calibrate.DRAFT_POINTS[0]
+    context = point.prompt_len + 12
+    verify = steps.verify_step(MODEL, TRUE, 1, calibrate.DRAFT_K, context, 1.5)
+    sample, record = calibrate.lookup_sample(point, calibrate.DRAFT_K, 24,
+                                             [(23 * (verify + 0.009), 23, 34), (23 * (verify + 0.004), 23, 34.5)])
+    assert sample.seconds == pytest.approx(verify + 0.004) and sample.drafted == pytest.approx(1.5)
+    overhead, records = calibrate.fit_lookup([record], MODEL, TRUE)
+    assert overhead == pytest.approx(0.004) and records[0]["residual"] == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="no decode pass was timed"):
+        calibrate.lookup_sample(point, calibrate.DRAFT_K, 24, [(1.0, 0, 0)])
+    # Written after the heads (the first head's is the draft overhead other drafters pay), read back, refit.
+    profile = calibrate.with_lookup_overheads(calibrate.with_head_overheads(TRUE, {"eagle3": 2e-3}), {"ngram": overhead})
+    assert profile.draft_overhead_s == pytest.approx(2e-3)
+    samples, step_records = _synthetic_samples()
+    _, step_fitted = calibrate.fit(samples, step_records, MODEL, "my-cpu")
+    doc = calibrate.profile_document(
+        profile, step_fitted, model={"name": "m", "path": "embedded:x", "dtype": "float32"}, device="CPU",
+        measured_at="2026-01-01T00:00:00+00:00", vllm_version="0.32.0", settings={}, lookup_records={"ngram": records})
+    assert doc["head_draft_overhead_ms"] == {"eagle3": 2.0, "ngram": 4.0} and doc["draft_overhead_ms"] == 2.0
+    path = tmp_path / "p.yaml"
+    calibrate.write_profile(doc, path)
+    loaded = prediction.load_hardware_file(path).profile
+    for k in (2, 8):
+        assert drafting.draft_time("ngram", hw=loaded, batch_size=1, k=k, context_len=600.0) == pytest.approx(0.004)
+    monkeypatch.setattr(prediction, "model_profile", lambda path, dtype, name="m": MODEL)
+    out = tmp_path / "refit.yaml"
+    assert calibrate.main(["--refit", str(path), "--out", str(out), "--device-rates", "40,1"]) == 0
+    refit = yaml.safe_load(out.read_text())
+    assert set(refit["lookup_samples"]) == {"ngram"} and refit["head_draft_overhead_ms"]["ngram"] > 0

@@ -383,3 +383,33 @@ def test_a_gpu_profile_runs_model_runner_v2_and_a_cpu_profile_v1():
     assert profiles.device_model_runner({}) == "V1"
     with pytest.raises(ValueError, match="model_runner must be one of V1, V2"):
         profiles.HardwareProfile(**{**HW.__dict__, "model_runner": "V3"})
+
+
+def test_ngram_pays_the_host_work_its_profile_timed_once_per_step_whatever_k(checkpoints):
+    # vLLM runs the n-gram lookup, the verification's metadata and the rejection sampler on the host
+    # every speculative step: plain decoding pays none of it, and on 2 CPU cores it is several ms of
+    # a ~40 ms step. A profile that timed it (head_draft_overhead_ms: {ngram: ...}) charges it once
+    # per step; one that did not charges nothing, as before.
+    target, _ = checkpoints
+    model = profiles.ModelProfile.from_config_json(target, dtype="float32")
+    timed = profiles.HardwareProfile.from_mapping(
+        {"name": "t", "source": "calibrated", "memory_bandwidth_gbps": 20.0, "peak_tflops": 0.1,
+         "fixed_overhead_ms": 15.0, "head_draft_overhead_ms": {"ngram": 4.0}})
+    untimed = profiles.HardwareProfile.from_mapping(
+        {"name": "t", "source": "calibrated", "memory_bandwidth_gbps": 20.0, "peak_tflops": 0.1,
+         "fixed_overhead_ms": 15.0})
+    for k in (2, 8):
+        for batch in (1, 16):
+            common = dict(target=model, batch_size=batch, k=k, context_len=516.0, draft_tokens_per_pass=1.0)
+            extra = speedup.speculative_step("ngram", hw=timed, **common) - speedup.speculative_step(
+                "ngram", hw=untimed, **common)
+            assert extra == pytest.approx(0.004)
+    row = _row(target, k=4, tokens_per_pass=2.0, draft_tokens_per_pass=2.0)
+    (slower,), (free,) = (prediction.with_predicted_speedups([row], HardwareChoice(hw, "t"))
+                          for hw in (timed, untimed))
+    step = steps.verify_step(model, untimed, 1, 4, PROMPT_LEN + OUTPUT_LEN / 2, 2.0)
+    assert slower["predicted_decode_speedup"] == pytest.approx(
+        free["predicted_decode_speedup"] * step / (step + 0.004))
+    # The figure is ngram's: an EAGLE head's pricing is unchanged by it.
+    assert drafting.draft_time("eagle", hw=timed, batch_size=1, k=2, context_len=516.0, target=model) == \
+        drafting.draft_time("eagle", hw=untimed, batch_size=1, k=2, context_len=516.0, target=model)

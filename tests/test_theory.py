@@ -783,3 +783,21 @@ def test_device_bounds_and_overlap_exponent_refuse_bad_values() -> None:
                                         ).per_layer_overhead_s == pytest.approx(8e-5)
     with pytest.raises(ValueError, match="overlap_exponent"):
         HardwareProfile.from_mapping({**good, "overlap_exponent": 0.9})
+
+
+def test_lookup_overhead_is_what_timed_ngram_passes_cost_beyond_their_verification():
+    from specbench.analytic.profile_fit import LookupSample, fit_lookup_overhead
+
+    smol = ModelProfile.from_config_json(SMOLLM2_135M, dtype="float32")
+    hw = HardwareProfile(name="t", memory_bandwidth=15e9, peak_flops=0.3e12, fixed_overhead_s=0.001,
+                         source="calibrated")
+    # Passes that verified 0.5 and 2 drafted tokens, each 5 ms above their priced verification.
+    samples = [LookupSample(1, 3, 524.0, verify_step(smol, hw, 1, 3, 524.0, d) + 0.005, d) for d in (0.5, 2.0)]
+    overhead, residuals = fit_lookup_overhead(samples, target=smol, hw=hw)
+    assert overhead == pytest.approx(0.005)
+    assert residuals == pytest.approx([0.0, 0.0])
+    # Passes cheaper than their verification leave no negative host work.
+    cheap = [LookupSample(1, 3, 524.0, verify_step(smol, hw, 1, 3, 524.0, 1.0) * 0.9, 1.0)]
+    assert fit_lookup_overhead(cheap, target=smol, hw=hw)[0] == 0.0
+    with pytest.raises(ValueError, match="samples must not be empty"):
+        fit_lookup_overhead([], target=smol, hw=hw)

@@ -105,7 +105,7 @@ def _grid_cells(overrides: Sequence[str]) -> list[Any]:
 def _calibration_cells(argv: Sequence[str]) -> list[Any]:
     """The engines ``python -m specbench.calibrate`` starts for this command line, as calibrate plans them
     (:func:`specbench.calibrate.planned_engines`): the target's, graphs for every batch it decodes, then
-    each head's it times."""
+    each head's it times, then ngram's."""
     return calibrate.planned_engines(calibrate.argument_parser().parse_args(list(argv))).cells
 
 
@@ -390,10 +390,10 @@ def test_a_shipped_config_file_of_a_pinned_revision_is_that_revisions_file():
 
 def test_the_calibration_engines_checked_are_the_ones_calibrate_starts(gpu_build):
     """Built by calibrate's own plan, not a copy: the target's engine captures graphs for every batch it decodes,
-    and each head calibrate times is there (on Qwen2, EAGLE-3's only)."""
+    and each head calibrate times is there (on Qwen2, EAGLE-3's only), then the ngram engine it times."""
     [overrides] = [o for name, o in readme_gpu_commands() if name == "calibrate"]
     cells = _calibration_cells(overrides)
-    assert [c.method for c in cells] == ["baseline", "eagle3"]
+    assert [c.method for c in cells] == ["baseline", "eagle3", "ngram"]
     assert set(calibrate.DEFAULT_BATCH_SIZES) <= set(cells[0].engine_spec(prepare=False).cudagraph_capture_sizes)
     heads = _calibration_cells(["model=llama-3.1-8b-instruct"])
-    assert [c.method for c in heads] == ["baseline", *calibrate.DRAFT_METHODS]
+    assert [c.method for c in heads] == ["baseline", *calibrate.DRAFT_METHODS, *calibrate.LOOKUP_METHODS]

@@ -1,5 +1,5 @@
 """Draft cost: what the drafter (a draft model or an EAGLE head) spends per draft step and on
-the prompts; prompt lookup (ngram) drafts for free.
+the prompts; prompt lookup (ngram) pays only the host work of a speculative step, where it was timed.
 
 Each way of drafting is a named cost model (:class:`DraftCost`) in one table,
 :data:`COST_MODELS`: a method's registry entry (:mod:`specbench.methods`)
@@ -72,6 +72,43 @@ class FreeDraft:
     ) -> float:
         """0: the CPU-side lookup is assumed negligible next to a GPU forward pass."""
         return 0.0
+
+    def prefill_time(
+        self, *, hw: HardwareProfile, batch_size: int, prompt_len: float, max_step_tokens: int,
+        draft: ModelProfile | None, target: ModelProfile | None,
+    ) -> float:
+        """0: nothing reads the prompts but the target."""
+        return 0.0
+
+
+@dataclass(frozen=True)
+class LookupDraft:
+    """Prompt lookup (ngram): no weights and no draft passes, but host work on every speculative step.
+
+    The engine runs the lookup (vLLM's numba kernel, in the engine's own
+    process), builds the verification's metadata and runs the rejection
+    sampler on the host, once per step whatever K or the batch: a cost that
+    plain decoding does not pay and that no forward pass prices. It is the
+    figure calibrate timed on an engine of this method (``kind``) where the
+    profile has one (:attr:`HardwareProfile.head_overheads`, the profile's
+    ``head_draft_overhead_ms``), else 0 (a profile that never timed it, or a
+    GPU step whose host work overlaps the device's). Negative figures (a timed
+    step below its priced verification) are floored at 0: a lookup saves no
+    verification work.
+    """
+
+    kind: str
+
+    def drafter(self, target: ModelProfile, checkpoint: ModelProfile | None) -> ModelProfile | None:
+        """No weights."""
+        return None
+
+    def step_time(
+        self, *, hw: HardwareProfile, batch_size: int, k: int, context_len: float,
+        draft: ModelProfile | None, target: ModelProfile | None,
+    ) -> float:
+        """The step's timed host work for this method: one per step, not per drafted token."""
+        return max(dict(hw.head_overheads).get(self.kind, 0.0), 0.0)
 
     def prefill_time(
         self, *, hw: HardwareProfile, batch_size: int, prompt_len: float, max_step_tokens: int,
@@ -171,7 +208,7 @@ class EagleHeadCost:
 
 COST_MODELS: dict[str, DraftCost] = {
     "baseline": FreeDraft(),
-    "ngram": FreeDraft(),
+    "ngram": LookupDraft("ngram"),
     "draft_model": DraftModelCost(),
     "eagle": EagleHeadCost("eagle"),
     "eagle3": EagleHeadCost("eagle3"),
@@ -233,9 +270,9 @@ def draft_time(
 ) -> float:
     """Seconds the drafter of cost model ``method`` spends proposing k tokens for each of batch_size sequences.
 
-    :meth:`DraftCost.step_time`; 0 for k = 0. baseline: 0. ngram: 0,
-    assuming the CPU-side prompt lookup is negligible next to a GPU forward
-    pass. draft_model: k sequential passes of `draft`, each the work of
+    :meth:`DraftCost.step_time`; 0 for k = 0. baseline: 0. ngram: the host
+    work of a speculative step where the profile timed it (:class:`LookupDraft`),
+    else 0. draft_model: k sequential passes of `draft`, each the work of
     step_time(draft, num_tokens=num_seqs=batch_size). eagle / eagle3: k
     passes of the head (:class:`EagleHeadCost`). `draft` is the head's
     profile (its config.json: the target's shapes with one layer, plus

@@ -129,6 +129,7 @@ class HardwareSchema:
     samples: Any = None
     samples_measured: Any = None
     draft_samples: Any = None
+    lookup_samples: Any = None  # ngram's timed decode passes, behind its head_draft_overhead_ms entry
     sources: Any = None  # where each figure of a datasheet profile came from
     device_rates: Any = None  # the copy bandwidth and matmul rate that bounded the fit
     fit_warnings: Any = None  # rates at their bound, residuals beyond 10%

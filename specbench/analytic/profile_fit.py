@@ -395,3 +395,35 @@ def fit_draft_step_overhead(
               for i, s in enumerate(samples)]
     overhead = max(statistics.median(seconds - base for seconds, base in priced), 0.0)
     return overhead, [(base + overhead) / seconds - 1.0 for seconds, base in priced]
+
+
+@dataclass(frozen=True)
+class LookupSample:
+    """Decode steps timed on a prompt-lookup (ngram) engine: seconds per decode pass, and the draft
+    tokens each pass verified on average (a lookup that finds no match drafts none)."""
+
+    batch_size: int
+    k: int
+    context_len: float
+    seconds: float
+    drafted: float
+
+
+def fit_lookup_overhead(
+    samples: Sequence[LookupSample], *, target: ModelProfile, hw: HardwareProfile
+) -> tuple[float, list[float]]:
+    """The host work of one prompt-lookup step: what timed ngram passes cost beyond their verification.
+
+    With the target's profile ``hw`` fitted, each sample gives
+    h_i = seconds_i - verify_step(batch, K, context, drafted_i) (the target
+    verifies what the lookup drafted); h is their median, floored at 0.
+    Returns h in seconds and each sample's relative residual under it.
+    """
+    if not samples:
+        raise ValueError("samples must not be empty")
+    priced = []
+    for i, s in enumerate(samples):
+        seconds = check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True)
+        priced.append((seconds, verify_step(target, hw, s.batch_size, s.k, s.context_len, s.drafted)))
+    overhead = max(statistics.median(seconds - verify for seconds, verify in priced), 0.0)
+    return overhead, [(verify + overhead) / seconds - 1.0 for seconds, verify in priced]

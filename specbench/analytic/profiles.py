@@ -67,6 +67,8 @@ class HardwareProfile:
     entry may be below 0: its passes measured cheaper than the roofline
     prices its work, and the entry is that correction
     (:func:`specbench.analytic.profile_fit.fit_draft_overhead`, signed).
+    An ``ngram`` entry is the host work of one prompt-lookup step instead,
+    paid once per step (:class:`specbench.analytic.drafting.LookupDraft`).
     source is "vendor" (datasheet figures) or "calibrated" (fitted on the
     device by fit_hardware_profile).
     model_runner is the vLLM model runner that device runs (:data:`MODEL_RUNNERS`):
