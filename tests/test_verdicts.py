@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from rows import make_row, write_results
 
-from specbench import stats
+from specbench.stats import distributions
 from specbench.analytic import recommend
 from specbench.report import verdict_lines
 
@@ -399,7 +399,7 @@ def _eight_ties(lucky: float = 1.1) -> list[dict[str, Any]]:
     on 4 df), all 1.0x but K=3 at batch 1, ``lucky``x: 1.10x has CI [1.01, 1.20] on its own, [0.93, 1.30] over
     the 8 at once."""
     rows = [make_row("baseline", batch=b) for b in (1, 4)]
-    half = stats.student_t_quantile(0.975, 4) * 0.0538 / 3 ** 0.5
+    half = distributions.student_t_quantile(0.975, 4) * 0.0538 / 3 ** 0.5
     for batch in (1, 4):
         for k in range(1, 9):
             speedup = lucky if (k, batch) == (3, 1) else 1.0

@@ -13,7 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, cast
 
-from specbench import methods, stats
+from specbench import methods
+from specbench.stats import acceptance, baseline_shifts, distributions, intervals, spreads, timings
 from specbench.results import distribution, exactness
 from specbench.results.files import CellFiles
 from specbench.results.metrics import REPETITIVE_SHARE, median_known
@@ -55,7 +56,7 @@ def merge(cells_dir: Path, cell_ids: Iterable[str]) -> list[dict[str, Any]]:
     per-run ratios of time per output token (:func:`rows.speedup`: equal work
     where outputs differ in length; ``output_token_ratio`` records by how much). Its intervals use the
     engine-to-engine spread of log ratios pooled over the cells of its batch size (:func:`judge_speedups`),
-    with degrees of freedom counted in independent engines (``stats.engine_run_spread``: cells of one engine
+    with degrees of freedom counted in independent engines (``spreads.engine_run_spread``: cells of one engine
     share its deviations, and the baseline engine's are estimated apart from the speculative ones'); with
     one engine run everywhere only the within-engine spread of the repetitions is
     known, and the method tag says so; with one repetition as well there is no interval.
@@ -148,7 +149,7 @@ def judge_speedups(speculative: Sequence[dict[str, Any]], tests: int = 0) -> Non
             rest = [r for r in speculative if r is not row]
             others = stratum_spreads(rest).get(stratum(row)) if own.df else None
             others = others if others is not None and others.df else _engine_spread(rest)
-        interval = stats.speedup_interval(ratios, spread, within, cells=max(compared, 1), others=others,
+        interval = intervals.speedup_interval(ratios, spread, within, cells=max(compared, 1), others=others,
                                           flag_alpha=FAMILY_ALPHA)
         # The interval's ingredients, in the terms exp(m +- t_df sd / sqrt(engine runs)); a within-engine
         # interval exp(m +- t se) stores se sqrt(engine runs), so that rebuilding it gives the same width.
@@ -174,30 +175,30 @@ def judge_speedups(speculative: Sequence[dict[str, Any]], tests: int = 0) -> Non
             ]
 
 
-def stratum_spreads(speculative: Sequence[dict[str, Any]]) -> dict[Any, stats.EngineRunSpread]:
+def stratum_spreads(speculative: Sequence[dict[str, Any]]) -> dict[Any, spreads.EngineRunSpread]:
     """Per batch size (:func:`stratum`), the engine-to-engine spread behind its cells' intervals: its own, or one
-    fitted across batch sizes where that gives it more degrees of freedom (:func:`stats.stratum_spreads`), from
+    fitted across batch sizes where that gives it more degrees of freedom (:func:`spreads.stratum_spreads`), from
     the cells that measured the machine's spread (:func:`_engine_spread`: disturbed cells stay out). A batch size
     whose undisturbed cells have no two engine runs gets its own cells' spread, disturbed ones included (df 0
     where none has two runs: :func:`judge_speedups` falls back on the sweep's).
     """
     cells = [r for r in speculative if not r.get("_disturbed")]
-    fitted = stats.stratum_spreads([dict(zip(r["_runs"], r["speedup_per_engine_run"])) for r in cells],
+    fitted = spreads.stratum_spreads([dict(zip(r["_runs"], r["speedup_per_engine_run"])) for r in cells],
                                    engines=[r["_engine"] for r in cells], baselines=[r["_baseline"] for r in cells],
                                    batches=[stratum(r) for r in cells]).spreads
-    spreads = {}
+    by_stratum = {}
     for row in speculative:
         key = stratum(row)
-        if key not in spreads:
+        if key not in by_stratum:
             found = fitted.get(key)
-            spreads[key] = found if found is not None and found.df else _engine_spread(
+            by_stratum[key] = found if found is not None and found.df else _engine_spread(
                 [r for r in speculative if stratum(r) == key])
-    return spreads
+    return by_stratum
 
 
 def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[str, Any]]) -> None:
     """Flag every baseline cell one of whose engine runs moved all its speculative cells together
-    (:func:`stats.shifted_baselines`, each workload x batch size x temperature judged by its own noise), and
+    (:func:`baseline_shifts.shifted_baselines`, each workload x batch size x temperature judged by its own noise), and
     those cells: disturbed, they leave verdicts and the spread. Every speculative cell of two engine runs
     or more records whether its baseline could be tested (``baseline_shift_checked``; it cannot with one
     speculative configuration per baseline, or fewer than three testable baseline cells per engine).
@@ -211,12 +212,12 @@ def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[
     columns = ([dict(zip(r["_runs"], r["speedup_per_engine_run"])) for r in compared],
                [r["_reference"] for r in compared], [r["_baseline"] for r in compared],
                [(r.get("workload"), r.get("batch_size"), r.get("temperature") or 0.0) for r in compared])
-    testable = stats.shift_testable(*columns)
+    testable = baseline_shifts.shift_testable(*columns)
     yardsticks = _yardsticks(compared, testable)
     for row in speculative:
         if len(row["speedup_per_engine_run"]) > 1:
             row["baseline_shift_checked"] = row.get("_reference") in testable or row.get("_reference") in yardsticks
-    shifted = stats.shifted_baselines(*columns, confidence=1.0 - FAMILY_ALPHA, yardsticks=yardsticks)
+    shifted = baseline_shifts.shifted_baselines(*columns, confidence=1.0 - FAMILY_ALPHA, yardsticks=yardsticks)
     if not shifted:
         return
     baselines = [r for r in rows if r.get("method") == "baseline" and r.get("config_hash") in shifted]
@@ -239,15 +240,15 @@ def _judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[
         row["_disturbed"] = True
 
 
-def _yardsticks(compared: Sequence[dict[str, Any]], testable: set[Any]) -> dict[Any, stats.EngineRunSpread]:
+def _yardsticks(compared: Sequence[dict[str, Any]], testable: set[Any]) -> dict[Any, spreads.EngineRunSpread]:
     """Per baseline cell the shifted-baseline test cannot hold against its engine's other cells (the only one its
-    baseline engine served, :func:`stats.lone_references`: a family measured again), the spread of one
-    engine run measured on the cells of other baseline engines (:func:`stats.shifted_baselines`' yardsticks):
+    baseline engine served, :func:`baseline_shifts.lone_references`: a family measured again), the spread of one
+    engine run measured on the cells of other baseline engines (:func:`baseline_shifts.shifted_baselines`' yardsticks):
     those of its batch size where they measured one, else all of them. None is given where no other baseline
     engine measured a spread: a fresh engine's deviation then cannot be told from a disturbance.
     """
     yardsticks = {}
-    lone = stats.lone_references([r["_reference"] for r in compared], [r["_baseline"] for r in compared])
+    lone = baseline_shifts.lone_references([r["_reference"] for r in compared], [r["_baseline"] for r in compared])
     for reference in dict.fromkeys(r["_reference"] for r in compared if r["_reference"] in lone - testable):
         mine = [r for r in compared if r["_reference"] == reference]
         if len(mine) < 2:  # one speculative cell cannot tell its baseline's move from its own
@@ -261,8 +262,8 @@ def _yardsticks(compared: Sequence[dict[str, Any]], testable: set[Any]) -> dict[
     return yardsticks
 
 
-def _engine_spread(speculative: Sequence[dict[str, Any]]) -> stats.EngineRunSpread:
-    """The machine's engine-to-engine spread (:func:`stats.engine_run_spread`), from the cells that measured it.
+def _engine_spread(speculative: Sequence[dict[str, Any]]) -> spreads.EngineRunSpread:
+    """The machine's engine-to-engine spread (:func:`spreads.engine_run_spread`), from the cells that measured it.
 
     A cell whose baseline or engine another process disturbed, or that ran on other hardware, measured
     something else, and would widen every other cell's interval (it is flagged itself). Where no
@@ -270,7 +271,7 @@ def _engine_spread(speculative: Sequence[dict[str, Any]]) -> stats.EngineRunSpre
     wide, beats an interval from the repetitions of one engine, which knows nothing of engine runs.
     """
     for cells in ([r for r in speculative if not r.get("_disturbed")], list(speculative)):
-        spread = stats.engine_run_spread([dict(zip(r["_runs"], r["speedup_per_engine_run"])) for r in cells],
+        spread = spreads.engine_run_spread([dict(zip(r["_runs"], r["speedup_per_engine_run"])) for r in cells],
                                          engines=[r["_engine"] for r in cells],
                                          baselines=[r["_baseline"] for r in cells])
         if spread.df:
@@ -316,7 +317,7 @@ def _across_engine_runs(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[str
     """The per-cell columns of a merged row, each describing every engine run (not the first run's copy).
 
     Wall time and tokens/s treat each engine run as one cluster of
-    repetitions (``stats.engine_run_interval``): the geometric mean of the
+    repetitions (``timings.engine_run_interval``): the geometric mean of the
     engine runs' medians, with a t interval from their spread; the CV and
     ``wall_time_s_reps`` keep every repetition. Latency percentiles, TPOT,
     warm-up and start-up are medians (TPOT a mean) of the engine runs' own;
@@ -326,13 +327,13 @@ def _across_engine_runs(cells_dir: Path, runs: list[dict[str, Any]]) -> dict[str
     produced the same tokens.
     """
     reps = [w for r in runs for w in r["wall_time_s_reps"]]
-    wall = stats.engine_run_interval([r["wall_time_s_reps"] for r in runs])
-    tps = stats.engine_run_interval([[r["output_tokens"] / w for w in r["wall_time_s_reps"]] for r in runs])
+    wall = timings.engine_run_interval([r["wall_time_s_reps"] for r in runs])
+    tps = timings.engine_run_interval([[r["output_tokens"] / w for w in r["wall_time_s_reps"]] for r in runs])
     out: dict[str, Any] = {
         "wall_time_s": wall.point,
         "wall_time_s_ci_low": wall.ci_low,
         "wall_time_s_ci_high": wall.ci_high,
-        "wall_time_s_cv": stats.summarize(reps).cv,
+        "wall_time_s_cv": timings.summarize(reps).cv,
         "wall_time_s_reps": reps,
         "tokens_per_s": tps.point,
         "tokens_per_s_ci_low": tps.ci_low,
@@ -410,7 +411,7 @@ def _pooled_acceptance(runs: list[dict[str, Any]], row: dict[str, Any]) -> dict[
         "acceptance_rate_per_pos": rates,
         "drafted_per_pos": drafted if known else [],
         "draft_acceptance_rate": row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None,
-        "alpha": stats.fit_alpha(rates) if rates else None,
+        "alpha": acceptance.fit_alpha(rates) if rates else None,
         "tokens_per_pass": out_total / row["target_passes"] if row["target_passes"] else None,
         "draft_coverage": drafts / row["target_passes"] if row["target_passes"] else None,
         "acceptance_length_p50": median_known(
@@ -880,7 +881,7 @@ def _loop_caveat(references: _References, runs: Sequence[Mapping[str, Any]]) -> 
         return None
     line = f"{looping_count} of {requests} outputs loop"
     tokens = references.tokens(runs[0]["cell_id"]) or []
-    looping = [stats.repeated_ngram_share(ids) >= REPETITIVE_SHARE for ids in tokens]
+    looping = [acceptance.repeated_ngram_share(ids) >= REPETITIVE_SHARE for ids in tokens]
     outputs = runs[0].get("output_tokens_per_request") or []
     passes = runs[0].get("decode_passes_per_request") or []
     if any(looping) and len(outputs) == len(passes) == len(looping) and None not in passes:
@@ -976,10 +977,10 @@ def _mode_caveat(mismatch: str | None) -> str | None:
             f"as well as the method{hint}")
 
 
-def _within_noise(base: Mapping[str, Any], spec: Mapping[str, Any]) -> stats.WithinNoise | None:
+def _within_noise(base: Mapping[str, Any], spec: Mapping[str, Any]) -> intervals.WithinNoise | None:
     """The repetitions' noise on a ratio of two medians; None when a side has one repetition.
 
-    A median of n varies more than a mean of n (by :func:`stats.median_variance_factor`: 1.35 times
+    A median of n varies more than a mean of n (by :func:`distributions.median_variance_factor`: 1.35 times
     the variance for n = 3), and each side's speedup is a median of its repetitions.
     """
     variance, df = 0.0, 0
@@ -987,11 +988,11 @@ def _within_noise(base: Mapping[str, Any], spec: Mapping[str, Any]) -> stats.Wit
         cv, n = side.get("wall_time_s_cv"), len(side.get("wall_time_s_reps") or [])
         if cv is None or n < 2:
             return None
-        variance += stats.median_variance_factor(n) * cv * cv / n
+        variance += distributions.median_variance_factor(n) * cv * cv / n
         df += n - 1
-    return stats.WithinNoise(se=math.sqrt(variance), df=df)
+    return intervals.WithinNoise(se=math.sqrt(variance), df=df)
 
 
 def _geometric_mean(values: Sequence[float]) -> float | None:
-    """The centre of ratios, as for the speedup (stats.speedup_interval)."""
+    """The centre of ratios, as for the speedup (intervals.speedup_interval)."""
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None

@@ -8,8 +8,8 @@ bounds on smaller runs of the same simulations). No engine, a minute or so:
 A merge flags a cell, and leaves it out of every verdict, for four statistical reasons, each a test
 over the sweep's cells at a family-wise level (specbench/results/merge.py, FAMILY_ALPHA):
 
-- engine runs disagree (``stats.speedup_interval``, Bonferroni over the compared cells);
-- a shifted baseline (``stats.shifted_baselines``, Bonferroni over the baseline cells);
+- engine runs disagree (``stats.intervals.speedup_interval``, Bonferroni over the compared cells);
+- a shifted baseline (``stats.baseline_shifts.shifted_baselines``, Bonferroni over the baseline cells);
 - an excess of numerical ties over the control (``exactness.tie_excess_p_value``, Holm);
 - samples that differ in distribution (``distribution.permutation_p_value``, Holm).
 
@@ -45,9 +45,9 @@ from types import ModuleType
 
 import numpy as np
 
-from specbench import stats
 from specbench.results import distribution, exactness
 from specbench.results.merge import FAMILY_ALPHA, SWEEP_ALPHA
+from specbench.stats import baseline_shifts, intervals, spreads
 
 ENGINES = 4
 WORKLOADS = 2
@@ -183,6 +183,19 @@ def old_stats() -> ModuleType:
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def current_stats() -> ModuleType:
+    """This checkout's statistics, gathered into one module as the old specbench/stats.py offered them (:func:`rates`
+    and :func:`power` call ``engine_run_spread``, ``speedup_interval`` and ``shifted_baselines`` on either)."""
+    module = ModuleType("stats_now")
+    module.engine_run_spread = spreads.engine_run_spread  # type: ignore[attr-defined]
+    module.speedup_interval = intervals.speedup_interval  # type: ignore[attr-defined]
+    module.shifted_baselines = baseline_shifts.shifted_baselines  # type: ignore[attr-defined]
+    return module
+
+
+stats = current_stats()
 
 
 def rates(trials: int, seed: int, *, before: bool, module: ModuleType) -> dict[str, float]:
