@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from rows import cell_row, write_cell
 
-from specbench.stats import distributions, spreads, timings
 from specbench.results.files import write_table
 from specbench.results.merge import merge
 from specbench.results.metrics import measured_fields
 from specbench.results.schema import COLUMNS, ResultsError, read_rows, rows_to_table
+from specbench.stats import distributions, spreads, timings
 
 
 def test_measured_fields_follow_vllm_definitions():
@@ -757,7 +757,7 @@ def test_a_fresh_baseline_slow_in_one_run_is_flagged_after_a_remeasure(tmp_path,
 
 def test_intervals_hold_at_every_batch_size_when_the_noise_grows_with_the_batch():
     # tests/benchmarks/interval_coverage_sim.py: 3 engine runs, 4 configurations x 2 workloads, noise x1, x1.5
-    # and x3 at batch 1, 4 and 8, baseline engine sd 0.02, through merge.judge_speedups. One spread pooled over
+    # and x3 at batch 1, 4 and 8, baseline engine sd 0.02, through judging.judge_speedups. One spread pooled over
     # the sweep missed batch 8's true speedup in about 17% of its cells; the spread of each batch size, on its
     # own df, misses about 5% at each. Asserted on 100 sweeps (800 cells per batch size, correlated within one).
     from benchmarks import interval_coverage_sim

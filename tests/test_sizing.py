@@ -13,10 +13,10 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
-from specbench.stats import intervals, spreads
 from specbench.analytic import sizing, walltime
 from specbench.config import cell_from_config
 from specbench.plan import CellTiming, PlannedRow, make_plan, plan_time, speculative_engines, widest_half_width
+from specbench.stats import intervals, spreads
 from tests.test_cli_errors import assert_refused, command, sweep  # noqa: F401 (command is a fixture)
 
 AWQ_4090 = ["model=qwen2.5-7b-instruct-awq", "hardware=rtx4090"]

@@ -9,8 +9,8 @@ import pytest
 
 from benchmarks import flag_budget, interval_coverage_sim
 from benchmarks.interval_coverage_sim import sound_sweep
+from specbench.results.judging import FAMILY_ALPHA, judge_speedups
 from specbench.stats import distributions, spreads
-from specbench.results.merge import FAMILY_ALPHA, judge_speedups
 from specbench.stats.acceptance import repeated_ngram_share
 from specbench.stats.baseline_shifts import shift_testable, shifted_baselines
 from specbench.stats.distributions import median_variance_factor, student_t_quantile, student_t_quantile_real
@@ -386,7 +386,7 @@ class TestStratumSpreads:
             spreads.stratum_spreads([], [], [], [], growth_alpha=0)
 
     def test_the_merge_gives_alike_batch_sizes_the_pooled_df(self) -> None:
-        # The merge's own intervals (results.merge.judge_speedups), as the page shows them: each batch size's own
+        # The merge's own intervals (results.judging.judge_speedups), as the page shows them: each batch size's own
         # spread before (df 5.5 and 5.2 here), the pooled one now, narrower for its t quantile.
         rows = sound_sweep(np.random.default_rng(3), 0.02, batches=(1, 4), batch_noise=(1.0, 1.0), runs=3)
         columns = _strata_columns(rows)

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from rows import make_row, write_results
 
-from specbench.stats import distributions
 from specbench.analytic import recommend
 from specbench.report import verdict_lines
+from specbench.stats import distributions
 
 BATCHES = (1, 4, 8, 16)
 # K=4 is the fastest up to batch 8; at 16 its interval includes 1x and K=2 pays: {1: 4, 4: 4, 8: 4, 16: 2}.

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
-from specbench.stats import distributions, intervals
 from specbench.analytic import prediction
 from specbench.load import LoadShape
 from specbench.results import serving as served
 from specbench.results.schema import curve_key, exactness_kind, method_label, recommendable, row_config
+from specbench.stats import distributions, intervals
 
 # The serving rules are the merge's (specbench.results.serving), stated once there: the share of the offered
 # rate below which a baseline has fallen behind, and the speedup whose interval decides whether a rate pays

@@ -49,7 +49,6 @@ from typing import Any
 
 import numpy as np
 
-from specbench.stats import distributions, intervals, spreads, timings
 from specbench.load import (
     USAGE_CONTEXT,
     LoadShape,
@@ -61,8 +60,9 @@ from specbench.load import (
 )
 from specbench.measure import GeneratedRequest, Measurement, SpecCounters
 from specbench.results.files import CellFiles
-from specbench.results.merge import FAMILY_ALPHA, disagreement_tests
+from specbench.results.judging import FAMILY_ALPHA, disagreement_tests
 from specbench.results.schema import ResultsError, engine_groups, engine_instance, read_rows
+from specbench.stats import distributions, intervals, spreads, timings
 
 # The client's queue (since schema 15): each measured request's wait from its scheduled arrival to its
 # send (a slot under load.max_concurrency, or the event loop's lateness), and its E2E counted from the

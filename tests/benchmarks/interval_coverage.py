@@ -52,8 +52,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specbench.stats import timings
 from specbench.results.merge import merge
+from specbench.stats import timings
 from specbench.sweep import read_plan
 
 # (within-engine sd, between-engine sd) of log wall time, as measured here (see the docstring).

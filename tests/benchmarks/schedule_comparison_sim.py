@@ -32,8 +32,8 @@ import math
 import random
 import sys
 
-from specbench.stats import distributions
 from specbench.analytic.verdicts import schedule_against_fixed, schedule_loses_to
+from specbench.stats import distributions
 
 RUNS = 3
 ENGINE_SD = 0.02

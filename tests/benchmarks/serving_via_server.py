@@ -22,12 +22,12 @@ from typing import Any
 from hydra import compose, initialize_config_module
 
 from specbench import job
-from specbench.stats import timings
 from specbench.config import cell_from_config
 from specbench.engine import EngineWorker
 from specbench.results import serving
 from specbench.results.merge import DISTURBED_SHARE
 from specbench.results.provenance import CpuTimes
+from specbench.stats import timings
 
 CELL = [
     "method=ngram", "num_speculative_tokens=4", "workload=summarize", "workload.num_prompts=2",
