@@ -8,7 +8,7 @@ import pytest
 from specbench import sampling
 from specbench.measure import CellPlan, DistributionPlan, measure
 from specbench.results import distribution
-from specbench.results.merge import FAMILY_ALPHA
+from specbench.results.judging import FAMILY_ALPHA
 
 
 def draws(rng: np.random.Generator, probs: np.ndarray, prompts: int = 4, n: int = 64, tokens: int = 8):

@@ -696,7 +696,7 @@ def test_the_remeasure_command_of_a_reconstructed_sweep_pins_its_directory(tmp_p
 
 
 def test_the_best_configuration_carries_a_simultaneous_interval(tmp_path: Path) -> None:
-    from specbench.stats import student_t_quantile
+    from specbench.stats.distributions import student_t_quantile
 
     sd, dof, runs = 0.05, 4, 2
 

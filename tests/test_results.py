@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from rows import cell_row, write_cell
 
-from specbench import stats
 from specbench.results.files import write_table
 from specbench.results.merge import merge
 from specbench.results.metrics import measured_fields
 from specbench.results.schema import COLUMNS, ResultsError, read_rows, rows_to_table
+from specbench.stats import distributions, spreads, timings
 
 
 def test_measured_fields_follow_vllm_definitions():
@@ -301,7 +301,7 @@ def test_one_pass_of_one_repetition_has_no_interval_rather_than_a_zero_width_one
 
 def test_shared_baselines_separate_the_baseline_engines_spread_from_the_speculative_ones(tmp_path):
     # Two K values over one baseline, two engine runs each: the run means carry the baseline engine's
-    # deviation, the engines x runs interaction the speculative engines' own (stats.engine_run_spread).
+    # deviation, the engines x runs interaction the speculative engines' own (spreads.engine_run_spread).
     ids = []
     for p, (b, s2, s4) in enumerate([(2.0, 1.0, 1.1), (2.1, 1.0, 1.2)]):
         write_cell(tmp_path, cell_row(f"b-p{p}", "baseline", b, engine_run=p, config_hash="B"), [[1]])
@@ -317,15 +317,15 @@ def test_shared_baselines_separate_the_baseline_engines_spread_from_the_speculat
     ms_run = 2 * sum(m * m for m in run_means)  # E sum_r mean_r^2 over R-1 = 1
     ms_engine = sum((centred[c][r] - run_means[r]) ** 2 for c in range(2) for r in range(2))  # over (E-1)(R-1) = 1
     variance = ms_run / 2 + ms_engine / 2
-    # Satterthwaite's df, the run mean square (one df) counted at its upper bound (stats.run_term_bound).
-    run = stats.run_term_bound(1) * ms_run / 2
+    # Satterthwaite's df, the run mean square (one df) counted at its upper bound (spreads.run_term_bound).
+    run = spreads.run_term_bound(1) * ms_run / 2
     df = (run + ms_engine / 2) ** 2 / (run**2 + (ms_engine / 2) ** 2)
     row = next(r for r in rows if r["num_speculative_tokens"] == 2)
     assert (row["speedup_df"], row["speedup_log_sd"]) == (pytest.approx(df), pytest.approx(math.sqrt(variance)))
     assert row["baseline_engine_log_sd"] == pytest.approx(math.sqrt(max(0.0, ms_run - ms_engine) / 2))
     assert row["speculative_engine_log_sd"] == pytest.approx(math.sqrt(ms_engine))
     centre = sum(logs[0]) / 2
-    t = stats.student_t_quantile_real(0.975, df)
+    t = distributions.student_t_quantile_real(0.975, df)
     assert row["speedup_ci_high"] == pytest.approx(math.exp(centre + t * math.sqrt(variance) / math.sqrt(2)))
 
 
@@ -409,7 +409,7 @@ def test_merged_time_intervals_treat_engine_runs_as_clusters(tmp_path):
     for p, wall in enumerate((1.0, 1.3)):
         ids += write_pair(tmp_path, "a", 2.0, wall, p)
     spec = next(r for r in merge(tmp_path, ids) if r["method"] == "ngram")
-    naive = stats.summarize(spec["wall_time_s_reps"])
+    naive = timings.summarize(spec["wall_time_s_reps"])
     assert naive.coverage == pytest.approx(1 - 2 / 64)
     assert spec["wall_time_s_ci_high"] - spec["wall_time_s_ci_low"] > 5 * (naive.ci_high - naive.ci_low)
     half = 12.706204736174698 * abs(math.log(1.3)) / 2  # t(0.975, df=1) x s / sqrt(2), s = |d| / sqrt(2)
@@ -513,8 +513,9 @@ def test_the_within_engine_interval_allows_for_a_median_of_three(tmp_path):
     ids = write_pair(tmp_path, "w", 2.0, 1.0, 0)
     base, spec = (read_rows(tmp_path / f"{c}.parquet")[0] for c in ("bw-p0", "sw-p0"))
     row = {r["cell_id"]: r for r in merge(tmp_path, ids)}["sw-p0"]
-    se = math.sqrt(stats.median_variance_factor(3) * (base["wall_time_s_cv"] ** 2 + spec["wall_time_s_cv"] ** 2) / 3)
-    half = stats.student_t_quantile(0.975, 4) * se
+    se = math.sqrt(distributions.median_variance_factor(3)
+                   * (base["wall_time_s_cv"] ** 2 + spec["wall_time_s_cv"] ** 2) / 3)
+    half = distributions.student_t_quantile(0.975, 4) * se
     assert row["speedup_ci_method"] == "within-only-t-95"
     assert row["speedup_ci_high"] == pytest.approx(2.0 * math.exp(half))
     assert row["speedup_log_sd"] == pytest.approx(se)
@@ -641,10 +642,9 @@ def test_sound_sweeps_lose_a_cell_to_any_flag_at_most_at_the_stated_budget():
     # each family at 0.05 on its own lost one in 16.5% (before issue 56). Asserted on 200 sweeps: each share
     # plus two standard errors of its estimate.
     from benchmarks import flag_budget
-    from specbench import stats
 
     trials = 200
-    found = flag_budget.rates(trials, 7, before=False, module=stats)
+    found = flag_budget.rates(trials, 7, before=False, module=flag_budget.stats)
 
     def bound(share: float) -> float:  # the share plus two standard errors of its simulated estimate
         return share + 2 * math.sqrt(share * (1 - share) / trials)
@@ -757,7 +757,7 @@ def test_a_fresh_baseline_slow_in_one_run_is_flagged_after_a_remeasure(tmp_path,
 
 def test_intervals_hold_at_every_batch_size_when_the_noise_grows_with_the_batch():
     # tests/benchmarks/interval_coverage_sim.py: 3 engine runs, 4 configurations x 2 workloads, noise x1, x1.5
-    # and x3 at batch 1, 4 and 8, baseline engine sd 0.02, through merge.judge_speedups. One spread pooled over
+    # and x3 at batch 1, 4 and 8, baseline engine sd 0.02, through judging.judge_speedups. One spread pooled over
     # the sweep missed batch 8's true speedup in about 17% of its cells; the spread of each batch size, on its
     # own df, misses about 5% at each. Asserted on 100 sweeps (800 cells per batch size, correlated within one).
     from benchmarks import interval_coverage_sim

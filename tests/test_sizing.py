@@ -13,10 +13,10 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
-from specbench import stats
 from specbench.analytic import sizing, walltime
 from specbench.config import cell_from_config
 from specbench.plan import CellTiming, PlannedRow, make_plan, plan_time, speculative_engines, widest_half_width
+from specbench.stats import intervals, spreads
 from tests.test_cli_errors import assert_refused, command, sweep  # noqa: F401 (command is a fixture)
 
 AWQ_4090 = ["model=qwen2.5-7b-instruct-awq", "hardware=rtx4090"]
@@ -66,7 +66,7 @@ def test_the_engines_df_are_those_engine_run_spread_counts():
 
 
 def test_at_two_engine_runs_the_plan_counts_the_baselines_one_df_as_the_merge_does():
-    # The merge counts a run mean square on one df at its upper bound (stats.run_term_bound): 24 speculative
+    # The merge counts a run mean square on one df at its upper bound (spreads.run_term_bound): 24 speculative
     # engines over one baseline engine then leave about 1.3 df, not the 3.6 the observed mean squares would.
     assert sizing.engine_df(2, 24) == pytest.approx(1.293, abs=0.01)
     assert sizing.engine_df(3, 24) == pytest.approx(4 * 2 / ((1 + 1 / 24) ** 2 + (1 - 1 / 24) ** 2 / 23))
@@ -86,7 +86,8 @@ def test_the_engines_half_width_is_what_the_merge_gives_on_average(runs, engines
                 ratios.append({r: math.exp(0.2 + u[r] - v[r] + rng.gauss(0, 0.002)) for r in range(runs)})
                 spec.append(e)
                 base.append("baseline")
-        interval = stats.speedup_interval(list(ratios[0].values()), stats.engine_run_spread(ratios, spec, base), None)
+        interval = intervals.speedup_interval(list(ratios[0].values()), spreads.engine_run_spread(ratios, spec, base),
+                                              None)
         widths.append(math.log(interval.ci_high / interval.point))
     predicted = sizing.engine_half_width(sd, runs, engines)
     assert statistics.mean(widths) == pytest.approx(predicted, rel=0.15)

@@ -9,26 +9,19 @@ import pytest
 
 from benchmarks import flag_budget, interval_coverage_sim
 from benchmarks.interval_coverage_sim import sound_sweep
-from specbench import stats
-from specbench.results.merge import FAMILY_ALPHA, judge_speedups
-from specbench.stats import (
-    NO_INTERVAL,
-    EngineRunSpread,
-    WithinNoise,
-    clears,
-    engine_run_interval,
-    median_interval,
-    engine_run_spread,
-    median_variance_factor,
-    repeated_ngram_share,
-    shift_testable,
-    shifted_baselines,
-    speedup_interval,
+from specbench.results.judging import FAMILY_ALPHA, judge_speedups
+from specbench.stats import distributions, spreads
+from specbench.stats.acceptance import repeated_ngram_share
+from specbench.stats.baseline_shifts import shift_testable, shifted_baselines
+from specbench.stats.distributions import median_variance_factor, student_t_quantile, student_t_quantile_real
+from specbench.stats.intervals import NO_INTERVAL, WithinNoise, clears, speedup_interval
+from specbench.stats.spreads import EngineRunSpread, engine_run_spread
+from specbench.stats.timings import (
     Summary,
+    engine_run_interval,
     latency_percentiles,
+    median_interval,
     percentile,
-    student_t_quantile,
-    student_t_quantile_real,
     summarize,
 )
 
@@ -248,7 +241,7 @@ class TestEngineRunSpread:
         assert spread.baseline_sd == pytest.approx(math.sqrt((run - engine) / 2))
         assert spread.engine_sd == pytest.approx(math.sqrt(engine))
         # Satterthwaite: (c w1 M1 + w2 M2)^2 / ((c w1 M1)^2 + (w2 M2)^2), the run term counted at its bound c.
-        c = stats.run_term_bound(1)
+        c = spreads.run_term_bound(1)
         assert spread.df == pytest.approx((c * run / 2 + engine / 2) ** 2 / ((c * run / 2) ** 2 + (engine / 2) ** 2))
 
     @pytest.mark.parametrize("baseline_sd, engine_sd", [(0.15, 0.02), (0.03, 0.03), (0.01, 0.05)])
@@ -284,14 +277,15 @@ class TestEngineRunSpread:
     def test_the_run_mean_square_is_counted_at_its_upper_bound(self) -> None:
         # Its one-sided upper confidence bound at 1 - RUN_TERM_LEVEL over the mean square: 1 / chi2 quantile.
         for df, quantile in ((1, 0.148472), (2, 0.713350), (4, 2.194698)):
-            assert stats.chi_square_quantile(0.3, df) == pytest.approx(quantile, abs=1e-6)
-        assert stats.chi_square_quantile(0.5, 1) == pytest.approx(0.454936, abs=1e-6)
-        assert stats.chi_square_quantile(0.975, 3) == pytest.approx(9.348404, abs=1e-6)
+            assert distributions.chi_square_quantile(0.3, df) == pytest.approx(quantile, abs=1e-6)
+        assert distributions.chi_square_quantile(0.5, 1) == pytest.approx(0.454936, abs=1e-6)
+        assert distributions.chi_square_quantile(0.975, 3) == pytest.approx(9.348404, abs=1e-6)
         # On one df only (2 engine runs): from two df on Satterthwaite's count held.
-        assert stats.run_term_bound(1) == pytest.approx(1 / stats.chi_square_quantile(stats.RUN_TERM_LEVEL, 1))
-        assert stats.run_term_bound(1) > 6 and stats.run_term_bound(2) == stats.run_term_bound(4) == 1.0
+        assert spreads.run_term_bound(1) == pytest.approx(
+            1 / distributions.chi_square_quantile(spreads.RUN_TERM_LEVEL, 1))
+        assert spreads.run_term_bound(1) > 6 and spreads.run_term_bound(2) == spreads.run_term_bound(4) == 1.0
         with pytest.raises(ValueError, match="df must be an integer >= 1"):
-            stats.chi_square_quantile(0.3, 0)
+            distributions.chi_square_quantile(0.3, 0)
 
     def test_only_cells_measured_in_every_engine_run_of_their_baseline_enter(self) -> None:
         runs = [{0: 1.0, 1: 1.21}, {0: 2.0}, {0: 1.5, 1: 1.5, 2: 1.5}]
@@ -337,12 +331,12 @@ def _own(columns, batch):
 class TestStratumSpreads:
     def test_digamma_and_trigamma_by_their_closed_forms(self) -> None:
         gamma = 0.5772156649015329
-        assert stats._digamma(1.0) == pytest.approx(-gamma, abs=1e-10)
-        assert stats._digamma(0.5) == pytest.approx(-gamma - 2 * math.log(2), abs=1e-10)
-        assert stats._digamma(7.0) == pytest.approx(-gamma + sum(1 / k for k in range(1, 7)), abs=1e-10)
-        assert stats._trigamma(1.0) == pytest.approx(math.pi**2 / 6, abs=1e-10)
-        assert stats._trigamma(0.5) == pytest.approx(math.pi**2 / 2, abs=1e-10)
-        assert stats._trigamma(3.0) == pytest.approx(math.pi**2 / 6 - 1 - 1 / 4, abs=1e-10)
+        assert spreads._digamma(1.0) == pytest.approx(-gamma, abs=1e-10)
+        assert spreads._digamma(0.5) == pytest.approx(-gamma - 2 * math.log(2), abs=1e-10)
+        assert spreads._digamma(7.0) == pytest.approx(-gamma + sum(1 / k for k in range(1, 7)), abs=1e-10)
+        assert spreads._trigamma(1.0) == pytest.approx(math.pi**2 / 6, abs=1e-10)
+        assert spreads._trigamma(0.5) == pytest.approx(math.pi**2 / 2, abs=1e-10)
+        assert spreads._trigamma(3.0) == pytest.approx(math.pi**2 / 6 - 1 - 1 / 4, abs=1e-10)
 
     def test_batch_sizes_of_one_noise_share_the_spread_pooled_over_their_engines(self) -> None:
         # 4 configurations x 2 workloads at batch 1 and 4, 3 engine runs, the same noise at both.
@@ -350,9 +344,9 @@ class TestStratumSpreads:
         # all their cells, df counted in engines (the strata share every engine: their df do not simply add).
         rows = sound_sweep(np.random.default_rng(3), 0.02, batches=(1, 4), batch_noise=(1.0, 1.0), runs=3)
         columns = _strata_columns(rows)
-        fitted = stats.stratum_spreads(*columns)
+        fitted = spreads.stratum_spreads(*columns)
         pooled = engine_run_spread(*columns[:3])
-        assert fitted.growth_p >= stats.GROWTH_ALPHA
+        assert fitted.growth_p >= spreads.GROWTH_ALPHA
         assert fitted.sources == {1: "pooled", 4: "pooled"} and fitted.spreads == {1: pooled, 4: pooled}
         assert pooled.df > max(_own(columns, 1).df, _own(columns, 4).df)
 
@@ -362,36 +356,37 @@ class TestStratumSpreads:
         # the cells' df (make demo's design at sd 0.05: misses 7.2% -> 10.4% pooled).
         rows = sound_sweep(np.random.default_rng(1), 0.15, batches=(1, 4), batch_noise=(1.0, 1.0), runs=2)
         columns = _strata_columns(rows)
-        fitted = stats.stratum_spreads(*columns)
-        assert fitted.growth_p >= stats.GROWTH_ALPHA and min(_own(columns, b).df for b in (1, 4)) < stats.POOL_MIN_DF
+        fitted = spreads.stratum_spreads(*columns)
+        assert (fitted.growth_p >= spreads.GROWTH_ALPHA
+                and min(_own(columns, b).df for b in (1, 4)) < spreads.POOL_MIN_DF)
         assert fitted.sources == {1: "own", 4: "own"}
         assert fitted.spreads == {1: _own(columns, 1), 4: _own(columns, 4)}
 
     def test_a_spread_that_grows_with_the_batch_stays_each_batch_sizes_own(self) -> None:
         rows = sound_sweep(np.random.default_rng(2), 0.02, batches=(1, 8), batch_noise=(1.0, 3.0), runs=3)
         columns = _strata_columns(rows)
-        fitted = stats.stratum_spreads(*columns)
+        fitted = spreads.stratum_spreads(*columns)
         assert fitted.growth_p < 0.01 and fitted.slope > 0.3
-        assert min(_own(columns, b).df for b in (1, 8)) >= stats.POOL_MIN_DF  # only the growth keeps them apart
+        assert min(_own(columns, b).df for b in (1, 8)) >= spreads.POOL_MIN_DF  # only the growth keeps them apart
         assert fitted.sources == {1: "own", 8: "own"}
         assert fitted.spreads == {1: _own(columns, 1), 8: _own(columns, 8)}
         # At a level stricter than the evidence, the same sweep is pooled.
-        assert set(stats.stratum_spreads(*columns, growth_alpha=fitted.growth_p / 2).sources.values()) != {"own"}
+        assert set(spreads.stratum_spreads(*columns, growth_alpha=fitted.growth_p / 2).sources.values()) != {"own"}
 
     def test_strata_that_are_not_batch_sizes_or_have_no_two_runs_keep_their_own(self) -> None:
         runs = [{0: 1.5, 1: 1.4}, {0: 1.2, 1: 1.3}, {0: 1.1, 1: 1.0}, {0: 1.6}]
-        fitted = stats.stratum_spreads(runs, ["a", "b", "a", "b"], ["base"] * 4, ["x", "x", "y", 4])
+        fitted = spreads.stratum_spreads(runs, ["a", "b", "a", "b"], ["base"] * 4, ["x", "x", "y", 4])
         assert fitted.slope is None and fitted.growth_p is None
         assert fitted.sources == {"x": "own", "y": "own", 4: "none"} and fitted.spreads[4].df == 0
 
     def test_refuses_columns_of_unequal_length_or_a_level_outside_zero_one(self) -> None:
         with pytest.raises(ValueError, match="2 cells, 2 engines, 2 baselines and 1 batch sizes"):
-            stats.stratum_spreads([{0: 1.0}, {0: 1.1}], ["a", "b"], ["x", "x"], [1])
+            spreads.stratum_spreads([{0: 1.0}, {0: 1.1}], ["a", "b"], ["x", "x"], [1])
         with pytest.raises(ValueError, match="growth_alpha must lie strictly between 0 and 1, got 0"):
-            stats.stratum_spreads([], [], [], [], growth_alpha=0)
+            spreads.stratum_spreads([], [], [], [], growth_alpha=0)
 
     def test_the_merge_gives_alike_batch_sizes_the_pooled_df(self) -> None:
-        # The merge's own intervals (results.merge.judge_speedups), as the page shows them: each batch size's own
+        # The merge's own intervals (results.judging.judge_speedups), as the page shows them: each batch size's own
         # spread before (df 5.5 and 5.2 here), the pooled one now, narrower for its t quantile.
         rows = sound_sweep(np.random.default_rng(3), 0.02, batches=(1, 4), batch_noise=(1.0, 1.0), runs=3)
         columns = _strata_columns(rows)
@@ -402,7 +397,7 @@ class TestStratumSpreads:
 
     def test_intervals_of_alike_batch_sizes_narrow_and_still_cover(self) -> None:
         # tests/benchmarks/interval_coverage_sim.py, 4 configurations x 2 workloads at batch 1 and 4, 3 engine runs
-        # (at make demo's 2 each batch size's own df stay below stats.POOL_MIN_DF), baseline engine sd 0.02, one
+        # (at make demo's 2 each batch size's own df stay below spreads.POOL_MIN_DF), baseline engine sd 0.02, one
         # noise: the fitted spread's intervals are narrower than each batch size's own (median log width 0.119
         # against 0.133 at batch 1, 0.121 against 0.122 at batch 4), and miss the true speedup about 5% of the
         # time. Asserted on 100 sweeps (800 cells per batch size, correlated in a sweep).
@@ -475,7 +470,8 @@ class TestShiftedBaselines:
         # error.
         rng = np.random.default_rng(17)
         trials = 400
-        flagged = sum(bool(flag_budget.shifted(stats, flag_budget.sound_sweep(rng, runs=2), 1 - FAMILY_ALPHA))
+        flagged = sum(bool(flag_budget.shifted(flag_budget.stats, flag_budget.sound_sweep(rng, runs=2),
+                                               1 - FAMILY_ALPHA))
                       for _ in range(trials))
         assert flagged / trials <= 0.03
 
@@ -485,7 +481,7 @@ class TestShiftedBaselines:
         # level (before issue 56); a variance per workload x batch x temperature keeps within it.
         rng = np.random.default_rng(17)
         trials = 400
-        flagged = sum(bool(flag_budget.shifted(stats, flag_budget.sound_sweep(rng, runs=2), 0.95))
+        flagged = sum(bool(flag_budget.shifted(flag_budget.stats, flag_budget.sound_sweep(rng, runs=2), 0.95))
                       for _ in range(trials))
         assert flagged / trials <= 0.05
 

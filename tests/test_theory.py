@@ -16,7 +16,7 @@ from specbench.analytic.drafting import draft_prefill_time, draft_time, eagle_he
 from specbench.analytic.profile_fit import DraftSample, StepSample, fit_draft_overhead, fit_hardware_profile
 from specbench.analytic.profiles import HardwareProfile, ModelProfile, ridge_point
 from specbench.analytic.speedup import batch_decode_time, batch_tail, best_k, break_even_batch_size, end_to_end_speedup, mean_tpot, num_speculative_tokens_per_batch_size, predicted_decode_speedup
-from specbench.stats import fit_alpha
+from specbench.stats.acceptance import fit_alpha
 from specbench.analytic.steps import plain_batch_time, plain_decode_step, prefill_time, step_time, verify_step
 
 HARDWARE_DIR = Path(__file__).resolve().parents[1] / "conf" / "hardware"

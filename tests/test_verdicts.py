@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from rows import make_row, write_results
 
-from specbench import stats
 from specbench.analytic import recommend
 from specbench.report import verdict_lines
+from specbench.stats import distributions
 
 BATCHES = (1, 4, 8, 16)
 # K=4 is the fastest up to batch 8; at 16 its interval includes 1x and K=2 pays: {1: 4, 4: 4, 8: 4, 16: 2}.
@@ -399,7 +399,7 @@ def _eight_ties(lucky: float = 1.1) -> list[dict[str, Any]]:
     on 4 df), all 1.0x but K=3 at batch 1, ``lucky``x: 1.10x has CI [1.01, 1.20] on its own, [0.93, 1.30] over
     the 8 at once."""
     rows = [make_row("baseline", batch=b) for b in (1, 4)]
-    half = stats.student_t_quantile(0.975, 4) * 0.0538 / 3 ** 0.5
+    half = distributions.student_t_quantile(0.975, 4) * 0.0538 / 3 ** 0.5
     for batch in (1, 4):
         for k in range(1, 9):
             speedup = lucky if (k, batch) == (3, 1) else 1.0

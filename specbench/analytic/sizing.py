@@ -10,7 +10,7 @@ of them shrinks with the prompts a cell serves:
   95% interval is ``t * sqrt(2) * engine_sd / sqrt(R)`` over R engine runs.
   When the engines, not the cells, vary, the interval's degrees of freedom
   fall towards R - 1 at one speculative engine per baseline engine, more with
-  more of them (:func:`engine_df`, :func:`specbench.stats.engine_run_spread`):
+  more of them (:func:`engine_df`, :func:`specbench.stats.spreads.engine_run_spread`):
   t is 12.7 at two runs of one. More prompts, tokens or repetitions do not
   narrow it; more engine runs do.
 - **the prompts**: prompts differ in how much of the draft the target
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from specbench import stats
+from specbench.stats import distributions, spreads
 
 CONFIDENCE = 0.95
 # The normal quantile of the prompts' term: a sample of prompts, many degrees of freedom.
@@ -78,12 +78,12 @@ class Precision:
 
 
 def engine_df(engine_runs: int, speculative_engines: int = 1) -> float:
-    """Degrees of freedom of the engines' term, as :func:`specbench.stats.engine_run_spread` counts them
+    """Degrees of freedom of the engines' term, as :func:`specbench.stats.spreads.engine_run_spread` counts them
     when the baseline engine and each speculative engine deviate alike and the cells do not.
 
     Satterthwaite's over its two mean squares at their expectations (u = v, e = 0): with S speculative
     engines per baseline engine and R runs, ``(R - 1) (a + b)^2 / (a^2 + b^2 / (S - 1))`` with
-    ``a = k (1 + 1/S)``, ``b = 1 - 1/S`` and ``k`` the merge's :func:`specbench.stats.run_term_bound` (the
+    ``a = k (1 + 1/S)``, ``b = 1 - 1/S`` and ``k`` the merge's :func:`specbench.stats.spreads.run_term_bound` (the
     run mean square counted at its upper bound on one df: 6.7 at two runs, 1 from three on); R - 1 for one
     speculative engine (every cell shares every deviation).
     """
@@ -92,7 +92,7 @@ def engine_df(engine_runs: int, speculative_engines: int = 1) -> float:
     s = max(1, speculative_engines)
     if s == 1:
         return float(engine_runs - 1)
-    a = stats.run_term_bound(engine_runs - 1) * (1.0 + 1.0 / s)
+    a = spreads.run_term_bound(engine_runs - 1) * (1.0 + 1.0 / s)
     b = 1.0 - 1.0 / s
     return (engine_runs - 1) * (a + b) ** 2 / (a ** 2 + b ** 2 / (s - 1))
 
@@ -104,7 +104,7 @@ def engine_half_width(engine_sd: float, engine_runs: int, speculative_engines: i
     """
     if engine_runs < 2:
         return math.inf
-    t = stats.student_t_quantile_real((1.0 + CONFIDENCE) / 2.0, engine_df(engine_runs, speculative_engines))
+    t = distributions.student_t_quantile_real((1.0 + CONFIDENCE) / 2.0, engine_df(engine_runs, speculative_engines))
     return t * math.sqrt(2.0) * engine_sd / math.sqrt(engine_runs)
 
 

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
-from specbench import stats
 from specbench.analytic import prediction
 from specbench.load import LoadShape
 from specbench.results import serving as served
 from specbench.results.schema import curve_key, exactness_kind, method_label, recommendable, row_config
+from specbench.stats import distributions, intervals
 
 # The serving rules are the merge's (specbench.results.serving), stated once there: the share of the offered
 # rate below which a baseline has fallen behind, and the speedup whose interval decides whether a rate pays
@@ -51,28 +51,28 @@ PAYS_ON = f"serving_speedup_{served.PAYS_ON}"
 
 def has_interval(row: Mapping[str, Any]) -> bool:
     """Whether a row's speedup has an interval (never a zero-width one: that is no interval)."""
-    return stats.is_interval(row.get("speedup_ci_low"), row.get("speedup_ci_high"))
+    return intervals.is_interval(row.get("speedup_ci_low"), row.get("speedup_ci_high"))
 
 
 def within_engine_only(row: Mapping[str, Any]) -> bool:
     """Whether a row's interval is its repetitions' alone (one engine run: ``speedup_ci_method``
-    ``within-only-...``, :func:`specbench.stats.speedup_interval`): it leaves out the engine-to-engine spread,
+    ``within-only-...``, :func:`specbench.stats.intervals.speedup_interval`): it leaves out the engine-to-engine spread,
     which a fresh pair of engines adds, so it is narrower than the uncertainty of the speedup."""
     return has_interval(row) and str(row.get("speedup_ci_method") or "").startswith("within-only")
 
 
 def lower_bound(row: Mapping[str, Any]) -> float:
     """The lower end of a row's speedup interval; its point estimate when it has no interval."""
-    return stats.lower_end(row["speedup"], row.get("speedup_ci_low"), row.get("speedup_ci_high"))
+    return intervals.lower_end(row["speedup"], row.get("speedup_ci_low"), row.get("speedup_ci_high"))
 
 
 def pays(row: Mapping[str, Any], margin: float = 0.0) -> bool:
-    """Whether a row pays: its 95% interval's lower end exceeds 1 + margin (:func:`specbench.stats.clears`).
+    """Whether a row pays: its 95% interval's lower end exceeds 1 + margin (:func:`specbench.stats.intervals.clears`).
 
     Used by every offline "pays" (verdicts, best configuration, K schedule,
     memory table). A row without an interval is judged on its point estimate.
     """
-    return stats.clears(row["speedup"], row.get("speedup_ci_low"), row.get("speedup_ci_high"), 1.0 + margin)
+    return intervals.clears(row["speedup"], row.get("speedup_ci_low"), row.get("speedup_ci_high"), 1.0 + margin)
 
 
 def simultaneous_lower_bound(row: Mapping[str, Any], candidates: int, confidence: float = 0.95) -> float:
@@ -80,7 +80,7 @@ def simultaneous_lower_bound(row: Mapping[str, Any], candidates: int, confidence
 
     ``exp(log speedup - t sd / sqrt(engine runs))`` with t Student's quantile at
     ``1 - (1 - confidence) / (2 candidates)`` on the row's ``speedup_df``: the
-    construction of the row's own interval (:func:`specbench.stats.speedup_interval`, whose
+    construction of the row's own interval (:func:`specbench.stats.intervals.speedup_interval`, whose
     ingredients the merge stores) at the level that leaves every candidate covered together.
     Choosing the fastest of several and judging it on its own interval
     would read one lucky cell of eight as a win (an 8-way tie at 1.0x says
@@ -91,7 +91,7 @@ def simultaneous_lower_bound(row: Mapping[str, Any], candidates: int, confidence
     if candidates <= 1 or not has_interval(row) or not all(_known(v) for v in (sd, dof, runs)) \
             or float(dof) < 1 or int(runs) < 1:
         return lower_bound(row)
-    t = stats.student_t_quantile_real(1.0 - (1.0 - confidence) / (2 * candidates), float(dof))
+    t = distributions.student_t_quantile_real(1.0 - (1.0 - confidence) / (2 * candidates), float(dof))
     return float(row["speedup"]) * math.exp(-t * float(sd) / math.sqrt(int(runs)))
 
 
@@ -122,7 +122,7 @@ def simultaneous_interval(row: Mapping[str, Any], candidates: int, confidence: f
     if candidates < 1 or not all(_known(v) for v in (speedup, sd, dof, runs)) or float(speedup) <= 0 \
             or float(dof) < 1 or int(runs) < 1:
         return None
-    t = stats.student_t_quantile_real(1.0 - (1.0 - confidence) / (2 * candidates), float(dof))
+    t = distributions.student_t_quantile_real(1.0 - (1.0 - confidence) / (2 * candidates), float(dof))
     half = t * float(sd) / math.sqrt(int(runs))
     return float(speedup) * math.exp(-half), float(speedup) * math.exp(half)
 
@@ -629,7 +629,7 @@ def break_even_bracket(walked: Sequence[Mapping[str, Any]]) -> tuple[int | None,
             break
         pays_through = batch
     below_from = next((b for b in sorted(by_batch) if all(
-        stats.clears(1.0 / float(r["speedup"]), *_inverse_interval(r), 1.0) for r in by_batch[b])), None)
+        intervals.clears(1.0 / float(r["speedup"]), *_inverse_interval(r), 1.0) for r in by_batch[b])), None)
     return pays_through, below_from
 
 
@@ -828,7 +828,7 @@ def schedule_against_fixed(schedule: Mapping[str, Any], fixed: Mapping[int, Mapp
             diffs = [a - b for a, b in paired]
             mean = sum(diffs) / len(diffs)
             sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
-            half = stats.student_t_quantile(1.0 - level / 2, len(diffs) - 1) * sd / math.sqrt(len(diffs))
+            half = distributions.student_t_quantile(1.0 - level / 2, len(diffs) - 1) * sd / math.sqrt(len(diffs))
             ratio, low, high = math.exp(mean), math.exp(mean - half), math.exp(mean + half)
         else:
             sides = [_log_se(schedule, confidence), _log_se(row, confidence)]
@@ -868,7 +868,7 @@ def _log_se(row: Mapping[str, Any], confidence: float) -> tuple[float, float | N
 
 def _quantile(p: float, dof: float | None) -> float:
     """Student's quantile on ``dof`` degrees of freedom; the normal one where they are unknown."""
-    return stats.student_t_quantile_real(p, dof) if dof is not None else NormalDist().inv_cdf(p)
+    return distributions.student_t_quantile_real(p, dof) if dof is not None else NormalDist().inv_cdf(p)
 
 
 # --- serving: the highest rate at which a configuration pays --------------------------------------

@@ -19,7 +19,7 @@ import pandas as pd
 
 from specbench.report.tables import CONFIG, PANEL, fmt_number, fmt_speedup, records, speculative
 from specbench.results.distribution import DEVIATIONS, MAX_DETECTABLE_TV
-from specbench.results.merge import FAMILY_ALPHA, FLAG_FAMILIES, SWEEP_ALPHA
+from specbench.results.judging import FAMILY_ALPHA, FLAG_FAMILIES, SWEEP_ALPHA
 
 # An output-token ratio this close to 1 is equal work (the page lists the others).
 EQUAL_LENGTH = 0.005

@@ -36,7 +36,8 @@ from specbench.results.schema import (
     recommendable,
     row_config,
 )
-from specbench.stats import is_interval, student_t_quantile_real
+from specbench.stats.distributions import student_t_quantile_real
+from specbench.stats.intervals import is_interval
 
 PANEL = "panel"
 """Derived column: the workload, prefixed by the model when a file holds several models."""
@@ -171,7 +172,7 @@ def simultaneous_ci(row: Mapping[str, Any], cells: int, confidence: float = 0.95
     ``exp(log speedup ± t · speedup_log_sd / sqrt(engine_runs))`` with t the
     Student quantile at ``1 - (1 - confidence) / (2 · cells)`` on
     ``speedup_df`` degrees of freedom: the per-cell interval's construction
-    (:func:`specbench.stats.speedup_interval`) at the confidence that leaves
+    (:func:`specbench.stats.intervals.speedup_interval`) at the confidence that leaves
     every one of the cells covered together with the stated probability.
     """
     speedup, sd, dof, runs = (row.get(c) for c in ("speedup", "speedup_log_sd", "speedup_df", "engine_runs"))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Sequence
 
-from specbench import stats
+from specbench.stats import acceptance, timings
 
 # An output counts as repetitive when at least this share of its 4-grams
-# already occurred earlier in it (stats.repeated_ngram_share).
+# already occurred earlier in it (acceptance.repeated_ngram_share).
 REPETITIVE_SHARE = 0.5
 
 def measured_fields(
@@ -59,12 +59,12 @@ def measured_fields(
     median of the per-request acceptance lengths (``request_acceptance``)
     and the count of repetitive outputs (from ``token_ids``) show when.
     """
-    wall = stats.summarize(rep_wall_s)
+    wall = timings.summarize(rep_wall_s)
     rates = position_rates(accepted_per_pos, drafted_per_pos, drafts)
     total_out = sum(rep_output_tokens)
     target_passes = max(total_out - accepted_tokens, num_requests * len(rep_output_tokens) + drafts)
     tps = [t / w for t, w in zip(rep_output_tokens, rep_wall_s)]
-    tps_summary = stats.summarize(tps)
+    tps_summary = timings.summarize(tps)
     row: dict[str, Any] = {
         "output_tokens": rep_output_tokens[0],
         "wall_time_s": wall.median,
@@ -83,7 +83,7 @@ def measured_fields(
         "acceptance_rate_per_pos": rates,
         "drafted_per_pos": list(drafted_per_pos),
         "draft_acceptance_rate": accepted_tokens / draft_tokens if draft_tokens else None,
-        "alpha": stats.fit_alpha(rates) if rates else None,
+        "alpha": acceptance.fit_alpha(rates) if rates else None,
         "target_passes": target_passes,
         "tokens_per_pass": total_out / target_passes if target_passes > 0 else None,
         "draft_coverage": drafts / target_passes if target_passes > 0 else None,
@@ -92,13 +92,13 @@ def measured_fields(
         "decode_passes_per_request": list(request_decode_passes),
         "acceptance_length_p50": median_known(request_acceptance),
         "repetitive_requests": sum(
-            stats.repeated_ngram_share(ids) >= REPETITIVE_SHARE for ids in token_ids
+            acceptance.repeated_ngram_share(ids) >= REPETITIVE_SHARE for ids in token_ids
         ),
     }
-    row |= stats.latency_percentiles(ttft_s, "ttft_s")
-    row |= stats.latency_percentiles(tpot_s, "tpot_s")
+    row |= timings.latency_percentiles(ttft_s, "ttft_s")
+    row |= timings.latency_percentiles(tpot_s, "tpot_s")
     row["tpot_s_mean"] = decode_s / decode_tokens if decode_tokens else None
-    row |= stats.latency_percentiles(e2e_s, "e2e_s")
+    row |= timings.latency_percentiles(e2e_s, "e2e_s")
     if not ttft_s:
         row["latency_note"] = "the engine reported no per-request metrics"
     return row

@@ -145,7 +145,7 @@ SCHEMA = pa.schema(
         ("acceptance_rate_per_pos", pa.list_(_F)),  # accepted at i / drafts that reached position i
         ("drafted_per_pos", pa.list_(_INT)),  # drafts that reached each position (empty: not reported)
         ("draft_acceptance_rate", _F),  # accepted / draft tokens
-        ("alpha", _F),  # fitted per-token acceptance (stats.fit_alpha)
+        ("alpha", _F),  # fitted per-token acceptance (stats.acceptance.fit_alpha)
         ("target_passes", _INT),  # max(output - accepted, requests + drafts), see measured_fields
         ("tokens_per_pass", _F),  # output tokens / target passes, prefill and undrafted passes included
         ("draft_coverage", _F),  # drafts / target passes
@@ -189,7 +189,8 @@ SCHEMA = pa.schema(
         # The interval's ingredients, so that any other interval (simultaneous over m cells, another
         # confidence) can be rebuilt: sd of one engine run's log speedup, and its degrees of freedom.
         ("speedup_log_sd", _F),
-        ("speedup_df", _F),  # counted in independent engines (stats.engine_run_spread; Satterthwaite's, not whole)
+        # Counted in independent engines (stats.spreads.engine_run_spread; Satterthwaite's, not whole).
+        ("speedup_df", _F),
         # The spread split into the baseline engine's own deviation and a speculative engine's (sd of log
         # speed, pooled over the sweep; null where one speculative engine per baseline cannot tell them apart).
         ("baseline_engine_log_sd", _F),
@@ -209,8 +210,8 @@ SCHEMA = pa.schema(
         ("outputs_stable", _BOOL),  # every repetition of every engine run produced the same tokens
         ("flagged", _BOOL),  # see flag_reasons: treat this speedup with care
         ("flag_reasons", pa.list_(_STR)),
-        # Whether stats.shifted_baselines could test this cell's baseline for an engine run that went off
-        # alone (false: one speculative configuration per baseline, or too few baseline cells per engine;
+        # Whether stats.baseline_shifts.shifted_baselines could test this cell's baseline for an engine run that
+        # went off alone (false: one speculative configuration per baseline, or too few baseline cells per engine;
         # null: one engine run, or a baseline).
         ("baseline_shift_checked", _BOOL),
         # confirm=true (specbench.confirm), on the cell a verdict chose: the same cell measured again with its

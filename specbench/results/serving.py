@@ -28,11 +28,11 @@ significant at 5%. Saturated rates are named and left out of the verdicts.
 
 Across engine runs (read from the sweep's plan, never a directory listing),
 each speedup is the geometric mean of the per-run ratios, with the interval of
-:func:`specbench.stats.speedup_interval` over the engine-to-engine spread pooled
+:func:`specbench.stats.intervals.speedup_interval` over the engine-to-engine spread pooled
 across the sweep's serving cells *of the same regime* (below or at
 saturation); two engine runs of a cell that disagree beyond that spread flag
 it. One rule says whether a configuration pays at a rate, the offline
-verdicts' (:func:`specbench.stats.clears` on the E2E p50 speedup: its 95%
+verdicts' (:func:`specbench.stats.intervals.clears` on the E2E p50 speedup: its 95%
 interval's lower end above 1, or its point estimate where there is no
 interval), recorded per cell as ``serving_pays``; the verdict, the highest
 rate at which it still pays, is :func:`specbench.analytic.verdicts.serving_verdict`'s.
@@ -49,7 +49,6 @@ from typing import Any
 
 import numpy as np
 
-from specbench import stats
 from specbench.load import (
     USAGE_CONTEXT,
     LoadShape,
@@ -61,8 +60,9 @@ from specbench.load import (
 )
 from specbench.measure import GeneratedRequest, Measurement, SpecCounters
 from specbench.results.files import CellFiles
-from specbench.results.merge import FAMILY_ALPHA, disagreement_tests
+from specbench.results.judging import FAMILY_ALPHA, disagreement_tests
 from specbench.results.schema import ResultsError, engine_groups, engine_instance, read_rows
+from specbench.stats import distributions, intervals, spreads, timings
 
 # The client's queue (since schema 15): each measured request's wait from its scheduled arrival to its
 # send (a slot under load.max_concurrency, or the event loop's lateness), and its E2E counted from the
@@ -243,7 +243,7 @@ def trend(x: Sequence[float], y: Sequence[float], alpha: float = SATURATION_ALPH
     residual = ys - (slope * xs + intercept)
     error = math.sqrt(float(residual @ residual) / (len(xs) - 2) / float(((xs - xs.mean()) ** 2).sum()))
     # Past a thousand degrees of freedom t is the normal to four digits, and its quantile's cost grows with df.
-    return float(slope), float(slope) - stats.student_t_quantile(1.0 - alpha, min(len(xs) - 2, 1000)) * error
+    return float(slope), float(slope) - distributions.student_t_quantile(1.0 - alpha, min(len(xs) - 2, 1000)) * error
 
 
 def completions(m: ServingMeasurement, shuffles: int = SHUFFLES) -> tuple[float | None, float | None, float]:
@@ -378,8 +378,8 @@ def cell_columns(m: ServingMeasurement, load: Mapping[str, Any], plan: ServingPl
         "slo_attainment_ci_low": low,
         "slo_attainment_ci_high": high,
         "goodput": attainment * achieved if attainment is not None and achieved is not None else None,
-        **stats.latency_percentiles(itl, "itl_s"),
-        **stats.latency_percentiles(queues, "queue_s"),
+        **timings.latency_percentiles(itl, "itl_s"),
+        **timings.latency_percentiles(queues, "queue_s"),
         "queue_s_mean": statistics.fmean(queues) if queues else None,
         "tpot_s_request_mean": statistics.fmean(tpots) if tpots else None,
         "tpot_s_std": statistics.pstdev(tpots) if tpots else None,
@@ -558,7 +558,7 @@ def with_serving_comparison(
                 spread, pool = _spread(cells, engines, list(cells)), "every rate (too few engine runs per regime)"
             others = _spread(cells, engines, [c for c in peers if c != cell_id])
             # The "engine runs disagree" family is one over the sweep, offline cells and serving alike.
-            interval = stats.speedup_interval(list(per_run.values()), spread, None, cells=max(tests, 1),
+            interval = intervals.speedup_interval(list(per_run.values()), spread, None, cells=max(tests, 1),
                                               others=others if others.df else None, flag_alpha=FAMILY_ALPHA)
             row[f"serving_speedup_{name}"] = interval.point
             row[f"serving_speedup_{name}_ci_low"] = interval.ci_low
@@ -603,11 +603,11 @@ def _combine_runs(row: dict[str, Any], mine: list[dict[str, Any]]) -> None:
 
 
 def _spread(cells: Mapping[str, Mapping[str, float]], engines: Mapping[str, Sequence[str]],
-            chosen: Sequence[str]) -> stats.EngineRunSpread:
+            chosen: Sequence[str]) -> spreads.EngineRunSpread:
     """The engine-to-engine spread pooled over the ``chosen`` cells' per-run ratios (each keyed by its
     baseline's engine instance): one engine serves every rate of its configuration in an engine run, so
     its cells repeat its deviations, and cells whose baselines shared an instance share its deviation."""
-    return stats.engine_run_spread([cells[c] for c in chosen],
+    return spreads.engine_run_spread([cells[c] for c in chosen],
                                    engines=[tuple(dict.fromkeys(engines[c])) for c in chosen],
                                    baselines=engine_groups([list(cells[c]) for c in chosen]))
 
@@ -653,7 +653,7 @@ def _cell_runs(cells_dir: Path, cell_ids: Iterable[str]) -> dict[str, list[dict[
 
 def pays(row: Mapping[str, Any]) -> bool:
     """Whether a serving cell pays at its rate: the one rule of the verdicts, on the E2E p50 speedup."""
-    return stats.clears(row[f"serving_speedup_{PAYS_ON}"], row.get(f"serving_speedup_{PAYS_ON}_ci_low"),
+    return intervals.clears(row[f"serving_speedup_{PAYS_ON}"], row.get(f"serving_speedup_{PAYS_ON}_ci_low"),
                         row.get(f"serving_speedup_{PAYS_ON}_ci_high"))
 
 

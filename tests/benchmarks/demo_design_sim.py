@@ -9,7 +9,7 @@ each configuration one speculative engine per engine run (it serves both workloa
 one baseline engine. Each cell's true speedup is what a quiet 2026-12-07 demo measured (``TRUE``). Log
 speedup of a cell in a run: log(true) + u (the baseline engine, sd ``baseline_sd``) - v (the speculative
 engine, ``engine_sd``) + w (the baseline cell) - e (the cell), w and e of sd ``cell_sd`` at batch 1 and
-``cell_sd x b4_scale`` at batch 4. The rows go through ``results.merge.judge_speedups`` (the page's
+``cell_sd x b4_scale`` at batch 4. The rows go through ``results.judging.judge_speedups`` (the page's
 intervals; ``interval_coverage_sim.judged``) and ``analytic.verdicts.verdict`` (the page's sentences), so
 the figures are those of the code that writes the report.
 

@@ -6,10 +6,10 @@ bounds on smaller runs of the same simulations). No engine, a minute or so:
     .venv/bin/python tests/benchmarks/flag_budget.py [TRIALS]
 
 A merge flags a cell, and leaves it out of every verdict, for four statistical reasons, each a test
-over the sweep's cells at a family-wise level (specbench/results/merge.py, FAMILY_ALPHA):
+over the sweep's cells at a family-wise level (specbench/results/judging.py, FAMILY_ALPHA):
 
-- engine runs disagree (``stats.speedup_interval``, Bonferroni over the compared cells);
-- a shifted baseline (``stats.shifted_baselines``, Bonferroni over the baseline cells);
+- engine runs disagree (``stats.intervals.speedup_interval``, Bonferroni over the compared cells);
+- a shifted baseline (``stats.baseline_shifts.shifted_baselines``, Bonferroni over the baseline cells);
 - an excess of numerical ties over the control (``exactness.tie_excess_p_value``, Holm);
 - samples that differ in distribution (``distribution.permutation_p_value``, Holm).
 
@@ -27,7 +27,7 @@ the 24 cells are taken as sampled cells.
 "Before": every family at 0.05 (and the code before issue 56: one pooled variance for the shifted
 baseline, the tested cell in its own median, Fisher's test on the ties against a control pooled over
 every batch size). "After": the code of this checkout, 0.05 / 4 per family (disagreement through
-``results.merge.judge_speedups``, each batch size judged by its own spread).
+``results.judging.judge_speedups``, each batch size judged by its own spread).
 
 Then the same sound sweeps written as cell files and merged (``results.merge.merge``) at baseline
 engine sd 0.02, 0.05 and 0.15 (:func:`merged_rates`): the two families that read the ratios, end to end.
@@ -45,9 +45,9 @@ from types import ModuleType
 
 import numpy as np
 
-from specbench import stats
 from specbench.results import distribution, exactness
-from specbench.results.merge import FAMILY_ALPHA, SWEEP_ALPHA
+from specbench.results.judging import FAMILY_ALPHA, SWEEP_ALPHA
+from specbench.stats import baseline_shifts, intervals, spreads
 
 ENGINES = 4
 WORKLOADS = 2
@@ -107,10 +107,10 @@ def shifted(module: ModuleType, table: Table, confidence: float) -> dict[Hashabl
 
 def disagree(module: ModuleType, table: Table, level: float) -> bool:
     """Whether any cell's engine runs disagree (the merge's rule: each judged by the others' spread). With this
-    checkout's ``stats``, through the merge's own code (``merge.judge_speedups``: the spread of each batch size);
+    checkout's ``stats``, through the merge's own code (``judging.judge_speedups``: the spread of each batch size);
     with an older module, its rule of one spread pooled over the sweep."""
     if module is stats and level == FAMILY_ALPHA:
-        from specbench.results.merge import judge_speedups
+        from specbench.results.judging import judge_speedups
 
         rows = [{"batch_size": batch + 1, "speedup_per_engine_run": cell, "_runs": list(range(len(cell))),
                  "_engine": engine, "_baseline": "b", "_within": None}
@@ -183,6 +183,19 @@ def old_stats() -> ModuleType:
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def current_stats() -> ModuleType:
+    """This checkout's statistics, gathered into one module as the old specbench/stats.py offered them (:func:`rates`
+    and :func:`power` call ``engine_run_spread``, ``speedup_interval`` and ``shifted_baselines`` on either)."""
+    module = ModuleType("stats_now")
+    module.engine_run_spread = spreads.engine_run_spread  # type: ignore[attr-defined]
+    module.speedup_interval = intervals.speedup_interval  # type: ignore[attr-defined]
+    module.shifted_baselines = baseline_shifts.shifted_baselines  # type: ignore[attr-defined]
+    return module
+
+
+stats = current_stats()
 
 
 def rates(trials: int, seed: int, *, before: bool, module: ModuleType) -> dict[str, float]:

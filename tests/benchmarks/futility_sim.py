@@ -9,7 +9,7 @@ Simulated sweeps of the headline command's design: one workload at batch 1, six 
 baseline engine and one engine per configuration in each of 3 engine runs. Log speedup of configuration c in run
 r: log s_c + u_r (the baseline engine) - v_cr (the configuration's engine) + e_cr (the cell), u, v, e normal with
 sd 0.038, 0.025, 0.01 (the baseline and speculative engines' log SDs of the 2026-12-06 headline run) or 0.03,
-0.03, 0.01. Each sweep is judged twice, through the project's own code (``results.merge.judge_speedups``, then
+0.03, 0.01. Each sweep is judged twice, through the project's own code (``results.judging.judge_speedups``, then
 ``analytic.verdicts.best_row``):
 
 - "all runs": every configuration in every engine run (``futility=false``);
@@ -36,7 +36,7 @@ import numpy as np
 
 from specbench import futility
 from specbench.analytic import verdicts
-from specbench.results import merge
+from specbench.results import judging
 
 RUNS = 3
 CELL_SD = 0.01
@@ -77,7 +77,7 @@ def rows_of(logs: np.ndarray, runs: Sequence[Sequence[int]]) -> list[dict[str, A
             "_runs": [f"base-{r}" for r in measured], "_engine": tuple(f"c{c}-{r}" for r in measured),
             "_baseline": 0, "_within": None,
         })
-    merge.judge_speedups(rows)
+    judging.judge_speedups(rows)
     for row in rows:
         row["flagged"] = bool(row.get("flag_reasons"))
     return rows

@@ -37,8 +37,8 @@ within- and between-engine spreads of the size this project has measured
 on a quiet machine, 19% on a shared one, baseline step times up to 50% apart
 between sweeps), and prints how often the merged wall-time interval holds
 the true time: before (the repetitions of every engine run pooled as if
-independent, ``stats.summarize``) and after (each engine run one cluster,
-``stats.engine_run_interval``, what ``results.merge`` computes now), with the
+independent, ``timings.summarize``) and after (each engine run one cluster,
+``timings.engine_run_interval``, what ``results.merge`` computes now), with the
 label each claims and their median relative width.
 """
 
@@ -52,8 +52,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specbench import stats
 from specbench.results.merge import merge
+from specbench.stats import timings
 from specbench.sweep import read_plan
 
 # (within-engine sd, between-engine sd) of log wall time, as measured here (see the docstring).
@@ -146,8 +146,8 @@ def simulate(trials: int, seed: int = 0) -> None:
             for _ in range(trials):
                 logs = rng.normal(0.0, between, (runs, 1)) + rng.normal(0.0, within, (runs, REPETITIONS))
                 walls = np.exp(logs)  # the true time is 1
-                before.append(stats.summarize(walls.ravel().tolist()))
-                clustered = stats.engine_run_interval(walls.tolist())
+                before.append(timings.summarize(walls.ravel().tolist()))
+                clustered = timings.engine_run_interval(walls.tolist())
                 after.append((clustered.ci_low, clustered.ci_high, clustered.coverage, clustered.method))
             print(f"{within:>7.0%} {between:>8.0%} {runs:>5}   "
                   f"{_coverage([(s.ci_low, s.ci_high, s.coverage, s.method) for s in before]):<36} "

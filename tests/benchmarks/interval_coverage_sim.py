@@ -10,15 +10,15 @@ fewer draws, as do tests/test_stats.py). No engine, about ten minutes at the def
 
 **The baseline engine's df** (``df``). Per batch size at 2 and 3 engine runs (and as make demo), baseline-engine
 sd 0.02, 0.05 and 0.15: misses and median width before and after counting the run mean square at its upper
-bound in the spread's df (``stats.run_term_bound``).
+bound in the spread's df (``stats.spreads.run_term_bound``).
 
 **Coverage by batch size.** Simulated sweeps as in tests/benchmarks/flag_budget.py: one baseline engine, 4
 speculative configurations, 2 workloads x 3 batch sizes, 3 engine runs. Log speedup of a cell in a run: log
 1.5 + u (the baseline engine, sd 0.02, 0.05 or 0.15) + w (the baseline cell, sd sqrt(0.02^2 + 0.02^2)) - v
 (the speculative engine, 0.02) + e (the cell, 0.02), every term but u scaled by its batch size's noise (x1,
-x1.5, x3). The rows go through ``results.merge.judge_speedups``, the code that makes the page's intervals:
+x1.5, x3). The rows go through ``results.judging.judge_speedups``, the code that makes the page's intervals:
 "fitted" as it is (each batch size's own spread, or the spread pooled over batch sizes where it does not
-grow with the batch and that has more df: ``stats.stratum_spreads``), "own" with each batch size's own spread
+grow with the batch and that has more df: ``stats.spreads.stratum_spreads``), "own" with each batch size's own spread
 only (``coverage(..., spreads="own")``; ``pooled=True``: every cell in one stratum). Per batch size and
 setting: how often the 95% interval misses the true speedup (1.5x), the median width of the interval (log of
 high over low), the median df and how often a sound sweep has a cell whose engine runs disagree.
@@ -44,9 +44,8 @@ from unittest import mock
 
 import numpy as np
 
-from specbench import stats
 from specbench.analytic import verdicts
-from specbench.results import merge
+from specbench.results import judging
 
 CONFIGURATIONS = 4
 WORKLOADS = 2
@@ -67,7 +66,7 @@ def sound_sweep(rng: np.random.Generator, baseline_sd: float, *, configurations:
     """One simulated sweep's speculative rows as the merge holds them before it judges their speedups.
 
     Every configuration is one speculative engine per engine run (it serves every workload and batch size), and
-    one baseline engine serves every baseline cell; the rows carry what ``merge.judge_speedups`` reads.
+    one baseline engine serves every baseline cell; the rows carry what ``judging.judge_speedups`` reads.
     """
     u = rng.normal(0, baseline_sd, runs)
     v = rng.normal(0, ENGINE_SD, (configurations, runs))
@@ -89,8 +88,8 @@ def sound_sweep(rng: np.random.Generator, baseline_sd: float, *, configurations:
 
 def _own_spreads(rows: Sequence[dict[str, Any]]) -> dict[Any, Any]:
     """Each batch size's own spread and nothing fitted across them (the rule before the fitted model)."""
-    keys = dict.fromkeys(merge.stratum(r) for r in rows)
-    return {key: merge._engine_spread([r for r in rows if merge.stratum(r) == key]) for key in keys}
+    keys = dict.fromkeys(judging.stratum(r) for r in rows)
+    return {key: judging._engine_spread([r for r in rows if judging.stratum(r) == key]) for key in keys}
 
 
 def judged(rows: list[dict[str, Any]], *, pooled: bool = False, spreads: str = "fitted") -> list[dict[str, Any]]:
@@ -99,13 +98,13 @@ def judged(rows: list[dict[str, Any]], *, pooled: bool = False, spreads: str = "
     spread only) or ``"pooled"`` (one stratum, the spread of the whole sweep; also ``pooled=True``)."""
     spreads = "pooled" if pooled else spreads
     if spreads == "pooled":
-        with mock.patch.object(merge, "stratum", lambda row: None):
-            merge.judge_speedups(rows)
+        with mock.patch.object(judging, "stratum", lambda row: None):
+            judging.judge_speedups(rows)
     elif spreads == "own":
-        with mock.patch.object(merge, "stratum_spreads", _own_spreads):
-            merge.judge_speedups(rows)
+        with mock.patch.object(judging, "stratum_spreads", _own_spreads):
+            judging.judge_speedups(rows)
     else:
-        merge.judge_speedups(rows)
+        judging.judge_speedups(rows)
     for row in rows:
         row["flagged"] = bool(row.get("flag_reasons"))
     return rows
@@ -177,8 +176,8 @@ def _line(label: str, before: dict[str, float], after: dict[str, float]) -> str:
 
 def uncounted() -> Any:
     """The engine-to-engine spread's df as counted before a run mean square on one df was held at its upper
-    bound (``stats.run_term_bound``): Satterthwaite's df on the observed mean squares alone."""
-    return mock.patch.object(stats, "run_term_bound", lambda df: 1.0)
+    bound (``stats.spreads.run_term_bound``): Satterthwaite's df on the observed mean squares alone."""
+    return mock.patch("specbench.stats.spreads.run_term_bound", lambda df: 1.0)
 
 
 def baseline_df(trials: int) -> None:
@@ -186,7 +185,7 @@ def baseline_df(trials: int) -> None:
     bound, against Satterthwaite's plug-in df (before)."""
     print(f"The baseline engine's deviation in the df, {trials} sound sweeps per setting ({CONFIGURATIONS} "
           f"configurations x {WORKLOADS} workloads per batch size): before (Satterthwaite's df on the observed "
-          "mean squares) -> after (the run mean square counted at its upper bound, stats.run_term_bound):")
+          "mean squares) -> after (the run mean square counted at its upper bound, stats.spreads.run_term_bound):")
     settings: list[tuple[str, dict[str, Any]]] = [
         (f"{runs} engine runs", {"runs": runs}) for runs in (2, 3)]
     settings += [(f"as make demo, noise x{n[0]:g} / x{n[1]:g}", dict(DEMO, batch_noise=n)) for n in DEMO_NOISE]

@@ -32,8 +32,8 @@ import math
 import random
 import sys
 
-from specbench import stats
 from specbench.analytic.verdicts import schedule_against_fixed, schedule_loses_to
+from specbench.stats import distributions
 
 RUNS = 3
 ENGINE_SD = 0.02
@@ -43,7 +43,7 @@ def _cell(logs: list[float]) -> dict[str, object]:
     """A merged row with its own interval over its runs (Student's, RUNS - 1 df) and its per-run speedups."""
     mean = sum(logs) / len(logs)
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
-    half = stats.student_t_quantile(0.975, len(logs) - 1) * sd / math.sqrt(len(logs))
+    half = distributions.student_t_quantile(0.975, len(logs) - 1) * sd / math.sqrt(len(logs))
     return {"speedup": math.exp(mean), "speedup_ci_low": math.exp(mean - half),
             "speedup_ci_high": math.exp(mean + half), "speedup_df": float(len(logs) - 1),
             "speedup_per_engine_run": [math.exp(x) for x in logs], "baseline_cell_id": "baseline-b4"}

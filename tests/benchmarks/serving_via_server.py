@@ -21,12 +21,13 @@ from typing import Any
 
 from hydra import compose, initialize_config_module
 
-from specbench import job, stats
+from specbench import job
 from specbench.config import cell_from_config
 from specbench.engine import EngineWorker
 from specbench.results import serving
 from specbench.results.merge import DISTURBED_SHARE
 from specbench.results.provenance import CpuTimes
+from specbench.stats import timings
 
 CELL = [
     "method=ngram", "num_speculative_tokens=4", "workload=summarize", "workload.num_prompts=2",
@@ -55,8 +56,9 @@ def run(overrides: list[str], via: str, engine_run: int) -> dict[str, Any]:
     counters = measured.counters
     return {
         "via": via, "engine_run": engine_run, "arrival_seed": plan.arrival_seed, "start_s": worker.info.start_s,
-        **stats.latency_percentiles(measured.ttft_s, "ttft_s"), **stats.latency_percentiles(measured.tpot_s, "tpot_s"),
-        **stats.latency_percentiles(measured.e2e_s, "e2e_s"),
+        **timings.latency_percentiles(measured.ttft_s, "ttft_s"),
+        **timings.latency_percentiles(measured.tpot_s, "tpot_s"),
+        **timings.latency_percentiles(measured.e2e_s, "e2e_s"),
         "acceptance_length": 1 + counters.accepted_tokens / counters.drafts if counters.drafts else None,
         "running_batch_mean": columns["running_batch_mean"], "other_cpu_share": other,
         "token_ids": [list(t) for t in measured.token_ids],
