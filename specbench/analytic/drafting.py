@@ -59,8 +59,7 @@ class DraftCost(Protocol):
 
 @dataclass(frozen=True)
 class FreeDraft:
-    """A draft that costs nothing next to a forward pass: none at all (plain decoding), or a
-    lookup on the host (prompt lookup, controlled acceptance's stored continuation)."""
+    """No draft at all (plain decoding): no weights, no passes, no host work."""
 
     def drafter(self, target: ModelProfile, checkpoint: ModelProfile | None) -> ModelProfile | None:
         """No weights."""
@@ -70,7 +69,7 @@ class FreeDraft:
         self, *, hw: HardwareProfile, batch_size: int, k: int, context_len: float,
         draft: ModelProfile | None, target: ModelProfile | None,
     ) -> float:
-        """0: the CPU-side lookup is assumed negligible next to a GPU forward pass."""
+        """0: nothing is drafted."""
         return 0.0
 
     def prefill_time(
@@ -82,7 +81,7 @@ class FreeDraft:
 
 
 @dataclass(frozen=True)
-class LookupDraft:
+class LookupDraft(FreeDraft):
     """Prompt lookup (ngram): no weights and no draft passes, but host work on every speculative step.
 
     The engine runs the lookup (vLLM's numba kernel, in the engine's own
@@ -99,23 +98,12 @@ class LookupDraft:
 
     kind: str
 
-    def drafter(self, target: ModelProfile, checkpoint: ModelProfile | None) -> ModelProfile | None:
-        """No weights."""
-        return None
-
     def step_time(
         self, *, hw: HardwareProfile, batch_size: int, k: int, context_len: float,
         draft: ModelProfile | None, target: ModelProfile | None,
     ) -> float:
         """The step's timed host work for this method: one per step, not per drafted token."""
         return max(dict(hw.head_overheads).get(self.kind, 0.0), 0.0)
-
-    def prefill_time(
-        self, *, hw: HardwareProfile, batch_size: int, prompt_len: float, max_step_tokens: int,
-        draft: ModelProfile | None, target: ModelProfile | None,
-    ) -> float:
-        """0: nothing reads the prompts but the target."""
-        return 0.0
 
 
 @dataclass(frozen=True)
