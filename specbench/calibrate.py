@@ -898,11 +898,7 @@ def _measure_draft_passes(
     per point and round, the decode seconds and the drafts verified in them."""
 
     print(f"timing draft passes of the {cell.method} head at K={DRAFT_K}")
-    worker = EngineWorker(cell.engine_spec(), log_path=log_path)
-    try:
-        measured = _measure_grid(worker, DRAFT_POINTS, stream, max_tokens, rounds, _draft_line)
-    finally:
-        worker.close()
+    measured = _measure_on_own_engine(cell, stream, max_tokens, rounds, log_path, _draft_line)
     return {p: [(m.decode_s, m.counters.drafts) for m in ms] for p, ms in measured.items()}
 
 
@@ -912,13 +908,21 @@ def _measure_lookup_passes(
     """Decode :data:`DRAFT_POINTS` on an engine of the cell's lookup method, ``rounds`` times each: per point
     and round, the decode seconds, the decode passes and the draft tokens verified in them."""
     print(f"timing {cell.method} steps at K={DRAFT_K}")
-    worker = EngineWorker(cell.engine_spec(), log_path=log_path)
-    try:
-        measured = _measure_grid(worker, DRAFT_POINTS, stream, max_tokens, rounds, _lookup_line)
-    finally:
-        worker.close()
+    measured = _measure_on_own_engine(cell, stream, max_tokens, rounds, log_path, _lookup_line)
     return {p: [(m.decode_s, sum(m.request_decode_passes), m.counters.draft_tokens) for m in ms]
             for p, ms in measured.items()}
+
+
+def _measure_on_own_engine(
+    cell: Any, stream: Sequence[int], max_tokens: int, rounds: int, log_path: Path | None,
+    line: Callable[[Any], str],
+) -> dict[GridPoint, list[Any]]:
+    """:data:`DRAFT_POINTS` measured ``rounds`` times on an engine started for ``cell`` alone, closed after."""
+    worker = EngineWorker(cell.engine_spec(), log_path=log_path)
+    try:
+        return _measure_grid(worker, DRAFT_POINTS, stream, max_tokens, rounds, line)
+    finally:
+        worker.close()
 
 
 def _measure_grid(
