@@ -1,9 +1,12 @@
-"""Sweeps that survive: a killed sweep resumes, a launcher plugin runs it.
+"""Sweeps that survive: a killed sweep resumes, under a launcher plugin, and a damaged cell file is measured again.
 
-All on the real engine (small cells for 2 cores). The faults are real: the
-sweep process is SIGKILLed mid-cell (its engine must not outlive it), a results
-file is overwritten with garbage. A failing cell (a draft folder that holds no
-model) is isolated in tests/test_e2e.py's grid run, which measures the other cells anyway.
+The kill is real and on the real engine (small cells for 2 cores): the sweep process is SIGKILLed while its next
+engine starts (the engine must not outlive it), and the resume runs under hydra/launcher=submitit_local, whose
+jobs measure in processes of their own, so that one sweep tests both (each command costs a vLLM import and its
+engines). A damaged results file is caught before any engine: the resume reads each stored cell first
+(specbench.job.completed_row), and a file it cannot read is set aside and its cell measured again. A failing
+cell (a draft folder that holds no model) is isolated in tests/test_e2e.py's grid run, which measures the other
+cells anyway.
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from conftest import TEST_ATTEMPTS
-
-pytestmark = pytest.mark.engine
 
 # Short prompts: a summarize prompt's prefill costs seconds a request on 2 cores.
 SMALL = ["workload=creative", "workload.num_prompts=2", "workload.max_tokens=12", "repetitions=1", "engine_runs=1"]
@@ -50,19 +51,23 @@ def _session_members(sid: int) -> list[int]:
     return members
 
 
+@pytest.mark.engine
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
-def test_killed_sweep_takes_its_engine_along_then_resumes_to_complete_results_and_reruns_corrupt_cells(tmp_path):
-    """SIGKILL of the sweep process alone (not its group), mid-cell: the fork server and the engine worker
-    follow within seconds; whatever cell files exist are whole; the resume measures the rest."""
+def test_killed_sweep_takes_its_engine_along_then_resumes_under_submitit_to_complete_results(tmp_path):
+    """SIGKILL of the sweep process alone (not its group), while its second engine starts: the fork server and
+    the engine worker follow within seconds; whatever cell files exist are whole; the resume, under the
+    submitit_local launcher, measures the rest in jobs of their own and merges them with the kept cells."""
     sweep = tmp_path / "sweep"
     grid = ["method=ngram", "num_speculative_tokens=2", "batch_size=1,2", f"hydra.sweep.dir={sweep}"]
     proc = subprocess.Popen([sys.executable, "-m", "specbench", "-m", *grid, *SMALL], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
-        while len(cell_rows(sweep)) < 1 and proc.poll() is None and time.monotonic() < deadline:
+        # The plan runs both baselines on one engine, then the ngram cells on another: after the baselines, the
+        # sweep starts the second engine, which takes longer than the wait (and the resume then needs one alone).
+        while len(cell_rows(sweep)) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
-        time.sleep(3)  # the next cell is now being measured
+        time.sleep(3)  # the next engine is now starting
         assert proc.poll() is None, "the sweep finished before it could be killed"
         assert len(_session_members(proc.pid)) >= 3  # the sweep, the fork server, the engine worker
         os.kill(proc.pid, signal.SIGKILL)
@@ -79,33 +84,38 @@ def test_killed_sweep_takes_its_engine_along_then_resumes_to_complete_results_an
     assert 1 <= len(survivors) < 4
     for path in survivors:  # atomic writes: whatever exists is whole
         assert pq.read_table(path).num_rows == 1
-    # One survivor's file is then damaged, as a crash of the disk or a hand could: the resume measures
-    # that cell again with those it never reached (one command, not two: each costs an engine import).
-    victim, kept = survivors[0], survivors[1:]
-    victim.write_bytes(b"not parquet")
-    started = {p.name: pq.read_table(p).column("started_at")[0].as_py() for p in kept}
+    started = {p.name: pq.read_table(p).column("started_at")[0].as_py() for p in survivors}
 
-    # (The killed sweep itself keeps the default attempts: the kill must still find it mid-cell, as before.)
-    resumed = specbench(*grid, TEST_ATTEMPTS, cwd=tmp_path)
+    # The resume's jobs run at once: each disturbs the other, and would be measured three times with the default.
+    # (The killed sweep itself keeps the default attempts: the kill must still find it mid-sweep, as before.)
+    resumed = specbench(*grid, "hydra/launcher=submitit_local", TEST_ATTEMPTS, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
-    assert f"{4 - len(kept)} to run on" in resumed.stdout
-    assert (f", {len(kept)} already complete" in resumed.stdout) == bool(kept)
-    assert f"corrupt result for {victim.stem}" in resumed.stdout
+    assert f"{4 - len(survivors)} to run on" in resumed.stdout
+    assert f", {len(survivors)} already complete" in resumed.stdout
+    assert (sweep / ".submitit").exists() or any(sweep.rglob("*_submitted.pkl"))
     results = pd.read_parquet(sweep / "results.parquet")
-    assert len(results) == 4 and (results["status"] == "ok").all()
-    assert results.loc[results["method"] == "ngram", "exact_match"].all()
-    assert pq.read_table(victim).num_rows == 1
-    for path in kept:  # finished cells were not measured again
+    assert sorted(results["method"]) == ["baseline", "baseline", "ngram", "ngram"]
+    assert (results["status"] == "ok").all() and results["exact_match"].all()
+    # The cells measured in the resume's jobs are merged with the kept ones: every speculative cell has its speedup.
+    assert results.loc[results["method"] == "ngram", "speedup"].gt(0).all()
+    for path in survivors:  # finished cells were not measured again
         assert pq.read_table(path).column("started_at")[0].as_py() == started[path.name]
 
 
-def test_submitit_local_launcher_runs_cells_and_merges(tmp_path):
-    sweep = tmp_path / "sweep"
-    # Its two jobs run at once: each disturbs the other, and would be measured three times with the default.
-    done = specbench("hydra/launcher=submitit_local", "method=ngram", "num_speculative_tokens=2",
-                     f"hydra.sweep.dir={sweep}", TEST_ATTEMPTS, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:]
-    results = pd.read_parquet(sweep / "results.parquet")
-    assert sorted(results["method"]) == ["baseline", "ngram"]
-    assert (results["status"] == "ok").all() and results["exact_match"].all()
-    assert (sweep / ".submitit").exists() or any(sweep.rglob("*_submitted.pkl"))
+def test_a_damaged_cell_file_is_set_aside_and_its_cell_measured_again(compose_cell, tmp_path, caplog):
+    """A cell file overwritten with garbage (a crash of the disk, a hand): the resume does not take it for a
+    measurement, says so, and keeps the damaged file aside rather than losing it."""
+    from specbench.config import cell_from_config
+    from specbench.job import completed_row
+    from specbench.results.files import REPLACED_DIR, CellFiles
+
+    cell = cell_from_config(compose_cell(["method=ngram", "num_speculative_tokens=2", *SMALL]))
+    files = CellFiles(tmp_path / "cells", cell.cell_id)
+    files.cells_dir.mkdir()
+    files.row.write_bytes(b"not parquet")
+    with caplog.at_level("WARNING"):
+        assert completed_row(files, cell) is None
+    assert f"corrupt result for {cell.cell_id}" in caplog.text and "measuring it again" in caplog.text
+    assert not files.row.exists()
+    [aside] = (files.cells_dir / REPLACED_DIR).glob(f"{cell.cell_id}.*.parquet")
+    assert aside.read_bytes() == b"not parquet"
