@@ -267,9 +267,10 @@ def test_calibration_engines_capture_graphs_for_every_batch_they_decode():
     sizes = calibrate.calibration_cell(overrides, points).engine_spec(prepare=False).cudagraph_capture_sizes
     assert {p.batch_size for p in points} <= set(sizes)
     heads, _ = calibrate._draft_cells(overrides)
-    for draft in heads.values():
-        sizes = draft.engine_spec(prepare=False).cudagraph_capture_sizes
-        assert {p.batch_size * (calibrate.DRAFT_K + 1) for p in calibrate.DRAFT_POINTS} <= set(sizes), draft.method
+    for cells in heads.values():
+        for draft, k in zip(cells, calibrate.DRAFT_KS, strict=True):
+            sizes = draft.engine_spec(prepare=False).cudagraph_capture_sizes
+            assert {p.batch_size * (k + 1) for p in calibrate.DRAFT_POINTS} <= set(sizes), (draft.method, k)
     # A graph batch the overrides set is the user's to choose.
     mine = calibrate.calibration_cell([*overrides, "engine.cudagraph_batch_size=2"], points)
     assert mine.engine_spec(prepare=False).cudagraph_capture_sizes == (1, 2)
@@ -279,7 +280,7 @@ def test_every_shipped_head_is_timed_and_each_drafter_pays_its_own_heads_overhea
     # The default model ships an EAGLE-3 and an EAGLE-1 head: calibrate starts an engine for each.
     cells, skipped = calibrate._draft_cells(calibrate.engine_overrides([], 8192))
     assert list(cells) == ["eagle3", "eagle"] and skipped == ""
-    assert [c.method for c in cells.values()] == ["eagle3", "eagle"]
+    assert [c[0].method for c in cells.values()] == ["eagle3", "eagle"]
     # A machine whose EAGLE-1 pass carries 1 ms of fixed cost and whose EAGLE-3 pass 4 ms (the order of
     # the 2-core machine's 3.97 ms), each pass timed at DRAFT_POINTS as vLLM would report it.
     true = {"eagle3": 4e-3, "eagle": 1e-3}
@@ -293,7 +294,7 @@ def test_every_shipped_head_is_timed_and_each_drafter_pays_its_own_heads_overhea
                 method, hw=machine, batch_size=p.batch_size, k=calibrate.DRAFT_K, context_len=context, target=MODEL)
             _, record = calibrate.draft_sample(p, calibrate.DRAFT_K, 16, [(seconds * 10, 10)])
             records[method].append(record)
-    fitted = {m: calibrate.fit_head(m, {"name": m}, records[m], MODEL, "float32", TRUE) for m in true}
+    fitted = {m: calibrate.fit_head(m, {"name": m}, records[m], MODEL, "float32", TRUE)[::2] for m in true}
     assert {m: o for m, (o, _) in fitted.items()} == pytest.approx(true, rel=1e-6)
     profile = calibrate.with_head_overheads(TRUE, {m: o for m, (o, _) in fitted.items()})
     samples, step_records = _synthetic_samples()
@@ -323,7 +324,8 @@ def test_every_shipped_head_is_timed_and_each_drafter_pays_its_own_heads_overhea
     assert calibrate.main(["--refit", str(path), "--out", str(out), "--device-rates", "40,1"]) == 0
     refit = yaml.safe_load(out.read_text())
     assert set(refit["head_draft_overhead_ms"]) == {"eagle3", "eagle"} and set(refit["head_draft_samples"]) == set(true)
-    assert "draft passes priced from their own head's (measured): eagle3, eagle" in calibrate.format_heads_timed(true, "")
+    assert ("draft passes priced from their own head's (measured): eagle3 4.00 ms per pass, eagle 1.00 ms per pass; "
+            "other drafters pay eagle3's 4.00 ms a pass") == calibrate.format_heads_timed(true, "")
     with pytest.raises(ValueError, match="head_draft_overhead_ms"):
         profiles.HardwareProfile.from_mapping(dict(doc, head_draft_overhead_ms=[1.0]))
 
@@ -348,8 +350,8 @@ def test_calibrate_fetches_every_engines_checkpoints_with_their_tokenizers_at_th
     [(needed, tokenizers, revisions)] = asked
     # The target's engine, the EAGLE-3 head's (vLLM has no EAGLE-1 class for Qwen2: that head is not timed),
     # then ngram's, which loads the target alone.
-    assert needed == [("model.path", "Qwen/Qwen2.5-7B-Instruct"), ("model.path", "Qwen/Qwen2.5-7B-Instruct"),
-                      ("model.eagle3", "thoughtworks/Qwen2.5-7B-Instruct-Eagle3"),
+    head = [("model.path", "Qwen/Qwen2.5-7B-Instruct"), ("model.eagle3", "thoughtworks/Qwen2.5-7B-Instruct-Eagle3")]
+    assert needed == [("model.path", "Qwen/Qwen2.5-7B-Instruct"), *head * len(calibrate.DRAFT_KS),
                       ("model.path", "Qwen/Qwen2.5-7B-Instruct")]
     # The tokenizer vLLM loads (the target's), and every checkpoint at the commit its model config pins.
     assert set(tokenizers) == {"Qwen/Qwen2.5-7B-Instruct"}
@@ -374,7 +376,7 @@ def test_a_head_whose_passes_cost_less_than_its_priced_work_is_priced_at_its_mea
     records = {m: [calibrate.draft_sample(p, calibrate.DRAFT_K, 16, [(measured_pass(
         m, p.batch_size, calibrate.DRAFT_K, p.prompt_len + 8) * 10, 10)])[1] for p in calibrate.DRAFT_POINTS]
         for m in true}
-    fitted = {m: calibrate.fit_head(m, {"name": m}, records[m], MODEL, "float32", TRUE) for m in true}
+    fitted = {m: calibrate.fit_head(m, {"name": m}, records[m], MODEL, "float32", TRUE)[::2] for m in true}
     # Floored at 0, EAGLE-1's correction was lost and each of its passes priced 4 ms high.
     assert {m: o for m, (o, _) in fitted.items()} == pytest.approx(true, rel=1e-6)
     assert all(abs(r["residual"]) < 1e-9 for _, rs in fitted.values() for r in rs)
@@ -466,8 +468,8 @@ def test_a_calibration_times_each_grid_point_once_a_round_and_each_head_at_batch
         points = calibrate.grid(calibrate.DEFAULT_BATCH_SIZES, calibrate.DEFAULT_PROMPT_LENGTHS, 4096)
         assert [m for m in measured if m[0] == "target"] == [("target", p.batch_size, p.prompt_len)
                                                            for _ in range(rounds) for p in points]
-        # EAGLE-3's and EAGLE-1's heads, each at batch 1 only; ngram's steps too.
-        assert [m for m in measured if m[0] == "draft"] == [("draft", 1, 512)] * (2 * rounds)
+        # EAGLE-3's and EAGLE-1's heads, each at batch 1 only and at both K; ngram's steps too.
+        assert [m for m in measured if m[0] == "draft"] == [("draft", 1, 512)] * (2 * len(calibrate.DRAFT_KS) * rounds)
         assert [m for m in measured if m[0] == "lookup"] == [("lookup", 1, 512)] * rounds
         doc = yaml.safe_load(out.read_text())
         assert doc["head_draft_overhead_ms"]["ngram"] == pytest.approx(3.0, rel=1e-3)
@@ -475,7 +477,8 @@ def test_a_calibration_times_each_grid_point_once_a_round_and_each_head_at_batch
         loaded = prediction.load_hardware_file(out).profile
         assert drafting.draft_time("ngram", hw=loaded, batch_size=1, k=4, context_len=600.0) == pytest.approx(3e-3, rel=1e-3)
         assert doc["settings"]["rounds"] == rounds and len(doc["samples"]) == 2 * len(points)
-        assert {m: len(s) for m, s in doc["head_draft_samples"].items()} == {"eagle3": 1, "eagle": 1}
+        assert {m: sorted(r["k"] for r in s) for m, s in doc["head_draft_samples"].items()} == {
+            m: list(calibrate.DRAFT_KS) for m in ("eagle3", "eagle")}
 
 
 def test_ngram_steps_are_timed_and_priced_with_the_host_work_beyond_their_verification(tmp_path, monkeypatch):
