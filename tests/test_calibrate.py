@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from specbench import calibrate
-from specbench.analytic import drafting, prediction, profile_fit, profiles, steps
+from specbench.analytic import drafting, prediction, profile_fit, profiles, speedup, steps
 from specbench.calibrate import GridPoint
 
 MODEL = profiles.ModelProfile(
@@ -516,3 +516,136 @@ def test_ngram_steps_are_timed_and_priced_with_the_host_work_beyond_their_verifi
     assert calibrate.main(["--refit", str(path), "--out", str(out), "--device-rates", "40,1"]) == 0
     refit = yaml.safe_load(out.read_text())
     assert set(refit["lookup_samples"]) == {"ngram"} and refit["head_draft_overhead_ms"]["ngram"] > 0
+
+
+def _two_cost_passes(method, per_pass, per_step, ks, points=calibrate.DRAFT_POINTS):
+    """Each head's timed pass at each K of ``ks``, as a machine whose head costs its roofline work, plus
+    ``per_pass`` a draft pass and ``per_step`` once a speculative step, would time it (draft_sample records)."""
+    free = replace(TRUE, draft_overhead_s=0.0)
+    records = []
+    for k in ks:
+        for p in points:
+            context = p.prompt_len + 8
+            seconds = (steps.verify_step(MODEL, TRUE, p.batch_size, k, context) + per_step
+                       + drafting.draft_time(method, hw=free, batch_size=p.batch_size, k=k, context_len=context,
+                                             target=MODEL) + k * per_pass)
+            records.append(calibrate.draft_sample(p, k, 16, [(seconds * 10, 10)])[1])
+    return records
+
+
+def test_the_two_k_fit_separates_a_heads_cost_per_step_from_its_cost_per_pass():
+    # What the headline met on a CPU: EAGLE-1's speculative step grew ~6 ms a draft pass where one figure per
+    # pass, fitted at one K, priced 9.5: a cost paid once a step (the proposer's set-up, the first pass over the
+    # accepted positions) was spread over the three passes timed and multiplied at K = 8.
+    per_pass, per_step = -0.5e-3, 9e-3
+    samples = [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"])
+               for r in _two_cost_passes("eagle", per_pass, per_step, calibrate.DRAFT_KS)]
+    fitted_pass, fitted_step, residuals = profile_fit.fit_draft_costs(samples, method="eagle", target=MODEL,
+                                                                      head=None, hw=TRUE)
+    assert (fitted_pass, fitted_step) == pytest.approx((per_pass, per_step), rel=1e-6)
+    assert max(map(abs, residuals)) < 1e-9
+    # Noise on the samples: least squares over more than two K still finds both.
+    noisy = [replace(s, seconds=s.seconds * (1.0 + 0.002 * (-1) ** i))
+             for i, s in enumerate(samples + [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"],
+                                                                      r["seconds_per_pass"])
+                                              for r in _two_cost_passes("eagle", per_pass, per_step, (4, 6))])]
+    fitted_pass, fitted_step, _ = profile_fit.fit_draft_costs(noisy, method="eagle", target=MODEL, head=None, hw=TRUE)
+    assert fitted_step == pytest.approx(per_step, abs=1e-3) and fitted_pass == pytest.approx(per_pass, abs=0.3e-3)
+    # One K cannot tell them apart, nor one sample; each is refused in one line naming what is missing.
+    at_three = [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"])
+                for r in _two_cost_passes("eagle", per_pass, per_step, (3, 3))]
+    with pytest.raises(ValueError, match="two K or more .* all are at K=3"):
+        profile_fit.fit_draft_costs(at_three, method="eagle", target=MODEL, head=None, hw=TRUE)
+    with pytest.raises(ValueError, match="at least 2 passes"):
+        profile_fit.fit_draft_costs(samples[:1], method="eagle", target=MODEL, head=None, hw=TRUE)
+    with pytest.raises(ValueError, match="EAGLE head"):
+        profile_fit.fit_draft_costs(samples, method="ngram", target=MODEL, head=None, hw=TRUE)
+
+
+def test_a_calibration_at_two_k_prices_every_k_of_the_head_and_the_one_k_fit_did_not(tmp_path, monkeypatch, capsys):
+    per_pass, per_step = {"eagle3": 2e-3, "eagle": -0.5e-3}, {"eagle3": 1e-3, "eagle": 9e-3}
+    # Each head's cells are composed at both K, its head's engine spec drafting that K (pure: no engine).
+    cells, _ = calibrate._draft_cells(calibrate.engine_overrides([], 8192))
+    for method in per_pass:
+        assert [c.engine_spec(prepare=False).speculative_config["num_speculative_tokens"]
+                for c in cells[method]] == list(calibrate.DRAFT_KS)
+    fitted = {m: calibrate.fit_head(m, {"name": m}, _two_cost_passes(m, per_pass[m], per_step[m], calibrate.DRAFT_KS),
+                                    MODEL, "float32", TRUE) for m in per_pass}
+    for m, f in fitted.items():
+        assert f[:2] == pytest.approx((per_pass[m], per_step[m]))
+    text = calibrate.format_draft_fit("eagle", *fitted["eagle"][::2], fitted["eagle"][1])
+    assert "-0.50 ms per draft pass + 9.00 ms per speculative step, whatever K (fitted at K=2, 8)" in text
+    assert "eagle -0.50 ms per pass + 9.00 ms per step" in calibrate.format_heads_timed(
+        {m: f[0] for m, f in fitted.items()}, "", {m: f[1] for m, f in fitted.items()})
+    profile = calibrate.with_head_overheads(TRUE, {m: f[0] for m, f in fitted.items()},
+                                            {m: f[1] for m, f in fitted.items()})
+    samples, step_records = _synthetic_samples()
+    _, step_fitted = calibrate.fit(samples, step_records, MODEL, "my-cpu")
+    doc = calibrate.profile_document(
+        profile, step_fitted, model={"name": "m", "path": "embedded:x", "dtype": "float32"}, device="CPU",
+        measured_at="2026-01-01T00:00:00+00:00", vllm_version="0.32.0", settings={},
+        draft_records=fitted["eagle3"][2], draft_method="eagle3", head_records={m: f[2] for m, f in fitted.items()})
+    assert doc["head_draft_step_overhead_ms"] == {"eagle3": 1.0, "eagle": 9.0}
+    path = tmp_path / "p.yaml"
+    calibrate.write_profile(doc, path)
+    loaded = prediction.load_hardware_file(path).profile
+    free = replace(TRUE, draft_overhead_s=0.0)
+    for method in per_pass:
+        one_pass = drafting.draft_time(method, hw=free, batch_size=1, k=1, context_len=600.0, target=MODEL)
+        for k in (2, 4, 8):
+            # The model's speculative step: the per-step cost once, the per-pass cost k times.
+            step = speedup.speculative_step(method, target=MODEL, hw=loaded, batch_size=1, k=k, context_len=600.0)
+            assert step == pytest.approx(steps.verify_step(MODEL, loaded, 1, k, 600.0) + per_step[method]
+                                         + k * (one_pass + per_pass[method]), rel=1e-9)
+    # Fitted at one K (3) as before, the same machine's EAGLE-1 step is priced 9 ms / 3 too high a pass:
+    # at K = 8 its draft 15 ms over what it costs.
+    one_k, _ = profile_fit.fit_draft_overhead(
+        [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"])
+         for r in _two_cost_passes("eagle", per_pass["eagle"], per_step["eagle"], (3,))],
+        method="eagle", target=MODEL, head=None, hw=TRUE, signed=True)
+    assert one_k == pytest.approx(per_pass["eagle"] + per_step["eagle"] / 3)
+    old = replace(TRUE, head_overheads=(("eagle", one_k),))
+    over = (drafting.draft_time("eagle", hw=old, batch_size=1, k=8, context_len=600.0, target=MODEL)
+            - drafting.draft_time("eagle", hw=loaded, batch_size=1, k=8, context_len=600.0, target=MODEL))
+    assert over == pytest.approx(5 * per_step["eagle"] / 3, rel=1e-6)
+    # --refit fits both again from the stored samples at both K.
+    monkeypatch.setattr(prediction, "model_profile", lambda path, dtype, name="m": MODEL)
+    out = tmp_path / "refit.yaml"
+    assert calibrate.main(["--refit", str(path), "--out", str(out), "--device-rates", "40,1"]) == 0
+    refit = yaml.safe_load(out.read_text())
+    assert refit["head_draft_step_overhead_ms"] == pytest.approx({"eagle3": 1.0, "eagle": 9.0}, rel=1e-3)
+    assert "+ 9.00 ms per speculative step" in capsys.readouterr().out
+
+
+def test_a_profile_timed_at_one_k_loads_and_prices_as_it_did(tmp_path, monkeypatch):
+    # A profile written before heads were timed at two K: no head_draft_step_overhead_ms, its draft samples at
+    # one K. It loads with no cost per step, prices every K as per-pass x K, and a refit keeps it so.
+    records = _two_cost_passes("eagle", -0.5e-3, 0.0, (3,))
+    overhead, per_step, fitted = calibrate.fit_head("eagle", {"name": "eagle"}, records, MODEL, "float32", TRUE)
+    assert overhead == pytest.approx(-0.5e-3) and per_step == 0.0
+    samples, step_records = _synthetic_samples()
+    _, step_fitted = calibrate.fit(samples, step_records, MODEL, "my-cpu")
+    doc = calibrate.profile_document(
+        calibrate.with_head_overheads(TRUE, {"eagle": overhead}, {"eagle": per_step}), step_fitted,
+        model={"name": "m", "path": "embedded:x", "dtype": "float32"}, device="CPU",
+        measured_at="2026-01-01T00:00:00+00:00", vllm_version="0.32.0", settings={},
+        draft_records=fitted, draft_method="eagle", head_records={"eagle": fitted})
+    assert "head_draft_step_overhead_ms" not in doc
+    loaded = profiles.HardwareProfile.from_mapping(doc)
+    assert loaded.head_step_overheads == ()
+    as_written = replace(loaded, head_step_overheads=())
+    free = replace(TRUE, draft_overhead_s=0.0)
+    for k in (2, 8):
+        one_pass = drafting.draft_time("eagle", hw=free, batch_size=1, k=1, context_len=600.0, target=MODEL)
+        priced = drafting.draft_time("eagle", hw=loaded, batch_size=1, k=k, context_len=600.0, target=MODEL)
+        assert priced == pytest.approx(k * (one_pass - 0.5e-3), rel=1e-9)
+        assert priced == drafting.draft_time("eagle", hw=as_written, batch_size=1, k=k, context_len=600.0, target=MODEL)
+    path = tmp_path / "old.yaml"
+    calibrate.write_profile(doc, path)
+    monkeypatch.setattr(prediction, "model_profile", lambda path, dtype, name="m": MODEL)
+    out = tmp_path / "refit.yaml"
+    assert calibrate.main(["--refit", str(path), "--out", str(out), "--device-rates", "40,1"]) == 0
+    refit = yaml.safe_load(out.read_text())
+    assert "head_draft_step_overhead_ms" not in refit and refit["head_draft_overhead_ms"]["eagle"] < 0
+    with pytest.raises(ValueError, match="head_draft_step_overhead_ms"):
+        profiles.HardwareProfile.from_mapping(dict(doc, head_draft_step_overhead_ms=[1.0]))
