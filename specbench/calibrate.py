@@ -570,6 +570,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device-rates", default=None, metavar="GBPS,TFLOPS",
                         help="the ceilings of the fitted rates: copy bandwidth (GB/s) and matmul rate (TFLOP/s), "
                              "e.g. from a datasheet (default: timed here with torch before the engine starts)")
+    parser.add_argument("--heads", default=",".join(DRAFT_METHODS),
+                        help="the EAGLE heads whose draft passes are timed (two engines each); a head left out "
+                             "is priced with the first timed head's cost per pass")
     parser.add_argument("--refit", type=Path, default=None, metavar="PROFILE.yaml",
                         help="refit the samples an earlier calibration wrote, without starting an engine")
     return parser
@@ -601,8 +604,17 @@ def planned_engines(args: argparse.Namespace) -> Engines:
     points = grid(positive_ints(args.batch_sizes, "--batch-sizes"),
                   positive_ints(args.prompt_lengths, "--prompt-lengths"), args.max_step_tokens)
     target = calibration_cell(overrides, points)
-    heads, skipped = _draft_cells(overrides)
+    heads, skipped = _draft_cells(overrides, head_methods(args.heads))
     return Engines(overrides, points, target, heads, skipped, _lookup_cells(overrides))
+
+
+def head_methods(text: str) -> list[str]:
+    """``--heads``: a comma-separated list of :data:`DRAFT_METHODS`; ValueError naming the flag otherwise."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in DRAFT_METHODS]
+    if unknown or not methods:
+        raise ValueError(f"--heads expects a comma-separated list of {', '.join(DRAFT_METHODS)}; got {text!r}")
+    return methods
 
 
 def fetch_checkpoints(cells: Sequence[Cell]) -> dict[str, Path]:
@@ -847,11 +859,17 @@ def _refit(path: Path, out: Path, given: profile_fit.DeviceBounds | None) -> int
     return 0
 
 
-def _draft_cells(overrides: Sequence[str]) -> tuple[dict[str, list[Cell]], str]:
+def _draft_cells(
+    overrides: Sequence[str], methods: Sequence[str] = DRAFT_METHODS
+) -> tuple[dict[str, list[Cell]], str]:
     """The cells whose heads the draft passes are timed with, by method in :data:`DRAFT_METHODS` order,
-    one per K of :data:`DRAFT_KS`, and why each other method has none ("" when every one has)."""
+    one per K of :data:`DRAFT_KS`, and why each other method has none ("" when every one has): a method
+    not among ``methods`` (``--heads``) is left untimed."""
     cells, reasons = {}, []
     for method in DRAFT_METHODS:
+        if method not in methods:
+            reasons.append(f"{method}: left out by --heads")
+            continue
         try:
             cells[method] = [with_graphs_for(cell_from_config(_compose(
                 overrides, (f"method={method}", f"num_speculative_tokens={k}"))), DRAFT_POINTS) for k in DRAFT_KS]

@@ -649,3 +649,14 @@ def test_a_profile_timed_at_one_k_loads_and_prices_as_it_did(tmp_path, monkeypat
     assert "head_draft_step_overhead_ms" not in refit and refit["head_draft_overhead_ms"]["eagle"] < 0
     with pytest.raises(ValueError, match="head_draft_step_overhead_ms"):
         profiles.HardwareProfile.from_mapping(dict(doc, head_draft_step_overhead_ms=[1.0]))
+
+
+def test_heads_left_out_are_not_timed_and_a_bad_heads_value_is_refused_before_any_engine(capsys):
+    # Two engines per head: a demo whose sweep runs EAGLE-3 alone can leave EAGLE-1 untimed, said as such.
+    planned = calibrate.planned_engines(calibrate.argument_parser().parse_args(["--heads", "eagle3"]))
+    assert list(planned.heads) == ["eagle3"] and planned.skipped == "eagle: left out by --heads"
+    assert [c.method for c in planned.cells] == ["baseline", "eagle3", "eagle3", "ngram"]
+    assert "(not timed: eagle: left out by --heads)" in calibrate.format_heads_timed({"eagle3": 2e-3}, planned.skipped)
+    assert calibrate.main(["--heads", "eagle,medusa"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --heads expects a comma-separated list of eagle3, eagle; got 'eagle,medusa'")
