@@ -941,8 +941,8 @@ def format_heads_timed(
     if not overheads:
         return f"draft passes: not timed ({skipped}); each is charged the step's fixed overhead"
     first = next(iter(overheads))
-    steps_ = step_overheads or {}
-    costs = ", ".join(f"{m} {o * 1e3:.2f} ms per pass" + (f" + {steps_[m] * 1e3:.2f} ms per step" if m in steps_ else "")
+    per_step = step_overheads or {}
+    costs = ", ".join(f"{m} {o * 1e3:.2f} ms per pass" + (f" + {per_step[m] * 1e3:.2f} ms per step" if m in per_step else "")
                       for m, o in overheads.items())
     line = (f"draft passes priced from their own head's (measured): {costs}; "
             f"other drafters pay {first}'s {max(overheads[first], 0.0) * 1e3:.2f} ms a pass")

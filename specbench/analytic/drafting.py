@@ -268,7 +268,7 @@ def draft_time(
     work of a speculative step where the profile timed it (:class:`LookupDraft`),
     else 0. draft_model: k sequential passes of `draft`, each the work of
     step_time(draft, num_tokens=num_seqs=batch_size). eagle / eagle3: k
-    passes of the head (:class:`EagleHeadCost`). `draft` is the head's
+    passes of the head and its cost per step, once (:class:`EagleHeadCost`). `draft` is the head's
     profile (its config.json: the target's shapes with one layer, plus
     draft_vocab_size); without it the head is assumed to have the target's
     shapes and full vocabulary. Head weights cost the dtype width
