@@ -30,10 +30,14 @@ residual beyond 10%, is printed as a warning and written as ``fit_warnings``.
 A draft pass (an EAGLE head's forward inside the engine step) skips the
 scheduler and sampler that make up most of a step's fixed cost here, so it
 gets its own: for each EAGLE head the model config names (EAGLE-3, then
-EAGLE-1), an engine decodes :data:`DRAFT_POINTS` with it at
-K = :data:`DRAFT_K`, and :func:`specbench.analytic.profile_fit.fit_draft_overhead` takes
-the per-draft-pass overhead that the fitted step time and the head's own
-roofline work leave unexplained. Each head is priced with its own
+EAGLE-1), an engine at each K of :data:`DRAFT_KS` decodes :data:`DRAFT_POINTS`
+with it, and :func:`specbench.analytic.profile_fit.fit_draft_costs` takes what
+the fitted step time and the head's own roofline work leave unexplained as a
+line in K: a cost per draft pass (its slope) and one per speculative step (its
+intercept, ``head_draft_step_overhead_ms``: the proposer's set-up, the first
+pass over the accepted positions). Timed at one K, the two could not be told
+apart: a cost per step spread over three passes was multiplied at K = 8 and
+priced EAGLE-1's step there 20% high. Each head is priced with its own
 (``head_draft_overhead_ms``): one head's overhead priced the other 12-29%
 off, since the passes differ in more than the work the model counts. A
 head's may be below 0, a correction to its roofline where its passes cost
@@ -69,7 +73,7 @@ The profile, the samples and their residuals are printed and written to
 ``~/.cache/specbench/hardware/``), where :mod:`specbench.analytic.prediction` finds it
 for every later sweep that names no ``hardware``.
 
-    python -m specbench.calibrate                      # 2 min on 2 CPU cores (an engine per head, one for ngram)
+    python -m specbench.calibrate                      # 2-3 min on 2 CPU cores (an engine per head and K, one for ngram)
     python -m specbench.calibrate model=qwen2.5-7b-instruct --max-step-tokens 8192
 """
 
@@ -134,6 +138,11 @@ class GridPoint:
 # 3.41 ms with it, 2.05 ms without, 1.72 ms over both points and rounds), and without it the fit
 # predicts the sweep's speedups within 1.2% of the two-point fit's (tests/benchmarks/calibration_cost.py).
 DRAFT_POINTS = (GridPoint(1, 512),)
+# Each head is timed at both K (an engine each): the headline's smallest and largest, so that its steps are
+# interpolated, not extrapolated; their spread sets how well a cost per step and one per pass separate (with
+# equal noise per sample the intercept's variance is 1.9 sigma^2 at (2, 8), 2.5 at (2, 6)).
+DRAFT_KS = (2, 8)
+# The K the lookup (ngram) engine is timed at: its host work is one figure per step.
 DRAFT_K = 3
 # Every method the model config names a head for is timed, in this order; the first one's overhead is the
 # profile's draft_overhead_ms, paid by drafters without a timed head of their own.
@@ -426,6 +435,8 @@ def profile_document(
     }
     if profile.head_overheads:
         doc["head_draft_overhead_ms"] = {m: round(s * 1e3, 4) for m, s in profile.head_overheads}
+    if profile.head_step_overheads:
+        doc["head_draft_step_overhead_ms"] = {m: round(s * 1e3, 4) for m, s in profile.head_step_overheads}
     if head_records:
         doc["head_draft_samples"] = {m: list(r) for m, r in head_records.items()}
         doc["notes"] += (f" Each head's draft pass priced from its own timed passes (measured, head_draft_samples): "
@@ -453,12 +464,16 @@ def write_profile(doc: dict[str, Any], path: Path) -> None:
 
 
 def format_draft_fit(
-    method: str, overhead_s: float, records: Sequence[dict[str, Any]]
+    method: str, overhead_s: float, records: Sequence[dict[str, Any]], per_step_s: float | None = None,
 ) -> str:
-    """The draft-pass fit and its per-sample residuals as a text table."""
+    """The draft-pass fit (per pass, and per speculative step where it was fitted at two K or more) and its
+    per-sample residuals as a text table."""
     below = ("" if overhead_s >= 0 else
              " (below 0: its passes cost less than the roofline prices its work; each pass is priced that much less)")
-    lines = [f"draft pass overhead ({method} head): {overhead_s * 1e3:.2f} ms per draft pass{below}",
+    ks = sorted({r["k"] for r in records})
+    per_step = ("" if per_step_s is None or len(ks) < 2 else
+                f" + {per_step_s * 1e3:.2f} ms per speculative step, whatever K (fitted at K={', '.join(map(str, ks))})")
+    lines = [f"draft pass overhead ({method} head): {overhead_s * 1e3:.2f} ms per draft pass{per_step}{below}",
              f"{'batch':>5} {'prompt':>6} {'K':>3} {'measured ms/pass':>17} {'residual':>9}"]
     lines += [f"{r['batch_size']:>5} {r['prompt_tokens']:>6} {r['k']:>3} {r['seconds_per_pass'] * 1e3:>17.2f} "
               f"{r['residual'] * 100:>+8.1f}%" for r in records]
@@ -555,6 +570,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device-rates", default=None, metavar="GBPS,TFLOPS",
                         help="the ceilings of the fitted rates: copy bandwidth (GB/s) and matmul rate (TFLOP/s), "
                              "e.g. from a datasheet (default: timed here with torch before the engine starts)")
+    parser.add_argument("--heads", default=",".join(DRAFT_METHODS),
+                        help="the EAGLE heads whose draft passes are timed (two engines each); a head left out "
+                             "is priced with the first timed head's cost per pass")
     parser.add_argument("--refit", type=Path, default=None, metavar="PROFILE.yaml",
                         help="refit the samples an earlier calibration wrote, without starting an engine")
     return parser
@@ -569,14 +587,14 @@ class Engines:
     overrides: list[str]
     points: list[GridPoint]
     target: Cell
-    heads: dict[str, Cell]
+    heads: dict[str, list[Cell]]  # one per K of DRAFT_KS
     skipped: str
     lookups: dict[str, Cell] = field(default_factory=dict)  # by method: :data:`LOOKUP_METHODS` timed
 
     @property
     def cells(self) -> list[Cell]:
         """Every cell an engine is started for, in the order they start."""
-        return [self.target, *self.heads.values(), *self.lookups.values()]
+        return [self.target, *(c for cells in self.heads.values() for c in cells), *self.lookups.values()]
 
 
 def planned_engines(args: argparse.Namespace) -> Engines:
@@ -586,8 +604,17 @@ def planned_engines(args: argparse.Namespace) -> Engines:
     points = grid(positive_ints(args.batch_sizes, "--batch-sizes"),
                   positive_ints(args.prompt_lengths, "--prompt-lengths"), args.max_step_tokens)
     target = calibration_cell(overrides, points)
-    heads, skipped = _draft_cells(overrides)
+    heads, skipped = _draft_cells(overrides, head_methods(args.heads))
     return Engines(overrides, points, target, heads, skipped, _lookup_cells(overrides))
+
+
+def head_methods(text: str) -> list[str]:
+    """``--heads``: a comma-separated list of :data:`DRAFT_METHODS`; ValueError naming the flag otherwise."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in DRAFT_METHODS]
+    if unknown or not methods:
+        raise ValueError(f"--heads expects a comma-separated list of {', '.join(DRAFT_METHODS)}; got {text!r}")
+    return methods
 
 
 def fetch_checkpoints(cells: Sequence[Cell]) -> dict[str, Path]:
@@ -675,19 +702,23 @@ def main(argv: list[str] | None = None) -> int:
     print(format_fit(profile, records))
     head_records: dict[str, list[dict[str, Any]]] = {}
     overheads: dict[str, float] = {}
-    for method, draft_cell in draft_cells.items():
+    step_overheads: dict[str, float] = {}
+    for method, cells_at_k in draft_cells.items():
         try:
-            rounds = _measure_draft_passes(draft_cell, stream, args.max_tokens, args.rounds,
-                                           None if args.verbose else engine_log)
-            pairs = [draft_sample(p, DRAFT_K, args.max_tokens, rounds[p]) for p in DRAFT_POINTS]
-            overheads[method], head_records[method] = fit_head(
-                method, draft_cell.identity["method"], [r for _, r in pairs], model, dtype, profile)
+            timed_records = []
+            for draft_cell in cells_at_k:
+                k = draft_cell.identity["method"]["speculative_config"]["num_speculative_tokens"]
+                rounds = _measure_draft_passes(draft_cell, k, stream, args.max_tokens, args.rounds,
+                                               None if args.verbose else engine_log)
+                timed_records += [draft_sample(p, k, args.max_tokens, rounds[p])[1] for p in DRAFT_POINTS]
+            overheads[method], step_overheads[method], head_records[method] = fit_head(
+                method, cells_at_k[0].identity["method"], timed_records, model, dtype, profile)
         except (EngineError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        print(format_draft_fit(method, overheads[method], head_records[method]))
-    profile = with_head_overheads(profile, overheads)
-    print(format_heads_timed(overheads, planned.skipped))
+        print(format_draft_fit(method, overheads[method], head_records[method], step_overheads[method]))
+    profile = with_head_overheads(profile, overheads, step_overheads)
+    print(format_heads_timed(overheads, planned.skipped, step_overheads))
     lookup_overheads: dict[str, float] = {}
     lookup_records: dict[str, list[dict[str, Any]]] = {}
     for method, lookup_cell in planned.lookups.items():
@@ -802,12 +833,13 @@ def _refit(path: Path, out: Path, given: profile_fit.DeviceBounds | None) -> int
     draft_cells, _ = _draft_cells(list((doc.get("settings") or {}).get("overrides") or []))
     head_records: dict[str, list[dict[str, Any]]] = {}
     overheads: dict[str, float] = {}
+    step_overheads: dict[str, float] = {}
     for method, written in timed.items():
-        identity = draft_cells[method].identity["method"] if method in draft_cells else {"name": method}
-        overheads[method], head_records[method] = fit_head(
+        identity = draft_cells[method][0].identity["method"] if method in draft_cells else {"name": method}
+        overheads[method], step_overheads[method], head_records[method] = fit_head(
             method, identity, written, model, doc["model"]["dtype"], profile)
-        print(format_draft_fit(method, overheads[method], head_records[method]))
-    profile = with_head_overheads(profile, overheads)
+        print(format_draft_fit(method, overheads[method], head_records[method], step_overheads[method]))
+    profile = with_head_overheads(profile, overheads, step_overheads)
     lookup_overheads: dict[str, float] = {}
     lookup_records: dict[str, list[dict[str, Any]]] = {}
     for method, written in (doc.get("lookup_samples") or {}).items():
@@ -827,14 +859,20 @@ def _refit(path: Path, out: Path, given: profile_fit.DeviceBounds | None) -> int
     return 0
 
 
-def _draft_cells(overrides: Sequence[str]) -> tuple[dict[str, Cell], str]:
+def _draft_cells(
+    overrides: Sequence[str], methods: Sequence[str] = DRAFT_METHODS
+) -> tuple[dict[str, list[Cell]], str]:
     """The cells whose heads the draft passes are timed with, by method in :data:`DRAFT_METHODS` order,
-    and why each other method has none ("" when every one has)."""
+    one per K of :data:`DRAFT_KS`, and why each other method has none ("" when every one has): a method
+    not among ``methods`` (``--heads``) is left untimed."""
     cells, reasons = {}, []
     for method in DRAFT_METHODS:
+        if method not in methods:
+            reasons.append(f"{method}: left out by --heads")
+            continue
         try:
-            cells[method] = with_graphs_for(cell_from_config(_compose(
-                overrides, (f"method={method}", f"num_speculative_tokens={DRAFT_K}"))), DRAFT_POINTS)
+            cells[method] = [with_graphs_for(cell_from_config(_compose(
+                overrides, (f"method={method}", f"num_speculative_tokens={k}"))), DRAFT_POINTS) for k in DRAFT_KS]
         except ValueError as exc:
             reasons.append(f"{method}: {str(exc).splitlines()[-1].strip()}")
     return cells, "; ".join(reasons)
@@ -856,48 +894,68 @@ def _lookup_cells(overrides: Sequence[str]) -> dict[str, Cell]:
 def fit_head(
     method: str, identity: Mapping[str, Any], records: Sequence[dict[str, Any]], model: profiles.ModelProfile,
     dtype: str, profile: profiles.HardwareProfile,
-) -> tuple[float, list[dict[str, Any]]]:
-    """One head's draft-pass overhead from its timed passes (records as :func:`draft_sample` writes them),
-    priced with its own shapes (``identity``: the cell's method config, which names its checkpoint);
-    the records gain their residuals. Signed (:func:`specbench.analytic.profile_fit.fit_draft_overhead`):
-    a head whose passes cost less than the roofline prices its work gets that correction, below 0, and
-    is priced at its measured passes; floored at 0, the EAGLE-1 head's passes were priced 10-17% above
-    what they measured on a CPU, and its speedups that much low."""
+) -> tuple[float, float, list[dict[str, Any]]]:
+    """One head's draft cost per pass and per speculative step from its timed passes (records as
+    :func:`draft_sample` writes them), priced with its own shapes (``identity``: the cell's method config,
+    which names its checkpoint); the records gain their residuals.
+
+    Passes timed at two K or more separate the two
+    (:func:`specbench.analytic.profile_fit.fit_draft_costs`); passes at one K (a calibration written before
+    heads were timed at :data:`DRAFT_KS`) give the cost per pass alone and 0 per step, as they always did.
+    Signed (:func:`specbench.analytic.profile_fit.fit_draft_overhead`): a head whose passes cost less than
+    the roofline prices its work gets that correction, below 0, and is priced at its measured passes;
+    floored at 0, the EAGLE-1 head's passes were priced 10-17% above what they measured on a CPU."""
     head = prediction.drafter_profile(dict(identity), model, dtype)
-    overhead, residuals = profile_fit.fit_draft_overhead(
-        [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"]) for r in records],
-        method=method, target=model, head=head, hw=profile, signed=True)
-    return overhead, [dict(r, residual=res) for r, res in zip(records, residuals)]
+    samples = [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"])
+               for r in records]
+    if len({s.k for s in samples}) > 1:
+        overhead, per_step, residuals = profile_fit.fit_draft_costs(
+            samples, method=method, target=model, head=head, hw=profile)
+    else:
+        per_step = 0.0
+        overhead, residuals = profile_fit.fit_draft_overhead(
+            samples, method=method, target=model, head=head, hw=profile, signed=True)
+    return overhead, per_step, [dict(r, residual=res) for r, res in zip(records, residuals)]
 
 
-def with_head_overheads(profile: profiles.HardwareProfile, overheads: Mapping[str, float]) -> profiles.HardwareProfile:
-    """``profile`` with each timed head's draft-pass overhead (:attr:`HardwareProfile.head_overheads`);
-    the first, floored at 0, is also its ``draft_overhead_s``, which drafters without a timed head pay
+def with_head_overheads(
+    profile: profiles.HardwareProfile, overheads: Mapping[str, float], step_overheads: Mapping[str, float] | None = None,
+) -> profiles.HardwareProfile:
+    """``profile`` with each timed head's draft-pass overhead (:attr:`HardwareProfile.head_overheads`)
+    and its cost per speculative step where it has one other than 0 (:attr:`HardwareProfile.head_step_overheads`);
+    the first per-pass one, floored at 0, is also its ``draft_overhead_s``, which drafters without a timed head pay
     (a head's negative correction is its own roofline's, no fixed cost of another drafter's pass).
     Unchanged when none."""
     if not overheads:
         return profile
+    per_step = tuple((m, s) for m, s in (step_overheads or {}).items() if s != 0.0)
     return replace(profile, draft_overhead_s=max(next(iter(overheads.values())), 0.0),
-                   head_overheads=tuple(overheads.items()))
+                   head_overheads=tuple(overheads.items()), head_step_overheads=per_step)
 
 
-def format_heads_timed(overheads: Mapping[str, float], skipped: str) -> str:
-    """Which drafters are priced from their own head's passes, and what the others pay."""
+def format_heads_timed(
+    overheads: Mapping[str, float], skipped: str, step_overheads: Mapping[str, float] | None = None,
+) -> str:
+    """Which drafters are priced from their own head's passes (each head's cost per pass, and per step
+    where ``step_overheads`` has one), and what the others pay."""
     if not overheads:
         return f"draft passes: not timed ({skipped}); each is charged the step's fixed overhead"
     first = next(iter(overheads))
-    line = (f"draft passes priced from their own head's (measured): {', '.join(overheads)}; "
-            f"other drafters pay {first}'s {max(overheads[first], 0.0) * 1e3:.2f} ms")
+    per_step = step_overheads or {}
+    costs = ", ".join(f"{m} {o * 1e3:.2f} ms per pass" + (f" + {per_step[m] * 1e3:.2f} ms per step" if m in per_step else "")
+                      for m, o in overheads.items())
+    line = (f"draft passes priced from their own head's (measured): {costs}; "
+            f"other drafters pay {first}'s {max(overheads[first], 0.0) * 1e3:.2f} ms a pass")
     return line + (f" (not timed: {skipped})" if skipped else "")
 
 
 def _measure_draft_passes(
-    cell: Any, stream: Sequence[int], max_tokens: int, rounds: int, log_path: Path | None
+    cell: Any, k: int, stream: Sequence[int], max_tokens: int, rounds: int, log_path: Path | None
 ) -> dict[GridPoint, list[tuple[float, int]]]:
-    """Decode :data:`DRAFT_POINTS` on an engine with the cell's head, ``rounds`` times each:
+    """Decode :data:`DRAFT_POINTS` on an engine with the cell's head (drafting ``k``), ``rounds`` times each:
     per point and round, the decode seconds and the drafts verified in them."""
 
-    print(f"timing draft passes of the {cell.method} head at K={DRAFT_K}")
+    print(f"timing draft passes of the {cell.method} head at K={k}")
     measured = _measure_on_own_engine(cell, stream, max_tokens, rounds, log_path, _draft_line)
     return {p: [(m.decode_s, m.counters.drafts) for m in ms] for p, ms in measured.items()}
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from specbench import calibrate
-from specbench.analytic import drafting, prediction, profile_fit, profiles, steps
+from specbench.analytic import drafting, prediction, profile_fit, profiles, speedup, steps
 from specbench.calibrate import GridPoint
 
 MODEL = profiles.ModelProfile(
@@ -267,9 +267,10 @@ def test_calibration_engines_capture_graphs_for_every_batch_they_decode():
     sizes = calibrate.calibration_cell(overrides, points).engine_spec(prepare=False).cudagraph_capture_sizes
     assert {p.batch_size for p in points} <= set(sizes)
     heads, _ = calibrate._draft_cells(overrides)
-    for draft in heads.values():
-        sizes = draft.engine_spec(prepare=False).cudagraph_capture_sizes
-        assert {p.batch_size * (calibrate.DRAFT_K + 1) for p in calibrate.DRAFT_POINTS} <= set(sizes), draft.method
+    for cells in heads.values():
+        for draft, k in zip(cells, calibrate.DRAFT_KS, strict=True):
+            sizes = draft.engine_spec(prepare=False).cudagraph_capture_sizes
+            assert {p.batch_size * (k + 1) for p in calibrate.DRAFT_POINTS} <= set(sizes), (draft.method, k)
     # A graph batch the overrides set is the user's to choose.
     mine = calibrate.calibration_cell([*overrides, "engine.cudagraph_batch_size=2"], points)
     assert mine.engine_spec(prepare=False).cudagraph_capture_sizes == (1, 2)
@@ -279,7 +280,7 @@ def test_every_shipped_head_is_timed_and_each_drafter_pays_its_own_heads_overhea
     # The default model ships an EAGLE-3 and an EAGLE-1 head: calibrate starts an engine for each.
     cells, skipped = calibrate._draft_cells(calibrate.engine_overrides([], 8192))
     assert list(cells) == ["eagle3", "eagle"] and skipped == ""
-    assert [c.method for c in cells.values()] == ["eagle3", "eagle"]
+    assert [c[0].method for c in cells.values()] == ["eagle3", "eagle"]
     # A machine whose EAGLE-1 pass carries 1 ms of fixed cost and whose EAGLE-3 pass 4 ms (the order of
     # the 2-core machine's 3.97 ms), each pass timed at DRAFT_POINTS as vLLM would report it.
     true = {"eagle3": 4e-3, "eagle": 1e-3}
@@ -293,7 +294,7 @@ def test_every_shipped_head_is_timed_and_each_drafter_pays_its_own_heads_overhea
                 method, hw=machine, batch_size=p.batch_size, k=calibrate.DRAFT_K, context_len=context, target=MODEL)
             _, record = calibrate.draft_sample(p, calibrate.DRAFT_K, 16, [(seconds * 10, 10)])
             records[method].append(record)
-    fitted = {m: calibrate.fit_head(m, {"name": m}, records[m], MODEL, "float32", TRUE) for m in true}
+    fitted = {m: calibrate.fit_head(m, {"name": m}, records[m], MODEL, "float32", TRUE)[::2] for m in true}
     assert {m: o for m, (o, _) in fitted.items()} == pytest.approx(true, rel=1e-6)
     profile = calibrate.with_head_overheads(TRUE, {m: o for m, (o, _) in fitted.items()})
     samples, step_records = _synthetic_samples()
@@ -323,7 +324,8 @@ def test_every_shipped_head_is_timed_and_each_drafter_pays_its_own_heads_overhea
     assert calibrate.main(["--refit", str(path), "--out", str(out), "--device-rates", "40,1"]) == 0
     refit = yaml.safe_load(out.read_text())
     assert set(refit["head_draft_overhead_ms"]) == {"eagle3", "eagle"} and set(refit["head_draft_samples"]) == set(true)
-    assert "draft passes priced from their own head's (measured): eagle3, eagle" in calibrate.format_heads_timed(true, "")
+    assert ("draft passes priced from their own head's (measured): eagle3 4.00 ms per pass, eagle 1.00 ms per pass; "
+            "other drafters pay eagle3's 4.00 ms a pass") == calibrate.format_heads_timed(true, "")
     with pytest.raises(ValueError, match="head_draft_overhead_ms"):
         profiles.HardwareProfile.from_mapping(dict(doc, head_draft_overhead_ms=[1.0]))
 
@@ -348,8 +350,8 @@ def test_calibrate_fetches_every_engines_checkpoints_with_their_tokenizers_at_th
     [(needed, tokenizers, revisions)] = asked
     # The target's engine, the EAGLE-3 head's (vLLM has no EAGLE-1 class for Qwen2: that head is not timed),
     # then ngram's, which loads the target alone.
-    assert needed == [("model.path", "Qwen/Qwen2.5-7B-Instruct"), ("model.path", "Qwen/Qwen2.5-7B-Instruct"),
-                      ("model.eagle3", "thoughtworks/Qwen2.5-7B-Instruct-Eagle3"),
+    head = [("model.path", "Qwen/Qwen2.5-7B-Instruct"), ("model.eagle3", "thoughtworks/Qwen2.5-7B-Instruct-Eagle3")]
+    assert needed == [("model.path", "Qwen/Qwen2.5-7B-Instruct"), *head * len(calibrate.DRAFT_KS),
                       ("model.path", "Qwen/Qwen2.5-7B-Instruct")]
     # The tokenizer vLLM loads (the target's), and every checkpoint at the commit its model config pins.
     assert set(tokenizers) == {"Qwen/Qwen2.5-7B-Instruct"}
@@ -374,7 +376,7 @@ def test_a_head_whose_passes_cost_less_than_its_priced_work_is_priced_at_its_mea
     records = {m: [calibrate.draft_sample(p, calibrate.DRAFT_K, 16, [(measured_pass(
         m, p.batch_size, calibrate.DRAFT_K, p.prompt_len + 8) * 10, 10)])[1] for p in calibrate.DRAFT_POINTS]
         for m in true}
-    fitted = {m: calibrate.fit_head(m, {"name": m}, records[m], MODEL, "float32", TRUE) for m in true}
+    fitted = {m: calibrate.fit_head(m, {"name": m}, records[m], MODEL, "float32", TRUE)[::2] for m in true}
     # Floored at 0, EAGLE-1's correction was lost and each of its passes priced 4 ms high.
     assert {m: o for m, (o, _) in fitted.items()} == pytest.approx(true, rel=1e-6)
     assert all(abs(r["residual"]) < 1e-9 for _, rs in fitted.values() for r in rs)
@@ -466,8 +468,8 @@ def test_a_calibration_times_each_grid_point_once_a_round_and_each_head_at_batch
         points = calibrate.grid(calibrate.DEFAULT_BATCH_SIZES, calibrate.DEFAULT_PROMPT_LENGTHS, 4096)
         assert [m for m in measured if m[0] == "target"] == [("target", p.batch_size, p.prompt_len)
                                                            for _ in range(rounds) for p in points]
-        # EAGLE-3's and EAGLE-1's heads, each at batch 1 only; ngram's steps too.
-        assert [m for m in measured if m[0] == "draft"] == [("draft", 1, 512)] * (2 * rounds)
+        # EAGLE-3's and EAGLE-1's heads, each at batch 1 only and at both K; ngram's steps too.
+        assert [m for m in measured if m[0] == "draft"] == [("draft", 1, 512)] * (2 * len(calibrate.DRAFT_KS) * rounds)
         assert [m for m in measured if m[0] == "lookup"] == [("lookup", 1, 512)] * rounds
         doc = yaml.safe_load(out.read_text())
         assert doc["head_draft_overhead_ms"]["ngram"] == pytest.approx(3.0, rel=1e-3)
@@ -475,7 +477,8 @@ def test_a_calibration_times_each_grid_point_once_a_round_and_each_head_at_batch
         loaded = prediction.load_hardware_file(out).profile
         assert drafting.draft_time("ngram", hw=loaded, batch_size=1, k=4, context_len=600.0) == pytest.approx(3e-3, rel=1e-3)
         assert doc["settings"]["rounds"] == rounds and len(doc["samples"]) == 2 * len(points)
-        assert {m: len(s) for m, s in doc["head_draft_samples"].items()} == {"eagle3": 1, "eagle": 1}
+        assert {m: sorted(r["k"] for r in s) for m, s in doc["head_draft_samples"].items()} == {
+            m: list(calibrate.DRAFT_KS) for m in ("eagle3", "eagle")}
 
 
 def test_ngram_steps_are_timed_and_priced_with_the_host_work_beyond_their_verification(tmp_path, monkeypatch):
@@ -513,3 +516,147 @@ def test_ngram_steps_are_timed_and_priced_with_the_host_work_beyond_their_verifi
     assert calibrate.main(["--refit", str(path), "--out", str(out), "--device-rates", "40,1"]) == 0
     refit = yaml.safe_load(out.read_text())
     assert set(refit["lookup_samples"]) == {"ngram"} and refit["head_draft_overhead_ms"]["ngram"] > 0
+
+
+def _two_cost_passes(method, per_pass, per_step, ks, points=calibrate.DRAFT_POINTS):
+    """Each head's timed pass at each K of ``ks``, as a machine whose head costs its roofline work, plus
+    ``per_pass`` a draft pass and ``per_step`` once a speculative step, would time it (draft_sample records)."""
+    free = replace(TRUE, draft_overhead_s=0.0)
+    records = []
+    for k in ks:
+        for p in points:
+            context = p.prompt_len + 8
+            seconds = (steps.verify_step(MODEL, TRUE, p.batch_size, k, context) + per_step
+                       + drafting.draft_time(method, hw=free, batch_size=p.batch_size, k=k, context_len=context,
+                                             target=MODEL) + k * per_pass)
+            records.append(calibrate.draft_sample(p, k, 16, [(seconds * 10, 10)])[1])
+    return records
+
+
+def test_the_two_k_fit_separates_a_heads_cost_per_step_from_its_cost_per_pass():
+    # What the headline met on a CPU: EAGLE-1's speculative step grew ~6 ms a draft pass where one figure per
+    # pass, fitted at one K, priced 9.5: a cost paid once a step (the proposer's set-up, the first pass over the
+    # accepted positions) was spread over the three passes timed and multiplied at K = 8.
+    per_pass, per_step = -0.5e-3, 9e-3
+    samples = [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"])
+               for r in _two_cost_passes("eagle", per_pass, per_step, calibrate.DRAFT_KS)]
+    fitted_pass, fitted_step, residuals = profile_fit.fit_draft_costs(samples, method="eagle", target=MODEL,
+                                                                      head=None, hw=TRUE)
+    assert (fitted_pass, fitted_step) == pytest.approx((per_pass, per_step), rel=1e-6)
+    assert max(map(abs, residuals)) < 1e-9
+    # Noise on the samples: least squares over more than two K still finds both.
+    noisy = [replace(s, seconds=s.seconds * (1.0 + 0.002 * (-1) ** i))
+             for i, s in enumerate(samples + [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"],
+                                                                      r["seconds_per_pass"])
+                                              for r in _two_cost_passes("eagle", per_pass, per_step, (4, 6))])]
+    fitted_pass, fitted_step, _ = profile_fit.fit_draft_costs(noisy, method="eagle", target=MODEL, head=None, hw=TRUE)
+    assert fitted_step == pytest.approx(per_step, abs=1e-3) and fitted_pass == pytest.approx(per_pass, abs=0.3e-3)
+    # One K cannot tell them apart, nor one sample; each is refused in one line naming what is missing.
+    at_three = [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"])
+                for r in _two_cost_passes("eagle", per_pass, per_step, (3, 3))]
+    with pytest.raises(ValueError, match="two K or more .* all are at K=3"):
+        profile_fit.fit_draft_costs(at_three, method="eagle", target=MODEL, head=None, hw=TRUE)
+    with pytest.raises(ValueError, match="at least 2 passes"):
+        profile_fit.fit_draft_costs(samples[:1], method="eagle", target=MODEL, head=None, hw=TRUE)
+    with pytest.raises(ValueError, match="EAGLE head"):
+        profile_fit.fit_draft_costs(samples, method="ngram", target=MODEL, head=None, hw=TRUE)
+
+
+def test_a_calibration_at_two_k_prices_every_k_of_the_head_and_the_one_k_fit_did_not(tmp_path, monkeypatch, capsys):
+    per_pass, per_step = {"eagle3": 2e-3, "eagle": -0.5e-3}, {"eagle3": 1e-3, "eagle": 9e-3}
+    # Each head's cells are composed at both K, its head's engine spec drafting that K (pure: no engine).
+    cells, _ = calibrate._draft_cells(calibrate.engine_overrides([], 8192))
+    for method in per_pass:
+        assert [c.engine_spec(prepare=False).speculative_config["num_speculative_tokens"]
+                for c in cells[method]] == list(calibrate.DRAFT_KS)
+    fitted = {m: calibrate.fit_head(m, {"name": m}, _two_cost_passes(m, per_pass[m], per_step[m], calibrate.DRAFT_KS),
+                                    MODEL, "float32", TRUE) for m in per_pass}
+    for m, f in fitted.items():
+        assert f[:2] == pytest.approx((per_pass[m], per_step[m]))
+    text = calibrate.format_draft_fit("eagle", *fitted["eagle"][::2], fitted["eagle"][1])
+    assert "-0.50 ms per draft pass + 9.00 ms per speculative step, whatever K (fitted at K=2, 8)" in text
+    assert "eagle -0.50 ms per pass + 9.00 ms per step" in calibrate.format_heads_timed(
+        {m: f[0] for m, f in fitted.items()}, "", {m: f[1] for m, f in fitted.items()})
+    profile = calibrate.with_head_overheads(TRUE, {m: f[0] for m, f in fitted.items()},
+                                            {m: f[1] for m, f in fitted.items()})
+    samples, step_records = _synthetic_samples()
+    _, step_fitted = calibrate.fit(samples, step_records, MODEL, "my-cpu")
+    doc = calibrate.profile_document(
+        profile, step_fitted, model={"name": "m", "path": "embedded:x", "dtype": "float32"}, device="CPU",
+        measured_at="2026-01-01T00:00:00+00:00", vllm_version="0.32.0", settings={},
+        draft_records=fitted["eagle3"][2], draft_method="eagle3", head_records={m: f[2] for m, f in fitted.items()})
+    assert doc["head_draft_step_overhead_ms"] == {"eagle3": 1.0, "eagle": 9.0}
+    path = tmp_path / "p.yaml"
+    calibrate.write_profile(doc, path)
+    loaded = prediction.load_hardware_file(path).profile
+    free = replace(TRUE, draft_overhead_s=0.0)
+    for method in per_pass:
+        one_pass = drafting.draft_time(method, hw=free, batch_size=1, k=1, context_len=600.0, target=MODEL)
+        for k in (2, 4, 8):
+            # The model's speculative step: the per-step cost once, the per-pass cost k times.
+            step = speedup.speculative_step(method, target=MODEL, hw=loaded, batch_size=1, k=k, context_len=600.0)
+            assert step == pytest.approx(steps.verify_step(MODEL, loaded, 1, k, 600.0) + per_step[method]
+                                         + k * (one_pass + per_pass[method]), rel=1e-9)
+    # Fitted at one K (3) as before, the same machine's EAGLE-1 step is priced 9 ms / 3 too high a pass:
+    # at K = 8 its draft 15 ms over what it costs.
+    one_k, _ = profile_fit.fit_draft_overhead(
+        [profile_fit.DraftSample(r["batch_size"], r["k"], r["context_len"], r["seconds_per_pass"])
+         for r in _two_cost_passes("eagle", per_pass["eagle"], per_step["eagle"], (3,))],
+        method="eagle", target=MODEL, head=None, hw=TRUE, signed=True)
+    assert one_k == pytest.approx(per_pass["eagle"] + per_step["eagle"] / 3)
+    old = replace(TRUE, head_overheads=(("eagle", one_k),))
+    over = (drafting.draft_time("eagle", hw=old, batch_size=1, k=8, context_len=600.0, target=MODEL)
+            - drafting.draft_time("eagle", hw=loaded, batch_size=1, k=8, context_len=600.0, target=MODEL))
+    assert over == pytest.approx(5 * per_step["eagle"] / 3, rel=1e-6)
+    # --refit fits both again from the stored samples at both K.
+    monkeypatch.setattr(prediction, "model_profile", lambda path, dtype, name="m": MODEL)
+    out = tmp_path / "refit.yaml"
+    assert calibrate.main(["--refit", str(path), "--out", str(out), "--device-rates", "40,1"]) == 0
+    refit = yaml.safe_load(out.read_text())
+    assert refit["head_draft_step_overhead_ms"] == pytest.approx({"eagle3": 1.0, "eagle": 9.0}, rel=1e-3)
+    assert "+ 9.00 ms per speculative step" in capsys.readouterr().out
+
+
+def test_a_profile_timed_at_one_k_loads_and_prices_as_it_did(tmp_path, monkeypatch):
+    # A profile written before heads were timed at two K: no head_draft_step_overhead_ms, its draft samples at
+    # one K. It loads with no cost per step, prices every K as per-pass x K, and a refit keeps it so.
+    records = _two_cost_passes("eagle", -0.5e-3, 0.0, (3,))
+    overhead, per_step, fitted = calibrate.fit_head("eagle", {"name": "eagle"}, records, MODEL, "float32", TRUE)
+    assert overhead == pytest.approx(-0.5e-3) and per_step == 0.0
+    samples, step_records = _synthetic_samples()
+    _, step_fitted = calibrate.fit(samples, step_records, MODEL, "my-cpu")
+    doc = calibrate.profile_document(
+        calibrate.with_head_overheads(TRUE, {"eagle": overhead}, {"eagle": per_step}), step_fitted,
+        model={"name": "m", "path": "embedded:x", "dtype": "float32"}, device="CPU",
+        measured_at="2026-01-01T00:00:00+00:00", vllm_version="0.32.0", settings={},
+        draft_records=fitted, draft_method="eagle", head_records={"eagle": fitted})
+    assert "head_draft_step_overhead_ms" not in doc
+    loaded = profiles.HardwareProfile.from_mapping(doc)
+    assert loaded.head_step_overheads == ()
+    as_written = replace(loaded, head_step_overheads=())
+    free = replace(TRUE, draft_overhead_s=0.0)
+    for k in (2, 8):
+        one_pass = drafting.draft_time("eagle", hw=free, batch_size=1, k=1, context_len=600.0, target=MODEL)
+        priced = drafting.draft_time("eagle", hw=loaded, batch_size=1, k=k, context_len=600.0, target=MODEL)
+        assert priced == pytest.approx(k * (one_pass - 0.5e-3), rel=1e-9)
+        assert priced == drafting.draft_time("eagle", hw=as_written, batch_size=1, k=k, context_len=600.0, target=MODEL)
+    path = tmp_path / "old.yaml"
+    calibrate.write_profile(doc, path)
+    monkeypatch.setattr(prediction, "model_profile", lambda path, dtype, name="m": MODEL)
+    out = tmp_path / "refit.yaml"
+    assert calibrate.main(["--refit", str(path), "--out", str(out), "--device-rates", "40,1"]) == 0
+    refit = yaml.safe_load(out.read_text())
+    assert "head_draft_step_overhead_ms" not in refit and refit["head_draft_overhead_ms"]["eagle"] < 0
+    with pytest.raises(ValueError, match="head_draft_step_overhead_ms"):
+        profiles.HardwareProfile.from_mapping(dict(doc, head_draft_step_overhead_ms=[1.0]))
+
+
+def test_heads_left_out_are_not_timed_and_a_bad_heads_value_is_refused_before_any_engine(capsys):
+    # Two engines per head: a demo whose sweep runs EAGLE-3 alone can leave EAGLE-1 untimed, said as such.
+    planned = calibrate.planned_engines(calibrate.argument_parser().parse_args(["--heads", "eagle3"]))
+    assert list(planned.heads) == ["eagle3"] and planned.skipped == "eagle: left out by --heads"
+    assert [c.method for c in planned.cells] == ["baseline", "eagle3", "eagle3", "ngram"]
+    assert "(not timed: eagle: left out by --heads)" in calibrate.format_heads_timed({"eagle3": 2e-3}, planned.skipped)
+    assert calibrate.main(["--heads", "eagle,medusa"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --heads expects a comma-separated list of eagle3, eagle; got 'eagle,medusa'")

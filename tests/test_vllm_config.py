@@ -393,7 +393,8 @@ def test_the_calibration_engines_checked_are_the_ones_calibrate_starts(gpu_build
     and each head calibrate times is there (on Qwen2, EAGLE-3's only), then the ngram engine it times."""
     [overrides] = [o for name, o in readme_gpu_commands() if name == "calibrate"]
     cells = _calibration_cells(overrides)
-    assert [c.method for c in cells] == ["baseline", "eagle3", "ngram"]
+    assert [c.method for c in cells] == ["baseline", *["eagle3"] * len(calibrate.DRAFT_KS), "ngram"]
     assert set(calibrate.DEFAULT_BATCH_SIZES) <= set(cells[0].engine_spec(prepare=False).cudagraph_capture_sizes)
     heads = _calibration_cells(["model=llama-3.1-8b-instruct"])
-    assert [c.method for c in heads] == ["baseline", *calibrate.DRAFT_METHODS, *calibrate.LOOKUP_METHODS]
+    assert [c.method for c in heads] == ["baseline", *(m for m in calibrate.DRAFT_METHODS for _ in calibrate.DRAFT_KS),
+                                         *calibrate.LOOKUP_METHODS]

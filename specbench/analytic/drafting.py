@@ -151,6 +151,11 @@ class EagleHeadCost:
     overhead, whichever head it was timed on. A negative one is the head's
     correction to its roofline (its passes measured cheaper than their
     priced work): it comes off each pass, which is never priced below 0.
+    A draft step also pays, once whatever K, the cost timed per step on a
+    head of this kind (:attr:`HardwareProfile.head_step_overheads`; 0 where
+    the profile has none): the proposer's set-up and the first pass over the
+    accepted positions, which a per-pass figure fitted at one K spread over
+    its passes and multiplied at larger K.
     """
 
     kind: str
@@ -163,14 +168,15 @@ class EagleHeadCost:
         self, *, hw: HardwareProfile, batch_size: int, k: int, context_len: float,
         draft: ModelProfile | None, target: ModelProfile | None,
     ) -> float:
-        """k passes of the head over one token per sequence."""
+        """k passes of the head over one token per sequence, and the head's cost per step; never below 0."""
         if target is None:
             raise ValueError(f"target must be given for method {self.kind!r}")
         work = eagle_head_work(
             self.kind, draft or target, target, num_tokens=batch_size, num_seqs=batch_size,
             context_len=context_len, logits=batch_size,
         )
-        return k * self._pass_time(hw, work)
+        per_step = dict(hw.head_step_overheads).get(self.kind, 0.0)
+        return max(k * self._pass_time(hw, work) + per_step, 0.0)
 
     def prefill_time(
         self, *, hw: HardwareProfile, batch_size: int, prompt_len: float, max_step_tokens: int,
@@ -262,7 +268,7 @@ def draft_time(
     work of a speculative step where the profile timed it (:class:`LookupDraft`),
     else 0. draft_model: k sequential passes of `draft`, each the work of
     step_time(draft, num_tokens=num_seqs=batch_size). eagle / eagle3: k
-    passes of the head (:class:`EagleHeadCost`). `draft` is the head's
+    passes of the head and its cost per step, once (:class:`EagleHeadCost`). `draft` is the head's
     profile (its config.json: the target's shapes with one layer, plus
     draft_vocab_size); without it the head is assumed to have the target's
     shapes and full vocabulary. Head weights cost the dtype width

@@ -112,6 +112,7 @@ class HardwareSchema:
     per_sequence_overhead_ms: Optional[float] = None
     draft_overhead_ms: Optional[float] = None
     head_draft_overhead_ms: Any = None  # method name -> ms: a draft pass timed on that method's head
+    head_draft_step_overhead_ms: Any = None  # method name -> ms: that head's draft cost once per speculative step
     per_layer_overhead_ms: Optional[float] = None  # per decoder layer and pass (a GPU's kernel latency)
     overlap_exponent: Optional[float] = None  # how fully matmul reads and compute overlap (inf: max())
     memory_bytes: Optional[int] = None  # a GPU's memory as the driver reports it

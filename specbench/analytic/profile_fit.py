@@ -353,7 +353,7 @@ def fit_draft_overhead(
         raise ValueError(f"method must be an EAGLE head ({', '.join(EAGLE_FC_INPUTS)}); got {method!r}")
     if not samples:
         raise ValueError("samples must not be empty")
-    free = replace(hw, draft_overhead_s=0.0, head_overheads=())
+    free = replace(hw, draft_overhead_s=0.0, head_overheads=(), head_step_overheads=())
     # Per sample: measured seconds, verification, and one draft pass priced without the draft overhead.
     priced = []
     for i, s in enumerate(samples):
@@ -366,6 +366,58 @@ def fit_draft_overhead(
     overhead = max(statistics.median((seconds - verify) / k - work for k, seconds, verify, work in priced), lowest)
     residuals = [(verify + k * (work + overhead)) / seconds - 1.0 for k, seconds, verify, work in priced]
     return overhead, residuals
+
+
+def fit_draft_costs(
+    samples: Sequence[DraftSample],
+    *,
+    method: str,
+    target: ModelProfile,
+    head: ModelProfile | None,
+    hw: HardwareProfile,
+) -> tuple[float, float, list[float]]:
+    """A head's draft cost per pass and per speculative step, from passes timed at two K or more.
+
+    A speculative pass at K costs verify_step + s + K * (work + d): s once
+    per step whatever K (the proposer's set-up, the hidden states'
+    hand-over, the first pass over the accepted positions), d per draft pass
+    beside the head's roofline work (:func:`fit_draft_overhead`, signed).
+    With the target's profile ``hw`` fitted, each sample leaves
+    r_i = seconds_i - verify_i - K_i * work_i = s + K_i * d, a line in K:
+    ordinary least squares over the samples gives d (its slope) and s (its
+    intercept). At one K they cannot be told apart, and ValueError says so
+    (:func:`fit_draft_overhead` fits d alone there). Both are signed; d stops
+    at the smallest sample's priced draft pass, as in
+    :func:`fit_draft_overhead`, s then refitted at that d. Returns d and s in
+    seconds and each sample's relative residual predicted / measured - 1.
+    """
+    cost_model(method)  # an unknown method is refused before the EAGLE-only check below
+    if method not in EAGLE_FC_INPUTS:
+        raise ValueError(f"method must be an EAGLE head ({', '.join(EAGLE_FC_INPUTS)}); got {method!r}")
+    if len(samples) < 2:
+        raise ValueError(f"samples must hold at least 2 passes (a cost per pass and one per step), got {len(samples)}")
+    free = replace(hw, draft_overhead_s=0.0, head_overheads=(), head_step_overheads=())
+    priced = []
+    for i, s in enumerate(samples):
+        k = check_int(f"samples[{i}].k", s.k, 1)
+        seconds = check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True)
+        work = draft_time(method, hw=free, batch_size=s.batch_size, k=k, context_len=s.context_len,
+                          draft=head, target=target) / k
+        priced.append((k, seconds, verify_step(target, hw, s.batch_size, k, s.context_len), work))
+    ks = sorted({k for k, _, _, _ in priced})
+    if len(ks) < 2:
+        raise ValueError(f"samples must be timed at two K or more to separate a cost per step from one per pass; "
+                         f"all are at K={ks[0]}")
+    left = [(k, seconds - verify - k * work) for k, seconds, verify, work in priced]
+    mean_k = statistics.fmean(k for k, _ in left)
+    mean_r = statistics.fmean(r for _, r in left)
+    per_pass = (sum((k - mean_k) * (r - mean_r) for k, r in left) / sum((k - mean_k) ** 2 for k, _ in left))
+    lowest = -min(work for _, _, _, work in priced)
+    if per_pass < lowest:
+        per_pass = lowest
+    per_step = statistics.fmean(r - k * per_pass for k, r in left)
+    residuals = [(verify + per_step + k * (work + per_pass)) / seconds - 1.0 for k, seconds, verify, work in priced]
+    return per_pass, per_step, residuals
 
 
 def fit_draft_step_overhead(
@@ -388,7 +440,7 @@ def fit_draft_step_overhead(
         raise ValueError(f"method must be an EAGLE head ({', '.join(EAGLE_FC_INPUTS)}); got {method!r}")
     if not samples:
         raise ValueError("samples must not be empty")
-    free = replace(hw, draft_overhead_s=0.0, head_overheads=())
+    free = replace(hw, draft_overhead_s=0.0, head_overheads=(), head_step_overheads=())
     priced = [(check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True),
                draft_time(method, hw=free, batch_size=check_int(f"samples[{i}].num_seqs", s.num_seqs, 1), k=1,
                           context_len=s.context_len, draft=head, target=target))

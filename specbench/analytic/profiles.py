@@ -69,6 +69,12 @@ class HardwareProfile:
     (:func:`specbench.analytic.profile_fit.fit_draft_overhead`, signed).
     An ``ngram`` entry is the host work of one prompt-lookup step instead,
     paid once per step (:class:`specbench.analytic.drafting.LookupDraft`).
+    head_step_overheads holds, per head (method name, seconds, signed), what
+    its draft costs once per speculative step whatever K: the proposer's
+    set-up, the hidden states' hand-over, the first pass over the accepted
+    positions. calibrate fits it beside the per-pass entry from passes timed
+    at two K (:func:`specbench.analytic.profile_fit.fit_draft_costs`); a head
+    without one (a profile timed at one K) pays 0, as it always did.
     source is "vendor" (datasheet figures) or "calibrated" (fitted on the
     device by fit_hardware_profile).
     model_runner is the vLLM model runner that device runs (:data:`MODEL_RUNNERS`):
@@ -90,10 +96,13 @@ class HardwareProfile:
     per_layer_overhead_s: float = 0.0
     model_runner: str = "V1"
     head_overheads: tuple[tuple[str, float], ...] = ()
+    head_step_overheads: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         for method, seconds in self.head_overheads:
             check_real(f"head_overheads[{method!r}]", seconds, -math.inf)  # a correction: any finite number
+        for method, seconds in self.head_step_overheads:
+            check_real(f"head_step_overheads[{method!r}]", seconds, -math.inf)
         if self.model_runner not in MODEL_RUNNERS:
             raise ValueError(f"model_runner must be one of {', '.join(MODEL_RUNNERS)}, got {self.model_runner!r}")
         check_real("per_layer_overhead_s", self.per_layer_overhead_s, 0.0)
@@ -149,6 +158,8 @@ class HardwareProfile:
         per_layer_overhead_ms (milliseconds per decoder layer and pass),
         head_draft_overhead_ms (method name -> milliseconds: a draft pass's
         fixed cost timed on that method's head),
+        head_draft_step_overhead_ms (method name -> milliseconds: that head's
+        draft cost once per speculative step; absent: 0),
         overlap_exponent (>= 1; absent or .inf: reads and compute overlap
         fully, the max() of a plain roofline), notes, model_runner (absent:
         :func:`device_model_runner`). Other keys (e.g. memory_gb, the
@@ -184,17 +195,18 @@ class HardwareProfile:
                 else check_real("overlap_exponent", d["overlap_exponent"], 1.0)),
             model_runner=str(d.get("model_runner") or device_model_runner(d)),
             head_overheads=_head_overheads(d.get("head_draft_overhead_ms")),
+            head_step_overheads=_head_overheads(d.get("head_draft_step_overhead_ms"), "head_draft_step_overhead_ms"),
         )
 
 
-def _head_overheads(value: object) -> tuple[tuple[str, float], ...]:
-    """``head_draft_overhead_ms`` (a mapping of method name to milliseconds, or absent) in seconds; each a
+def _head_overheads(value: object, key: str = "head_draft_overhead_ms") -> tuple[tuple[str, float], ...]:
+    """``key`` (a mapping of method name to milliseconds, or absent) in seconds; each a
     finite number, below 0 for a head whose passes cost less than their priced work."""
     if value is None:
         return ()
     if not isinstance(value, Mapping):
-        raise ValueError(f"head_draft_overhead_ms must map method names to milliseconds, got {value!r}")
-    return tuple((str(method), 1e-3 * check_real(f"head_draft_overhead_ms.{method}", ms, -math.inf))
+        raise ValueError(f"{key} must map method names to milliseconds, got {value!r}")
+    return tuple((str(method), 1e-3 * check_real(f"{key}.{method}", ms, -math.inf))
                  for method, ms in sorted(value.items()))
 
 

@@ -66,13 +66,13 @@ def refit(doc: Mapping[str, Any], round_index: int | None, keep: Keep, draft_poi
             for r in doc["samples"] if keep(r)]
     profile, _ = calibrate.fit([_sample(r) for r in kept], kept, model, doc["name"], bounds)
     cells, _ = calibrate._draft_cells(list((doc.get("settings") or {}).get("overrides") or []))
-    overheads = {}
+    overheads, step_overheads = {}, {}
     for method, written in doc["head_draft_samples"].items():
         chosen = [dict(written[i], seconds_per_pass=written[i]["seconds_per_pass"] if round_index is None
                        else written[i]["round_seconds_per_pass"][round_index]) for i in draft_points]
-        overheads[method], _ = calibrate.fit_head(method, cells[method].identity["method"], chosen, model,
-                                                  doc["model"]["dtype"], profile)
-    return calibrate.with_head_overheads(profile, overheads)
+        overheads[method], step_overheads[method], _ = calibrate.fit_head(
+            method, cells[method][0].identity["method"], chosen, model, doc["model"]["dtype"], profile)
+    return calibrate.with_head_overheads(profile, overheads, step_overheads)
 
 
 def main(argv: Sequence[str]) -> int:

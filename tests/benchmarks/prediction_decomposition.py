@@ -26,6 +26,12 @@ profile's ngram host work per step (:class:`specbench.analytic.drafting.LookupDr
 fits to another sweep's batch-1 ngram engine runs (as calibrate fits its own
 timed ngram passes), so that no sweep is priced with a figure taken from
 itself: as timed, and relative to the plain step of each run's own baseline.
+
+``--heads-from SWEEP --head-ks 2 4`` fits each EAGLE head's draft cost per pass
+and per speculative step (:func:`specbench.analytic.profile_fit.fit_draft_costs`,
+as calibrate fits its passes timed at two K) to that sweep's batch-1 engine runs
+at those K, and prices the merged rows again with them: a leave-out check where
+the K priced (8) is not among those fitted.
 """
 
 from __future__ import annotations
@@ -115,10 +121,47 @@ def lookup_samples(
     return samples, target
 
 
-def reprice(sweep: Path, choice: prediction.HardwareChoice, host_s: float) -> list[dict[str, Any]]:
-    """The sweep's merged rows priced again with ``host_s`` as the profile's ngram host work per step."""
-    others = tuple((m, s) for m, s in choice.profile.head_overheads if m != "ngram")
-    hw = replace(choice.profile, head_overheads=(*others, ("ngram", host_s)))
+def head_costs(
+    sweep: Path, choice: prediction.HardwareChoice, ks: set[int], relative: bool = False
+) -> dict[str, tuple[float, float, int]]:
+    """Per EAGLE head, its draft cost per pass and per step fitted to the sweep's batch-1 engine runs at ``ks``
+    (each run's step as calibrate times a pass), and how many runs; ``relative`` as in :func:`lookup_samples`."""
+    rows = _rows(sweep)
+    plain = {(r["workload"], r["engine_run"]): _measured_step_ms(r) for r in rows
+             if r["method"] == "baseline" and r["batch_size"] == 1}
+    by_method: dict[str, list[profile_fit.DraftSample]] = {}
+    heads: dict[str, Any] = {}
+    target = None
+    for row in rows:
+        k = int(row["num_speculative_tokens"])
+        if row["method"] not in ("eagle", "eagle3") or row["batch_size"] != 1 or k not in ks:
+            continue
+        cfg = row_config(row)
+        target = prediction.model_profile(cfg["model"]["path"], row["dtype"], row["model"])
+        heads[row["method"]] = prediction.drafter_profile({**(cfg.get("method") or {}), "name": row["method"]},
+                                                          target, row["dtype"])
+        scale = _steps_ms(row, choice.profile)[0] / plain[(row["workload"], row["engine_run"])] if relative else 1.0
+        by_method.setdefault(row["method"], []).append(
+            profile_fit.DraftSample(1, k, prediction.context_length(row), _measured_step_ms(row) * scale / 1e3))
+    out = {}
+    for method, samples in by_method.items():
+        per_pass, per_step, _ = profile_fit.fit_draft_costs(samples, method=method, target=target,
+                                                            head=heads[method], hw=choice.profile)
+        out[method] = (per_pass, per_step, len(samples))
+    return out
+
+
+def reprice(sweep: Path, choice: prediction.HardwareChoice, host_s: float | None = None,
+            heads: dict[str, tuple[float, float, int]] | None = None) -> list[dict[str, Any]]:
+    """The sweep's merged rows priced again with ``host_s`` as the profile's ngram host work per step (None: the
+    profile's), and each head of ``heads`` at its cost per pass and per step."""
+    hw = choice.profile
+    if host_s is not None:
+        others = tuple((m, s) for m, s in hw.head_overheads if m != "ngram")
+        hw = replace(hw, head_overheads=(*others, ("ngram", host_s)))
+    if heads:
+        hw = replace(hw, head_overheads=tuple((m, heads[m][0] if m in heads else s) for m, s in hw.head_overheads),
+                     head_step_overheads=tuple((m, c[1]) for m, c in heads.items()))
     return prediction.with_predicted_speedups(read_rows(sweep / "results.parquet"),
                                               prediction.HardwareChoice(hw, choice.label))
 
@@ -160,6 +203,9 @@ def main() -> None:
                         help="price the merged rows again with each as ngram's host work per step")
     parser.add_argument("--lookup-from", type=Path, help="fit ngram's host work to this sweep's ngram engine runs")
     parser.add_argument("--lookup-hardware", type=Path, help="the profile --lookup-from was priced with")
+    parser.add_argument("--heads-from", type=Path,
+                        help="fit each EAGLE head's cost per pass and per step to this sweep's batch-1 runs")
+    parser.add_argument("--head-ks", type=int, nargs="+", default=[2, 4], help="the K --heads-from fits at")
     args = parser.parse_args()
     lines = decompose(args.sweep, args.hardware)
     print("method  K  b  workload   run  tok/step | plain ms meas/pred | spec ms meas/pred | "
@@ -179,6 +225,26 @@ def main() -> None:
         err = math.exp(statistics.fmean(math.log(d["speedup_pred"] / d["speedup"]) for d in group))
         print(f"  {key[0]:7s} {key[1]:10s} b{key[2]:<2d} n {len(group):2d}  step ratio gap {gap:5.3f}  "
               f"speedup pred/meas {err:5.3f}")
+    if args.heads_from:
+        choice = hardware_of(args.sweep, args.hardware)
+        source = hardware_of(args.heads_from, args.hardware)
+        print("merged cells priced again with each head's cost per pass and per step fitted to "
+              f"{args.heads_from} at K={', '.join(map(str, args.head_ks))}: predicted / measured - 1")
+        variants = [("profile as written", None)]
+        for relative in (False, True):
+            fitted = head_costs(args.heads_from, source, set(args.head_ks), relative)
+            for method, (per_pass, per_step, n) in fitted.items():
+                print(f"  {method}{' (relative to own baseline)' if relative else ''}: {per_pass * 1e3:+.2f} ms per "
+                      f"pass + {per_step * 1e3:+.2f} ms per step, from {n} engine runs")
+            variants.append(("fitted, relative" if relative else "fitted", fitted))
+        priced = [reprice(args.sweep, choice, heads=h) for _, h in variants]
+        print("  cell                              measured " + " ".join(f"{name:>18}" for name, _ in variants))
+        for i, row in enumerate(priced[0]):
+            if row["method"] == "baseline" or not row.get("speedup") or row.get("predicted_speedup") is None:
+                continue
+            label = f"{row['method']} K={row['num_speculative_tokens']} b{row['batch_size']} {row['workload']}"
+            errors = " ".join(f"{p[i]['predicted_speedup'] / row['speedup'] - 1:>+18.1%}" for p in priced)
+            print(f"  {label:33s} {row['speedup']:8.3f}x {errors}")
     figures = list(args.ngram_host_ms)
     if args.lookup_from:
         source = hardware_of(args.lookup_from, args.lookup_hardware)
