@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import subprocess
 import sys
 import traceback
@@ -43,6 +44,20 @@ REFERENCE_GRID = [
     "workload=creative", "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1", "engine_runs=1",
     TEST_ATTEMPTS,
 ]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker's OpenMP pool (torch's, OpenBLAS's) gets its share of the cores, not all
+    of them: a worker per core each spinning a thread per core made the head-training tests of tests/test_heads.py
+    spend four times the CPU, waiting on each other. A pass without workers (the engine pass, whose engines own
+    the machine) and an OMP_NUM_THREADS given by the user are left as they are."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or "OMP_NUM_THREADS" in os.environ:
+        return
+    share = max(1, len(os.sched_getaffinity(0)) // int(workers))
+    os.environ["OMP_NUM_THREADS"] = str(share)  # read when torch or numpy starts, here and in subprocesses
+    if "torch" in sys.modules:  # imported already by a plugin: its pool is sized, resize it
+        sys.modules["torch"].set_num_threads(share)
 
 
 @pytest.fixture

@@ -105,3 +105,28 @@ def test_the_demo_calibrates_and_sweeps_in_one_process(checkout):
     assert done.returncode == 0, done.stderr
     assert [line for line in done.stdout.splitlines() if "python" in line] == [
         ".venv/bin/python -m specbench.demo sweep=cpu_demo"]
+
+
+@pytest.mark.parametrize(("lists", "calls"), [
+    ("current", ["install -y -qq chromium"]),  # the lists name chromium: no refetch of every list
+    ("missing", ["install -y -qq chromium", "update -qq", "install -y -qq chromium"]),
+])
+def test_the_browser_is_installed_from_apts_lists_and_they_are_refetched_only_when_they_fail(checkout, lists, calls):
+    # A stand-in apt-get logs its calls and installs only once its lists are there; the PATH holds nothing else
+    # (no chromium), and the user is root.
+    bin_dir, log, fetched = checkout / "bin", checkout / "apt.log", checkout / "lists"
+    if lists == "current":
+        fetched.touch()
+    (bin_dir / "id").write_text("#!/bin/sh\necho 0\n")
+    (bin_dir / "apt-get").write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\n'
+        f'case "$1" in update) : > {fetched};; install) [ -e {fetched} ] || exit 100;; esac\n')
+    for tool in ("id", "apt-get"):
+        (bin_dir / tool).chmod(0o755)
+    make = shutil.which("make")
+    assert make is not None
+    done = subprocess.run([make, "-s", "browser"], cwd=checkout, env={"PATH": str(bin_dir)}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == calls
+    assert "will be skipped" not in done.stdout
