@@ -134,12 +134,15 @@ def judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[s
     columns = ([dict(zip(r["_runs"], r["speedup_per_engine_run"])) for r in compared],
                [r["_reference"] for r in compared], [r["_baseline"] for r in compared],
                [(r.get("workload"), r.get("batch_size"), r.get("temperature") or 0.0) for r in compared])
-    testable = baseline_shifts.shift_testable(*columns)
+    # A workload x temperature's batch sizes share one residual variance unless it grows with the batch.
+    pools = [((r.get("workload"), r.get("temperature") or 0.0), stratum(r)) for r in compared]
+    testable = baseline_shifts.shift_testable(*columns, pools=pools)
     yardsticks = _yardsticks(compared, testable)
     for row in speculative:
         if len(row["speedup_per_engine_run"]) > 1:
             row["baseline_shift_checked"] = row.get("_reference") in testable or row.get("_reference") in yardsticks
-    shifted = baseline_shifts.shifted_baselines(*columns, confidence=1.0 - FAMILY_ALPHA, yardsticks=yardsticks)
+    shifted = baseline_shifts.shifted_baselines(*columns, confidence=1.0 - FAMILY_ALPHA, yardsticks=yardsticks,
+                                                pools=pools)
     if not shifted:
         return
     baselines = [r for r in rows if r.get("method") == "baseline" and r.get("config_hash") in shifted]

@@ -13,7 +13,7 @@ import numpy as np
 
 from specbench.stats._inputs import _check_confidence, _in_common_runs, _positive
 from specbench.stats.distributions import median_variance_factor, student_t_quantile_real
-from specbench.stats.spreads import EngineRunSpread
+from specbench.stats.spreads import GROWTH_ALPHA, EngineRunSpread, spread_growth
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ def shifted_baselines(
     *,
     confidence: float = 0.95,
     yardsticks: Mapping[Hashable, EngineRunSpread] | None = None,
+    pools: Sequence[tuple[Hashable, Hashable]] | None = None,
 ) -> dict[Hashable, ShiftedBaseline]:
     """The baseline cells one of whose engine runs went off alone: beyond any speculative cell's spread,
     and beyond the other cells of the same baseline engine in that run.
@@ -113,7 +114,7 @@ def shifted_baselines(
     than three such cells share a baseline engine, and no yardstick is given (:func:`shift_testable`
     says which references could be tested).
     """
-    measured, variances = _baseline_cells(ratios_by_cell, references, baselines, strata, confidence)
+    measured, variances = _baseline_cells(ratios_by_cell, references, baselines, strata, confidence, pools)
     lone = _lone_baseline_cells(ratios_by_cell, references, baselines, yardsticks or {})
     if not measured and not lone:
         return {}
@@ -202,11 +203,12 @@ def shift_testable(
     references: Sequence[Hashable],
     baselines: Sequence[Hashable],
     strata: Sequence[Hashable] | None = None,
+    pools: Sequence[tuple[Hashable, Hashable]] | None = None,
 ) -> set[Hashable]:
     """The references :func:`shifted_baselines` can test (same arguments): two speculative cells or more
     over two common engine runs, and two other such cells under the same baseline engine to hold it
     against. Elsewhere a baseline run that went off alone cannot be told from the cells' own noise."""
-    measured, _ = _baseline_cells(ratios_by_cell, references, baselines, strata, 0.95)
+    measured, _ = _baseline_cells(ratios_by_cell, references, baselines, strata, 0.95, pools)
     engines = Counter(cell.engine for cell in measured.values())
     return {reference for reference, cell in measured.items() if engines[cell.engine] >= 3}
 
@@ -217,12 +219,16 @@ def _baseline_cells(
     baselines: Sequence[Hashable],
     strata: Sequence[Hashable] | None,
     confidence: float,
+    pools: Sequence[tuple[Hashable, Hashable]] | None = None,
 ) -> tuple[dict[Hashable, _BaselineCell], dict[Hashable, tuple[float, float]]]:
     """The baseline cells with two speculative cells over two common engine runs, and per stratum the
-    speculative side's residual mean square with its degrees of freedom."""
-    if not len(ratios_by_cell) == len(references) == len(baselines) == len(strata or references):
+    speculative side's residual mean square with its degrees of freedom (pooled over the batch sizes of a
+    pool where :func:`_pooled` allows)."""
+    if not len(ratios_by_cell) == len(references) == len(baselines) == len(strata or references) == len(
+            pools or references):
+        pooled = "" if pools is None else f" and {len(pools)} pools"
         raise ValueError(f"{len(ratios_by_cell)} cells, {len(references)} references, {len(baselines)} "
-                         f"baselines and {len(strata or references)} strata")
+                         f"baselines and {len(strata or references)} strata{pooled}")
     strata = list(references) if strata is None else list(strata)
     _check_confidence(confidence)
     by_reference: dict[Hashable, list[Mapping[Hashable, float]]] = {}
@@ -247,6 +253,36 @@ def _baseline_cells(
         weight = (1.0 - 1.0 / len(runs)) * (1.0 + 1.0 / len(logs))
         measured[reference] = _BaselineCell(engine, runs, common, len(logs), stratum, weight)
     variances = {stratum: (ss / df, float(df)) for stratum, (ss, df) in sums.items()}
+    if pools is not None:
+        variances = _pooled(variances, dict(zip(strata, pools)))
     # A stratum whose cells agree exactly has no noise to judge by (nothing measured is that quiet).
     measured = {r: c for r, c in measured.items() if variances[c.stratum][0] > 0.0}
     return measured, variances
+
+
+def _pooled(variances: Mapping[Hashable, tuple[float, float]],
+            pool_of: Mapping[Hashable, tuple[Hashable, Hashable]]) -> dict[Hashable, tuple[float, float]]:
+    """Per stratum, its residual mean square and df, or those pooled over the strata of its pool (one workload x
+    temperature at every batch size) where the spread is not shown to grow with the batch.
+
+    The rule the intervals follow across batch sizes (:func:`spreads.stratum_spreads`): the one-sided slope test of
+    log sd on log batch size (:func:`spreads.spread_growth`), pooled at p >= :data:`spreads.GROWTH_ALPHA`. Unlike
+    the intervals' spread, the residual holds no baseline engine's deviation (it cancels within a baseline cell),
+    so a batch size's few df are not the baseline engine's few draws counted again, and no minimum df is asked of
+    each stratum. A stratum's own (E-1)(R-1) df are few (2 with two configurations in three engine runs), and the
+    t quantile at the Bonferroni level on them is in the tens: the test could not find a baseline run 3x slow.
+    """
+    groups: dict[Hashable, dict[Hashable, Hashable]] = {}
+    for stratum, (pool, batch) in pool_of.items():
+        if variances.get(stratum, (0.0, 0.0))[0] > 0.0:  # a stratum with no noise stays out (below)
+            groups.setdefault(pool, {})[batch] = stratum
+    pooled = dict(variances)
+    for by_batch in groups.values():
+        growth = spread_growth({b: (math.sqrt(variances[s][0]), variances[s][1]) for b, s in by_batch.items()})
+        if growth is None or growth[1] < GROWTH_ALPHA:
+            continue
+        ss = sum(variances[s][0] * variances[s][1] for s in by_batch.values())
+        df = sum(variances[s][1] for s in by_batch.values())
+        for stratum in by_batch.values():
+            pooled[stratum] = (ss / df, df)
+    return pooled
