@@ -1,8 +1,10 @@
 """Does the shifted-baseline test find a baseline engine run 3x slow at the size of a small sweep?
 
-Prints figures; asserts nothing (tests/test_results.py asserts the constructed cases). No engine, a few minutes:
+Prints figures; asserts nothing (tests/test_results.py and tests/test_stats.py assert the constructed cases). No\nengine; the merged sweeps take a second or more each:
 
-    .venv/bin/python tests/benchmarks/shift_power.py [TRIALS]
+    .venv/bin/python tests/benchmarks/shift_power.py [JUDGED_TRIALS [MERGED_TRIALS]]
+
+(MERGED_TRIALS 0: the judged sweeps only.)
 
 The sweep simulated is a small real one's shape: one workload, batch sizes 1, 2 and 4, ngram at 2 or 4
 values of K (2 or 4 speculative configurations per baseline cell), 3 engine runs; per engine run one baseline
@@ -106,6 +108,35 @@ def shares(trials: int, seed: int, configs: int, **noise: object) -> dict[str, f
     return {scenario: count / trials for scenario, count in counts.items()}
 
 
+def judged_shares(trials: int, seed: int, configs: int, **noise: object) -> dict[str, float]:
+    """As :func:`shares`, the rows handed straight to the merge's judgement (``judging.judge_baselines``, with the
+    private columns the merge gives them) instead of through cell files: the same test, thousands of sweeps a
+    minute, where :func:`shares` reads parquet files (a second or more per sweep)."""
+    from specbench.results.judging import judge_baselines
+
+    rng = np.random.default_rng(seed)
+    counts = dict.fromkeys(("sound", "grid", "remeasured sound", "remeasured"), 0)
+    for _ in range(trials):
+        for scenario in counts:
+            fresh = 1 if scenario.startswith("remeasured") else None
+            table = sweep_ratios(rng, configs, fresh=fresh, **noise)  # type: ignore[arg-type]
+            slow = {"grid": (("old", 1), 1), "remeasured": (("fresh", 1), 0)}.get(scenario)
+            rows = [{"method": "baseline", "config_hash": f"B{batch}"} for _, batch in table]
+            speculative = []
+            for (group, batch), configurations in table.items():
+                for k, ratios in enumerate(configurations):
+                    per_run = [r * (SLOW if slow == ((group, batch), run) else 1.0) for run, r in enumerate(ratios)]
+                    speculative.append({
+                        "method": "ngram", "config_hash": f"S{k}-{batch}", "workload": "creative", "batch_size": batch,
+                        "temperature": 0.0, "speedup_per_engine_run": per_run, "_reference": f"B{batch}",
+                        "_runs": [f"{group}-base-{run}" for run in range(RUNS)], "_run_numbers": list(range(RUNS)),
+                        "_baseline": group, "_engine": tuple(f"{group}-k{k}-{run}" for run in range(RUNS))})
+            judge_baselines(rows + speculative, speculative)
+            found = shifted_references(rows)
+            counts[scenario] += (found == {"B1"}) if slow else bool(found)
+    return {scenario: count / trials for scenario, count in counts.items()}
+
+
 SETTINGS = {
     "quiet, equal noise (engine 0.03, cell 0.04, baseline engine 0.02)":
         {"baseline_sd": 0.02, "engine_sd": 0.03, "cell_sd": 0.04, "batch_noise": (1.0, 1.0, 1.0)},
@@ -119,13 +150,18 @@ SETTINGS = {
 
 
 def main(argv: Sequence[str]) -> None:
-    trials = int(argv[0]) if argv else 100
-    print(f"{trials} merged sweeps per line: 1 workload, batch 1/2/4, 3 engine runs; share of sweeps "
-          f"(sound: any baseline flagged; grid / remeasured: the {SLOW:g}x slow batch-1 baseline flagged)")
+    trials = int(argv[0]) if argv else 2000
+    merged = int(argv[1]) if len(argv) > 1 else 20
+    print(f"1 workload, batch 1/2/4, 3 engine runs; share of sweeps (sound: any baseline flagged; grid / "
+          f"remeasured: the {SLOW:g}x slow batch-1 baseline flagged); {trials} sweeps judged as the merge judges "
+          f"them (judged_shares), {merged} written as cell files and merged (shares)")
     for configs in (2, 4):
         for label, noise in SETTINGS.items():
-            found = shares(trials, 5, configs, **noise)
-            print(f"  {configs} configs, {label}: " + ", ".join(f"{k} {v:5.1%}" for k, v in found.items()))
+            for name, count, simulate in (("judged", trials, judged_shares), ("merged", merged, shares)):
+                if count:
+                    found = simulate(count, 5, configs, **noise)
+                    print(f"  {configs} configs, {label}, {name}: "
+                          + ", ".join(f"{k} {v:5.1%}" for k, v in found.items()), flush=True)
 
 
 if __name__ == "__main__":
