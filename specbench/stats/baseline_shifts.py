@@ -305,22 +305,23 @@ def _pooled(variances: Mapping[Hashable, tuple[float, float]], pool_of: Mapping[
         if growth is None or growth[1] < GROWTH_ALPHA:
             continue
         ss = sum(variances[s][0] * variances[s][1] for s in by_batch.values())
-        df = sum(variances[s][1] for s in by_batch.values())
+        total_df = sum(variances[s][1] for s in by_batch.values())
+        df = total_df
         shared: dict[tuple[Hashable, Hashable], list[float]] = {}
         for s in by_batch.values():
             for key, value in residuals.get(s, {}).items():
                 shared.setdefault(key, []).append(value)
         shared = {key: values for key, values in shared.items() if len(values) >= 2}
         engines, runs = {e for e, _ in shared}, {r for _, r in shared}
-        shared_df = min(df, max(0, len(shared) - len(engines) - len(runs) + 1))
+        shared_df = int(min(total_df, max(0, len(shared) - len(engines) - len(runs) + 1)))
         if shared_df:
             between = min(ss, sum(len(v) * float(np.mean(v)) ** 2 for v in shared.values()))
             # Counted at its upper bound (as spreads.run_term_bound counts an engine run's term): Satterthwaite's df
             # on the observed parts are too kind exactly when the shared part came out small.
             bound = shared_df / chi_square_quantile(RUN_TERM_LEVEL, shared_df)
-            parts = [(between * bound, shared_df), (ss - between, df - shared_df)]
+            parts = [(between * bound, shared_df), (ss - between, total_df - shared_df)]
             used = [(p, d) for p, d in parts if d > 0 and p > 0.0]
-            df = sum(p for p, _ in used) ** 2 / sum(p * p / d for p, d in used) if used else df
+            df = sum(p for p, _ in used) ** 2 / sum(p * p / d for p, d in used) if used else total_df
         for stratum in by_batch.values():
-            pooled[stratum] = (ss / sum(variances[s][1] for s in by_batch.values()), df)
+            pooled[stratum] = (ss / total_df, df)
     return pooled
