@@ -755,6 +755,43 @@ def test_a_fresh_baseline_slow_in_one_run_is_flagged_after_a_remeasure(tmp_path,
             "of the other baseline engines' cells")
 
 
+# Per-run speedups of a quiet sweep (ngram K=2, 4 at batch 1, 2, 4; three engine runs on one baseline engine each):
+# batch 1 and 4 as measured (docs/results/2026-12-07-remeasure-on-main.md), batch 2 between them.
+QUIET = {1: {2: (1.072, 1.109, 1.385), 4: (1.217, 1.257, 1.392)}, 2: {2: (1.31, 1.27, 1.47), 4: (1.36, 1.45, 1.60)},
+         4: {2: (1.525, 1.415, 1.548), 4: (1.429, 1.705, 1.860)}}
+
+
+@pytest.mark.parametrize("slow, flagged", [(3.0, True), (1.0, False)], ids=["3x slow in one run", "as measured"])
+def test_a_small_quiet_sweeps_baseline_3x_slow_in_one_run_is_flagged(tmp_path, slow, flagged):
+    # The sweep's baseline cells have two speculative cells each in three engine runs: 2 df per batch size, on
+    # which the shifted-baseline test's t at the Bonferroni level is about 27, and the batch-1 baseline's engine
+    # run 1 made 3x slow (its wall times x3) went unflagged ("3.33x" and "3.77x" in that run). The batch sizes'
+    # residual spread does not grow with the batch: pooled, 6 df, and it is found.
+    ids: list[str] = []
+    for batch, by_k in QUIET.items():
+        for run in range(3):
+            base_id = f"base-b{batch}-p{run}"
+            pace = slow if (batch, run) == (1, 1) else 1.0
+            ids.append(base_id)
+            write_cell(tmp_path, cell_row(base_id, "baseline", 2.0 * pace, engine_run=run, config_hash=f"B{batch}")
+                       | {"batch_size": batch, "workload": "creative", "engine_id": f"base-{run}"}, [[1]])
+            for k, ratios in by_k.items():
+                ids.append(f"k{k}-b{batch}-p{run}")
+                write_cell(tmp_path, cell_row(ids[-1], "ngram", 2.0 / ratios[run], baseline_id=base_id, engine_run=run,
+                                              k=k, config_hash=f"S{k}-{batch}")
+                           | {"batch_size": batch, "workload": "creative", "engine_id": f"k{k}-{run}"}, [[1]])
+    rows = {r["cell_id"]: r for r in merge(tmp_path, ids)}
+    assert all(r["baseline_shift_checked"] for r in rows.values() if r["method"] == "ngram")
+    assert sorted(c for c, r in rows.items() if r["flagged"]) == (
+        ["base-b1-p0", "k2-b1-p0", "k4-b1-p0"] if flagged else [])
+    if flagged:
+        reason = rows["k2-b1-p0"]["flag_reasons"][0]
+        # 181% slower than the mean of its other runs: the 3x on top of the baseline's ordinary deviation.
+        assert reason.startswith("engine run 1 of the baseline ran 181% slower than its other runs, and its "
+                                 "engine's other cells did not")
+        assert reason.endswith("(at 0.0125, Bonferroni over 9 baseline cells)")
+
+
 def test_intervals_hold_at_every_batch_size_when_the_noise_grows_with_the_batch():
     # tests/benchmarks/interval_coverage_sim.py: 3 engine runs, 4 configurations x 2 workloads, noise x1, x1.5
     # and x3 at batch 1, 4 and 8, baseline engine sd 0.02, through judging.judge_speedups. One spread pooled over

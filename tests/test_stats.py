@@ -410,6 +410,12 @@ class TestStratumSpreads:
             assert fitted[batch]["df"] >= own[batch]["df"] and fitted[batch]["miss"] <= 0.08
 
 
+# Per-run speedups of a quiet sweep (ngram K=2, 4; three engine runs) by batch size: batch 1 and 4 as measured
+# (docs/results/2026-12-07-remeasure-on-main.md), batch 2 between them.
+QUIET = {1: [[1.072, 1.109, 1.385], [1.217, 1.257, 1.392]], 2: [[1.31, 1.27, 1.47], [1.36, 1.45, 1.60]],
+         4: [[1.525, 1.415, 1.548], [1.429, 1.705, 1.860]]}
+
+
 def _shifted(table: dict, baseline_engine=lambda reference: "b", **kwargs) -> dict:
     """shifted_baselines over {reference: [per-cell ratios by run]}, the cells' engines in table order."""
     ratios, references = [], []
@@ -523,6 +529,43 @@ class TestShiftedBaselines:
         # Two baseline cells under their engine: no median of others to hold a cell against.
         two = [i for i, r in enumerate(references) if r[1] == "creative"]
         assert shift_testable([ratios[i] for i in two], [references[i] for i in two], ["b"] * len(two)) == set()
+
+    def test_a_3x_slow_baseline_run_of_a_small_quiet_sweep_is_found_on_the_batch_sizes_pooled_df(self) -> None:
+        # A quiet sweep's per-run speedups (docs/results/2026-12-07-remeasure-on-main.md): ngram K=2, 4 at batch 1,
+        # 2, 4, three engine runs, one baseline engine. Each batch size alone has (E-1)(R-1) = 2 df, and t on 2 df
+        # at the Bonferroni level over 9 tests is about 27: the batch-1 baseline 3x slow in run 1 went unflagged.
+        # Its residual spread does not grow with the batch, so the three batch sizes pool 6 df and it is found.
+        slow = {b: [[r * (3.0 if b == 1 and run == 1 else 1.0) for run, r in enumerate(cell)] for cell in cells]
+                for b, cells in QUIET.items()}
+        strata = {"strata": [], "pools": []}
+        for b, cells in QUIET.items():
+            strata["strata"] += [("creative", b)] * len(cells)
+            strata["pools"] += [("creative", b)] * len(cells)
+        found = _shifted(slow, confidence=1 - FAMILY_ALPHA, **strata)
+        assert list(found) == [1] and found[1].run == 1 and found[1].tests == 9
+        assert math.exp(found[1].shift) == pytest.approx(3.0, rel=0.15)
+        # As measured (no run slowed), nothing is flagged; nor with each batch size judged on its own 2 df.
+        assert _shifted(QUIET, confidence=1 - FAMILY_ALPHA, **strata) == {}
+        assert _shifted(slow, confidence=1 - FAMILY_ALPHA, strata=strata["strata"]) == {}
+
+    def test_batch_sizes_whose_residual_spread_grows_keep_their_own(self) -> None:
+        # The residual spread of batch 4 is nine times batch 1's (growth p < 0.2: spreads.spread_growth), so no
+        # pooling: batch 4's baseline run 2.5x slow stays within its own noise (t on 2 df), where the variance
+        # pooled with the quiet batch sizes would have flagged it.
+        def cells(sd: float, slow: float = 1.0) -> list[list[float]]:
+            common = [0.0, 0.05, -0.05]
+            return [[math.exp(0.3 + c + sign * sd * d) * (slow if run == 0 else 1.0)
+                     for run, (c, d) in enumerate(zip(common, (1.0, -0.5, -0.5)))] for sign in (1, -1)]
+
+        table = {1: cells(0.01), 2: cells(0.03), 4: cells(0.09, slow=2.5)}
+        strata = [b for b, c in table.items() for _ in c]
+        pools = [("creative", b) for b in strata]
+        assert spreads.spread_growth({1: (0.01, 2), 2: (0.03, 2), 4: (0.09, 2)})[1] < spreads.GROWTH_ALPHA
+        assert _shifted(table, confidence=1 - FAMILY_ALPHA, strata=strata, pools=pools) == {}
+        assert list(_shifted(table, confidence=1 - FAMILY_ALPHA, strata=["one"] * len(strata))) == [4]
+        # The same shift where every batch size is as noisy as batch 2: pooled, and found.
+        table = {1: cells(0.03), 2: cells(0.03), 4: cells(0.03, slow=2.5)}
+        assert list(_shifted(table, confidence=1 - FAMILY_ALPHA, strata=strata, pools=pools)) == [4]
 
     def test_refuses_unequal_lengths(self) -> None:
         with pytest.raises(ValueError, match="2 cells, 1 references, 2 baselines and 1 strata"):

@@ -120,7 +120,8 @@ def stratum_spreads(speculative: Sequence[dict[str, Any]]) -> dict[Any, spreads.
 
 def judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[str, Any]]) -> None:
     """Flag every baseline cell one of whose engine runs moved all its speculative cells together
-    (:func:`baseline_shifts.shifted_baselines`, each workload x batch size x temperature judged by its own noise), and
+    (:func:`baseline_shifts.shifted_baselines`, each workload x batch size x temperature judged by its own noise, or
+    by its workload x temperature's batch sizes together where that noise is not shown to grow with the batch), and
     those cells: disturbed, they leave verdicts and the spread. Every speculative cell of two engine runs
     or more records whether its baseline could be tested (``baseline_shift_checked``; it cannot with one
     speculative configuration per baseline, or fewer than three testable baseline cells per engine).
@@ -134,12 +135,17 @@ def judge_baselines(rows: Sequence[dict[str, Any]], speculative: Sequence[dict[s
     columns = ([dict(zip(r["_runs"], r["speedup_per_engine_run"])) for r in compared],
                [r["_reference"] for r in compared], [r["_baseline"] for r in compared],
                [(r.get("workload"), r.get("batch_size"), r.get("temperature") or 0.0) for r in compared])
-    testable = baseline_shifts.shift_testable(*columns)
+    # A workload x temperature's batch sizes share one residual variance unless it grows with the batch.
+    pools = [((r.get("workload"), r.get("temperature") or 0.0), stratum(r)) for r in compared]
+    # One speculative engine serves its configuration's cells at every batch size: their residuals share its deviation.
+    engines = [r["_engine"] for r in compared]
+    testable = baseline_shifts.shift_testable(*columns, pools=pools, engines=engines)
     yardsticks = _yardsticks(compared, testable)
     for row in speculative:
         if len(row["speedup_per_engine_run"]) > 1:
             row["baseline_shift_checked"] = row.get("_reference") in testable or row.get("_reference") in yardsticks
-    shifted = baseline_shifts.shifted_baselines(*columns, confidence=1.0 - FAMILY_ALPHA, yardsticks=yardsticks)
+    shifted = baseline_shifts.shifted_baselines(*columns, confidence=1.0 - FAMILY_ALPHA, yardsticks=yardsticks,
+                                                pools=pools, engines=engines)
     if not shifted:
         return
     baselines = [r for r in rows if r.get("method") == "baseline" and r.get("config_hash") in shifted]

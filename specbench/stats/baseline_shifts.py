@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from specbench.stats._inputs import _check_confidence, _in_common_runs, _positive
-from specbench.stats.distributions import median_variance_factor, student_t_quantile_real
-from specbench.stats.spreads import EngineRunSpread
+from specbench.stats.distributions import chi_square_quantile, median_variance_factor, student_t_quantile_real
+from specbench.stats.spreads import GROWTH_ALPHA, RUN_TERM_LEVEL, EngineRunSpread, spread_growth
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,8 @@ def shifted_baselines(
     *,
     confidence: float = 0.95,
     yardsticks: Mapping[Hashable, EngineRunSpread] | None = None,
+    pools: Sequence[tuple[Hashable, Hashable]] | None = None,
+    engines: Sequence[Hashable] | None = None,
 ) -> dict[Hashable, ShiftedBaseline]:
     """The baseline cells one of whose engine runs went off alone: beyond any speculative cell's spread,
     and beyond the other cells of the same baseline engine in that run.
@@ -79,7 +81,10 @@ def shifted_baselines(
     sum (E-1)(R-1) degrees of freedom. Noise differs between strata (a batch
     of 8 is noisier than a batch of 1, a sampled cell than a greedy one): one
     variance pooled over the sweep put the false flags on the noisiest
-    references. A baseline cell that varied as a speculative one does would
+    references. ``pools``: per cell, (its pool, its batch size): the strata of
+    one pool (one workload x temperature) share one mean square, on their
+    summed df, where it is not shown to grow with the batch size (:func:`_pooled`,
+    the intervals' rule); without ``pools`` each stratum keeps its own. A baseline cell that varied as a speculative one does would
     give c_r a variance of v = s^2 (1 - 1/R)(1 + 1/E). A shift is flagged when both
 
     - |c_r| exceeds t sqrt(v) (t on its stratum's df): the baseline moved
@@ -113,7 +118,7 @@ def shifted_baselines(
     than three such cells share a baseline engine, and no yardstick is given (:func:`shift_testable`
     says which references could be tested).
     """
-    measured, variances = _baseline_cells(ratios_by_cell, references, baselines, strata, confidence)
+    measured, variances = _baseline_cells(ratios_by_cell, references, baselines, strata, confidence, pools, engines)
     lone = _lone_baseline_cells(ratios_by_cell, references, baselines, yardsticks or {})
     if not measured and not lone:
         return {}
@@ -202,11 +207,13 @@ def shift_testable(
     references: Sequence[Hashable],
     baselines: Sequence[Hashable],
     strata: Sequence[Hashable] | None = None,
+    pools: Sequence[tuple[Hashable, Hashable]] | None = None,
+    engines: Sequence[Hashable] | None = None,
 ) -> set[Hashable]:
     """The references :func:`shifted_baselines` can test (same arguments): two speculative cells or more
     over two common engine runs, and two other such cells under the same baseline engine to hold it
     against. Elsewhere a baseline run that went off alone cannot be told from the cells' own noise."""
-    measured, _ = _baseline_cells(ratios_by_cell, references, baselines, strata, 0.95)
+    measured, _ = _baseline_cells(ratios_by_cell, references, baselines, strata, 0.95, pools, engines)
     engines = Counter(cell.engine for cell in measured.values())
     return {reference for reference, cell in measured.items() if engines[cell.engine] >= 3}
 
@@ -217,23 +224,33 @@ def _baseline_cells(
     baselines: Sequence[Hashable],
     strata: Sequence[Hashable] | None,
     confidence: float,
+    pools: Sequence[tuple[Hashable, Hashable]] | None = None,
+    engines: Sequence[Hashable] | None = None,
 ) -> tuple[dict[Hashable, _BaselineCell], dict[Hashable, tuple[float, float]]]:
     """The baseline cells with two speculative cells over two common engine runs, and per stratum the
-    speculative side's residual mean square with its degrees of freedom."""
-    if not len(ratios_by_cell) == len(references) == len(baselines) == len(strata or references):
+    speculative side's residual mean square with its degrees of freedom (pooled over the batch sizes of a
+    pool where :func:`_pooled` allows)."""
+    if not len(ratios_by_cell) == len(references) == len(baselines) == len(strata or references) == len(
+            pools or references) == len(engines or references):
+        pooled = "" if pools is None else f" and {len(pools)} pools"
         raise ValueError(f"{len(ratios_by_cell)} cells, {len(references)} references, {len(baselines)} "
-                         f"baselines and {len(strata or references)} strata")
+                         f"baselines and {len(strata or references)} strata{pooled}")
     strata = list(references) if strata is None else list(strata)
     _check_confidence(confidence)
     by_reference: dict[Hashable, list[Mapping[Hashable, float]]] = {}
+    engines_of: dict[Hashable, list[Hashable]] = {}
     key_of: dict[Hashable, tuple[Hashable, Hashable]] = {}
-    for ratios, reference, baseline, stratum in zip(ratios_by_cell, references, baselines, strata):
+    for i, (ratios, reference, baseline, stratum) in enumerate(zip(ratios_by_cell, references, baselines, strata)):
         if len(ratios) >= 2:
             _positive(list(ratios.values()))
             by_reference.setdefault(reference, []).append(ratios)
+            engines_of.setdefault(reference, []).append(engines[i] if engines is not None else ("cell", i))
             key_of[reference] = (baseline, stratum)
     measured: dict[Hashable, _BaselineCell] = {}
     sums: dict[Hashable, tuple[float, int]] = {}
+    # Per stratum, each speculative engine's residual in each engine run: one engine serves its configuration's
+    # cells at every batch size, so their residuals share its deviation (:func:`_pooled` counts the df so).
+    residuals: dict[Hashable, dict[tuple[Hashable, Hashable], float]] = {}
     for reference, cells in by_reference.items():
         runs, logs_by_cell = _in_common_runs(cells)
         logs = [cell_logs for cell_logs in logs_by_cell if cell_logs is not None]
@@ -242,11 +259,69 @@ def _baseline_cells(
         centred = np.vstack(logs) - np.vstack(logs).mean(axis=1, keepdims=True)  # cells x runs
         common = centred.mean(axis=0)
         engine, stratum = key_of[reference]
+        kept = [e for e, cell_logs in zip(engines_of[reference], logs_by_cell) if cell_logs is not None]
+        for spec_engine, row in zip(kept, centred - common):
+            for run, value in zip(runs, row):
+                residuals.setdefault(stratum, {})[spec_engine, run] = float(value)
         ss, df = sums.get(stratum, (0.0, 0))
         sums[stratum] = (ss + float(np.sum((centred - common) ** 2)), df + (len(logs) - 1) * (len(runs) - 1))
         weight = (1.0 - 1.0 / len(runs)) * (1.0 + 1.0 / len(logs))
         measured[reference] = _BaselineCell(engine, runs, common, len(logs), stratum, weight)
     variances = {stratum: (ss / df, float(df)) for stratum, (ss, df) in sums.items()}
+    if pools is not None:
+        variances = _pooled(variances, dict(zip(strata, pools)), residuals)
     # A stratum whose cells agree exactly has no noise to judge by (nothing measured is that quiet).
     measured = {r: c for r, c in measured.items() if variances[c.stratum][0] > 0.0}
     return measured, variances
+
+
+def _pooled(variances: Mapping[Hashable, tuple[float, float]], pool_of: Mapping[Hashable, tuple[Hashable, Hashable]],
+            residuals: Mapping[Hashable, Mapping[tuple[Hashable, Hashable], float]]) -> dict[Hashable, tuple[float, float]]:
+    """Per stratum, its residual mean square and df, or those pooled over the strata of its pool (one workload x
+    temperature at every batch size) where the spread is not shown to grow with the batch.
+
+    The rule the intervals follow across batch sizes (:func:`spreads.stratum_spreads`): the one-sided slope test of
+    log sd on log batch size (:func:`spreads.spread_growth`), pooled at p >= :data:`spreads.GROWTH_ALPHA`. Unlike
+    the intervals' spread, the residual holds no baseline engine's deviation (it cancels within a baseline cell),
+    so a batch size's few df are not the baseline engine's few draws counted again, and no minimum df is asked of
+    each stratum. A stratum's own (E-1)(R-1) df are few (2 with two configurations in three engine runs), and the
+    t quantile at the Bonferroni level on them is in the tens: the test could not find a baseline run 3x slow.
+
+    The pooled df are not the strata's sum where the same speculative engines serve every batch size: their
+    deviation in a run (v) is one draw that each stratum's residual repeats. The pooled sum of squares splits into
+    the part the strata share, per engine and run the residuals' mean (v + e / B, about (E-1)(R-1) df), and the
+    rest (the cells' own, e); the pooled mean square's df are Satterthwaite's over the two, near (E-1)(R-1) where
+    the engines' deviation dominates and near the sum where the cells' own noise does. (Summed, 2,000 sound small
+    sweeps whose engines' deviation dominated lost a baseline cell 2.8% of the time at a share of 1.25%:
+    tests/benchmarks/shift_power.py.)
+    """
+    groups: dict[Hashable, dict[Hashable, Hashable]] = {}
+    for stratum, (pool, batch) in pool_of.items():
+        if variances.get(stratum, (0.0, 0.0))[0] > 0.0:  # a stratum with no noise stays out (below)
+            groups.setdefault(pool, {})[batch] = stratum
+    pooled = dict(variances)
+    for by_batch in groups.values():
+        growth = spread_growth({b: (math.sqrt(variances[s][0]), variances[s][1]) for b, s in by_batch.items()})
+        if growth is None or growth[1] < GROWTH_ALPHA:
+            continue
+        ss = sum(variances[s][0] * variances[s][1] for s in by_batch.values())
+        total_df = sum(variances[s][1] for s in by_batch.values())
+        df = total_df
+        shared: dict[tuple[Hashable, Hashable], list[float]] = {}
+        for s in by_batch.values():
+            for key, value in residuals.get(s, {}).items():
+                shared.setdefault(key, []).append(value)
+        shared = {key: values for key, values in shared.items() if len(values) >= 2}
+        engines, runs = {e for e, _ in shared}, {r for _, r in shared}
+        shared_df = int(min(total_df, max(0, len(shared) - len(engines) - len(runs) + 1)))
+        if shared_df:
+            between = min(ss, sum(len(v) * float(np.mean(v)) ** 2 for v in shared.values()))
+            # Counted at its upper bound (as spreads.run_term_bound counts an engine run's term): Satterthwaite's df
+            # on the observed parts are too kind exactly when the shared part came out small.
+            bound = shared_df / chi_square_quantile(RUN_TERM_LEVEL, shared_df)
+            parts = [(between * bound, shared_df), (ss - between, total_df - shared_df)]
+            used = [(p, d) for p, d in parts if d > 0 and p > 0.0]
+            df = sum(p for p, _ in used) ** 2 / sum(p * p / d for p, d in used) if used else total_df
+        for stratum in by_batch.values():
+            pooled[stratum] = (ss / total_df, df)
+    return pooled

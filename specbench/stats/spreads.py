@@ -253,22 +253,39 @@ def stratum_spreads(
     own = {batch: spread_of(indices) for batch, indices in cells.items()}
     sources = {b: "own" if s.df > 0 else "none" for b, s in own.items()}
     measured = {b: s for b, s in own.items() if s.df > 0 and s.sd > 0.0 and _positive_number(b)}
-    if len(measured) < 2:
+    growth = spread_growth({b: (s.sd, s.df) for b, s in measured.items()})
+    if growth is None:
         return StratumSpreads(own, sources, None, None)
-    logs = {b: math.log(float(cast(float, b))) for b in measured}
-    weights = {b: 1.0 / _trigamma(s.df / 2.0) for b, s in measured.items()}
-    centre = sum(weights[b] * logs[b] for b in measured) / sum(weights.values())
-    sxx = sum(weights[b] * (logs[b] - centre) ** 2 for b in measured)
-    unbiased = {b: 2.0 * math.log(s.sd) - (_digamma(s.df / 2.0) - math.log(s.df / 2.0)) for b, s in measured.items()}
-    slope = sum(weights[b] * (logs[b] - centre) * unbiased[b] for b in measured) / sxx  # of the log variance
-    growth_p = 1.0 - _normal_cdf(slope * math.sqrt(sxx))
+    slope, growth_p = growth
     spreads = dict(own)
     if growth_p >= growth_alpha and min(s.df for s in measured.values()) >= POOL_MIN_DF:
         pooled = spread_of([i for b in measured for i in cells[b]])
         for b in measured:
             if pooled.df > own[b].df:
                 spreads[b], sources[b] = pooled, "pooled"
-    return StratumSpreads(spreads, sources, slope / 2.0, growth_p)
+    return StratumSpreads(spreads, sources, slope, growth_p)
+
+
+def spread_growth(by_batch: Mapping[Hashable, tuple[float, float]]) -> tuple[float, float] | None:
+    """Whether a spread grows with the batch size: the slope of log sd on log batch size and the one-sided p-value
+    of "it does not grow" (:func:`stratum_spreads`' test, which the shifted-baseline test shares).
+
+    ``by_batch``: per batch size, an sd and its degrees of freedom. log sd = a + b log(batch) is fitted by
+    weighted least squares; the log of a variance on d df varies by trigamma(d / 2) and is biased by
+    digamma(d / 2) - log(d / 2) (a scaled chi-square), both allowed for, and b is tested one-sided against 0
+    (z on its standard error, the variances taken as independent). Batch sizes that are not positive numbers,
+    or whose sd is 0 or has no df, are left out; None where fewer than two remain.
+    """
+    measured = {b: v for b, v in by_batch.items() if v[1] > 0 and v[0] > 0.0 and _positive_number(b)}
+    if len(measured) < 2:
+        return None
+    logs = {b: math.log(float(cast(float, b))) for b in measured}
+    weights = {b: 1.0 / _trigamma(df / 2.0) for b, (_, df) in measured.items()}
+    centre = sum(weights[b] * logs[b] for b in measured) / sum(weights.values())
+    sxx = sum(weights[b] * (logs[b] - centre) ** 2 for b in measured)
+    unbiased = {b: 2.0 * math.log(sd) - (_digamma(df / 2.0) - math.log(df / 2.0)) for b, (sd, df) in measured.items()}
+    slope = sum(weights[b] * (logs[b] - centre) * unbiased[b] for b in measured) / sxx  # of the log variance
+    return slope / 2.0, 1.0 - _normal_cdf(slope * math.sqrt(sxx))
 
 
 def _positive_number(value: Hashable) -> bool:

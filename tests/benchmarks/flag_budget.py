@@ -100,8 +100,14 @@ def _columns(table: Table) -> tuple[list[dict[int, float]], list[Hashable], list
 
 
 def shifted(module: ModuleType, table: Table, confidence: float) -> dict[Hashable, object]:
-    """``module.shifted_baselines`` on a simulated sweep, strata by reference where the module has them."""
-    ratios, references, baselines, _ = _columns(table)
+    """``module.shifted_baselines`` on a simulated sweep, strata by reference where the module has them; with this
+    checkout's, as the merge calls it (``judging.judge_baselines``): a workload's batch sizes pooled where the
+    spread does not grow, each configuration's engine shared across them."""
+    ratios, references, baselines, engines = _columns(table)
+    if module is stats:
+        pools = [(workload, batch + 1) for workload, batch in references]
+        return module.shifted_baselines(ratios, references, baselines, references, confidence=confidence,
+                                        pools=pools, engines=engines)
     return module.shifted_baselines(ratios, references, baselines, confidence=confidence)
 
 
