@@ -261,7 +261,9 @@ def test_the_sweep_refuses_a_missing_hub_checkpoint_and_pricing_does_not_look(hf
 
 
 def test_an_engine_records_the_hub_revisions_it_loads(hf_home, compose_cell) -> None:
-    snapshot = cache_checkpoint(hf_home, "Org/Head", {"config.json": "{}", "model.safetensors": "w"})
+    # The head's shapes are the embedded target's: where that target is prepared, the config check reads both.
+    head_config = json.dumps({"hidden_size": 576, "vocab_size": 49152})
+    snapshot = cache_checkpoint(hf_home, "Org/Head", {"config.json": head_config, "model.safetensors": "w"})
     cell = cell_from_config(compose_cell(["method=eagle3", "model.eagle3=Org/Head"]))
     spec = cell.engine_spec(prepare=False)
     assert spec.speculative_config["model"] == str(snapshot)
