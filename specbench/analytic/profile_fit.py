@@ -348,20 +348,9 @@ def fit_draft_overhead(
     sample's priced draft pass, so that no draft pass is priced below
     nothing.
     """
-    cost_model(method)  # an unknown method is refused before the EAGLE-only check below
-    if method not in EAGLE_FC_INPUTS:
-        raise ValueError(f"method must be an EAGLE head ({', '.join(EAGLE_FC_INPUTS)}); got {method!r}")
     if not samples:
         raise ValueError("samples must not be empty")
-    free = replace(hw, draft_overhead_s=0.0, head_overheads=(), head_step_overheads=())
-    # Per sample: measured seconds, verification, and one draft pass priced without the draft overhead.
-    priced = []
-    for i, s in enumerate(samples):
-        k = check_int(f"samples[{i}].k", s.k, 1)
-        seconds = check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True)
-        work = draft_time(method, hw=free, batch_size=s.batch_size, k=k, context_len=s.context_len,
-                          draft=head, target=target) / k
-        priced.append((k, seconds, verify_step(target, hw, s.batch_size, k, s.context_len), work))
+    priced = _priced_draft_samples(samples, method=method, target=target, head=head, hw=hw)
     lowest = -min(work for _, _, _, work in priced) if signed else 0.0
     overhead = max(statistics.median((seconds - verify) / k - work for k, seconds, verify, work in priced), lowest)
     residuals = [(verify + k * (work + overhead)) / seconds - 1.0 for k, seconds, verify, work in priced]
@@ -391,19 +380,9 @@ def fit_draft_costs(
     :func:`fit_draft_overhead`, s then refitted at that d. Returns d and s in
     seconds and each sample's relative residual predicted / measured - 1.
     """
-    cost_model(method)  # an unknown method is refused before the EAGLE-only check below
-    if method not in EAGLE_FC_INPUTS:
-        raise ValueError(f"method must be an EAGLE head ({', '.join(EAGLE_FC_INPUTS)}); got {method!r}")
     if len(samples) < 2:
         raise ValueError(f"samples must hold at least 2 passes (a cost per pass and one per step), got {len(samples)}")
-    free = replace(hw, draft_overhead_s=0.0, head_overheads=(), head_step_overheads=())
-    priced = []
-    for i, s in enumerate(samples):
-        k = check_int(f"samples[{i}].k", s.k, 1)
-        seconds = check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True)
-        work = draft_time(method, hw=free, batch_size=s.batch_size, k=k, context_len=s.context_len,
-                          draft=head, target=target) / k
-        priced.append((k, seconds, verify_step(target, hw, s.batch_size, k, s.context_len), work))
+    priced = _priced_draft_samples(samples, method=method, target=target, head=head, hw=hw)
     ks = sorted({k for k, _, _, _ in priced})
     if len(ks) < 2:
         raise ValueError(f"samples must be timed at two K or more to separate a cost per step from one per pass; "
@@ -418,6 +397,27 @@ def fit_draft_costs(
     per_step = statistics.fmean(r - k * per_pass for k, r in left)
     residuals = [(verify + per_step + k * (work + per_pass)) / seconds - 1.0 for k, seconds, verify, work in priced]
     return per_pass, per_step, residuals
+
+
+def _priced_draft_samples(
+    samples: Sequence[DraftSample], *, method: str, target: ModelProfile, head: ModelProfile | None,
+    hw: HardwareProfile,
+) -> list[tuple[int, float, float, float]]:
+    """Per timed speculative pass of an EAGLE head: K, the measured seconds, the target's verification, and
+    one draft pass priced without any draft overhead (what :func:`fit_draft_overhead` and
+    :func:`fit_draft_costs` fit the overheads to)."""
+    cost_model(method)  # an unknown method is refused before the EAGLE-only check below
+    if method not in EAGLE_FC_INPUTS:
+        raise ValueError(f"method must be an EAGLE head ({', '.join(EAGLE_FC_INPUTS)}); got {method!r}")
+    free = replace(hw, draft_overhead_s=0.0, head_overheads=(), head_step_overheads=())
+    priced = []
+    for i, s in enumerate(samples):
+        k = check_int(f"samples[{i}].k", s.k, 1)
+        seconds = check_real(f"samples[{i}].seconds", s.seconds, 0.0, low_open=True)
+        work = draft_time(method, hw=free, batch_size=s.batch_size, k=k, context_len=s.context_len,
+                          draft=head, target=target) / k
+        priced.append((k, seconds, verify_step(target, hw, s.batch_size, k, s.context_len), work))
+    return priced
 
 
 def fit_draft_step_overhead(
