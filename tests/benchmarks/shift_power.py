@@ -93,8 +93,9 @@ def shifted_references(rows: Sequence[dict]) -> set[str]:
             and any(" of the baseline ran " in reason for reason in r.get("flag_reasons") or [])}
 
 
-def shares(trials: int, seed: int, configs: int, **noise: object) -> dict[str, float]:
-    """Per scenario (module docstring), the share of ``trials`` merged sweeps with the outcome it counts."""
+def _counted_shares(trials: int, seed: int, configs: int, found_in, noise: dict) -> dict[str, float]:
+    """Per scenario (module docstring), the share of ``trials`` simulated sweeps with the outcome it counts;
+    ``found_in(table, slow)`` judges one sweep and returns the baseline cells it flagged as shifted."""
     rng = np.random.default_rng(seed)
     counts = dict.fromkeys(("sound", "grid", "remeasured sound", "remeasured"), 0)
     for _ in range(trials):
@@ -102,10 +103,18 @@ def shares(trials: int, seed: int, configs: int, **noise: object) -> dict[str, f
             fresh = 1 if scenario.startswith("remeasured") else None
             table = sweep_ratios(rng, configs, fresh=fresh, **noise)  # type: ignore[arg-type]
             slow = {"grid": (("old", 1), 1), "remeasured": (("fresh", 1), 0)}.get(scenario)
-            with tempfile.TemporaryDirectory() as directory:
-                found = shifted_references(merge(Path(directory), write_sweep(Path(directory), table, slow)))
+            found = found_in(table, slow)
             counts[scenario] += (found == {"B1"}) if slow else bool(found)
     return {scenario: count / trials for scenario, count in counts.items()}
+
+
+def shares(trials: int, seed: int, configs: int, **noise: object) -> dict[str, float]:
+    """Per scenario (module docstring), the share of ``trials`` merged sweeps with the outcome it counts."""
+    def found_in(table, slow) -> set[str]:
+        with tempfile.TemporaryDirectory() as directory:
+            return shifted_references(merge(Path(directory), write_sweep(Path(directory), table, slow)))
+
+    return _counted_shares(trials, seed, configs, found_in, noise)
 
 
 def judged_shares(trials: int, seed: int, configs: int, **noise: object) -> dict[str, float]:
@@ -114,27 +123,21 @@ def judged_shares(trials: int, seed: int, configs: int, **noise: object) -> dict
     minute, where :func:`shares` reads parquet files (a second or more per sweep)."""
     from specbench.results.judging import judge_baselines
 
-    rng = np.random.default_rng(seed)
-    counts = dict.fromkeys(("sound", "grid", "remeasured sound", "remeasured"), 0)
-    for _ in range(trials):
-        for scenario in counts:
-            fresh = 1 if scenario.startswith("remeasured") else None
-            table = sweep_ratios(rng, configs, fresh=fresh, **noise)  # type: ignore[arg-type]
-            slow = {"grid": (("old", 1), 1), "remeasured": (("fresh", 1), 0)}.get(scenario)
-            rows = [{"method": "baseline", "config_hash": f"B{batch}"} for _, batch in table]
-            speculative = []
-            for (group, batch), configurations in table.items():
-                for k, ratios in enumerate(configurations):
-                    per_run = [r * (SLOW if slow == ((group, batch), run) else 1.0) for run, r in enumerate(ratios)]
-                    speculative.append({
-                        "method": "ngram", "config_hash": f"S{k}-{batch}", "workload": "creative", "batch_size": batch,
-                        "temperature": 0.0, "speedup_per_engine_run": per_run, "_reference": f"B{batch}",
-                        "_runs": [f"{group}-base-{run}" for run in range(RUNS)], "_run_numbers": list(range(RUNS)),
-                        "_baseline": group, "_engine": tuple(f"{group}-k{k}-{run}" for run in range(RUNS))})
-            judge_baselines(rows + speculative, speculative)
-            found = shifted_references(rows)
-            counts[scenario] += (found == {"B1"}) if slow else bool(found)
-    return {scenario: count / trials for scenario, count in counts.items()}
+    def found_in(table, slow) -> set[str]:
+        rows = [{"method": "baseline", "config_hash": f"B{batch}"} for _, batch in table]
+        speculative = []
+        for (group, batch), configurations in table.items():
+            for k, ratios in enumerate(configurations):
+                per_run = [r * (SLOW if slow == ((group, batch), run) else 1.0) for run, r in enumerate(ratios)]
+                speculative.append({
+                    "method": "ngram", "config_hash": f"S{k}-{batch}", "workload": "creative", "batch_size": batch,
+                    "temperature": 0.0, "speedup_per_engine_run": per_run, "_reference": f"B{batch}",
+                    "_runs": [f"{group}-base-{run}" for run in range(RUNS)], "_run_numbers": list(range(RUNS)),
+                    "_baseline": group, "_engine": tuple(f"{group}-k{k}-{run}" for run in range(RUNS))})
+        judge_baselines(rows + speculative, speculative)
+        return shifted_references(rows)
+
+    return _counted_shares(trials, seed, configs, found_in, noise)
 
 
 SETTINGS = {
