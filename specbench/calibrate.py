@@ -147,6 +147,8 @@ DRAFT_K = 3
 # Every method the model config names a head for is timed, in this order; the first one's overhead is the
 # profile's draft_overhead_ms, paid by drafters without a timed head of their own.
 DRAFT_METHODS = ("eagle3", "eagle")
+# The settings key listing the heads a calibration left out by choice (--heads): prediction.HEADS_LEFT_OUT.
+HEADS_LEFT_OUT = prediction.HEADS_LEFT_OUT
 # Drafters without a draft pass whose per-step host work is timed on an engine of their own.
 LOOKUP_METHODS = ("ngram",)
 
@@ -571,8 +573,11 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="the ceilings of the fitted rates: copy bandwidth (GB/s) and matmul rate (TFLOP/s), "
                              "e.g. from a datasheet (default: timed here with torch before the engine starts)")
     parser.add_argument("--heads", default=",".join(DRAFT_METHODS),
-                        help="the EAGLE heads whose draft passes are timed (two engines each); a head left out "
-                             "is priced with the first timed head's cost per pass")
+                        help="the EAGLE heads whose draft passes are timed (two engines each), or none; a sweep "
+                             "of a head left out is refused until --add-heads times it")
+    parser.add_argument("--add-heads", default=None, metavar="METHODS",
+                        help="time these EAGLE heads (two engines each) and add them to the profile at --out, "
+                             "which a calibration with --heads left them out of; nothing else is measured")
     parser.add_argument("--refit", type=Path, default=None, metavar="PROFILE.yaml",
                         help="refit the samples an earlier calibration wrote, without starting an engine")
     return parser
@@ -608,13 +613,81 @@ def planned_engines(args: argparse.Namespace) -> Engines:
     return Engines(overrides, points, target, heads, skipped, _lookup_cells(overrides))
 
 
-def head_methods(text: str) -> list[str]:
-    """``--heads``: a comma-separated list of :data:`DRAFT_METHODS`; ValueError naming the flag otherwise."""
+def head_methods(text: str, flag: str = "--heads") -> list[str]:
+    """``--heads`` (or ``flag``): a comma-separated list of :data:`DRAFT_METHODS`, or ``none`` (no head:
+    a grid without one, as the demo's may be); ValueError naming the flag otherwise."""
+    if text.strip() == "none" and flag == "--heads":
+        return []
     methods = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in methods if m not in DRAFT_METHODS]
     if unknown or not methods:
-        raise ValueError(f"--heads expects a comma-separated list of {', '.join(DRAFT_METHODS)}; got {text!r}")
+        raise ValueError(f"{flag} expects a comma-separated list of {', '.join(DRAFT_METHODS)}"
+                         f"{' (or none)' if flag == '--heads' else ''}; got {text!r}")
     return methods
+
+
+def time_head(
+    method: str, cells_at_k: Sequence[Cell], stream: Sequence[int], max_tokens: int, rounds: int,
+    log_path: Path | None, model: profiles.ModelProfile, dtype: str, profile: profiles.HardwareProfile,
+) -> tuple[float, float, list[dict[str, Any]]]:
+    """One head's draft passes timed on an engine per K (``cells_at_k``, :func:`_draft_cells`) and fitted
+    against the target's ``profile`` (:func:`fit_head`); the fit is printed. Raises EngineError or ValueError."""
+    timed_records = []
+    for draft_cell in cells_at_k:
+        k = draft_cell.identity["method"]["speculative_config"]["num_speculative_tokens"]
+        measured = _measure_draft_passes(draft_cell, k, stream, max_tokens, rounds, log_path)
+        timed_records += [draft_sample(p, k, max_tokens, measured[p])[1] for p in DRAFT_POINTS]
+    overhead, per_step, records = fit_head(method, cells_at_k[0].identity["method"], timed_records, model, dtype,
+                                           profile)
+    print(format_draft_fit(method, overhead, records, per_step))
+    return overhead, per_step, records
+
+
+def add_heads(path: Path, methods: Sequence[str], verbose: bool) -> int:
+    """``--add-heads``: time ``methods``' heads as the calibration at ``path`` would have (its overrides,
+    rounds and output length), fit each against its target profile, and write them into it; the target's
+    samples, the lookups and the heads it has are kept. Returns the exit status."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+        settings = doc.get("settings") or {}
+        overrides, max_tokens, rounds = list(settings["overrides"]), int(settings["max_tokens"]), int(settings["rounds"])
+        # The target's fit alone: fit_head prices a head's passes beside its steps, not another head's.
+        target = replace(profiles.HardwareProfile.from_mapping(doc), draft_overhead_s=None, head_overheads=(),
+                         head_step_overheads=())
+        cells, skipped = _draft_cells(overrides, methods)
+        if missing := [m for m in methods if m not in cells]:
+            raise ValueError(f"cannot time {', '.join(missing)}: {skipped}")
+        fetch_checkpoints([c for at_k in cells.values() for c in at_k])
+    except (OSError, KeyError, TypeError, ValueError, hub.HubError) as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 2
+    from transformers import AutoTokenizer  # heavy: imported once the profile and checkpoints are good
+
+    first = next(iter(cells.values()))[0]
+    model_cfg, dtype = first.identity["model"], first.identity["engine"]["dtype"]
+    folder = models.resolve(model_cfg["path"], revision=first.revisions().get(model_cfg["path"]))
+    model = prediction.model_profile(model_cfg["path"], dtype, model_cfg["name"])
+    stream = _token_stream(AutoTokenizer.from_pretrained(folder))
+    for method, cells_at_k in cells.items():
+        try:
+            overhead, per_step, records = time_head(method, cells_at_k, stream, max_tokens, rounds,
+                                                    None if verbose else path.with_suffix(".log"), model, dtype, target)
+        except (EngineError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        doc["head_draft_samples"] = dict(doc.get("head_draft_samples") or {}, **{method: records})
+        doc["head_draft_overhead_ms"] = dict(doc.get("head_draft_overhead_ms") or {}, **{method: round(overhead * 1e3, 4)})
+        step_ms = {k: v for k, v in (doc.get("head_draft_step_overhead_ms") or {}).items() if k != method}
+        doc["head_draft_step_overhead_ms"] = step_ms | ({method: round(per_step * 1e3, 4)} if per_step else {})
+        if doc.get("draft_overhead_ms") is None:  # the first head timed: what drafters without one pay
+            doc["draft_overhead_ms"] = round(max(overhead, 0.0) * 1e3, 4)
+            doc["draft_samples"] = {"method": method, "samples": records}
+        settings[HEADS_LEFT_OUT] = [m for m in settings.get(HEADS_LEFT_OUT) or [] if m != method]
+        doc["notes"] = f"{doc.get('notes', '')} The {method} head timed afterwards ({now_iso()}, --add-heads)."
+    doc["settings"] = settings
+    write_profile(doc, path)
+    print(f"profile: {path} (heads added: {', '.join(cells)})")
+    return 0
 
 
 def fetch_checkpoints(cells: Sequence[Cell]) -> dict[str, Path]:
@@ -637,6 +710,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.refit is not None:
         return _refit(args.refit, args.out or args.refit, given_rates)
+    if args.add_heads is not None:
+        try:
+            methods = head_methods(args.add_heads, "--add-heads")
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return add_heads(args.out or prediction.calibrated_path(), methods, args.verbose)
 
     try:
         planned = planned_engines(args)
@@ -705,18 +785,12 @@ def main(argv: list[str] | None = None) -> int:
     step_overheads: dict[str, float] = {}
     for method, cells_at_k in draft_cells.items():
         try:
-            timed_records = []
-            for draft_cell in cells_at_k:
-                k = draft_cell.identity["method"]["speculative_config"]["num_speculative_tokens"]
-                rounds = _measure_draft_passes(draft_cell, k, stream, args.max_tokens, args.rounds,
-                                               None if args.verbose else engine_log)
-                timed_records += [draft_sample(p, k, args.max_tokens, rounds[p])[1] for p in DRAFT_POINTS]
-            overheads[method], step_overheads[method], head_records[method] = fit_head(
-                method, cells_at_k[0].identity["method"], timed_records, model, dtype, profile)
+            overheads[method], step_overheads[method], head_records[method] = time_head(
+                method, cells_at_k, stream, args.max_tokens, args.rounds, None if args.verbose else engine_log,
+                model, dtype, profile)
         except (EngineError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        print(format_draft_fit(method, overheads[method], head_records[method], step_overheads[method]))
     profile = with_head_overheads(profile, overheads, step_overheads)
     print(format_heads_timed(overheads, planned.skipped, step_overheads))
     lookup_overheads: dict[str, float] = {}
@@ -742,7 +816,10 @@ def main(argv: list[str] | None = None) -> int:
         device=worker.info.machine, measured_at=measured_at,
         vllm_version=worker.info.vllm_version,
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
-                  "max_step_tokens": args.max_step_tokens, "overrides": overrides},
+                  "max_step_tokens": args.max_step_tokens, "overrides": overrides,
+                  # A sweep of a head left out by choice is refused until --add-heads times it
+                  # (prediction.heads_left_out): it would be priced with another head's cost per pass.
+                  HEADS_LEFT_OUT: [m for m in DRAFT_METHODS if m not in head_methods(args.heads)]},
         draft_records=draft_records, draft_method=draft_method, head_records=head_records,
         bounds=bounds, warnings=warnings, device_memory_bytes=probe.memory_bytes, lookup_records=lookup_records,
     )

@@ -2,8 +2,10 @@
 
 First this machine's hardware profile, unless one is cached
 (:func:`specbench.analytic.prediction.calibrated_path`): ``python -m
-specbench.calibrate --rounds 1`` (one pass over the grid; ``calibrate`` alone
-takes two). Then the sweep, ``python -m specbench <overrides>`` (``make demo``
+specbench.calibrate --rounds 1 --heads HEADS`` (one pass over the grid;
+``calibrate`` alone takes two), timing only the EAGLE heads the grid runs
+(``make demo``'s: EAGLE-3; a later sweep of EAGLE-1 is refused until
+``calibrate --add-heads eagle`` times it). Then the sweep, ``python -m specbench <overrides>`` (``make demo``
 passes ``sweep=cpu_demo``). Both start their engines from one fork server, the
 process that imports vLLM once (:func:`specbench.engine.worker_context`): as two
 commands, each imported it (about 10 s on 2 cores) and started Python, Hydra
@@ -36,16 +38,22 @@ CALIBRATION_FAILED = "calibration failed: the report will show no model curves"
 INFO_FLAGS = frozenset({"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc"})
 
 
-def problem(overrides: Sequence[str]) -> str | None:
-    """Why the sweep would refuse these overrides (every grid point composed and validated as the sweeper
-    does, each workload's prompts read once), or None. Flags (``-m``) are left to Hydra."""
-    try:
-        jobs = grid_jobs([o for o in overrides if not o.startswith("-")])
-        with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
-            plan_cells(jobs, GridComposer())
-    except Exception as exc:  # Hydra's own message, or the sweeper's ConfigError, names the bad override
-        return str(exc)
-    return None
+def grid_methods(overrides: Sequence[str]) -> list[str]:
+    """The speculative methods of the sweep these overrides make, every grid point composed and validated
+    as the sweeper does (each workload's prompts read once); raises what the sweep would refuse them with
+    (Hydra's own message, or the sweeper's ConfigError, names the bad override). Flags (``-m``) are left
+    to Hydra."""
+    jobs = grid_jobs([o for o in overrides if not o.startswith("-")])
+    with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
+        return list(dict.fromkeys(p.cell.method for p in plan_cells(jobs, GridComposer())))
+
+
+def calibrate_args(methods: Sequence[str]) -> list[str]:
+    """The calibration of a grid of ``methods``: :data:`CALIBRATE_ARGS`, timing only the EAGLE heads the
+    grid runs (a head engine per K: two for each other head). A later sweep of a head left out is refused
+    until ``calibrate --add-heads`` times it (:func:`specbench.analytic.prediction.heads_left_out`)."""
+    heads = [m for m in calibrate.DRAFT_METHODS if m in methods]
+    return [*CALIBRATE_ARGS, "--heads", ",".join(heads) or "none"]
 
 
 def _verbose(overrides: Sequence[str]) -> bool:
@@ -79,13 +87,15 @@ def main(argv: Sequence[str] | None = None, *, calibrate_main: Callable[[list[st
     """
     overrides = list(sys.argv[1:] if argv is None else argv)
     if INFO_FLAGS.isdisjoint(overrides) and not prediction.calibrated_path().is_file():
-        if (why := problem(overrides)) is not None:
-            print(f"error: {why}", file=sys.stderr)
+        try:
+            methods = grid_methods(overrides)
+        except Exception as exc:  # refused: said in one line before the calibration's engines load
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         # The fork server keeps the output of the first command that starts it: a verbose sweep's engines
         # stream to the terminal only if the calibration's did.
         verbose = ["--verbose"] if _verbose(overrides) else []
-        if calibrate_main([*CALIBRATE_ARGS, *verbose]) != 0:
+        if calibrate_main([*calibrate_args(methods), *verbose]) != 0:
             print(CALIBRATION_FAILED, file=sys.stderr, flush=True)
     return sweep(overrides)
 

@@ -49,7 +49,7 @@ from specbench.analytic import memory
 from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, engine_start_environment, refuse, validate
 from specbench.logs import LOG_FILE, engine_log
 from specbench.analytic import walltime
-from specbench.analytic.prediction import predict_sweep, with_serving_predictions
+from specbench.analytic.prediction import heads_left_out, predict_sweep, with_serving_predictions
 from specbench.plan import cell_rows, duration, run_time, within_budget
 from specbench.plan import futility_floor as floor_time
 from specbench.grid import PlannedCell
@@ -309,6 +309,9 @@ class CellSweeper(BasicSweeper):
                 print(note, flush=True)
         try:
             planned = plan_cells(jobs, lambda point: loader.load_sweep_config(self.config, list(point)), fetch=True)
+            hardware = next((h for p in planned if (h := p.cell.config.get("hardware"))), None)
+            if (why := heads_left_out({p.cell.method for p in planned}, hardware)) is not None:
+                raise ConfigError(why)
         except (ConfigError, hub.HubError) as exc:
             refuse(exc)
 

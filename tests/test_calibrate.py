@@ -424,22 +424,22 @@ def test_a_signed_draft_correction_never_prices_a_pass_below_nothing():
     assert profile_fit.fit_draft_overhead(fast, method="eagle", target=MODEL, head=None, hw=TRUE)[0] == 0.0
 
 
-def test_a_calibration_times_each_grid_point_once_a_round_and_each_head_at_batch_1(tmp_path, monkeypatch, capsys):
-    # Through calibrate.main, on engines that time passes as a machine with TRUE's rates would: the target's
-    # engine measures every grid point once per round, each head's engine its one draft point once per round,
-    # and so does an ngram engine, whose passes carry 3 ms of host work beyond verifying one draft token.
+def _timed_engine(measured: list, started: list | None = None) -> type:
+    """An EngineWorker that times passes as a machine with TRUE's rates would, recording each measurement as
+    (engine, batch, prompt tokens) in ``measured`` and each engine's method, as it starts, in ``started``."""
     from types import SimpleNamespace
 
     from specbench.measure import Measurement, SpecCounters
 
     target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
-    measured: list[tuple[str, int, int]] = []  # (engine, batch, prompt tokens)
 
     class TimedEngine:
         def __init__(self, spec, log_path=None):
             self.drafts = spec.speculative_config_json is not None
             self.lookup = self.drafts and spec.speculative_config["method"] == "ngram"
             self.info = SimpleNamespace(machine="CPU test machine (2 cores)", vllm_version="0.32.0")
+            if started is not None:
+                started.append(spec.speculative_config["method"] if self.drafts else "baseline")
 
         def measure(self, plan):
             batch, prompt = plan.batch_size, len(plan.prompts[0])
@@ -460,6 +460,15 @@ def test_a_calibration_times_each_grid_point_once_a_round_and_each_head_at_batch
         def close(self):
             pass
 
+    return TimedEngine
+
+
+def test_a_calibration_times_each_grid_point_once_a_round_and_each_head_at_batch_1(tmp_path, monkeypatch, capsys):
+    # Through calibrate.main, on engines that time passes as a machine with TRUE's rates would: the target's
+    # engine measures every grid point once per round, each head's engine its one draft point once per round,
+    # and so does an ngram engine, whose passes carry 3 ms of host work beyond verifying one draft token.
+    measured: list[tuple[str, int, int]] = []  # (engine, batch, prompt tokens)
+    TimedEngine = _timed_engine(measured)
     monkeypatch.setattr(calibrate, "EngineWorker", TimedEngine)
     out = tmp_path / "calibrated.yaml"
     for rounds in (1, 2):
@@ -659,4 +668,53 @@ def test_heads_left_out_are_not_timed_and_a_bad_heads_value_is_refused_before_an
     assert "(not timed: eagle: left out by --heads)" in calibrate.format_heads_timed({"eagle3": 2e-3}, planned.skipped)
     assert calibrate.main(["--heads", "eagle,medusa"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: --heads expects a comma-separated list of eagle3, eagle; got 'eagle,medusa'")
+        "error: --heads expects a comma-separated list of eagle3, eagle (or none); got 'eagle,medusa'")
+    # A grid with no head (the demo's, with method=ngram) times none.
+    planned = calibrate.planned_engines(calibrate.argument_parser().parse_args(["--heads", "none"]))
+    assert planned.heads == {} and [c.method for c in planned.cells] == ["baseline", "ngram"]
+
+
+def test_a_head_left_out_is_recorded_and_added_later_on_its_own_engines(tmp_path, monkeypatch):
+    # make demo's calibration (--heads eagle3) records EAGLE-1 as left out, which refuses its sweeps
+    # (prediction.heads_left_out); --add-heads eagle then times EAGLE-1 alone, at both K, and adds it.
+    measured: list[tuple[str, int, int]] = []
+    started: list[str] = []
+    monkeypatch.setattr(calibrate, "EngineWorker", _timed_engine(measured, started))
+    out = tmp_path / "calibrated.yaml"
+    monkeypatch.setattr(prediction, "calibrated_path", lambda: out)
+    assert calibrate.main(["--rounds=1", "--heads", "eagle3", "--device-rates", "40,1"]) == 0
+    assert started == ["baseline", "eagle3", "eagle3", "ngram"]
+    before = yaml.safe_load(out.read_text())
+    assert before["settings"]["heads_left_out"] == ["eagle"] and set(before["head_draft_samples"]) == {"eagle3"}
+    assert "--add-heads eagle" in prediction.heads_left_out(["ngram", "eagle"], None)
+    assert prediction.heads_left_out(["ngram", "eagle3"], None) is None
+
+    started.clear()
+    measured.clear()
+    assert calibrate.main(["--add-heads", "eagle"]) == 0
+    assert started == ["eagle"] * len(calibrate.DRAFT_KS) and {m[0] for m in measured} == {"draft"}
+    after = yaml.safe_load(out.read_text())
+    assert after["settings"]["heads_left_out"] == [] and prediction.heads_left_out(["eagle"], None) is None
+    assert sorted(r["k"] for r in after["head_draft_samples"]["eagle"]) == list(calibrate.DRAFT_KS)
+    # What was there stays: the target's samples and fit, EAGLE-3's and ngram's costs, the draft overhead
+    # other drafters pay (EAGLE-3's, the first head's).
+    for key in ("samples", "memory_bandwidth_gbps", "fixed_overhead_ms", "draft_overhead_ms", "lookup_samples"):
+        assert after[key] == before[key]
+    assert {m: after["head_draft_overhead_ms"][m] for m in ("eagle3", "ngram")} == {
+        m: before["head_draft_overhead_ms"][m] for m in ("eagle3", "ngram")}
+    # EAGLE-1 fitted as a full calibration fits it: the same cost per pass, priced with its own head.
+    monkeypatch.setattr(calibrate, "EngineWorker", _timed_engine([]))
+    full = tmp_path / "full.yaml"
+    assert calibrate.main(["--rounds=1", "--device-rates", "40,1", "--out", str(full)]) == 0
+    whole = yaml.safe_load(full.read_text())
+    assert after["head_draft_overhead_ms"]["eagle"] == pytest.approx(whole["head_draft_overhead_ms"]["eagle"], rel=1e-6)
+    loaded = prediction.load_hardware_file(out).profile
+    assert dict(loaded.head_overheads)["eagle"] == pytest.approx(after["head_draft_overhead_ms"]["eagle"] / 1e3)
+    assert whole["settings"]["heads_left_out"] == []
+
+
+def test_add_heads_refuses_without_a_profile_or_with_a_bad_head(tmp_path, capsys):
+    assert calibrate.main(["--add-heads", "medusa", "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "--add-heads expects a comma-separated list of eagle3, eagle; got 'medusa'" in capsys.readouterr().err
+    assert calibrate.main(["--add-heads", "eagle", "--out", str(tmp_path / "p.yaml")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'p.yaml'}: ")

@@ -414,3 +414,23 @@ def test_the_plan_takes_a_sweeps_command_line_whole(command, tmp_path: Path) -> 
     assert "hydra" not in pasted.output.split("\n\n")[0]  # no cell is labelled with Hydra's settings
     plain = command(["-m", "specbench.plan", "workload=creative", "batch_size=1,4"])
     assert pasted.output == plain.output  # the same cells, priced the same
+
+
+@pytest.mark.parametrize("multirun", [False, True], ids=["single", "multirun"])
+def test_a_head_the_calibration_left_out_is_refused_before_any_engine_naming_the_command_that_adds_it(
+        command, no_engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, multirun: bool) -> None:
+    # make demo calibrates EAGLE-3's head alone (calibrate --heads eagle3): an EAGLE-1 sweep priced with
+    # EAGLE-3's cost per pass would be silently off, so it is refused until calibrate --add-heads times it.
+    from specbench.analytic import prediction
+
+    profile = tmp_path / "calibrated.yaml"
+    profile.write_text("name: cpu\nsettings:\n  heads_left_out: [eagle]\n")
+    monkeypatch.setattr(prediction, "calibrated_path", lambda: profile)
+    result = command(sweep("method=eagle", "workload=creative", multirun=multirun, out=tmp_path))
+    assert result.returncode == 2
+    assert_refused(result, f"error: the calibrated profile {profile} has no timing of the eagle head",
+                   "`python -m specbench.calibrate --add-heads eagle` adds it")
+    assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
+    # Priced with a named hardware profile instead, or as a head the calibration timed: not refused.
+    assert prediction.heads_left_out(["eagle"], {"name": "rtx4090"}) is None
+    assert prediction.heads_left_out(["eagle3", "ngram", "baseline"], None) is None

@@ -37,10 +37,14 @@ def _commands(calibration_status: int, sweep_status: int = 0):
     return calls, {"calibrate_main": calibrate_main, "sweep": sweep}
 
 
-def test_without_a_profile_it_calibrates_in_one_round_then_sweeps(profile):
+@pytest.mark.parametrize("given, heads", [((), "eagle3"), (("method=ngram",), "none"),
+                                          (("method=eagle,ngram,eagle3",), "eagle3,eagle")])
+def test_without_a_profile_it_calibrates_the_grids_heads_in_one_round_then_sweeps(profile, given, heads):
+    # make demo's grid runs EAGLE-3: EAGLE-1's two head engines are not started for it.
     calls, commands = _commands(0)
-    assert demo.main(["sweep=cpu_demo", "sweep_name=x"], **commands) == 0
-    assert calls == [("calibrate", ["--rounds", "1"]), ("sweep", ["sweep=cpu_demo", "sweep_name=x"])]
+    assert demo.main(["sweep=cpu_demo", "sweep_name=x", *given], **commands) == 0
+    assert calls == [("calibrate", ["--rounds", "1", "--heads", heads]),
+                     ("sweep", ["sweep=cpu_demo", "sweep_name=x", *given])]
 
 
 @pytest.mark.parametrize("given, streams", [("verbose=true", True), ("verbose=false", False), ("seed=1", False)])
@@ -48,7 +52,7 @@ def test_a_verbose_sweeps_calibration_streams_too(profile, given, streams):
     # The engines' fork server, started by the calibration, keeps its output for every later worker.
     calls, commands = _commands(0)
     demo.main(["sweep=cpu_demo", given], **commands)
-    assert calls[0] == ("calibrate", ["--rounds", "1", *(["--verbose"] if streams else [])])
+    assert calls[0] == ("calibrate", ["--rounds", "1", "--heads", "eagle3", *(["--verbose"] if streams else [])])
 
 
 def test_a_cached_profile_is_reused(profile):
@@ -103,7 +107,7 @@ def test_the_calibrations_engines_and_the_demos_share_the_fork_server():
     # A worker whose start environment differs from the fork server's is spawned instead, and imports vLLM
     # itself (specbench.engine.worker_context): every engine of the demo's sweep must start as the
     # calibration's did, or the process shared for one import would pay one per engine.
-    args = calibrate.argument_parser().parse_args(list(demo.CALIBRATE_ARGS))
+    args = calibrate.argument_parser().parse_args(demo.calibrate_args(["ngram", "eagle3"]))
     GlobalHydra.instance().clear()
     engines = calibrate.planned_engines(args)
     calibration = {tuple(sorted(start_environment(spec.preload, spec.cpu_huge_pages).items()))
