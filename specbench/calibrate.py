@@ -26,6 +26,11 @@ and fixed cost are otherwise interchangeable in a decode grid (the fit once
 reported 68 GB/s on cores that copy at 20). A rate at its bound, or a
 residual beyond 10%, is printed as a warning and written as ``fit_warnings``.
 ``--refit PROFILE.yaml`` fits an earlier calibration's samples again.
+``--heads`` names the heads to time (``make demo`` times only the ones its grid
+runs); the others are recorded as left out, and a later sweep of one is refused
+before any engine starts (:func:`specbench.analytic.prediction.heads_left_out`),
+since it would be priced with another head's cost per pass, until
+``--add-heads METHOD`` times it on its own engines and adds it to the profile.
 
 A draft pass (an EAGLE head's forward inside the engine step) skips the
 scheduler and sampler that make up most of a step's fixed cost here, so it
