@@ -92,8 +92,8 @@ $(STAMP): pyproject.toml Makefile
 # machine's calibrated profile: measured once, then reused. specbench.demo calibrates
 # when none is cached, in one round over the grid (`python -m specbench.calibrate` alone
 # takes two, for a profile steadier by a few percent) and timing only the heads the sweep
-# runs (EAGLE-3: an EAGLE-1 sweep is refused until `calibrate --add-heads eagle` times
-# it), about 1.6 min on 2 quiet cores; then it runs the sweep in the same process (about
+# runs (EAGLE-3: an EAGLE-1 sweep times its head first, as `calibrate --add-heads eagle`
+# does), about 1.6 min on 2 quiet cores; then it runs the sweep in the same process (about
 # 5.4 min): both start their engines from one fork server, which imports vLLM once
 # (specbench/demo.py). From a fresh clone, set-up included: about 8 min on 2 cores.
 demo: setup

@@ -19,8 +19,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from specbench import grid, hub, job, logs
-from specbench.analytic.prediction import heads_left_out
+from specbench import calibrate, grid, hub, job, logs
 from specbench.config import REFUSED_EXIT, ConfigError, cell_from_config, engine_start_environment, refuse
 from specbench.plan import run_time, within_budget
 from specbench.results.files import CellFiles
@@ -65,8 +64,7 @@ def run(cfg: DictConfig) -> None:
             hub.fetch_all(cell.checkpoints(), cell.tokenizer_checkpoints(), cell.revisions())
             if problems := check_source(cell.workload, cell.identity["model"]["path"]):
                 raise WorkloadError("\n".join(problems))
-            if (why := heads_left_out([cell.method], cfg.get("hardware"))) is not None:
-                raise ConfigError(why)  # the sweeper refuses a multirun's the same way
+            calibrate.time_missing_heads([cell.method], cfg.get("hardware"), bool(cfg.verbose))  # the sweeper's too
     except (ConfigError, WorkloadError, hub.HubError) as exc:
         refuse(exc)  # the sweeper refuses a multirun's bad cells before any job starts
     timeout = cfg.engine.cell_timeout_s

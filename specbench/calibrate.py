@@ -27,10 +27,10 @@ reported 68 GB/s on cores that copy at 20). A rate at its bound, or a
 residual beyond 10%, is printed as a warning and written as ``fit_warnings``.
 ``--refit PROFILE.yaml`` fits an earlier calibration's samples again.
 ``--heads`` names the heads to time (``make demo`` times only the ones its grid
-runs); the others are recorded as left out, and a later sweep of one is refused
-before any engine starts (:func:`specbench.analytic.prediction.heads_left_out`),
-since it would be priced with another head's cost per pass, until
-``--add-heads METHOD`` times it on its own engines and adds it to the profile.
+runs); the others are recorded as left out. A later sweep of one would be priced
+with another head's cost per pass: it times the head first, before its cells
+(:func:`time_missing_heads`), as ``--add-heads METHOD`` does on the head's own
+engines, adding it to the profile; where that fails the sweep is refused.
 
 A draft pass (an EAGLE head's forward inside the engine step) skips the
 scheduler and sampler that make up most of a step's fixed cost here, so it
@@ -90,7 +90,7 @@ import os
 import re
 import statistics
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -579,7 +579,7 @@ def argument_parser() -> argparse.ArgumentParser:
                              "e.g. from a datasheet (default: timed here with torch before the engine starts)")
     parser.add_argument("--heads", default=",".join(DRAFT_METHODS),
                         help="the EAGLE heads whose draft passes are timed (two engines each), or none; a sweep "
-                             "of a head left out is refused until --add-heads times it")
+                             "of a head left out times it first, as --add-heads does")
     parser.add_argument("--add-heads", default=None, metavar="METHODS",
                         help="time these EAGLE heads (two engines each) and add them to the profile at --out, "
                              "which a calibration with --heads left them out of; nothing else is measured")
@@ -646,6 +646,21 @@ def time_head(
                                            profile)
     print(format_draft_fit(method, overhead, records, per_step))
     return overhead, per_step, records
+
+
+def time_missing_heads(methods: Iterable[str], config_hardware: Mapping[str, Any] | None, verbose: bool) -> None:
+    """Before a sweep's cells: the heads of ``methods`` that the calibrated profile left out by choice
+    (:func:`specbench.analytic.prediction.heads_left_out`) timed and added to it (:func:`add_heads`), so
+    that the sweep's report prices their draft passes with their own head's cost, not another's. Raises
+    ConfigError, naming the command, if they could not be timed."""
+    if not (missing := prediction.heads_left_out(methods, config_hardware)):
+        return
+    path, heads = prediction.calibrated_path(), ",".join(missing)
+    print(f"the calibrated profile {path} has no timing of the {heads} head (calibrated with --heads): "
+          f"timing it before the cells, as `python -m specbench.calibrate --add-heads {heads}` does", flush=True)
+    if add_heads(path, missing, verbose) != 0:
+        raise ConfigError(f"the {heads} head could not be timed (above); the sweep would price its draft passes "
+                          f"with another head's: `python -m specbench.calibrate --add-heads {heads}` adds it")
 
 
 def add_heads(path: Path, methods: Sequence[str], verbose: bool) -> int:
@@ -822,7 +837,7 @@ def main(argv: list[str] | None = None) -> int:
         vllm_version=worker.info.vllm_version,
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": overrides,
-                  # A sweep of a head left out by choice is refused until --add-heads times it
+                  # A sweep of a head left out by choice times it first (time_missing_heads), as --add-heads does
                   # (prediction.heads_left_out): it would be priced with another head's cost per pass.
                   HEADS_LEFT_OUT: [m for m in DRAFT_METHODS if m not in head_methods(args.heads)]},
         draft_records=draft_records, draft_method=draft_method, head_records=head_records,

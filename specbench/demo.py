@@ -4,8 +4,8 @@ First this machine's hardware profile, unless one is cached
 (:func:`specbench.analytic.prediction.calibrated_path`): ``python -m
 specbench.calibrate --rounds 1 --heads HEADS`` (one pass over the grid;
 ``calibrate`` alone takes two), timing only the EAGLE heads the grid runs
-(``make demo``'s: EAGLE-3; a later sweep of EAGLE-1 is refused until
-``calibrate --add-heads eagle`` times it). Then the sweep, ``python -m specbench <overrides>`` (``make demo``
+(``make demo``'s: EAGLE-3; a later sweep of EAGLE-1 times its head first, as
+``calibrate --add-heads eagle`` does). Then the sweep, ``python -m specbench <overrides>`` (``make demo``
 passes ``sweep=cpu_demo``). Both start their engines from one fork server, the
 process that imports vLLM once (:func:`specbench.engine.worker_context`): as two
 commands, each imported it (about 10 s on 2 cores) and started Python, Hydra
@@ -50,8 +50,8 @@ def grid_methods(overrides: Sequence[str]) -> list[str]:
 
 def calibrate_args(methods: Sequence[str]) -> list[str]:
     """The calibration of a grid of ``methods``: :data:`CALIBRATE_ARGS`, timing only the EAGLE heads the
-    grid runs (a head engine per K: two for each other head). A later sweep of a head left out is refused
-    until ``calibrate --add-heads`` times it (:func:`specbench.analytic.prediction.heads_left_out`)."""
+    grid runs (a head engine per K: two for each other head). A later sweep of a head left out times it
+    first (:func:`specbench.calibrate.time_missing_heads`)."""
     heads = [m for m in calibrate.DRAFT_METHODS if m in methods]
     return [*CALIBRATE_ARGS, "--heads", ",".join(heads) or "none"]
 

@@ -44,12 +44,12 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from specbench import confirm, futility, grid, hub, job
+from specbench import calibrate, confirm, futility, grid, hub, job
 from specbench.analytic import memory
 from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config, engine_start_environment, refuse, validate
 from specbench.logs import LOG_FILE, engine_log
 from specbench.analytic import walltime
-from specbench.analytic.prediction import heads_left_out, predict_sweep, with_serving_predictions
+from specbench.analytic.prediction import predict_sweep, with_serving_predictions
 from specbench.plan import cell_rows, duration, run_time, within_budget
 from specbench.plan import futility_floor as floor_time
 from specbench.grid import PlannedCell
@@ -310,8 +310,7 @@ class CellSweeper(BasicSweeper):
         try:
             planned = plan_cells(jobs, lambda point: loader.load_sweep_config(self.config, list(point)), fetch=True)
             hardware = next((h for p in planned if (h := p.cell.config.get("hardware"))), None)
-            if (why := heads_left_out({p.cell.method for p in planned}, hardware)) is not None:
-                raise ConfigError(why)
+            calibrate.time_missing_heads([p.cell.method for p in planned], hardware, bool(self.config.get("verbose")))
         except (ConfigError, hub.HubError) as exc:
             refuse(exc)
 

@@ -686,15 +686,15 @@ def test_a_head_left_out_is_recorded_and_added_later_on_its_own_engines(tmp_path
     assert started == ["baseline", "eagle3", "eagle3", "ngram"]
     before = yaml.safe_load(out.read_text())
     assert before["settings"]["heads_left_out"] == ["eagle"] and set(before["head_draft_samples"]) == {"eagle3"}
-    assert "--add-heads eagle" in prediction.heads_left_out(["ngram", "eagle"], None)
-    assert prediction.heads_left_out(["ngram", "eagle3"], None) is None
+    assert prediction.heads_left_out(["ngram", "eagle"], None) == ["eagle"]
+    assert prediction.heads_left_out(["ngram", "eagle3"], None) == []
 
     started.clear()
     measured.clear()
     assert calibrate.main(["--add-heads", "eagle"]) == 0
     assert started == ["eagle"] * len(calibrate.DRAFT_KS) and {m[0] for m in measured} == {"draft"}
     after = yaml.safe_load(out.read_text())
-    assert after["settings"]["heads_left_out"] == [] and prediction.heads_left_out(["eagle"], None) is None
+    assert after["settings"]["heads_left_out"] == [] and prediction.heads_left_out(["eagle"], None) == []
     assert sorted(r["k"] for r in after["head_draft_samples"]["eagle"]) == list(calibrate.DRAFT_KS)
     # What was there stays: the target's samples and fit, EAGLE-3's and ngram's costs, the draft overhead
     # other drafters pay (EAGLE-3's, the first head's).

@@ -417,20 +417,40 @@ def test_the_plan_takes_a_sweeps_command_line_whole(command, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("multirun", [False, True], ids=["single", "multirun"])
-def test_a_head_the_calibration_left_out_is_refused_before_any_engine_naming_the_command_that_adds_it(
+def test_a_head_the_calibration_left_out_is_timed_before_any_cell_or_the_sweep_is_refused_naming_the_command(
         command, no_engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, multirun: bool) -> None:
     # make demo calibrates EAGLE-3's head alone (calibrate --heads eagle3): an EAGLE-1 sweep priced with
-    # EAGLE-3's cost per pass would be silently off, so it is refused until calibrate --add-heads times it.
+    # EAGLE-3's cost per pass would be silently off, so its head is timed and added first (calibrate
+    # --add-heads), before any cell's engine; where that fails, the sweep is refused naming the command.
+    from specbench import calibrate
     from specbench.analytic import prediction
 
     profile = tmp_path / "calibrated.yaml"
     profile.write_text("name: cpu\nsettings:\n  heads_left_out: [eagle]\n")
     monkeypatch.setattr(prediction, "calibrated_path", lambda: profile)
+    added: list[tuple[Path, list[str]]] = []
+    status = 1
+
+    def add_heads(path: Path, methods: list[str], verbose: bool) -> int:
+        added.append((path, list(methods)))
+        return status
+
+    monkeypatch.setattr(calibrate, "add_heads", add_heads)
     result = command(sweep("method=eagle", "workload=creative", multirun=multirun, out=tmp_path))
-    assert result.returncode == 2
-    assert_refused(result, f"error: the calibrated profile {profile} has no timing of the eagle head",
+    assert added == [(profile, ["eagle"])] and result.returncode == 2
+    assert_refused(result, f"the calibrated profile {profile} has no timing of the eagle head",
+                   "error: the eagle head could not be timed (above)",
                    "`python -m specbench.calibrate --add-heads eagle` adds it")
     assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
-    # Priced with a named hardware profile instead, or as a head the calibration timed: not refused.
-    assert prediction.heads_left_out(["eagle"], {"name": "rtx4090"}) is None
-    assert prediction.heads_left_out(["eagle3", "ngram", "baseline"], None) is None
+    # Timed: the sweep plans its cells and goes on to them (the engine no_engine stops, which a single
+    # run's job reports as its failure and a multirun raises).
+    status = 0
+    try:
+        command(sweep("method=eagle", "workload=creative", multirun=multirun, out=tmp_path / "again"))
+    except AssertionError as exc:
+        assert "an engine would start" in str(exc)
+    assert added[1:] == [(profile, ["eagle"])]
+    assert (tmp_path / "again" / ("sweep" if multirun else "run") / "plan.json").is_file()
+    # Priced with a named hardware profile instead, or as heads the calibration timed: nothing to time.
+    assert prediction.heads_left_out(["eagle"], {"name": "rtx4090"}) == []
+    assert prediction.heads_left_out(["eagle3", "ngram", "baseline"], None) == []

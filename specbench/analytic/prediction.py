@@ -160,20 +160,15 @@ def choose_hardware(config_hardware: Mapping[str, Any] | None) -> HardwareChoice
 HEADS_LEFT_OUT = "heads_left_out"
 
 
-def heads_left_out(methods: Iterable[str], config_hardware: Mapping[str, Any] | None) -> str | None:
-    """Why the calibrated profile that would price a sweep of ``methods`` (no ``hardware`` in its config)
-    cannot price their draft passes, or None: one of them is a head its calibration left out
-    (``calibrate --heads``), which would be priced with another head's cost per pass, silently off."""
+def heads_left_out(methods: Iterable[str], config_hardware: Mapping[str, Any] | None) -> list[str]:
+    """Those of ``methods`` whose EAGLE head the calibrated profile that would price them (no ``hardware``
+    in the sweep's config) left out by choice (``calibrate --heads``): their draft passes would be priced
+    with another head's cost per pass, silently off, until ``calibrate --add-heads`` times them."""
     path = calibrated_path()
     if config_hardware or not path.is_file():
-        return None
+        return []
     settings = (yaml.safe_load(path.read_text()) or {}).get("settings") or {}
-    missing = [m for m in dict.fromkeys(methods) if m in (settings.get(HEADS_LEFT_OUT) or [])]
-    if not missing:
-        return None
-    return (f"the calibrated profile {path} has no timing of the {', '.join(missing)} head (calibrated with "
-            f"--heads), which would price its draft passes with another head's: "
-            f"`python -m specbench.calibrate --add-heads {','.join(missing)}` adds it")
+    return [m for m in dict.fromkeys(methods) if m in (settings.get(HEADS_LEFT_OUT) or [])]
 
 
 def load_hardware_file(path: Path) -> HardwareChoice:
