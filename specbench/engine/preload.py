@@ -12,6 +12,7 @@ workers' own output does, so the terminal stays quiet.
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -24,3 +25,29 @@ import torch  # noqa: E402,F401
 import transformers  # noqa: E402,F401
 import vllm  # noqa: E402,F401
 import vllm.entrypoints.llm  # noqa: E402,F401
+
+# What vLLM 0.32 imports only as an engine starts, found by tracing the imports of offline CPU engines'
+# starts (plain, ngram, EAGLE-3): ~730 modules, the model runner's most, which every start imported again
+# (~2 s on 2 cores, docs/results/2026-12-04-timings.md), imported here once instead. Left out:
+# vllm.v1.spec_decode.ngram_proposer, which imports numba: with numba loaded, the scan of every module that
+# vLLM's CPU platform runs as an engine starts fails ("'_lib_fn_wrapper' object has no attribute 'get'",
+# docs/vllm-on-cpu.md, pitfall 1), so an ngram engine imports it itself, after that scan. A name another
+# vLLM version lacks is skipped: its engines import what they need as they start.
+ENGINE_START_MODULES = (
+    "vllm.v1.worker.cpu_worker",
+    "vllm.v1.worker.cpu_model_runner",
+    "vllm.v1.core.sched.scheduler",
+    "vllm.v1.attention.backends.cpu_attn",
+    "vllm.model_executor.layers.quantization.online.base",
+    "vllm.distributed.elastic_ep.elastic_execute",
+    "vllm.entrypoints.launchers.cli_args",
+    "vllm.v1.pool.flash_maxsim",
+    "vllm.compilation.backends",
+    "vllm.transformers_utils.configs.eagle",
+    "vllm.transformers_utils.configs.speculators",
+)
+for _name in ENGINE_START_MODULES:
+    try:
+        importlib.import_module(_name)
+    except ImportError:
+        pass
