@@ -359,13 +359,26 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
 
     Raises :class:`ConfigError` listing every problem found.
     """
-    errors = validate(cfg)
+    try:
+        plain = _to_plain(cfg)
+    except Exception as exc:  # as validate names it
+        errors = [_unresolved(exc)]
+    else:
+        errors = problems(plain)
     if errors:
         # One problem stays on the line that says what was refused.
         raise ConfigError("invalid cell configuration:" + (f" {errors[0]}" if len(errors) == 1 else
                                                            "\n  " + "\n  ".join(errors)))
+    return valid_cell(plain)
+
+
+def valid_cell(plain: Mapping[str, Any]) -> Cell:
+    """The :class:`Cell` of a resolved config (as :func:`resolved` gives it) in which :func:`problems` found none.
+
+    :func:`cell_from_config` without validating again: the plan validates each cell once and reuses the verdict.
+    """
     # Sized by its precision (specbench.analytic.sizing): the prompts it serves join its identity.
-    plain = sizing.sized(with_schedule(_to_plain(cfg)))
+    plain = sizing.sized(with_schedule(dict(plain)))
     # A serving cell's requests each meet a prompt of their own unless load.cycle_prompts (the prompts it then
     # takes, workload.num_prompts, join its identity).
     plain = load.with_unique_prompts(plain)
@@ -433,12 +446,32 @@ def with_schedule(plain: dict[str, Any]) -> dict[str, Any]:
 
 def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     """Every problem with one cell's config, as messages naming the key and what is allowed."""
-    errors: list[str] = []
     try:
         plain = _to_plain(cfg)
     except Exception as exc:  # an interpolation that cannot resolve, e.g. model.eagle missing
-        return [f"config does not resolve: {exc}"]
+        return [_unresolved(exc)]
+    return problems(plain)
 
+
+def _unresolved(exc: Exception) -> str:
+    return f"config does not resolve: {exc}"
+
+
+def resolved(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A cell's config as :func:`problems` and :func:`valid_cell` take it: resolved to plain Python, without
+    Hydra's node, the draft vocabulary set (:func:`with_draft_vocabulary`).
+
+    Raises:
+        Exception: what OmegaConf raises for a value that does not resolve (:func:`validate` names it).
+    """
+    return _to_plain(cfg)
+
+
+def problems(plain: Mapping[str, Any]) -> list[str]:
+    """:func:`validate` of a config already :func:`resolved`: resolving is most of the cost of validating a
+    composed config, and a plan validates each of its cells more than once (with and without its engine's
+    CUDA-graph batch)."""
+    errors: list[str] = []
     errors += unknown_key_problems(plain)
     method = plain.get("method") or {}
     name = method.get("name")
@@ -491,14 +524,14 @@ def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         checkpoint, target = speculative.get("model"), (plain.get("model") or {}).get("path")
         what = _checkpoint_key(registered, method)
         # No EAGLE-1 class in vLLM for the architecture: the one problem to name (no head would load).
-        problems = _check_eagle_architecture(checkpoint, target) if name == "eagle" else []
-        if not problems:
-            problems = _check_checkpoint(what, checkpoint, _missing_checkpoint_hint(registered, plain.get("model") or {}))
-        if not problems and registered.checkpoint == "head":
-            problems = _check_head_fits_target(name, checkpoint, target)
-        if not problems and registered.checkpoint == "model":
-            problems = _check_draft_vocabulary(what, speculative, target)
-        errors += problems
+        found = _check_eagle_architecture(checkpoint, target) if name == "eagle" else []
+        if not found:
+            found = _check_checkpoint(what, checkpoint, _missing_checkpoint_hint(registered, plain.get("model") or {}))
+        if not found and registered.checkpoint == "head":
+            found = _check_head_fits_target(name, checkpoint, target)
+        if not found and registered.checkpoint == "model":
+            found = _check_draft_vocabulary(what, speculative, target)
+        errors += found
     errors += _check_heterogeneous_vocab(name, speculative)
     errors += _check_checkpoint("model.path", (plain.get("model") or {}).get("path"))
     errors += _check_revisions((plain.get("model") or {}).get("revisions") or {})
@@ -548,8 +581,15 @@ def unknown_key_problems(plain: Mapping[str, Any]) -> list[str]:
     return _unknown_keys(plain, ConfigSchema, "")
 
 
+@functools.lru_cache(maxsize=None)
+def _type_hints(schema: type) -> dict[str, Any]:
+    # Evaluated once per schema: get_type_hints re-reads every annotation each call (a third of validating a
+    # plain config).
+    return typing.get_type_hints(schema)
+
+
 def _unknown_keys(values: Mapping[str, Any], schema: type, prefix: str) -> list[str]:
-    hints = typing.get_type_hints(schema)
+    hints = _type_hints(schema)
     errors = []
     for key, value in values.items():
         path = f"{prefix}{key}"

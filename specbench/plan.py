@@ -39,8 +39,9 @@ from omegaconf import OmegaConf, open_dict
 from specbench import futility, grid, methods
 from specbench.analytic import (acceptance, footprint, graphs, memory, prediction, profiles, sizing, speedup, steps,
                                 walltime)
-from specbench.config import (ConfigError, batch_prompt_tokens, cell_from_config, validate, with_draft_vocabulary,
+from specbench.config import (ConfigError, batch_prompt_tokens, resolved, valid_cell, validate, with_draft_vocabulary,
                               with_schedule)
+from specbench.config import problems as config_problems
 from specbench.measure import WARMUP_MAX_TOKENS
 from specbench.workloads import estimated_requests
 
@@ -129,8 +130,13 @@ def plan_row(job: tuple[str, ...], cfg: Any, alpha: float, engine: Hashable | No
     """Price one composed cell; ``engine`` (:func:`specbench.grid.engine_key`) lets it price its time too."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("hydra", None)
+    return priced_row(job, plain, tuple(validate(cfg)), alpha, engine)
+
+
+def priced_row(job: tuple[str, ...], plain: dict[str, Any], problems: tuple[str, ...], alpha: float,
+               engine: Hashable | None = None) -> PlannedRow:
+    """:func:`plan_row` of a cell already resolved to plain Python, with its validation's ``problems``."""
     plain = with_draft_vocabulary(plain)  # as the cell's engine gets it: the runner depends on it
-    problems = tuple(validate(cfg))
     if not problems:
         plain = with_schedule(plain)
     method = plain["method"]["name"]
@@ -238,50 +244,16 @@ def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate:
 
 
 def on_hardware(cfg: Any) -> Any:
-    """``cfg`` as the engine of its hardware profile runs it: eager by default only on the CPU build.
+    """``cfg``, changed in place, as the engine of its hardware profile runs it: eager by default only on the
+    CPU build.
 
     ``engine.enforce_eager`` defaults to this machine's build (``${cpu_engine:}``); a plan for a
     GPU profile (one stating ``memory_bytes``) prices the GPU build's default, CUDA graphs on.
     An enforce_eager set explicitly is kept.
     """
     if OmegaConf.select(cfg, "hardware.memory_bytes") and OmegaConf.is_interpolation(cfg.engine, "enforce_eager"):
-        cfg = cfg.copy()
         cfg.engine.enforce_eager = False
     return cfg
-
-
-def with_engine_graph_batches(cfgs: Sequence[Any]) -> list[Any]:
-    """The configs with ``engine.cudagraph_batch_size`` set per engine, as the sweep sets it
-    (:func:`specbench.grid.shared_graph_batches`); an invalid cell keeps its own."""
-    keys: list[Any] = []
-    largest: dict[Any, int] = {}
-    for cfg in cfgs:
-        try:
-            cell = cell_from_config(cfg)
-        except ConfigError:
-            keys.append(None)
-            continue
-        key = grid.engine_key(cell)
-        keys.append(key)
-        largest[key] = max(largest.get(key, 0), graphs.graph_batch(cell.config))
-    out = []
-    for cfg, key in zip(cfgs, keys):
-        if key is not None and OmegaConf.select(cfg, "engine.cudagraph_batch_size") is None:
-            cfg = cfg.copy()
-            cfg.engine.cudagraph_batch_size = largest[key]
-        out.append(cfg)
-    return out
-
-
-def engine_keys(cfgs: Sequence[Any]) -> list[Hashable | None]:
-    """Each config's engine (:func:`specbench.grid.engine_key`); None for an invalid cell."""
-    keys: list[Hashable | None] = []
-    for cfg in cfgs:
-        try:
-            keys.append(grid.engine_key(cell_from_config(cfg)))
-        except ConfigError:
-            keys.append(None)
-    return keys
 
 
 def _predicted_decode_speedup(
@@ -323,10 +295,15 @@ class GridComposer:
     def __init__(self) -> None:
         self._parser = OverridesParser.create()
         self._by_groups: dict[tuple[str, ...], Any] = {}
+        # Each override parsed once: the grid's points share them, and parsing is a sixth of composing a point.
+        self._parsed: dict[str, Any] = {}
 
     def __call__(self, job: Sequence[str]) -> Any:
         """The composed config of one grid point (its full override list)."""
-        parsed = self._parser.parse_overrides(list(job))
+        for o in job:
+            if o not in self._parsed:
+                (self._parsed[o],) = self._parser.parse_overrides([o])
+        parsed = [self._parsed[o] for o in job]
         if any(o.is_add() or o.is_delete() or o.is_force_add() for o in parsed):
             return compose("config", overrides=list(job))
         groups = tuple(o.input_line for o in parsed if o.key_or_group in _GROUPS or o.key_or_group == SEARCH_PATH)
@@ -349,13 +326,16 @@ def make_plan(overrides: Sequence[str], alpha: float = DEFAULT_ALPHA) -> list[Pl
 
 def composed_cells(jobs: Sequence[tuple[str, ...]], compose: Callable[[Sequence[str]], Any]
                    ) -> list[tuple[tuple[str, ...], Any]]:
-    """Each job (baselines included) with its config as its hardware's engine runs it, a K schedule's once."""
+    """Each job (baselines included) with its config as its hardware's engine runs it, a K schedule's once.
+
+    ``compose`` returns a config of the caller's own for each call (as Hydra's compose, the sweeper's loader and
+    :class:`GridComposer` do): it is changed in place, not copied (a copy costs more than composing a point).
+    """
     scheduled: set[tuple[str, ...]] = set()
     cells: list[tuple[tuple[str, ...], Any]] = []
     for job in jobs:
         cfg = compose(job)
         if "hydra" in cfg:  # a sweep's composition: its hydra node resolves only inside a job
-            cfg = cfg.copy()
             with open_dict(cfg):
                 del cfg["hydra"]
         if cfg.method.get(methods.SCHEDULE) is not None:
@@ -370,10 +350,45 @@ def composed_cells(jobs: Sequence[tuple[str, ...]], compose: Callable[[Sequence[
 
 
 def price_cells(cells: Sequence[tuple[tuple[str, ...], Any]], alpha: float = DEFAULT_ALPHA) -> list[PlannedRow]:
-    """Composed cells (grid point, config) priced as :func:`make_plan` prices them, times included."""
-    priced = with_engine_graph_batches([cfg for _, cfg in cells])
-    keys = engine_keys(priced)
-    return [plan_row(job, cfg, alpha, key) for (job, _), cfg, key in zip(cells, priced, keys)]
+    """Composed cells (grid point, config) priced as :func:`make_plan` prices them, times included.
+
+    Each cell's engine gets ``engine.cudagraph_batch_size``, the largest graph batch of the valid cells that
+    share it, as the sweep sets it (:func:`specbench.grid.shared_graph_batches`); an invalid cell keeps its own.
+    Each config is resolved once, and validated once more only where that batch changed it (the graphs' memory
+    is part of its fit): resolving is most of the cost of a plan of many cells.
+    """
+    checked = [_checked(cfg) for _, cfg in cells]
+    keys: list[Hashable | None] = []
+    largest: dict[Hashable, int] = {}
+    for plain, problems in checked:
+        if plain is None or problems:
+            keys.append(None)
+            continue
+        cell = valid_cell(plain)
+        key = grid.engine_key(cell)
+        keys.append(key)
+        largest[key] = max(largest.get(key, 0), graphs.graph_batch(cell.config))
+    rows = []
+    for (job, cfg), (plain, problems), key in zip(cells, checked, keys):
+        if plain is None:  # it does not resolve: priced (or refused) as plan_row prices it
+            rows.append(plan_row(job, cfg, alpha))
+            continue
+        if key is not None and plain["engine"].get("cudagraph_batch_size") is None:
+            plain = dict(plain, engine=dict(plain["engine"], cudagraph_batch_size=largest[key]))
+            problems = tuple(config_problems(plain))
+        # The engine is the one found above: its key leaves the graph sizes out.
+        rows.append(priced_row(job, plain, problems, alpha, None if problems else key))
+    return rows
+
+
+def _checked(cfg: Any) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """A composed config resolved (:func:`specbench.config.resolved`) and validated; (None, ()) where it does
+    not resolve."""
+    try:
+        plain = resolved(cfg)
+    except Exception:  # validate names it
+        return None, ()
+    return plain, tuple(config_problems(plain))
 
 
 def _timed(rows: Sequence[PlannedRow]) -> list[CellTiming] | None:
