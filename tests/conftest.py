@@ -69,9 +69,10 @@ def compose_cell() -> Callable[[Sequence[str]], DictConfig]:
     GlobalHydra.instance().clear()
 
 
-def specbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m specbench <args>`` as a user runs it, both streams captured."""
-    return subprocess.run([sys.executable, "-m", "specbench", *args], cwd=cwd, capture_output=True,
+def specbench(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m specbench <args>`` as a user runs it, both streams captured; ``env``: its whole environment
+    (None: this process's)."""
+    return subprocess.run([sys.executable, "-m", "specbench", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=1200)
 
 
