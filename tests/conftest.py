@@ -36,13 +36,16 @@ TEST_ATTEMPTS = "attempts=1"
 # methods: ngram, a draft model (the target itself, the oracle: every draft accepted), EAGLE and EAGLE-3,
 # at two batch sizes, with their baselines. Creative prompts are short: a long prompt's prefill costs
 # seconds a request on 2 cores. 2 prompts x 16 tokens; 10 cells on 5 engines. One attempt a cell
-# (TEST_ATTEMPTS). A test that needs a complete grid to add to (confirm=true, tests/test_confirm.py) runs
-# on a copy of its directory rather than measuring a grid of its own.
+# (TEST_ATTEMPTS). A test that needs a complete grid to add to (confirm=true, tests/test_confirm.py; the killed
+# sweep's resume, tests/test_robustness.py) runs on a copy of its directory rather than measuring a grid of its
+# own. Without huge pages: each row's memory is then what the memory model predicts (tests/test_memory_engine.py
+# reads it), not rounded up by what the kernel gathered; the default's huge pages are asserted on the single run
+# of tests/test_e2e.py.
 REFERENCE_GRID = [
     "method=ngram,draft_model,eagle,eagle3", "model.drafts.small=embedded:smollm2-135m-instruct",  # self-draft
     "num_speculative_tokens=2", "batch_size=1,2",
     "workload=creative", "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1", "engine_runs=1",
-    TEST_ATTEMPTS,
+    "engine.cpu_huge_pages=false", TEST_ATTEMPTS,
 ]
 
 
