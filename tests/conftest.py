@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 if TYPE_CHECKING:
     from specbench.config import Cell
+    from specbench.engine import EnginePool
 
 # A disturbed cell is measured once, not up to three times (the default `attempts`): the engine tests assert
 # what a cell measured, never how fast, and each attempt more costs a measurement and a 5 s wait on a busy
@@ -143,7 +144,7 @@ HERE = ("engine.cpu_huge_pages=false",)
 
 
 def run_here(grid: Sequence[str], root: Path, *, measure: Callable[[Cell], bool] | None = None,
-             finish: bool = True) -> Sweep:
+             finish: bool = True, pool: EnginePool | None = None) -> Sweep:
     """The plan, cells, results and report ``python -m specbench -m <grid>`` writes to ``root``, measured in this
     process: the sweeper's plan (:func:`specbench.sweep.plan_cells`), each cell as its job measures it
     (:func:`specbench.job.run_cell`) on engines forked from this session's engine fork server, then merged, priced
@@ -153,7 +154,9 @@ def run_here(grid: Sequence[str], root: Path, *, measure: Callable[[Cell], bool]
     the report's imports (about 15 s on 2 cores); what the command line does is tested through it (:func:`run_sweep`).
     ``grid`` gets :data:`HERE`. ``measure``: the planned cells to measure (all by default); ``finish`` false leaves
     the merge out, and the results are then the measured cells' own rows (a speculative cell without its baseline
-    has no speedup, which the finish fails). ``done``: the lines each cell printed and the finish's output.
+    has no speedup, which the finish fails). ``pool``: the engines to measure on, left running for the next grid
+    whose first cell shares the last engine (as a sweep's next cell would); by default a pool of this grid's own,
+    stopped at the end. ``done``: the lines each cell printed and the finish's output.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -172,16 +175,21 @@ def run_here(grid: Sequence[str], root: Path, *, measure: Callable[[Cell], bool]
     GlobalHydra.instance().clear()
     write_plan(root, planned)
     chosen = [p.cell for p in planned if measure is None or measure(p.cell)]
-    pool, out, err = EnginePool(), io.StringIO(), io.StringIO()
+    engines = EnginePool() if pool is None else pool
+    out, err = io.StringIO(), io.StringIO()
     try:
         for cell in chosen:
             outcome = job.run_cell(cell, root / "cells", engine_runs=cell.config["engine_runs"],
-                                   timeout_s=cell.config["engine"]["cell_timeout_s"], pool=pool,
+                                   timeout_s=cell.config["engine"]["cell_timeout_s"], pool=engines,
                                    engine_log=root / "specbench.log")
             assert outcome.status == "ok", outcome.error
             out.write(f"{outcome.summary}\n")
+    except BaseException:
+        engines.discard()  # a failed cell's engine is suspect
+        raise
     finally:
-        pool.discard()
+        if pool is None:
+            engines.discard()
     if finish:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             finish_sweep(root)
