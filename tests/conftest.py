@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 if TYPE_CHECKING:
     from specbench.config import Cell
+    from specbench.engine import EnginePool
 
 # A disturbed cell is measured once, not up to three times (the default `attempts`): the engine tests assert
 # what a cell measured, never how fast, and each attempt more costs a measurement and a 5 s wait on a busy
@@ -36,13 +37,16 @@ TEST_ATTEMPTS = "attempts=1"
 # methods: ngram, a draft model (the target itself, the oracle: every draft accepted), EAGLE and EAGLE-3,
 # at two batch sizes, with their baselines. Creative prompts are short: a long prompt's prefill costs
 # seconds a request on 2 cores. 2 prompts x 16 tokens; 10 cells on 5 engines. One attempt a cell
-# (TEST_ATTEMPTS). A test that needs a complete grid to add to (confirm=true, tests/test_confirm.py) runs
-# on a copy of its directory rather than measuring a grid of its own.
+# (TEST_ATTEMPTS). A test that needs a complete grid to add to (confirm=true, tests/test_confirm.py; the killed
+# sweep's resume, tests/test_robustness.py) runs on a copy of its directory rather than measuring a grid of its
+# own. Without huge pages: each row's memory is then what the memory model predicts (tests/test_memory_engine.py
+# reads it), not rounded up by what the kernel gathered; the default's huge pages are asserted on the single run
+# of tests/test_e2e.py.
 REFERENCE_GRID = [
     "method=ngram,draft_model,eagle,eagle3", "model.drafts.small=embedded:smollm2-135m-instruct",  # self-draft
     "num_speculative_tokens=2", "batch_size=1,2",
     "workload=creative", "workload.num_prompts=2", "workload.max_tokens=16", "repetitions=1", "engine_runs=1",
-    TEST_ATTEMPTS,
+    "engine.cpu_huge_pages=false", TEST_ATTEMPTS,
 ]
 
 
@@ -69,9 +73,10 @@ def compose_cell() -> Callable[[Sequence[str]], DictConfig]:
     GlobalHydra.instance().clear()
 
 
-def specbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m specbench <args>`` as a user runs it, both streams captured."""
-    return subprocess.run([sys.executable, "-m", "specbench", *args], cwd=cwd, capture_output=True,
+def specbench(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m specbench <args>`` as a user runs it, both streams captured; ``env``: its whole environment
+    (None: this process's)."""
+    return subprocess.run([sys.executable, "-m", "specbench", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=1200)
 
 
@@ -139,7 +144,7 @@ HERE = ("engine.cpu_huge_pages=false",)
 
 
 def run_here(grid: Sequence[str], root: Path, *, measure: Callable[[Cell], bool] | None = None,
-             finish: bool = True) -> Sweep:
+             finish: bool = True, pool: EnginePool | None = None) -> Sweep:
     """The plan, cells, results and report ``python -m specbench -m <grid>`` writes to ``root``, measured in this
     process: the sweeper's plan (:func:`specbench.sweep.plan_cells`), each cell as its job measures it
     (:func:`specbench.job.run_cell`) on engines forked from this session's engine fork server, then merged, priced
@@ -149,7 +154,9 @@ def run_here(grid: Sequence[str], root: Path, *, measure: Callable[[Cell], bool]
     the report's imports (about 15 s on 2 cores); what the command line does is tested through it (:func:`run_sweep`).
     ``grid`` gets :data:`HERE`. ``measure``: the planned cells to measure (all by default); ``finish`` false leaves
     the merge out, and the results are then the measured cells' own rows (a speculative cell without its baseline
-    has no speedup, which the finish fails). ``done``: the lines each cell printed and the finish's output.
+    has no speedup, which the finish fails). ``pool``: the engines to measure on, left running for the next grid
+    whose first cell shares the last engine (as a sweep's next cell would); by default a pool of this grid's own,
+    stopped at the end. ``done``: the lines each cell printed and the finish's output.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -168,16 +175,21 @@ def run_here(grid: Sequence[str], root: Path, *, measure: Callable[[Cell], bool]
     GlobalHydra.instance().clear()
     write_plan(root, planned)
     chosen = [p.cell for p in planned if measure is None or measure(p.cell)]
-    pool, out, err = EnginePool(), io.StringIO(), io.StringIO()
+    engines = EnginePool() if pool is None else pool
+    out, err = io.StringIO(), io.StringIO()
     try:
         for cell in chosen:
             outcome = job.run_cell(cell, root / "cells", engine_runs=cell.config["engine_runs"],
-                                   timeout_s=cell.config["engine"]["cell_timeout_s"], pool=pool,
+                                   timeout_s=cell.config["engine"]["cell_timeout_s"], pool=engines,
                                    engine_log=root / "specbench.log")
             assert outcome.status == "ok", outcome.error
             out.write(f"{outcome.summary}\n")
+    except BaseException:
+        engines.discard()  # a failed cell's engine is suspect
+        raise
     finally:
-        pool.discard()
+        if pool is None:
+            engines.discard()
     if finish:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             finish_sweep(root)

@@ -7,10 +7,16 @@ line in a subprocess; the tests assert on the Parquet it wrote and on its termin
 
 from __future__ import annotations
 
+import json
+import os
+
 import pandas as pd
 import pytest
 
 from conftest import TEST_ATTEMPTS, Sweep, specbench
+from test_hub import CLOSED_PORT, COMMIT, cache_checkpoint
+
+from specbench import models
 
 pytestmark = pytest.mark.engine
 
@@ -37,10 +43,7 @@ def test_results_have_the_contract_columns_and_one_file_per_cell(reference_sweep
     assert results["vllm_version"].str.len().gt(0).all() and results["machine"].str.len().gt(0).all()
     # Read from each worker's memory map: the default engine.cpu_allocator, the system's malloc.
     assert (results["engine_allocator"] == "glibc").all()
-    # engine.cpu_huge_pages (default) reached every worker through the fork server, where the kernel allows it.
-    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-        if "[never]" not in f.read():
-            assert (results["engine_huge_page_bytes"] > 0).all(), results["engine_huge_page_bytes"]
+    # (The grid asks for no huge pages: the default's are asserted on the single run below.)
 
 
 def test_baseline_is_measured_once_per_batch_size(results):
@@ -122,23 +125,43 @@ def test_single_run_measures_the_cell_with_its_baseline_where_a_sweep_does_and_a
     cell is given a draft folder that holds no model: it is recorded as failed, the sweep goes on with
     the other cells, and the command fails naming it (one grid for both: each command costs a vLLM import).
 
+    The target is a hub checkpoint: the embedded model, laid out as the hub cache holds a download and
+    addressed by its hub id, resolved without network (the endpoint is a closed port, HF_HUB_OFFLINE left
+    unset), measured offline from the snapshot folder and recorded under the id with the snapshot's commit
+    (a command of its own would cost a vLLM import and an engine more; tests/test_hub.py tests the rest).
+
     (A multirun into a complete directory resumes measuring nothing: tests/test_confirm.py's engine test
     asserts it on a copy of the session's reference sweep.)"""
-    small = ["workload=creative", "workload.num_prompts=2", "workload.max_tokens=8", "repetitions=1",
-             "engine_runs=1", "sweep_name=shared", TEST_ATTEMPTS]
+    prepared = models.prepare_embedded("smollm2-135m-instruct")
+    home = tmp_path / "hf"
+    snapshot = cache_checkpoint(home, "specbench/smollm2-135m-instruct",
+                                {p.name: p for p in prepared.iterdir() if p.is_file() and not p.name.startswith(".")})
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_HUB_CACHE")}
+    env |= {"HF_HOME": str(home), "HF_ENDPOINT": CLOSED_PORT}
+    small = ["model.path=specbench/smollm2-135m-instruct", "workload=creative", "workload.num_prompts=2",
+             "workload.max_tokens=8", "repetitions=1", "engine_runs=1", "sweep_name=shared", TEST_ATTEMPTS]
     run_dir = tmp_path / "outputs" / "shared"
-    done = specbench("method=ngram", "num_speculative_tokens=2", *small, cwd=tmp_path)
+    done = specbench("method=ngram", "num_speculative_tokens=2", *small, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
+    assert "downloading" not in done.stderr
     results = pd.read_parquet(run_dir / "results.parquet")
     assert sorted(results["method"]) == ["baseline", "ngram"]
     assert sorted(results["method_label"]) == ["baseline", "ngram K=2"]
     assert results["exact_match"].all() and (results["status"] == "ok").all()
+    assert results["tokens_per_s"].gt(0).all()
+    assert (results["model_revision"] == COMMIT).all() and results["drafter_revision"].isna().all()
+    assert all(json.loads(c)["model"]["path"] == "specbench/smollm2-135m-instruct" for c in results["config_json"])
+    assert f"model='{snapshot}'" in (run_dir / "specbench.log").read_text()  # vLLM was handed the folder
+    # engine.cpu_huge_pages (default) reached every worker through the fork server, where the kernel allows it.
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        if "[never]" not in f.read():
+            assert (results["engine_huge_page_bytes"] > 0).all(), results["engine_huge_page_bytes"]
     assert (run_dir / "report.html").is_file()
 
     not_a_model = tmp_path / "empty-draft"
     not_a_model.mkdir()
     grid = specbench("-m", "method=ngram,draft_model", "num_speculative_tokens=3", f"model.drafts.small={not_a_model}",
-                     *small, cwd=tmp_path)
+                     *small, cwd=tmp_path, env=env)
     assert grid.returncode != 0
     assert "1 already complete" in grid.stdout  # the shared baseline
     assert "+ 1 cell(s) of earlier grids in this directory" in grid.stdout
@@ -153,7 +176,7 @@ def test_single_run_measures_the_cell_with_its_baseline_where_a_sweep_does_and_a
     assert failed["cell_id"] in grid.stderr and f"1 of 4 cells failed: {failed['cell_id']}" in grid.stderr
     assert "ngram K=2" in (run_dir / "report.html").read_text()
 
-    again = specbench("method=ngram", "num_speculative_tokens=2", *small, cwd=tmp_path)
+    again = specbench("method=ngram", "num_speculative_tokens=2", *small, cwd=tmp_path, env=env)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "0 to run on 0 engine(s), 2 already complete" in again.stdout
     # The earlier grid's measured cell joins the merge; its failed one is left out, and the terminal says why.

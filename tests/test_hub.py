@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import pandas as pd
 import pytest
-from conftest import TEST_ATTEMPTS
 
 from specbench import config, hub, job, models
 from specbench.config import cell_from_config
@@ -270,29 +265,8 @@ def test_an_engine_records_the_hub_revisions_it_loads(hf_home, compose_cell) -> 
     assert job._revisions(spec) == {"model_revision": None, "drafter_revision": COMMIT}
 
 
-@pytest.mark.engine
-def test_a_checkpoint_in_the_hub_cache_runs_a_cell_with_the_network_out_of_reach(tmp_path) -> None:
-    """The embedded model, laid out as the hub cache holds a download, addressed by its hub id: resolved
-    without network (the endpoint is a closed port, HF_HUB_OFFLINE left unset), measured offline from the
-    snapshot folder, and recorded under the id with the snapshot's commit."""
-    prepared = models.prepare_embedded("smollm2-135m-instruct")
-    home = tmp_path / "hf"
-    snapshot = cache_checkpoint(home, "specbench/smollm2-135m-instruct",
-                                {p.name: p for p in prepared.iterdir() if p.is_file() and not p.name.startswith(".")})
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_HUB_CACHE")}
-    env |= {"HF_HOME": str(home), "HF_ENDPOINT": CLOSED_PORT}
-    done = subprocess.run(
-        [sys.executable, "-m", "specbench", "model.path=specbench/smollm2-135m-instruct", "method=baseline",
-         "workload=creative", "workload.num_prompts=1", "workload.max_tokens=4", "repetitions=1", "engine_runs=1",
-         "sweep_name=hub", TEST_ATTEMPTS], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "downloading" not in done.stderr
-    run_dir = tmp_path / "outputs" / "hub"
-    [row] = pd.read_parquet(run_dir / "results.parquet").to_dict("records")
-    assert row["status"] == "ok" and row["tokens_per_s"] > 0
-    assert row["model_revision"] == COMMIT and pd.isna(row["drafter_revision"])
-    assert json.loads(row["config_json"])["model"]["path"] == "specbench/smollm2-135m-instruct"
-    assert f"model='{snapshot}'" in (run_dir / "specbench.log").read_text()  # vLLM was handed the folder
+# A checkpoint in the hub cache running a real cell with the network out of reach: tests/test_e2e.py's single run
+# measures its target that way (a command of its own here would cost a vLLM import and an engine more).
 
 
 def test_a_checkpoint_whose_tokenizer_vllm_loads_is_not_complete_without_it(hf_home, monkeypatch,

@@ -12,18 +12,51 @@ import pytest
 from specbench import models
 
 
-@pytest.mark.engine  # converts a real GGUF: tens of seconds
+# The conversion stands in for the real one (tens of seconds) in both processes: what is tested here is the lock, the
+# staging folder and the rename; the real conversion is tested below, once. Both processes wait for each other
+# before they prepare, so that the second reaches the lock while the first converts.
+_RACE = """
+import sys, time
+from pathlib import Path
+from specbench import models
+
+shared = Path(sys.argv[1])
+def convert(checkpoint, out):
+    with open(shared / "conversions", "a") as log:  # one line per conversion that ran
+        log.write(checkpoint.name + "\\n")
+    time.sleep(2)
+    (out / "config.json").write_text("{}")
+
+models._convert = convert
+(shared / f"ready-{sys.argv[2]}").touch()
+while len(list(shared.glob("ready-*"))) < 2:
+    time.sleep(0.05)
+print(models.prepare_embedded("smollm2-135m-instruct-l24"))
+"""
+
+
 def test_two_processes_preparing_at_once_make_one_complete_checkpoint(tmp_path):
     env = dict(os.environ, SPECBENCH_CACHE=str(tmp_path))
-    script = "from specbench import models; print(models.prepare_embedded('smollm2-135m-instruct-l24'))"
-    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, str(shared), str(i)], env=env, stdout=subprocess.PIPE,
+                              text=True) for i in range(2)]
     outputs = [p.communicate(timeout=600)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     folder = tmp_path / "models" / "smollm2-135m-instruct-l24"
     assert outputs == [str(folder), str(folder)]
+    # Converted once: the other process waited on the lock and found the checkpoint complete.
+    assert (shared / "conversions").read_text() == "smollm2-135m-instruct-l24\n"
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [
         "smollm2-135m-instruct-l24", "smollm2-135m-instruct-l24.lock"]  # no leftover staging folders
+    assert (folder / "config.json").is_file() and (folder / models.COMPLETE_MARKER).is_file()
+
+
+@pytest.mark.engine  # converts a real GGUF: tens of seconds
+def test_the_embedded_draft_is_the_targets_first_24_layers_in_a_loadable_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    folder = models.prepare_embedded("smollm2-135m-instruct-l24")
+    assert folder == tmp_path / "models" / "smollm2-135m-instruct-l24"
     config = json.loads((folder / "config.json").read_text())
     assert config["num_hidden_layers"] == 24 and "quantization_config" not in config
     assert (folder / "model.safetensors").stat().st_size > 100e6

@@ -1,29 +1,75 @@
-"""A serving sweep through the real async engine: arrivals, figures, the running batch and exactness.
+"""Serving through the real async engine: arrivals, figures, the running batch and exactness; request shapes.
 
-Two summarize prompts (prompt lookup finds drafts there), six requests of 16 tokens at 4 req/s,
-the first left out as warm-up; baseline and ngram K=2 at the same offered load; the prefix cache
-prefills each prompt once. Measured, merged and reported in the test's process as a multirun would
-(conftest.run_here); the cells' lines are what the terminal would show.
+A serving sweep: two summarize prompts (prompt lookup finds drafts there), six requests of 16 tokens at 4 req/s,
+the first left out as warm-up; baseline and ngram K=2 at the same offered load; the prefix cache prefills each
+prompt once. Measured, merged and reported in the test's process as a multirun would (conftest.run_here); the
+cells' lines are what the terminal would show.
+
+Request shapes: one baseline serving cell, six requests at 4 req/s (one warm-up), outputs drawn around 8 tokens and
+prompts cut to lengths drawn around 64, EOS ignored so that every request decodes exactly its drawn length.
+
+Both grids measure on one pool of engines (``engines``), request shapes first: its baseline's engine is the
+serving sweep's baseline's (the same engine settings), so the serving sweep starts one engine, not two.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 import pytest
 from conftest import run_here
 
+from specbench import load
+from specbench.engine import EnginePool
+
 pytestmark = pytest.mark.engine
 
+# The engine settings both grids share: a serving engine of the embedded target with the prefix cache, serving up to
+# six requests at once.
+SERVING_ENGINE = ["workload=summarize", "workload.num_prompts=2", "workload.selection=first",
+                  "workload.max_prompt_tokens=480", "workload.max_tokens=16", "load.request_rate=4",
+                  "load.num_requests=6", "load.warmup_requests=1", "engine_runs=1", "attempts=1",
+                  "engine.enable_prefix_caching=true"]
 
-def test_a_serving_sweep_records_latencies_the_running_batch_and_exact_outputs(tmp_path: Path) -> None:
-    done = run_here(
-        ["method=ngram", "num_speculative_tokens=2", "workload=summarize", "workload.num_prompts=2",
-         "workload.selection=first", "workload.max_prompt_tokens=480", "workload.max_tokens=16",
-         "load.request_rate=4", "load.num_requests=6", "load.warmup_requests=1", "load.slo.ttft_ms=60000",
-         "engine_runs=1", "attempts=1", "engine.enable_prefix_caching=true"], tmp_path,
-    ).done
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[EnginePool]:
+    """The engines of this module's grids: the last one stays up for the next grid that shares it."""
+    pool = EnginePool()
+    try:
+        yield pool
+    finally:
+        pool.discard()
+
+
+def test_each_request_decodes_its_drawn_output_length_from_a_prompt_of_its_drawn_length(
+        tmp_path: Path, engines: EnginePool) -> None:
+    # The one cell, measured in this process (conftest.run_here): nothing here reads a merge or a report.
+    ran = run_here(
+        ["method=baseline", *SERVING_ENGINE, "load.output_len=8", "load.input_len=64", "load.range_ratio=0.5",
+         "load.ignore_eos=true"], tmp_path, finish=False, pool=engines,
+    )
+    [row] = [r for _, r in ran.results.iterrows()]
+    assert "-rate4-in64-out8-rr0.5-" in row["cell_id"]
+    seed = int(row["seed"])
+    outputs = load.drawn_lengths(8, 0.5, 6, load.shape_seed("outputs", seed, 0))
+    inputs = load.drawn_lengths(64, 0.5, 6, load.shape_seed("inputs", seed, 0))
+    assert len(set(outputs)) > 1  # the draw spreads them, so the check below tells requests apart
+    # Every request sent, warm-up included, decoded exactly the max_tokens drawn for it (EOS ignored).
+    assert list(row["output_tokens_per_request"]) == list(outputs)
+    # The measured prompts were cut to their drawn lengths (each summarize prompt is longer than 96 tokens).
+    assert row["prompt_tokens"] == sum(inputs[1:])
+
+
+def test_a_serving_sweep_records_latencies_the_running_batch_and_exact_outputs(
+        tmp_path: Path, engines: EnginePool) -> None:
+    starts = engines.engine_starts
+    done = run_here(["method=ngram", "num_speculative_tokens=2", *SERVING_ENGINE, "load.slo.ttft_ms=60000"], tmp_path,
+                    pool=engines).done
+    # The baseline was served by the engine the request-shapes cell left up (alone, this test starts two).
+    assert engines.engine_starts - starts == (1 if starts else 2)
     rows = pd.read_parquet(tmp_path / "results.parquet").set_index("method")
     assert set(rows.index) == {"baseline", "ngram"}
     for method in ("baseline", "ngram"):
