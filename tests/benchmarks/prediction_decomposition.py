@@ -237,14 +237,8 @@ def main() -> None:
                 print(f"  {method}{' (relative to own baseline)' if relative else ''}: {per_pass * 1e3:+.2f} ms per "
                       f"pass + {per_step * 1e3:+.2f} ms per step, from {n} engine runs")
             variants.append(("fitted, relative" if relative else "fitted", fitted))
-        priced = [reprice(args.sweep, choice, heads=h) for _, h in variants]
-        print("  cell                              measured " + " ".join(f"{name:>18}" for name, _ in variants))
-        for i, row in enumerate(priced[0]):
-            if row["method"] == "baseline" or not row.get("speedup") or row.get("predicted_speedup") is None:
-                continue
-            label = f"{row['method']} K={row['num_speculative_tokens']} b{row['batch_size']} {row['workload']}"
-            errors = " ".join(f"{p[i]['predicted_speedup'] / row['speedup'] - 1:>+18.1%}" for p in priced)
-            print(f"  {label:33s} {row['speedup']:8.3f}x {errors}")
+        print_repriced([name for name, _ in variants], [reprice(args.sweep, choice, heads=h) for _, h in variants],
+                       width=18)
     figures = list(args.ngram_host_ms)
     if args.lookup_from:
         source = hardware_of(args.lookup_from, args.lookup_hardware)
@@ -258,13 +252,17 @@ def main() -> None:
         return
     choice = hardware_of(args.sweep, args.hardware)
     print("merged cells priced again: predicted / measured - 1 at each ngram host work per step (ms)")
-    print("  cell                              measured " + " ".join(f"{ms:>7.2f}" for ms in figures))
-    priced = [reprice(args.sweep, choice, ms / 1e3) for ms in figures]
+    print_repriced([f"{ms:.2f}" for ms in figures], [reprice(args.sweep, choice, ms / 1e3) for ms in figures], width=7)
+
+
+def print_repriced(columns: list[str], priced: list[list[dict]], width: int) -> None:
+    """One line per speculative cell: its measured speedup, then predicted / measured - 1 under each pricing."""
+    print("  cell                              measured " + " ".join(f"{name:>{width}}" for name in columns))
     for i, row in enumerate(priced[0]):
         if row["method"] == "baseline" or not row.get("speedup") or row.get("predicted_speedup") is None:
             continue
         label = f"{row['method']} K={row['num_speculative_tokens']} b{row['batch_size']} {row['workload']}"
-        errors = " ".join(f"{p[i]['predicted_speedup'] / row['speedup'] - 1:+7.1%}" for p in priced)
+        errors = " ".join(f"{p[i]['predicted_speedup'] / row['speedup'] - 1:>+{width}.1%}" for p in priced)
         print(f"  {label:33s} {row['speedup']:8.3f}x {errors}")
 
 
