@@ -359,21 +359,17 @@ def cell_from_config(cfg: DictConfig | Mapping[str, Any]) -> Cell:
 
     Raises :class:`ConfigError` listing every problem found.
     """
-    try:
-        plain = _to_plain(cfg)
-    except Exception as exc:  # as validate names it
-        errors = [_unresolved(exc)]
-    else:
-        errors = problems(plain)
+    plain, errors = checked(cfg)
     if errors:
         # One problem stays on the line that says what was refused.
         raise ConfigError("invalid cell configuration:" + (f" {errors[0]}" if len(errors) == 1 else
                                                            "\n  " + "\n  ".join(errors)))
+    assert plain is not None  # a config that does not resolve has that as its problem
     return valid_cell(plain)
 
 
 def valid_cell(plain: Mapping[str, Any]) -> Cell:
-    """The :class:`Cell` of a resolved config (as :func:`resolved` gives it) in which :func:`problems` found none.
+    """The :class:`Cell` of a resolved config (as :func:`checked` gives it) in which :func:`problems` found none.
 
     :func:`cell_from_config` without validating again: the plan validates each cell once and reuses the verdict.
     """
@@ -446,25 +442,18 @@ def with_schedule(plain: dict[str, Any]) -> dict[str, Any]:
 
 def validate(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     """Every problem with one cell's config, as messages naming the key and what is allowed."""
+    return checked(cfg)[1]
+
+
+def checked(cfg: DictConfig | Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """A cell's config resolved as :func:`problems` and :func:`valid_cell` take it (plain Python, without
+    Hydra's node, the draft vocabulary set: :func:`with_draft_vocabulary`), and its problems (:func:`validate`);
+    None and that one problem where it does not resolve."""
     try:
         plain = _to_plain(cfg)
     except Exception as exc:  # an interpolation that cannot resolve, e.g. model.eagle missing
-        return [_unresolved(exc)]
-    return problems(plain)
-
-
-def _unresolved(exc: Exception) -> str:
-    return f"config does not resolve: {exc}"
-
-
-def resolved(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
-    """A cell's config as :func:`problems` and :func:`valid_cell` take it: resolved to plain Python, without
-    Hydra's node, the draft vocabulary set (:func:`with_draft_vocabulary`).
-
-    Raises:
-        Exception: what OmegaConf raises for a value that does not resolve (:func:`validate` names it).
-    """
-    return _to_plain(cfg)
+        return None, [f"config does not resolve: {exc}"]
+    return plain, problems(plain)
 
 
 def problems(plain: Mapping[str, Any]) -> list[str]:

@@ -39,7 +39,7 @@ from omegaconf import OmegaConf, open_dict
 from specbench import futility, grid, methods
 from specbench.analytic import (acceptance, footprint, graphs, memory, prediction, profiles, sizing, speedup, steps,
                                 walltime)
-from specbench.config import (ConfigError, batch_prompt_tokens, resolved, valid_cell, validate, with_draft_vocabulary,
+from specbench.config import (ConfigError, batch_prompt_tokens, checked, valid_cell, validate, with_draft_vocabulary,
                               with_schedule)
 from specbench.config import problems as config_problems
 from specbench.measure import WARMUP_MAX_TOKENS
@@ -357,10 +357,10 @@ def price_cells(cells: Sequence[tuple[tuple[str, ...], Any]], alpha: float = DEF
     Each config is resolved once, and validated once more only where that batch changed it (the graphs' memory
     is part of its fit): resolving is most of the cost of a plan of many cells.
     """
-    checked = [_checked(cfg) for _, cfg in cells]
+    resolved = [checked(cfg) for _, cfg in cells]
     keys: list[Hashable | None] = []
     largest: dict[Hashable, int] = {}
-    for plain, problems in checked:
+    for plain, problems in resolved:
         if plain is None or problems:
             keys.append(None)
             continue
@@ -369,26 +369,16 @@ def price_cells(cells: Sequence[tuple[tuple[str, ...], Any]], alpha: float = DEF
         keys.append(key)
         largest[key] = max(largest.get(key, 0), graphs.graph_batch(cell.config))
     rows = []
-    for (job, cfg), (plain, problems), key in zip(cells, checked, keys):
+    for (job, cfg), (plain, problems), key in zip(cells, resolved, keys):
         if plain is None:  # it does not resolve: priced (or refused) as plan_row prices it
             rows.append(plan_row(job, cfg, alpha))
             continue
         if key is not None and plain["engine"].get("cudagraph_batch_size") is None:
             plain = dict(plain, engine=dict(plain["engine"], cudagraph_batch_size=largest[key]))
-            problems = tuple(config_problems(plain))
+            problems = config_problems(plain)
         # The engine is the one found above: its key leaves the graph sizes out.
-        rows.append(priced_row(job, plain, problems, alpha, None if problems else key))
+        rows.append(priced_row(job, plain, tuple(problems), alpha, None if problems else key))
     return rows
-
-
-def _checked(cfg: Any) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
-    """A composed config resolved (:func:`specbench.config.resolved`) and validated; (None, ()) where it does
-    not resolve."""
-    try:
-        plain = resolved(cfg)
-    except Exception:  # validate names it
-        return None, ()
-    return plain, tuple(config_problems(plain))
 
 
 def _timed(rows: Sequence[PlannedRow]) -> list[CellTiming] | None:
