@@ -64,7 +64,7 @@ def run(cfg: DictConfig) -> None:
             hub.fetch_all(cell.checkpoints(), cell.tokenizer_checkpoints(), cell.revisions())
             if problems := check_source(cell.workload, cell.identity["model"]["path"]):
                 raise WorkloadError("\n".join(problems))
-            calibrate.time_missing_heads([cell.method], cfg.get("hardware"), bool(cfg.verbose))  # the sweeper's too
+            calibrate.time_missing([cell], cfg.get("hardware"), bool(cfg.verbose))  # the sweeper's too
     except (ConfigError, WorkloadError, hub.HubError) as exc:
         refuse(exc)  # the sweeper refuses a multirun's bad cells before any job starts
     timeout = cfg.engine.cell_timeout_s

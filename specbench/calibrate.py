@@ -29,8 +29,14 @@ residual beyond 10%, is printed as a warning and written as ``fit_warnings``.
 ``--heads`` names the heads to time (``make demo`` times only the ones its grid
 runs); the others are recorded as left out. A later sweep of one would be priced
 with another head's cost per pass: it times the head first, before its cells
-(:func:`time_missing_heads`), as ``--add-heads METHOD`` does on the head's own
+(:func:`time_missing`), as ``--add-heads METHOD`` does on the head's own
 engines, adding it to the profile; where that fails the sweep is refused.
+``--batch-sizes``, ``--prompt-lengths`` and ``--draft-ks`` narrow the calibration
+to one sweep's range (``make demo``'s: batch 1 and 4, prompts of 16 and 512
+tokens, its heads at K=4: 4 grid points instead of 8 and one head engine instead
+of two); the profile records what it measured (``settings.narrowed_to``), and a
+later sweep outside that range has the rest of the default calibration timed
+first (:func:`time_missing`), as ``--complete`` does, or is refused.
 
 A draft pass (an EAGLE head's forward inside the engine step) skips the
 scheduler and sampler that make up most of a step's fixed cost here, so it
@@ -99,7 +105,7 @@ import yaml
 
 from specbench import gpu_timing, hub, models
 from specbench.analytic import prediction, profile_fit, profiles
-from specbench.config import Cell, ConfigError, cell_from_config
+from specbench.config import Cell, ConfigError, batch_prompt_tokens, cell_from_config
 from specbench.engine import EngineError, EngineWorker
 from specbench.gpu_timing import positive_ints
 from specbench.measure import CellPlan
@@ -154,6 +160,10 @@ DRAFT_K = 3
 DRAFT_METHODS = ("eagle3", "eagle")
 # The settings key listing the heads a calibration left out by choice (--heads): prediction.HEADS_LEFT_OUT.
 HEADS_LEFT_OUT = prediction.HEADS_LEFT_OUT
+# The settings key of a calibration narrowed to one sweep's range (make demo's: --batch-sizes, --prompt-lengths,
+# --draft-ks below the defaults): what it measured. A later sweep outside that range gets the rest of the
+# default calibration timed first (time_missing, --complete); absent from a full calibration.
+NARROWED_TO = "narrowed_to"
 # Drafters without a draft pass whose per-step host work is timed on an engine of their own.
 LOOKUP_METHODS = ("ngram",)
 
@@ -580,6 +590,12 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", default=",".join(DRAFT_METHODS),
                         help="the EAGLE heads whose draft passes are timed (two engines each), or none; a sweep "
                              "of a head left out times it first, as --add-heads does")
+    parser.add_argument("--draft-ks", default=",".join(map(str, DRAFT_KS)), metavar="KS",
+                        help="the K each head is timed at (an engine each); at one K its cost per pass and per step "
+                             "are told apart at that K alone, and the profile is narrowed to it (see --complete)")
+    parser.add_argument("--complete", action="store_true",
+                        help="time what a calibration narrowed to one sweep's range (--batch-sizes, --prompt-lengths, "
+                             "--draft-ks) left out of the default one, refit, and write it into the profile at --out")
     parser.add_argument("--add-heads", default=None, metavar="METHODS",
                         help="time these EAGLE heads (two engines each) and add them to the profile at --out, "
                              "which a calibration with --heads left them out of; nothing else is measured")
@@ -614,8 +630,26 @@ def planned_engines(args: argparse.Namespace) -> Engines:
     points = grid(positive_ints(args.batch_sizes, "--batch-sizes"),
                   positive_ints(args.prompt_lengths, "--prompt-lengths"), args.max_step_tokens)
     target = calibration_cell(overrides, points)
-    heads, skipped = _draft_cells(overrides, head_methods(args.heads))
+    heads, skipped = _draft_cells(overrides, head_methods(args.heads), draft_ks(args))
     return Engines(overrides, points, target, heads, skipped, _lookup_cells(overrides))
+
+
+def draft_ks(args: argparse.Namespace) -> list[int]:
+    """``--draft-ks``: the distinct K the heads are timed at, ascending; ValueError naming the flag."""
+    return sorted(set(positive_ints(args.draft_ks, "--draft-ks")))
+
+
+def narrowed_to(args: argparse.Namespace, points: Sequence[GridPoint]) -> dict[str, list[int]] | None:
+    """What a calibration measured where it measured less than the default one (the settings'
+    :data:`NARROWED_TO`): its grid's batch sizes and prompt lengths, and the K its heads were timed at;
+    None for a calibration that covers the default grid and :data:`DRAFT_KS`."""
+    full = grid(DEFAULT_BATCH_SIZES, DEFAULT_PROMPT_LENGTHS, args.max_step_tokens)
+    measured = {(p.batch_size, p.prompt_len) for p in points}
+    heads_at = draft_ks(args) if head_methods(args.heads) else list(DRAFT_KS)
+    if measured >= {(p.batch_size, p.prompt_len) for p in full} and set(heads_at) >= set(DRAFT_KS):
+        return None
+    return {"batch_sizes": sorted({p.batch_size for p in points}), "prompt_lengths": sorted({p.prompt_len for p in points}),
+            "draft_ks": heads_at}
 
 
 def head_methods(text: str, flag: str = "--heads") -> list[str]:
@@ -648,19 +682,116 @@ def time_head(
     return overhead, per_step, records
 
 
-def time_missing_heads(methods: Iterable[str], config_hardware: Mapping[str, Any] | None, verbose: bool) -> None:
-    """Before a sweep's cells: the heads of ``methods`` that the calibrated profile left out by choice
-    (:func:`specbench.analytic.prediction.heads_left_out`) timed and added to it (:func:`add_heads`), so
-    that the sweep's report prices their draft passes with their own head's cost, not another's. Raises
-    ConfigError, naming the command, if they could not be timed."""
-    if not (missing := prediction.heads_left_out(methods, config_hardware)):
+def time_missing(cells: Iterable[Cell], config_hardware: Mapping[str, Any] | None, verbose: bool) -> None:
+    """Before a sweep's cells, where the calibrated profile prices them (no ``hardware`` in the config):
+    what a calibration narrowed to another sweep's range left out and these cells need
+    (:func:`coverage_gaps`) timed first, the rest of the default calibration (:func:`complete`); then the
+    heads of their methods that it left out by choice (:func:`specbench.analytic.prediction.heads_left_out`)
+    timed and added (:func:`add_heads`). So that the sweep's report prices every cell from measured steps of
+    its own range and its head's own cost, never silently extrapolated or another head's. Raises
+    ConfigError, naming the command, where that timing fails."""
+    cells = list(cells)
+    path = prediction.calibrated_path()
+    if not config_hardware and path.is_file():
+        doc = yaml.safe_load(path.read_text()) or {}
+        narrowed = (doc.get("settings") or {}).get(NARROWED_TO)
+        head_ks = {m: {r["k"] for r in records} for m, records in (doc.get("head_draft_samples") or {}).items()}
+        if narrowed and (gaps := coverage_gaps(narrowed, cells, head_ks)):
+            print(f"the calibrated profile {path} was measured for a narrower sweep ({'; '.join(gaps)}): timing "
+                  "the rest of the default calibration before the cells, as `python -m specbench.calibrate "
+                  "--complete` does", flush=True)
+            if complete(path, verbose) != 0:
+                raise ConfigError("the rest of the calibration could not be timed (above); the sweep would be priced "
+                                  "outside what it measured: `python -m specbench.calibrate --complete` times it")
+    if not (missing := prediction.heads_left_out([c.method for c in cells], config_hardware)):
         return
-    path, heads = prediction.calibrated_path(), ",".join(missing)
+    heads = ",".join(missing)
     print(f"the calibrated profile {path} has no timing of the {heads} head (calibrated with --heads): "
           f"timing it before the cells, as `python -m specbench.calibrate --add-heads {heads}` does", flush=True)
     if add_heads(path, missing, verbose) != 0:
         raise ConfigError(f"the {heads} head could not be timed (above); the sweep would price its draft passes "
                           f"with another head's: `python -m specbench.calibrate --add-heads {heads}` adds it")
+
+
+def coverage_gaps(narrowed: Mapping[str, Any], cells: Iterable[Cell], head_ks: Mapping[str, set[int]]) -> list[str]:
+    """What of ``cells`` lies outside a narrowed calibration's range (its settings' :data:`NARROWED_TO`), one
+    phrase each: a batch above its largest, prompts longer than its longest (the cell's heaviest batch, as
+    the memory model reads it, else ``workload.max_prompt_tokens``), an EAGLE head at a K it was not timed at
+    where it was timed at fewer than :data:`DRAFT_KS` (``head_ks``: each timed head's K; at one K, a head's
+    cost per step is folded into its passes' at that K). Empty: all covered."""
+    batch, prompt = max(narrowed["batch_sizes"]), max(narrowed["prompt_lengths"])
+    gaps: dict[str, None] = {}
+    for cell in cells:
+        if cell.batch_size > batch:
+            gaps[f"batch {cell.batch_size} above its {batch}"] = None
+        lengths = batch_prompt_tokens(cell.config)
+        longest = max(lengths) if lengths else cell.workload.get("max_prompt_tokens")
+        if longest is None or longest > prompt:
+            gaps[f"{cell.workload['name']} prompts of up to {longest or 'unknown'} tokens above its {prompt}"] = None
+        ks = head_ks.get(cell.method)
+        if ks and not ks >= set(DRAFT_KS) and cell.k not in ks:
+            gaps[f"{cell.method} at K={cell.k}, its head timed at K={','.join(map(str, sorted(ks)))}"] = None
+    return list(gaps)
+
+
+def complete(path: Path, verbose: bool) -> int:
+    """``--complete``: what the narrowed calibration at ``path`` (its settings' :data:`NARROWED_TO`) left out of
+    the default one, timed as it would have timed it (its overrides, rounds and output length): the default
+    grid's other points on the target's engine, then every head it timed at fewer K than :data:`DRAFT_KS`
+    again at those (:func:`add_heads`). The target, the heads and the lookups are refitted to all samples
+    (as ``--refit`` does) and the profile is no longer narrowed. Returns the exit status."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+        settings = doc.get("settings") or {}
+        if not settings.get(NARROWED_TO):
+            print(f"profile: {path} (not narrowed: nothing to complete)")
+            return 0
+        overrides, max_tokens, rounds = list(settings["overrides"]), int(settings["max_tokens"]), int(settings["rounds"])
+        points = grid(DEFAULT_BATCH_SIZES, DEFAULT_PROMPT_LENGTHS, int(settings["max_step_tokens"]))
+        have = {(r["batch_size"], r["prompt_tokens"]) for r in doc["samples"] if r.get("kind", "decode") == "decode"}
+        missing = [p for p in points if (p.batch_size, p.prompt_len) not in have]
+        heads = [m for m, records in (doc.get("head_draft_samples") or {}).items()
+                 if not {r["k"] for r in records} >= set(DRAFT_KS)]
+        cell = calibration_cell(overrides, points)
+        if missing:
+            fetch_checkpoints([cell])
+    except (OSError, KeyError, TypeError, ValueError, hub.HubError) as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 2
+    if missing:
+        from transformers import AutoTokenizer  # heavy: imported once the profile and checkpoints are good
+
+        model_cfg = cell.identity["model"]
+        folder = models.resolve(model_cfg["path"], revision=cell.revisions().get(model_cfg["path"]))
+        stream = _token_stream(AutoTokenizer.from_pretrained(folder))
+        print(f"timing {len(missing)} grid points the calibration left out, {rounds} round(s)")
+        try:
+            worker = EngineWorker(cell.engine_spec(), log_path=None if verbose else path.with_suffix(".log"))
+            try:
+                measured = _measure_grid(worker, missing, stream, max_tokens, rounds, _step_line)
+            finally:
+                worker.close()
+            added = [step_sample(p, max_tokens, [m.tpot_s for m in measured[p]],
+                                 [t for m in measured[p] for t in m.rep_output_tokens])[1] for p in missing]
+            added += [prefill_sample(p, [m.ttft_s for m in measured[p]])[1] for p in missing]
+        except (EngineError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        # Decode samples, then prefill ones, each by prompt length then batch size, as a full calibration lists them.
+        doc["samples"] = sorted([*doc["samples"], *added], key=lambda r: (
+            r.get("kind", "decode") == "prefill", r["prompt_tokens"], r["batch_size"]))
+        write_profile(doc, path)
+        if (status := _refit(path, path, None)) != 0:
+            return status
+    if heads and (status := add_heads(path, heads, verbose)) != 0:
+        return status
+    doc = yaml.safe_load(path.read_text())
+    doc["settings"] = {k: v for k, v in (doc.get("settings") or {}).items() if k not in (NARROWED_TO, "refit_from")}
+    doc["notes"] = f"{doc.get('notes', '')} Completed to the default grid and K afterwards ({now_iso()}, --complete)."
+    write_profile(doc, path)
+    print(f"profile: {path} (completed: {len(missing)} grid points, heads {', '.join(heads) or 'none'} at "
+          f"K={','.join(map(str, DRAFT_KS))})")
+    return 0
 
 
 def add_heads(path: Path, methods: Sequence[str], verbose: bool) -> int:
@@ -699,7 +830,8 @@ def add_heads(path: Path, methods: Sequence[str], verbose: bool) -> int:
         doc["head_draft_overhead_ms"] = dict(doc.get("head_draft_overhead_ms") or {}, **{method: round(overhead * 1e3, 4)})
         step_ms = {k: v for k, v in (doc.get("head_draft_step_overhead_ms") or {}).items() if k != method}
         doc["head_draft_step_overhead_ms"] = step_ms | ({method: round(per_step * 1e3, 4)} if per_step else {})
-        if doc.get("draft_overhead_ms") is None:  # the first head timed: what drafters without one pay
+        if doc.get("draft_overhead_ms") is None or (doc.get("draft_samples") or {}).get("method") == method:
+            # The first head timed (or the first one timed again, at more K): what drafters without one pay.
             doc["draft_overhead_ms"] = round(max(overhead, 0.0) * 1e3, 4)
             doc["draft_samples"] = {"method": method, "samples": records}
         settings[HEADS_LEFT_OUT] = [m for m in settings.get(HEADS_LEFT_OUT) or [] if m != method]
@@ -737,6 +869,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         return add_heads(args.out or prediction.calibrated_path(), methods, args.verbose)
+    if args.complete:
+        return complete(args.out or prediction.calibrated_path(), args.verbose)
 
     try:
         planned = planned_engines(args)
@@ -837,9 +971,11 @@ def main(argv: list[str] | None = None) -> int:
         vllm_version=worker.info.vllm_version,
         settings={"max_tokens": args.max_tokens, "rounds": args.rounds,
                   "max_step_tokens": args.max_step_tokens, "overrides": overrides,
-                  # A sweep of a head left out by choice times it first (time_missing_heads), as --add-heads does
+                  # A sweep of a head left out by choice times it first (time_missing), as --add-heads does
                   # (prediction.heads_left_out): it would be priced with another head's cost per pass.
-                  HEADS_LEFT_OUT: [m for m in DRAFT_METHODS if m not in head_methods(args.heads)]},
+                  HEADS_LEFT_OUT: [m for m in DRAFT_METHODS if m not in head_methods(args.heads)],
+                  # A sweep outside what a narrowed calibration measured has the rest timed first (time_missing).
+                  **({NARROWED_TO: narrowed} if (narrowed := narrowed_to(args, points)) else {})},
         draft_records=draft_records, draft_method=draft_method, head_records=head_records,
         bounds=bounds, warnings=warnings, device_memory_bytes=probe.memory_bytes, lookup_records=lookup_records,
     )
@@ -957,11 +1093,11 @@ def _refit(path: Path, out: Path, given: profile_fit.DeviceBounds | None) -> int
 
 
 def _draft_cells(
-    overrides: Sequence[str], methods: Sequence[str] = DRAFT_METHODS
+    overrides: Sequence[str], methods: Sequence[str] = DRAFT_METHODS, ks: Sequence[int] = DRAFT_KS,
 ) -> tuple[dict[str, list[Cell]], str]:
     """The cells whose heads the draft passes are timed with, by method in :data:`DRAFT_METHODS` order,
-    one per K of :data:`DRAFT_KS`, and why each other method has none ("" when every one has): a method
-    not among ``methods`` (``--heads``) is left untimed."""
+    one per K of ``ks`` (``--draft-ks``, default :data:`DRAFT_KS`), and why each other method has none
+    ("" when every one has): a method not among ``methods`` (``--heads``) is left untimed."""
     cells, reasons = {}, []
     for method in DRAFT_METHODS:
         if method not in methods:
@@ -969,7 +1105,7 @@ def _draft_cells(
             continue
         try:
             cells[method] = [with_graphs_for(cell_from_config(_compose(
-                overrides, (f"method={method}", f"num_speculative_tokens={k}"))), DRAFT_POINTS) for k in DRAFT_KS]
+                overrides, (f"method={method}", f"num_speculative_tokens={k}"))), DRAFT_POINTS) for k in ks]
         except ValueError as exc:
             reasons.append(f"{method}: {str(exc).splitlines()[-1].strip()}")
     return cells, "; ".join(reasons)

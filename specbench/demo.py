@@ -2,10 +2,12 @@
 
 First this machine's hardware profile, unless one is cached
 (:func:`specbench.analytic.prediction.calibrated_path`): ``python -m
-specbench.calibrate --rounds 1 --heads HEADS`` (one pass over the grid;
-``calibrate`` alone takes two), timing only the EAGLE heads the grid runs
-(``make demo``'s: EAGLE-3; a later sweep of EAGLE-1 times its head first, as
-``calibrate --add-heads eagle`` does). Then the sweep, ``python -m specbench <overrides>`` (``make demo``
+specbench.calibrate --rounds 1`` (one pass over the grid; ``calibrate`` alone
+takes two) narrowed to what the sweep prices (:func:`calibrate_args`): ``make
+demo``'s times batch 1 and 4 at prompts of 16 and 512 tokens (4 grid points of
+8) and the EAGLE-3 head at K=4 alone (one engine of two), EAGLE-1 not at all.
+A later sweep outside that range has the rest timed first, as ``calibrate
+--complete`` (or ``--add-heads eagle``) does. Then the sweep, ``python -m specbench <overrides>`` (``make demo``
 passes ``sweep=cpu_demo``). Both start their engines from one fork server, the
 process that imports vLLM once (:func:`specbench.engine.worker_context`): as two
 commands, each imported it (about 10 s on 2 cores) and started Python, Hydra
@@ -28,6 +30,7 @@ from hydra import initialize_config_module
 
 from specbench import calibrate
 from specbench.analytic import prediction
+from specbench.config import Cell, batch_prompt_tokens
 from specbench.plan import GridComposer, grid_jobs
 from specbench.sweep import plan_cells
 
@@ -38,22 +41,38 @@ CALIBRATION_FAILED = "calibration failed: the report will show no model curves"
 INFO_FLAGS = frozenset({"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc"})
 
 
-def grid_methods(overrides: Sequence[str]) -> list[str]:
-    """The speculative methods of the sweep these overrides make, every grid point composed and validated
-    as the sweeper does (each workload's prompts read once); raises what the sweep would refuse them with
-    (Hydra's own message, or the sweeper's ConfigError, names the bad override). Flags (``-m``) are left
-    to Hydra."""
+def grid_cells(overrides: Sequence[str]) -> list[Cell]:
+    """The cells of the sweep these overrides make, every grid point composed and validated as the sweeper
+    does (each workload's prompts read once); raises what the sweep would refuse them with (Hydra's own
+    message, or the sweeper's ConfigError, names the bad override). Flags (``-m``) are left to Hydra."""
     jobs = grid_jobs([o for o in overrides if not o.startswith("-")])
     with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
-        return list(dict.fromkeys(p.cell.method for p in plan_cells(jobs, GridComposer())))
+        return [p.cell for p in plan_cells(jobs, GridComposer())]
 
 
-def calibrate_args(methods: Sequence[str]) -> list[str]:
-    """The calibration of a grid of ``methods``: :data:`CALIBRATE_ARGS`, timing only the EAGLE heads the
-    grid runs (a head engine per K: two for each other head). A later sweep of a head left out times it
-    first (:func:`specbench.calibrate.time_missing_heads`)."""
+def _up_to(defaults: Sequence[int], needed: int) -> list[int]:
+    """The defaults up to the first that reaches ``needed`` (all of them if none does), at least two: the
+    calibration's grid spans the sweep's range, and a fit needs two of each."""
+    kept = [v for v in sorted(defaults) if v < needed]
+    return sorted(defaults)[:max(len(kept) + 1, 2)]
+
+
+def calibrate_args(cells: Sequence[Cell]) -> list[str]:
+    """The calibration of a grid of ``cells``: :data:`CALIBRATE_ARGS`, narrowed to what the grid prices
+    (:mod:`specbench.calibrate`'s ``settings.narrowed_to``): the default grid's batch sizes and prompt lengths
+    up to the first that reaches the sweep's largest batch and longest prompt, and only the EAGLE heads the
+    grid runs, each at the grid's K alone (an engine per K). A later sweep outside that range, or of a head
+    left out, has what it lacks timed first (:func:`specbench.calibrate.time_missing`)."""
+    methods = list(dict.fromkeys(c.method for c in cells))
     heads = [m for m in calibrate.DRAFT_METHODS if m in methods]
-    return [*CALIBRATE_ARGS, "--heads", ",".join(heads) or "none"]
+    longest = max(max(lengths) if (lengths := batch_prompt_tokens(c.config)) else
+                  c.workload.get("max_prompt_tokens") or max(calibrate.DEFAULT_PROMPT_LENGTHS) for c in cells)
+    args = [*CALIBRATE_ARGS, "--heads", ",".join(heads) or "none",
+            "--batch-sizes", ",".join(map(str, _up_to(calibrate.DEFAULT_BATCH_SIZES, max(c.batch_size for c in cells)))),
+            "--prompt-lengths", ",".join(map(str, _up_to(calibrate.DEFAULT_PROMPT_LENGTHS, longest)))]
+    if ks := sorted({c.k for c in cells if c.method in heads}):
+        args += ["--draft-ks", ",".join(map(str, ks))]
+    return args
 
 
 def _verbose(overrides: Sequence[str]) -> bool:
@@ -88,14 +107,14 @@ def main(argv: Sequence[str] | None = None, *, calibrate_main: Callable[[list[st
     overrides = list(sys.argv[1:] if argv is None else argv)
     if INFO_FLAGS.isdisjoint(overrides) and not prediction.calibrated_path().is_file():
         try:
-            methods = grid_methods(overrides)
+            cells = grid_cells(overrides)
         except Exception as exc:  # refused: said in one line before the calibration's engines load
             print(f"error: {exc}", file=sys.stderr)
             return 2
         # The fork server keeps the output of the first command that starts it: a verbose sweep's engines
         # stream to the terminal only if the calibration's did.
         verbose = ["--verbose"] if _verbose(overrides) else []
-        if calibrate_main([*calibrate_args(methods), *verbose]) != 0:
+        if calibrate_main([*calibrate_args(cells), *verbose]) != 0:
             print(CALIBRATION_FAILED, file=sys.stderr, flush=True)
     return sweep(overrides)
 

@@ -310,7 +310,7 @@ class CellSweeper(BasicSweeper):
         try:
             planned = plan_cells(jobs, lambda point: loader.load_sweep_config(self.config, list(point)), fetch=True)
             hardware = next((h for p in planned if (h := p.cell.config.get("hardware"))), None)
-            calibrate.time_missing_heads([p.cell.method for p in planned], hardware, bool(self.config.get("verbose")))
+            calibrate.time_missing([p.cell for p in planned], hardware, bool(self.config.get("verbose")))
         except (ConfigError, hub.HubError) as exc:
             refuse(exc)
 

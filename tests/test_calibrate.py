@@ -718,3 +718,77 @@ def test_add_heads_refuses_without_a_profile_or_with_a_bad_head(tmp_path, capsys
     assert "--add-heads expects a comma-separated list of eagle3, eagle; got 'medusa'" in capsys.readouterr().err
     assert calibrate.main(["--add-heads", "eagle", "--out", str(tmp_path / "p.yaml")]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'p.yaml'}: ")
+
+
+def _cell(*overrides: str, method: str = "eagle3"):
+    from specbench.config import cell_from_config
+
+    return cell_from_config(calibrate._compose(list(overrides), (f"method={method}",)))
+
+
+def test_a_narrowed_calibration_records_its_range_and_a_sweep_outside_it_has_the_rest_timed_first(tmp_path, monkeypatch):
+    # make demo's calibration measures what its grid prices (batch 1 and 4 at 16 and 512 tokens, EAGLE-3 at K=4):
+    # 4 grid points of 8 and one head engine of two, said in the profile. A later sweep outside that range has
+    # the rest of the default calibration timed first and is priced as after a full one; a sweep inside it,
+    # nothing; where the timing fails, the sweep is refused naming the command.
+    measured: list[tuple[str, int, int]] = []
+    started: list[str] = []
+    monkeypatch.setattr(calibrate, "EngineWorker", _timed_engine(measured, started))
+    out = tmp_path / "calibrated.yaml"
+    monkeypatch.setattr(prediction, "calibrated_path", lambda: out)
+    assert calibrate.main(["--rounds=1", "--heads", "eagle3", "--batch-sizes", "1,4", "--prompt-lengths", "16,512",
+                           "--draft-ks", "4", "--device-rates", "40,1"]) == 0
+    assert started == ["baseline", "eagle3", "ngram"]
+    assert sorted(m[1:] for m in measured if m[0] == "target") == [(1, 16), (1, 512), (4, 16), (4, 512)]
+    narrowed = yaml.safe_load(out.read_text())
+    assert narrowed["settings"]["narrowed_to"] == {"batch_sizes": [1, 4], "prompt_lengths": [16, 512], "draft_ks": [4]}
+    assert [r["k"] for r in narrowed["head_draft_samples"]["eagle3"]] == [4]
+
+    demo_cells = [_cell("sweep=cpu_demo", f"batch_size={b}", f"workload={w}", method=m)
+                  for b in (1, 4) for w in ("summarize", "creative") for m in ("baseline", "ngram", "eagle3")]
+    head_ks = {"eagle3": {4}, "eagle": set(calibrate.DRAFT_KS)}  # EAGLE-1 added later (--add-heads): at both K
+    assert calibrate.coverage_gaps(narrowed["settings"]["narrowed_to"], demo_cells, head_ks) == []
+    outside = [_cell("sweep=cpu_demo", "batch_size=16"), _cell("sweep=cpu_demo", "num_speculative_tokens=2"),
+               _cell("sweep=cpu_demo", "workload.max_prompt_tokens=1024", method="ngram")]
+    assert calibrate.coverage_gaps(narrowed["settings"]["narrowed_to"], [
+        _cell("sweep=cpu_demo", "num_speculative_tokens=2", method="eagle")], head_ks) == []
+    gaps = calibrate.coverage_gaps(narrowed["settings"]["narrowed_to"], outside, head_ks)
+    assert gaps[0] == "batch 16 above its 4" and "eagle3 at K=2, its head timed at K=4" in gaps
+    assert any(g.startswith("summarize prompts of up to ") and g.endswith("above its 512") for g in gaps)
+
+    started.clear()
+    measured.clear()
+    calibrate.time_missing(demo_cells, None, False)  # inside the range: nothing timed
+    calibrate.time_missing(outside, {"name": "rtx4090"}, False)  # priced with a named profile: nothing timed
+    assert started == []
+    monkeypatch.setattr(calibrate, "complete", lambda path, verbose: 1)
+    with pytest.raises(calibrate.ConfigError, match="`python -m specbench.calibrate --complete` times it"):
+        calibrate.time_missing(outside[:1], None, False)
+    monkeypatch.undo()
+    monkeypatch.setattr(calibrate, "EngineWorker", _timed_engine(measured, started))
+    monkeypatch.setattr(prediction, "calibrated_path", lambda: out)
+    calibrate.time_missing(outside[:1], None, False)
+    # The target's engine for the 4 points left out, then EAGLE-3's head at both default K; ngram's stays.
+    assert started == ["baseline", "eagle3", "eagle3"]
+    assert sorted(m[1:] for m in measured if m[0] == "target") == [(1, 1024), (4, 1024), (16, 16), (64, 16)]
+    completed = yaml.safe_load(out.read_text())
+    assert "narrowed_to" not in completed["settings"] and "refit_from" not in completed["settings"]
+    assert sorted(r["k"] for r in completed["head_draft_samples"]["eagle3"]) == list(calibrate.DRAFT_KS)
+    assert completed["draft_samples"]["method"] == "eagle3" and len(completed["draft_samples"]["samples"]) == 2
+    started.clear()
+    calibrate.time_missing(outside, None, False)  # completed: nothing more to time
+    assert started == []
+    # As a full calibration on the same engines fits it: the target's rates, each drafter's costs.
+    full = tmp_path / "full.yaml"
+    assert calibrate.main(["--rounds=1", "--heads", "eagle3", "--device-rates", "40,1", "--out", str(full)]) == 0
+    whole = yaml.safe_load(full.read_text())
+    assert "narrowed_to" not in whole["settings"] and len(completed["samples"]) == len(whole["samples"])
+    for key in ("memory_bandwidth_gbps", "peak_tflops", "fixed_overhead_ms", "kv_bandwidth_gbps", "draft_overhead_ms"):
+        assert completed[key] == pytest.approx(whole[key], rel=1e-6), key
+    for key in ("head_draft_overhead_ms", "head_draft_step_overhead_ms"):
+        assert completed[key] == pytest.approx(whole[key], rel=1e-6, abs=1e-9), key
+
+
+def test_draft_ks_are_checked_before_any_engine(capsys):
+    assert calibrate.main(["--draft-ks", "4,0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --draft-ks expects comma-separated positive integers, got '4,0'"

@@ -37,13 +37,23 @@ def _commands(calibration_status: int, sweep_status: int = 0):
     return calls, {"calibrate_main": calibrate_main, "sweep": sweep}
 
 
-@pytest.mark.parametrize("given, heads", [((), "eagle3"), (("method=ngram",), "none"),
-                                          (("method=eagle,ngram,eagle3",), "eagle3,eagle")])
-def test_without_a_profile_it_calibrates_the_grids_heads_in_one_round_then_sweeps(profile, given, heads):
-    # make demo's grid runs EAGLE-3: EAGLE-1's two head engines are not started for it.
+NARROWED = ["--batch-sizes", "1,4", "--prompt-lengths", "16,512"]
+
+
+@pytest.mark.parametrize("given, calibration", [
+    ((), ["--heads", "eagle3", *NARROWED, "--draft-ks", "4"]),
+    (("method=ngram",), ["--heads", "none", *NARROWED]),
+    (("method=eagle,ngram,eagle3",), ["--heads", "eagle3,eagle", *NARROWED, "--draft-ks", "4"]),
+    (("batch_size=1,8", "num_speculative_tokens=2,8"),
+     ["--heads", "eagle3", "--batch-sizes", "1,4,16", "--prompt-lengths", "16,512", "--draft-ks", "2,8"]),
+])
+def test_without_a_profile_it_calibrates_the_grids_range_and_heads_in_one_round_then_sweeps(profile, given, calibration):
+    # make demo's grid runs EAGLE-3 at K=4, batch 1 and 4, prompts of at most 485 tokens: its calibration times
+    # 4 grid points of the default 8 (batch 1 and 4 at 16 and 512 tokens) and the EAGLE-3 head at K=4 alone;
+    # EAGLE-1's two head engines are not started for it. A wider grid widens it to the default sizes that span it.
     calls, commands = _commands(0)
     assert demo.main(["sweep=cpu_demo", "sweep_name=x", *given], **commands) == 0
-    assert calls == [("calibrate", ["--rounds", "1", "--heads", heads]),
+    assert calls == [("calibrate", ["--rounds", "1", *calibration]),
                      ("sweep", ["sweep=cpu_demo", "sweep_name=x", *given])]
 
 
@@ -52,7 +62,8 @@ def test_a_verbose_sweeps_calibration_streams_too(profile, given, streams):
     # The engines' fork server, started by the calibration, keeps its output for every later worker.
     calls, commands = _commands(0)
     demo.main(["sweep=cpu_demo", given], **commands)
-    assert calls[0] == ("calibrate", ["--rounds", "1", "--heads", "eagle3", *(["--verbose"] if streams else [])])
+    assert calls[0] == ("calibrate", ["--rounds", "1", "--heads", "eagle3", *NARROWED, "--draft-ks", "4",
+                                      *(["--verbose"] if streams else [])])
 
 
 def test_a_cached_profile_is_reused(profile):
@@ -107,7 +118,7 @@ def test_the_calibrations_engines_and_the_demos_share_the_fork_server():
     # A worker whose start environment differs from the fork server's is spawned instead, and imports vLLM
     # itself (specbench.engine.worker_context): every engine of the demo's sweep must start as the
     # calibration's did, or the process shared for one import would pay one per engine.
-    args = calibrate.argument_parser().parse_args(demo.calibrate_args(["ngram", "eagle3"]))
+    args = calibrate.argument_parser().parse_args(demo.calibrate_args(demo.grid_cells(["sweep=cpu_demo"])))
     GlobalHydra.instance().clear()
     engines = calibrate.planned_engines(args)
     calibration = {tuple(sorted(start_environment(spec.preload, spec.cpu_huge_pages).items()))
