@@ -91,11 +91,13 @@ $(STAMP): pyproject.toml Makefile
 # The report holds measurements against the roofline model, which needs this
 # machine's calibrated profile: measured once, then reused. specbench.demo calibrates
 # when none is cached, in one round over the grid (`python -m specbench.calibrate` alone
-# takes two, for a profile steadier by a few percent) and timing only the heads the sweep
-# runs (EAGLE-3: an EAGLE-1 sweep times its head first, as `calibrate --add-heads eagle`
-# does), about 1.6 min on 2 quiet cores; then it runs the sweep in the same process (about
-# 5.4 min): both start their engines from one fork server, which imports vLLM once
-# (specbench/demo.py). From a fresh clone, set-up included: about 8 min on 2 cores.
+# takes two, for a profile steadier by a few percent), narrowed to what the sweep prices:
+# batch 1 and 4 at 16 and 512 prompt tokens (4 grid points of 8) and the EAGLE-3 head at
+# K=4 alone (a later sweep outside that range, or of EAGLE-1, has the rest timed first, as
+# `calibrate --complete` or `--add-heads eagle` does). It took 1.4 min on 2 quiet cores
+# before it was narrowed; then it runs the sweep in the same process (about 5.2 min): both
+# start their engines from one fork server, which imports vLLM once (specbench/demo.py).
+# From a fresh clone, set-up included: 7:51 on 2 quiet cores before the narrowing.
 demo: setup
 	$(BIN)/python -m specbench.demo sweep=cpu_demo
 
