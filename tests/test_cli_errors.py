@@ -454,3 +454,31 @@ def test_a_head_the_calibration_left_out_is_timed_before_any_cell_or_the_sweep_i
     # Priced with a named hardware profile instead, or as heads the calibration timed: nothing to time.
     assert prediction.heads_left_out(["eagle"], {"name": "rtx4090"}) == []
     assert prediction.heads_left_out(["eagle3", "ngram", "baseline"], None) == []
+
+
+@pytest.mark.parametrize("multirun", [False, True], ids=["single", "multirun"])
+def test_a_sweep_outside_a_narrowed_calibration_has_the_rest_timed_before_any_cell_or_is_refused_naming_the_command(
+        command, no_engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, multirun: bool) -> None:
+    # make demo's calibration measured batch 1 and 4 at prompts of up to 512 tokens, EAGLE-3 at K=4: a sweep
+    # at batch 16 would be priced outside what it measured, so the rest of the default calibration is timed
+    # first (calibrate --complete); where that fails, the sweep is refused naming the command.
+    from specbench import calibrate
+    from specbench.analytic import prediction
+
+    profile = tmp_path / "calibrated.yaml"
+    profile.write_text("name: cpu\nsettings:\n  narrowed_to: {batch_sizes: [1, 4], prompt_lengths: [16, 512], "
+                       "draft_ks: [4]}\n")
+    monkeypatch.setattr(prediction, "calibrated_path", lambda: profile)
+    completed: list[Path] = []
+    monkeypatch.setattr(calibrate, "complete", lambda path, verbose: completed.append(path) or 1)
+    result = command(sweep("method=ngram", "workload=creative", "batch_size=16", multirun=multirun, out=tmp_path))
+    assert completed == [profile] and result.returncode == 2
+    assert_refused(result, f"the calibrated profile {profile} was measured for a narrower sweep (batch 16 above its 4)",
+                   "`python -m specbench.calibrate --complete` times it")
+    assert not (tmp_path / "sweep" / "cells").exists() and not (tmp_path / "run" / "cells").exists()
+    # Inside its range: nothing timed, the sweep goes on to its cells (the engine no_engine stops).
+    try:
+        command(sweep("method=ngram", "workload=creative", "batch_size=4", multirun=multirun, out=tmp_path / "in"))
+    except AssertionError as exc:
+        assert "an engine would start" in str(exc)
+    assert completed == [profile] and (tmp_path / "in" / ("sweep" if multirun else "run") / "plan.json").is_file()
