@@ -687,8 +687,8 @@ def time_missing(cells: Iterable[Cell], config_hardware: Mapping[str, Any] | Non
     what a calibration narrowed to another sweep's range left out and these cells need
     (:func:`coverage_gaps`) timed first, the rest of the default calibration (:func:`complete`); then the
     heads of their methods that it left out by choice (:func:`specbench.analytic.prediction.heads_left_out`)
-    timed and added (:func:`add_heads`). So that the sweep's report prices every cell from measured steps of
-    its own range and its head's own cost, never silently extrapolated or another head's. Raises
+    timed and added (:func:`add_heads`): the sweep's report then prices every cell from steps measured over
+    its range and with its head's own cost, never silently extrapolated or with another head's. Raises
     ConfigError, naming the command, where that timing fails."""
     cells = list(cells)
     path = prediction.calibrated_path()

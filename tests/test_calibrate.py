@@ -792,3 +792,16 @@ def test_a_narrowed_calibration_records_its_range_and_a_sweep_outside_it_has_the
 def test_draft_ks_are_checked_before_any_engine(capsys):
     assert calibrate.main(["--draft-ks", "4,0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --draft-ks expects comma-separated positive integers, got '4,0'"
+
+
+def test_complete_leaves_a_full_calibration_alone_and_refuses_without_a_profile(tmp_path, monkeypatch, capsys):
+    started: list[str] = []
+    monkeypatch.setattr(calibrate, "EngineWorker", _timed_engine([], started))
+    full = tmp_path / "full.yaml"
+    assert calibrate.main(["--rounds=1", "--heads", "eagle3", "--device-rates", "40,1", "--out", str(full)]) == 0
+    before, started[:] = full.read_text(), []
+    assert calibrate.main(["--complete", "--out", str(full)]) == 0
+    assert started == [] and full.read_text() == before
+    assert "(not narrowed: nothing to complete)" in capsys.readouterr().out
+    assert calibrate.main(["--complete", "--out", str(tmp_path / "none.yaml")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'none.yaml'}: ")
