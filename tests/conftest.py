@@ -216,5 +216,13 @@ def device_closed_here(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def reference_sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
-    """:data:`REFERENCE_GRID`, run once per session through the real command line."""
+    """:data:`REFERENCE_GRID`, run once per session through the real command line.
+
+    The session's engine fork server (:func:`specbench.engine.worker_context`, the start environment of
+    :data:`HERE`), which the engine tests that measure in this process fork from, is started first: its import
+    of vLLM, one core's work for about 9 s on 2 cores, then runs beside the command's own interpreter start and
+    import instead of after the sweep."""
+    from specbench import engine
+
+    engine.worker_context(None)
     return run_sweep(REFERENCE_GRID, tmp_path_factory.mktemp("reference"))

@@ -160,7 +160,11 @@ def test_prompt_stream_depends_on_every_token():
 
 @pytest.mark.engine
 def test_real_engine_accepts_at_the_controlled_rate():
-    """vLLM loads the proposer, output stays the same, and AL orders 0.5 < 0.7 < 0.9 near E(alpha, 4)."""
+    """vLLM loads the proposer, output stays the same, and AL orders 0.5 < 0.9 near E(alpha, 4).
+
+    Two rates, an engine each: a proposer that ignored the rate fails the order, and one that accepted whole
+    drafts at the rate rather than each position (AL 1 + 4 alpha) misses E(0.5, 4) = 1.94 by half. A third rate
+    between them cost an engine start more."""
     from transformers import AutoTokenizer
 
     from specbench.measure import CellPlan
@@ -178,7 +182,7 @@ def test_real_engine_accepts_at_the_controlled_rate():
     speculative = json.dumps({"method": "custom_class", "model": controlled.PROPOSER_CLASS,
                               "num_speculative_tokens": 4})
     lengths, outputs = {}, {}
-    for alpha in (0.5, 0.7, 0.9):
+    for alpha in (0.5, 0.9):
         spec = EngineSpec(
             model=model, dtype="float32", seed=0, max_model_len=512, max_num_seqs=8,
             enforce_eager=True, enable_prefix_caching=False, gpu_memory_utilization=0.9,
@@ -193,8 +197,8 @@ def test_real_engine_accepts_at_the_controlled_rate():
         assert m.counters.drafts > 0
         lengths[alpha] = 1 + m.counters.accepted_tokens / m.counters.drafts
         outputs[alpha] = m.token_ids
-    assert lengths[0.5] < lengths[0.7] < lengths[0.9]
+    assert lengths[0.5] < lengths[0.9]
     for alpha, length in lengths.items():
         assert length == pytest.approx(acceptance.expected_tokens_per_pass(alpha, 4), rel=0.2), lengths
     # Different corruption, same tokens: the target decides every one.
-    assert outputs[0.5] == outputs[0.7] == outputs[0.9]
+    assert outputs[0.5] == outputs[0.9]

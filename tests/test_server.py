@@ -1,7 +1,7 @@
 """Serving cells through the real server (``load.via=server``): the key, the stream, the counts, the engine.
 
-The engine test serves one tiny greedy cell both ways (4 requests of 16 tokens, each its own prompt) and
-holds the server's token ids and each request's acceptance to the in-process engine's.
+The engine test, in tests/test_serving_engine.py (it shares the serving sweep's engine there), serves one tiny
+greedy cell both ways and holds the server's token ids and each request's acceptance to the in-process engine's.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from specbench import job
 from specbench.config import ConfigError, cell_from_config, validate
-from specbench.engine import EngineSpec, EngineWorker, start_environment
+from specbench.engine import EngineSpec, start_environment
 from specbench.engine.server import ServerError, SseStream, StreamedCompletion, metrics_state
 from specbench.load import ServedRequest, ServingMeasurement, ServingPlan
 from specbench.measure import SpecCounters
@@ -292,58 +291,18 @@ def test_cpu_accounting_reaches_grandchildren():
         shell.wait()
 
 
-GREEDY_SERVED = ["method=ngram", "num_speculative_tokens=2", "workload.num_prompts=4", "workload.selection=first",
-                 "workload.max_prompt_tokens=480", "workload.max_tokens=16", "load.request_rate=4",
-                 "load.num_requests=4", "load.warmup_requests=1", "engine.enable_prefix_caching=true",
-                 # Huge pages change neither path's tokens; asked for, they would cost two vLLM imports (below).
-                 "engine.cpu_huge_pages=false"]
+def test_the_engine_test_of_the_server_forks_its_workers_from_the_sessions_server(compose_cell):
+    # The engine workers of the pytest process fork from one server (engine.worker_context), which the engine tests
+    # before test_serving_engine's server test start with EngineSpec's defaults; a worker whose start environment
+    # differs is spawned and imports vLLM again.
+    from test_serving_engine import GREEDY_SERVED
 
-
-def test_the_engine_test_below_forks_its_workers_from_the_sessions_server(compose_cell):
-    # The engine workers of this process fork from one server (engine.worker_context), which the engine tests
-    # before this one start with EngineSpec's defaults; a worker whose start environment differs is spawned
-    # and imports vLLM again.
     default = EngineSpec(model="m", dtype="float32", seed=0, max_model_len=64, max_num_seqs=1, enforce_eager=True,
                          enable_prefix_caching=False, gpu_memory_utilization=0.9, cpu_kvcache_space_gib=1)
     for via in ("inprocess", "server"):
         spec = cell_from_config(compose_cell([*GREEDY_SERVED, f"load.via={via}"])).engine_spec(prepare=False)
         assert start_environment(spec.preload, spec.cpu_huge_pages) == start_environment(
             default.preload, default.cpu_huge_pages), via
-
-
-@pytest.mark.engine
-def test_a_greedy_cell_gives_the_same_tokens_and_per_request_acceptance_in_process_and_through_the_server(
-        compose_cell):
-    # Four requests of 16 tokens, one of them warm-up, each with a prompt of its own: the warm-up's prompt
-    # is not among the measured ones (at 913428f the warm-ups repeated the measured prompts, so an
-    # agreement of the two paths proved nothing).
-    tokens, acceptance, counts, columns = {}, {}, {}, {}
-    for via in ("inprocess", "server"):
-        cell = cell_from_config(compose_cell([*GREEDY_SERVED, f"load.via={via}"]))
-        _, plan = job._requests(cell)
-        assert len(set(plan.prompts)) == 4 and not set(plan.prompts[:1]) & set(plan.prompts[1:])
-        worker = EngineWorker(cell.engine_spec())
-        try:
-            served = worker.measure(plan, timeout_s=900)
-        finally:
-            worker.close()
-        assert all(r.chunk_s and len(r.token_ids) == 16 for r in served.requests)
-        tokens[via] = [r.token_ids for r in served.requests]
-        acceptance[via] = serving.as_measurement(served, plan).request_acceptance
-        counts[via] = [(r.drafts, r.accepted_tokens, r.draft_tokens) for r in served.requests[1:]]
-        columns[via] = serving.cell_columns(served, cell.identity["load"], plan)
-        print(f"{via}: acceptance per measured request {acceptance[via]}, (drafts, accepted, drafted) {counts[via]}, "
-              f"/metrics {columns[via]['server_metrics_acceptance']}, queue p50 {columns[via]['queue_s_p50']}")
-    assert tokens["server"] == tokens["inprocess"]
-    # Greedy: each measured request drafts and accepts the same both ways, read from its own counts.
-    assert counts["server"] == counts["inprocess"] and all(d for d, _, _ in counts["server"])
-    assert acceptance["server"] == acceptance["inprocess"]
-    # The server's /metrics over the measured requests alone agree with their usage chunks.
-    assert columns["server"]["server_metrics_acceptance"] is not None
-    assert columns["server"]["server_metrics_note"] is None
-    assert columns["inprocess"]["server_metrics_acceptance"] is None
-    # Each request's queueing delay reaches the client through the server too.
-    assert columns["server"]["queue_s_p50"] is not None and columns["inprocess"]["queue_s_p50"] is not None
 
 
 def test_the_server_gets_the_engine_arguments_the_in_process_engine_gets(compose_cell):

@@ -8,8 +8,12 @@ cells' lines are what the terminal would show.
 Request shapes: one baseline serving cell, six requests at 4 req/s (one warm-up), outputs drawn around 8 tokens and
 prompts cut to lengths drawn around 64, EOS ignored so that every request decodes exactly its drawn length.
 
-Both grids measure on one pool of engines (``engines``), request shapes first: its baseline's engine is the
-serving sweep's baseline's (the same engine settings), so the serving sweep starts one engine, not two.
+The server against the in-process engine: the serving sweep's ngram cell served both ways, greedy, its token ids
+and each request's acceptance held alike.
+
+All three measure on one pool of engines (``engines``), request shapes first: its baseline's engine is the
+serving sweep's baseline's (the same engine settings), so the serving sweep starts one engine, not two; and the
+sweep's ngram engine serves the in-process side of the server test, which starts only the server's.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import pandas as pd
 import pytest
 from conftest import run_here
 
-from specbench import load
+from specbench import job, load
+from specbench.config import cell_from_config
 from specbench.engine import EnginePool
+from specbench.results import serving
 
 pytestmark = pytest.mark.engine
 
@@ -32,6 +38,10 @@ SERVING_ENGINE = ["workload=summarize", "workload.num_prompts=2", "workload.sele
                   "workload.max_prompt_tokens=480", "workload.max_tokens=16", "load.request_rate=4",
                   "load.num_requests=6", "load.warmup_requests=1", "engine_runs=1", "attempts=1",
                   "engine.enable_prefix_caching=true"]
+# The serving sweep's ngram cell, as the server test composes it both ways: with conftest.HERE's start environment
+# (no huge pages), so that its in-process engine is the one the sweep left up, and its server's worker forks from
+# this session's fork server (another start environment would spawn it, importing vLLM again).
+GREEDY_SERVED = ["method=ngram", "num_speculative_tokens=2", *SERVING_ENGINE, "engine.cpu_huge_pages=false"]
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +116,37 @@ def test_a_serving_sweep_records_latencies_the_running_batch_and_exact_outputs(
     # The terminal names a serving cell by its offered rate and gives the speedup the verdict reads.
     ngram_line = next(line for line in done.stdout.splitlines() if line.startswith("ngram K=2 at 4 req/s summarize"))
     assert "E2E p50 " in ngram_line and ngram_line.endswith(("exact", "tie(s)")), ngram_line
+
+
+def test_a_greedy_cell_gives_the_same_tokens_and_per_request_acceptance_in_process_and_through_the_server(
+        compose_cell, engines: EnginePool) -> None:
+    # Six requests of 16 tokens, one of them warm-up, each with a prompt of its own: the warm-up's prompt
+    # is not among the measured ones (at 913428f the warm-ups repeated the measured prompts, so an
+    # agreement of the two paths proved nothing). In process first, on the engine the serving sweep left up.
+    tokens, acceptance, counts, columns = {}, {}, {}, {}
+    for via in ("inprocess", "server"):
+        cell = cell_from_config(compose_cell([*GREEDY_SERVED, f"load.via={via}"]))
+        _, plan = job._requests(cell)
+        assert len(set(plan.prompts)) == 6 and not set(plan.prompts[:1]) & set(plan.prompts[1:])
+        try:
+            served = engines.get(cell.engine_spec()).measure(plan, timeout_s=900)
+        except BaseException:
+            engines.discard()  # a failed engine's state is suspect
+            raise
+        assert all(r.chunk_s and len(r.token_ids) == 16 for r in served.requests)
+        tokens[via] = [r.token_ids for r in served.requests]
+        acceptance[via] = serving.as_measurement(served, plan).request_acceptance
+        counts[via] = [(r.drafts, r.accepted_tokens, r.draft_tokens) for r in served.requests[1:]]
+        columns[via] = serving.cell_columns(served, cell.identity["load"], plan)
+        print(f"{via}: acceptance per measured request {acceptance[via]}, (drafts, accepted, drafted) {counts[via]}, "
+              f"/metrics {columns[via]['server_metrics_acceptance']}, queue p50 {columns[via]['queue_s_p50']}")
+    assert tokens["server"] == tokens["inprocess"]
+    # Greedy: each measured request drafts and accepts the same both ways, read from its own counts.
+    assert counts["server"] == counts["inprocess"] and all(d for d, _, _ in counts["server"])
+    assert acceptance["server"] == acceptance["inprocess"]
+    # The server's /metrics over the measured requests alone agree with their usage chunks.
+    assert columns["server"]["server_metrics_acceptance"] is not None
+    assert columns["server"]["server_metrics_note"] is None
+    assert columns["inprocess"]["server_metrics_acceptance"] is None
+    # Each request's queueing delay reaches the client through the server too.
+    assert columns["server"]["queue_s_p50"] is not None and columns["inprocess"]["queue_s_p50"] is not None
