@@ -11,7 +11,7 @@ starts: each engine of each engine run, started once for the cells that share it
   capture counted as often as vLLM 0.32 runs it: its memory profiling captures graphs before the
   real capture does (:func:`captured_sizes`);
 - on the CPU build, a fixed part and the KV pool touched at :data:`CPU_KV_S_PER_GIB` (measured on
-  2 cores, below).
+  2 cores at 1 GiB, below).
 
 Around them, the sweep's own work (:data:`FORK_SERVER_S` once, :data:`CELL_OVERHEAD_S` per cell and
 engine run, :data:`FINISH_S` once), which :attr:`SweepTime.overhead_s` counts.
@@ -35,11 +35,16 @@ from dataclasses import dataclass
 GPU_START_FIXED_S = 25.0
 WEIGHT_LOAD_BYTES_PER_S = 1.5e9
 CAPTURE_S_PER_SIZE = 0.25
-# A CPU engine's start, from a quiet cpu_demo sweep on 2 cores (2026-12-07, vLLM 0.32, SmolLM2-135M,
-# 1 GiB KV pool): each of its 10 engines started in 6.3-8.7 s (mean 7.4 s, the worker's engine_start_s),
-# and stopping the engine before it and forking the next took 1.1 s more. The KV pool's share: 2.6 s per
-# GiB (an engine's "init engine" took 3.1 s at 2 GiB, 0.5 s at 1 GiB, 2026-12-05); the rest is fixed.
-CPU_START_FIXED_S = 5.9
+# A CPU engine's start on 2 cores (vLLM 0.32, SmolLM2-135M, the default 1 GiB KV pool), since the fork
+# server imports vLLM for every worker and each worker freezes the heap it inherits: 3.0 s, the mean of
+# the rows' engine_start_s in two quiet runs of 2026-12-07 (make demo's sweep: 9 engines, 2.6-3.9 s, mean
+# 3.2 s, docs/results/2026-12-07-demo-under-six.md; the headline command: 21 engines, mean 2.9 s, README).
+# Stopping the engine before it and forking the next no longer shows: that demo's 312 s are its cells'
+# timed generation (191 s), warm-ups (60 s), starts (29 s) and the sweep's own work below (34 s). Each GiB
+# of KV pool above or below 1 costs 2.6 s, the step an engine's "init engine" took from 1 GiB (0.5 s) to
+# 2 GiB (3.1 s) on 2026-12-05; no start at another pool size has been timed since, so the fixed part is
+# what a 1 GiB start leaves, not a measured start without a pool.
+CPU_START_FIXED_S = 0.4
 CPU_KV_S_PER_GIB = 2.6
 # The same sweep's own work around its engines: the engines' fork server imported vLLM once while the
 # first job prepared its prompts (the first engine started 11.4 s after the plan was printed); each
