@@ -21,13 +21,15 @@ Embedded checkpoints:
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import importlib.resources
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from filelock import FileLock
 from omegaconf import MISSING
@@ -211,11 +213,13 @@ def gguf_path() -> Path:
     return path
 
 
-def prepare_embedded(name: str) -> Path:
+def prepare_embedded(name: str, gguf: Callable[[], LoadedGguf] | None = None) -> Path:
     """Convert the shipped GGUF into the named checkpoint folder, once.
 
     Idempotent and safe under concurrency: the work happens under a file lock
     in a temporary sibling folder that is renamed into place when complete.
+    ``gguf``: what gives the loaded GGUF when a conversion is needed (by default
+    it is loaded then); :func:`main` shares one load between the checkpoints.
     """
     checkpoint = EMBEDDED[name]
     target = paths.models_dir() / name
@@ -227,7 +231,7 @@ def prepare_embedded(name: str) -> Path:
             return target
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
         try:
-            _convert(checkpoint, staging)
+            _convert(checkpoint, staging, gguf or load_gguf)
             (staging / COMPLETE_MARKER).write_text("ok\n")
             if target.exists():  # a leftover without the marker: an interrupted run
                 shutil.rmtree(target)
@@ -237,9 +241,19 @@ def prepare_embedded(name: str) -> Path:
     return target
 
 
-def _convert(checkpoint: EmbeddedCheckpoint, out: Path) -> None:
+@dataclass(frozen=True)
+class LoadedGguf:
+    """The shipped GGUF, dequantized once: its tokenizer, its config (quantization dropped) and its weights."""
+
+    tokenizer: Any
+    config: Any
+    state: Dict[str, Any]
+
+
+def load_gguf() -> LoadedGguf:
+    """Load the shipped GGUF's tokenizer, config and weights in bfloat16 (dequantizing takes seconds a load)."""
     # transformers 5 refuses to save a GGUF-loaded model ("not serializable"):
-    # drop the quantization config, rebuild from the config, load the weights.
+    # drop the quantization config; each checkpoint is rebuilt from it and loaded with these weights.
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -247,21 +261,30 @@ def _convert(checkpoint: EmbeddedCheckpoint, out: Path) -> None:
     folder, file = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.bfloat16)
-    state = loaded.state_dict()
     config = AutoConfig.from_pretrained(folder, gguf_file=file)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    config.torch_dtype = torch.bfloat16
+    return LoadedGguf(tokenizer, config, loaded.state_dict())
+
+
+def _convert(checkpoint: EmbeddedCheckpoint, out: Path, gguf: Callable[[], LoadedGguf]) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    source = gguf()
+    config = copy.deepcopy(source.config)  # the load may be shared with the next checkpoint: left as it is
+    state = source.state
     if checkpoint.num_layers is not None:
         config.num_hidden_layers = checkpoint.num_layers
         state = {k: v for k, v in state.items() if _layer_index(k) < checkpoint.num_layers}
-    config.torch_dtype = torch.bfloat16
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Tied embeddings make lm_head.weight legitimately absent from the state dict.
     if unexpected or any(not k.startswith("lm_head") for k in missing):
         raise RuntimeError(f"weights do not fit: missing={missing} unexpected={unexpected}")
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    source.tokenizer.save_pretrained(out)
 
 
 def _layer_index(param_name: str) -> int:
@@ -277,8 +300,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specbench.models")
     parser.add_argument("command", choices=["prepare"])
     parser.parse_args(argv)
+    gguf = functools.cache(load_gguf)  # every checkpoint is cut from the same weights: dequantized once, if at all
     for name in EMBEDDED:
-        print(f"{EMBEDDED_PREFIX}{name}: {prepare_embedded(name)}")
+        print(f"{EMBEDDED_PREFIX}{name}: {prepare_embedded(name, gguf)}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 from specbench import models
 
 shared = Path(sys.argv[1])
-def convert(checkpoint, out):
+def convert(checkpoint, out, gguf):
     with open(shared / "conversions", "a") as log:  # one line per conversion that ran
         log.write(checkpoint.name + "\\n")
     time.sleep(2)

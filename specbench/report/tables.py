@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -127,11 +128,19 @@ def compared(df: pd.DataFrame) -> pd.DataFrame:
     return spec[spec["speedup"].notna()]
 
 
+_NUMPY_NUMBERS = (np.integer, np.floating, np.bool_)
+
+
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """The frame's rows as plain dicts, nulls as None: what the shared rules of
     :mod:`specbench.analytic.recommend` and :mod:`specbench.analytic.prediction` read."""
-    plain = df.astype(object).where(df.notna(), None)
-    return plain.to_dict("records")
+    # One conversion of the whole frame to objects, nulls as None, rather than ``astype(object)`` and ``where``
+    # column by column: those cost about a tenth of a second on a results frame of some 240 columns, and the page
+    # asks for records of its panels' frames a few hundred times. Numpy scalars left in object columns become
+    # Python numbers, as ``to_dict`` makes them.
+    values = df.to_numpy(dtype=object, na_value=None)
+    names = list(df.columns)
+    return [dict(zip(names, [v.item() if isinstance(v, _NUMPY_NUMBERS) else v for v in row])) for row in values]
 
 
 def eligible(df: pd.DataFrame) -> pd.DataFrame:
