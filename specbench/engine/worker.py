@@ -95,6 +95,31 @@ def _count_cut_tokens() -> None:
     Scheduler._update_request_with_output = update  # type: ignore[method-assign]
 
 
+def _inspect_models_in_process() -> None:
+    """On the CPU build, let vLLM inspect a model class in this process instead of a new one; a no-op on a GPU.
+
+    Where its model-info cache (``$VLLM_CACHE_ROOT/modelinfos``) has no entry for an
+    architecture, vLLM 0.32 imports the model class in a fresh Python process, so that
+    an API server never initialises CUDA before it forks its engine: that process imports
+    vLLM again, ~9 s on 2 cores, once per architecture on a new machine (the target's,
+    each EAGLE head's). This worker's offline and serving engines run in-process and, on a
+    CPU, there is no CUDA to keep uninitialised, so the inspection runs here, on the vLLM
+    this worker already imported; vLLM writes the cache as before (a server engine's
+    ``vllm serve`` keeps its own way).
+    On a GPU vLLM's own way is kept. A no-op if vLLM's registry moved.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    try:
+        from vllm.model_executor.models import registry
+    except ImportError:
+        return
+    if hasattr(registry, "_run_in_subprocess"):
+        registry._run_in_subprocess = lambda inspect: inspect()  # type: ignore[attr-defined]
+
+
 class VllmEngine:
     """A vLLM ``LLM`` with the :class:`specbench.measure.Generator` interface."""
 
@@ -472,6 +497,7 @@ def serve(
     # busy cores, 0.2-0.4 s with it frozen. vLLM freezes the whole heap once the engine is built either way, so
     # the engine measures with the same heap frozen.
     gc.freeze()
+    _inspect_models_in_process()
     try:
         start = time.perf_counter()
         if spec.via_server:
