@@ -52,11 +52,11 @@ def test_two_processes_preparing_at_once_make_one_complete_checkpoint(tmp_path):
     assert (folder / "config.json").is_file() and (folder / models.COMPLETE_MARKER).is_file()
 
 
-@pytest.mark.engine  # converts a real GGUF: tens of seconds
-def test_the_embedded_draft_is_the_targets_first_24_layers_in_a_loadable_folder(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+def test_the_embedded_draft_is_the_targets_first_24_layers_in_a_loadable_folder():
+    # The folder `make setup` converted from the real GGUF (`specbench.models prepare`, as a new machine
+    # runs it), the one the engine tests load: converting it again here took 24 s of the engine pass.
     folder = models.prepare_embedded("smollm2-135m-instruct-l24")
-    assert folder == tmp_path / "models" / "smollm2-135m-instruct-l24"
+    assert folder.name == "smollm2-135m-instruct-l24"
     config = json.loads((folder / "config.json").read_text())
     assert config["num_hidden_layers"] == 24 and "quantization_config" not in config
     assert (folder / "model.safetensors").stat().st_size > 100e6
