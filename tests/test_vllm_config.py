@@ -58,6 +58,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from specbench import calibrate, config, methods, models, plan
 from specbench.config import cell_from_config
+from specbench.engine import worker
 from specbench.sweep import plan_cells
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,6 +144,8 @@ def vllm_build(kwargs: dict[str, Any]) -> tuple[str | None, str | None]:
     ``_get_v2_model_runner_unsupported_features`` names anything, else V2."""
     from vllm.engine.arg_utils import EngineArgs
 
+    # Each architecture's first inspection on a machine would otherwise import vLLM again in a process of its own.
+    worker._inspect_models_in_process()
     try:
         built = EngineArgs(**kwargs, skip_tokenizer_init=True, load_format="dummy").create_engine_config()
     except Exception as exc:  # vLLM raises pydantic, Value and NotImplemented errors alike
