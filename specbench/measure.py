@@ -301,9 +301,8 @@ WARMUP_MAX_TOKENS = 8
 # max_num_batched_tokens, the CUDA graphs of the decode sizes, the JIT kernels
 # and FlashInfer's autotune), and its attention kernels are chosen by whether a
 # step prefills (max_seqlen_q > 1), not by the prompt's length: nothing a long
-# prompt compiles is left to the timed region, and a whole first batch warmed
-# only its own lengths anyway (reasoned from the source, not yet timed on a
-# GPU; an eager engine may still grow its allocator on the first long prefill).
+# prompt compiles is left to the timed region (reasoned from the source, not
+# yet timed on a GPU).
 WARMUP_PROMPT_TOKENS = 16
 
 

@@ -4,13 +4,11 @@ Starts engines: run it alone, on a quiet machine. Prints figures; asserts nothin
 
     .venv/bin/python tests/benchmarks/warmup_shape.py [METHOD] [ROUNDS] [TOKENS]
 
-A cell's warm-up (:func:`specbench.measure.measure`) re-runs its first batch for 8 tokens. On its whole prompts,
-at ``sweep=cpu_demo``'s summarize cells, that re-prefills 425 tokens (batch 1) and 1855 (batch 4), 87% of an
-engine's warm-up prefill, and prefill is most of a summarize cell on 2 cores. The cheaper warm-up, which
-:func:`specbench.measure.warmup_batch` runs since this check, keeps the batch shape on the first batch's prompts
-cut to their last TOKENS tokens (default 16, :data:`specbench.measure.WARMUP_PROMPT_TOKENS`): the same decode
-and draft steps, ngram's first-call numba compile, and none of the long prefill. Both arms run their own
-warm-up, so the check still compares the two. Each arm (``full``, ``short``) gets a fresh engine of
+A cell's warm-up (:func:`specbench.measure.measure`) re-runs its first batch for 8 tokens: at ``sweep=cpu_demo``'s
+summarize cells that re-prefills 425 tokens (batch 1) and 1855 (batch 4), 87% of an engine's warm-up prefill,
+and prefill is most of a summarize cell on 2 cores. The cheaper warm-up would run the same batch shape on the
+first batch's prompts cut to their last TOKENS tokens (default 16): the same decode and draft steps, ngram's
+first-call numba compile, and none of the long prefill. Each arm (``full``, ``short``) gets a fresh engine of
 METHOD (default ngram, K=4 as the demo's), which measures the demo's four cells in the sweep's order: the
 cell's warm-up, its timed batches (TTFT, TPOT, wall), then its timed batches again, fully warm. A warm-up
 that leaves nothing behind gives a first/again ratio of 1 up to noise; the short arm's ratios against the
@@ -33,7 +31,7 @@ from hydra import compose, initialize_config_module
 from specbench.config import cell_from_config
 from specbench.engine import EngineWorker
 from specbench.job import _requests
-from specbench.measure import WARMUP_MAX_TOKENS, WARMUP_PROMPT_TOKENS, CellPlan, Measurement
+from specbench.measure import WARMUP_MAX_TOKENS, CellPlan, Measurement
 
 CELLS = (("summarize", 1), ("summarize", 4), ("creative", 1), ("creative", 4))
 
@@ -72,7 +70,7 @@ def arm(method: str, tokens: int | None, log: Path) -> list[tuple[str, float, Me
 def main(argv: Sequence[str]) -> None:
     method = argv[0] if argv else "ngram"
     rounds = int(argv[1]) if len(argv) > 1 else 2
-    tokens = int(argv[2]) if len(argv) > 2 else WARMUP_PROMPT_TOKENS
+    tokens = int(argv[2]) if len(argv) > 2 else 16
     log = Path("outputs/warmup_shape.log").resolve()
     print(f"{method} K=4, warm-ups whole or cut to {tokens} tokens; engine log {log}")
     pair: list[tuple[str, int | None]] = [("full", None), ("short", tokens)]
