@@ -290,20 +290,6 @@ class DistributionSamples:
 # every step repeats work already done once; the demo's 32-token warm-ups
 # cost 3 of its 18 minutes.
 WARMUP_MAX_TOKENS = 8
-# ... on the first batch's prompts cut to their last this many tokens: the batch
-# shape, the decode and draft steps and first-call compiles are the same, and
-# the long prefill, most of a warm-up on the CPU, is gone. Quiet, on the demo's
-# cells (tests/benchmarks/warmup_shape.py; docs/results/2026-12-07-demo-under-six.md),
-# the timed batches right after a short warm-up ran as after the full one
-# (first/again 0.96-1.02 against 0.89-1.12), about 3 s an engine less. On a
-# GPU, vLLM 0.32 warms by shape before it serves (compile_or_warm_up_model in
-# vllm/v1/worker/gpu_worker.py: every torch.compile range up to
-# max_num_batched_tokens, the CUDA graphs of the decode sizes, the JIT kernels
-# and FlashInfer's autotune), and its attention kernels are chosen by whether a
-# step prefills (max_seqlen_q > 1), not by the prompt's length: nothing a long
-# prompt compiles is left to the timed region (reasoned from the source, not
-# yet timed on a GPU).
-WARMUP_PROMPT_TOKENS = 16
 
 
 @dataclass
@@ -343,28 +329,16 @@ class Measurement:
     distribution: DistributionSamples | None = None
 
 
-def warmup_batch(plan: CellPlan) -> tuple[tuple[int, ...], ...]:
-    """The prompts of the cell's warm-up: its first batch, each prompt cut to its last
-    :data:`WARMUP_PROMPT_TOKENS` token ids.
-
-    A plan with a reference pass keeps them whole: the controlled proposer drafts only for the
-    prompts it holds references for, and a cut prompt would warm no draft step.
-    """
-    first = plan.batches()[0]
-    return first if plan.reference_pass else tuple(p[-WARMUP_PROMPT_TOKENS:] for p in first)
-
-
 def measure(
     engine: Generator, plan: CellPlan, on_batch: Callable[[], None] | None = None
 ) -> Measurement:
     """Run ``plan`` on ``engine``: an untimed warm-up, then timed repetitions.
 
-    The warm-up submits the first batch (same batch size as the timed ones)
-    for at most :data:`WARMUP_MAX_TOKENS` tokens, so lazy initialisation and
-    first-call compilation (a prefill, the first decode and draft steps at
-    that batch size) stay out of the timings without paying for a whole
-    untimed batch (:func:`warmup_batch`: its prompts cut to their last
-    :data:`WARMUP_PROMPT_TOKENS` tokens).
+    The warm-up submits the first batch (same prompts and batch size as the
+    timed ones) for at most :data:`WARMUP_MAX_TOKENS` tokens, so lazy
+    initialisation and first-call compilation (the prefill of that shape, the
+    first decode and draft steps) stay out of the timings without paying for
+    a whole untimed batch.
     Each repetition submits every batch in order; its wall time is the sum of
     the ``generate`` calls. Speculative counters are differenced around the
     timed region only. Token ids come from the first timed repetition;
@@ -378,7 +352,7 @@ def measure(
     warmup_s = None
     if plan.warmup:
         start = time.perf_counter()
-        engine.generate(warmup_batch(plan), min(plan.max_tokens, WARMUP_MAX_TOKENS), plan.sampling,
+        engine.generate(plan.batches()[0], min(plan.max_tokens, WARMUP_MAX_TOKENS), plan.sampling,
                         plan.batch_seeds()[0])
         warmup_s = time.perf_counter() - start
 

@@ -42,7 +42,7 @@ from specbench.analytic import (acceptance, footprint, graphs, memory, predictio
 from specbench.config import (ConfigError, batch_prompt_tokens, checked, valid_cell, validate, with_draft_vocabulary,
                               with_schedule)
 from specbench.config import problems as config_problems
-from specbench.measure import WARMUP_MAX_TOKENS, WARMUP_PROMPT_TOKENS
+from specbench.measure import WARMUP_MAX_TOKENS
 from specbench.workloads import estimated_requests
 
 DEFAULT_ALPHA = 0.7
@@ -195,7 +195,6 @@ def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate:
         hw = profiles.HardwareProfile.from_mapping(hardware)
         model = plain["model"]
         target = prediction.model_profile(model["path"], plain["engine"].get("dtype") or model["dtype"], model.get("name"))
-        reference_pass = methods.entry(plain["method"]["name"]).reference_pass
     except (KeyError, ValueError):
         return None
     if requests is None:
@@ -209,13 +208,10 @@ def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate:
     # measured time, which was 0.8-1.1 of their baselines' (docs/results/2026-12-07-demo-time.md).
     speed = decode_speedup if decode_speedup and gpu else 1.0
 
-    def batch_s(size: int, tokens: int, prompt: float = prompt_len) -> float:
+    def batch_s(size: int, tokens: int) -> float:
         # Speculation speeds up the decode steps; the prefill (which emits each first token) runs as plain.
-        prefill = steps.prefill_time(target, hw, size, prompt, step_tokens)
-        return prefill + (steps.plain_batch_time(target, hw, size, prompt, tokens, step_tokens) - prefill) / speed
-
-    # The warm-up's prompts are cut as specbench.measure.warmup_batch cuts them.
-    warmup_prompt = prompt_len if reference_pass else min(prompt_len, WARMUP_PROMPT_TOKENS)
+        prefill = steps.prefill_time(target, hw, size, prompt_len, step_tokens)
+        return prefill + (steps.plain_batch_time(target, hw, size, prompt_len, tokens, step_tokens) - prefill) / speed
 
     sizable = sizing.is_sizable(plain)
     available = int(workload["num_prompts"]) if sizable else requests[0]
@@ -231,8 +227,7 @@ def cell_timing(plain: Mapping[str, Any], hardware: Mapping[str, Any], estimate:
         fixed = (int(load["num_requests"]) / rate if rate != float("inf") else 0.0) + batch_s(1, max_tokens)
     cost = walltime.CellCost(
         batch_size=batch, batch_s=batch_s(batch, max_tokens),
-        warmup_s=(batch_s(batch, min(max_tokens, WARMUP_MAX_TOKENS), warmup_prompt)
-                  if plain.get("warmup", True) else 0.0),
+        warmup_s=batch_s(batch, min(max_tokens, WARMUP_MAX_TOKENS)) if plain.get("warmup", True) else 0.0,
         repetitions=int(plain["repetitions"]), engine_runs=int(plain["engine_runs"]), prompts=prompts,
         fixed_s=fixed)
     start = walltime.engine_start_s(

@@ -13,7 +13,6 @@ import pytest
 from specbench import engine, job
 from specbench.measure import (
     WARMUP_MAX_TOKENS,
-    WARMUP_PROMPT_TOKENS,
     CellPlan,
     GeneratedRequest,
     SpecCounters,
@@ -35,12 +34,10 @@ class FakeEngine:
         self.generated = 0
         self.max_tokens: list[int] = []
         self.seeds: list[Sequence[int] | None] = []
-        self.prompts: list[Sequence[Sequence[int]]] = []
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: Sampling = GREEDY,
                  seeds: Sequence[int] | None = None) -> list[GeneratedRequest]:
         self.calls.append(("generate", len(prompts)))
-        self.prompts.append(prompts)
         self.seeds.append(seeds)
         self.max_tokens.append(max_tokens)
         self.generated += 1
@@ -96,22 +93,6 @@ def test_warm_up_decodes_few_tokens_and_the_timed_batches_all_of_them():
     short = FakeEngine()
     measure(short, plan(max_tokens=3, repetitions=1))
     assert short.max_tokens == [3, 3, 3]
-
-
-def test_warm_up_runs_the_first_batch_on_its_prompts_last_tokens():
-    """The warm-up keeps the first batch's size and each prompt's end, and drops the long prefill;
-    a plan with a reference pass keeps its prompts whole (the controlled proposer drafts only for those)."""
-    long = tuple(tuple(range(100 * i, 100 * i + 60)) for i in range(4))
-    fake = FakeEngine()
-    measure(fake, plan(prompts=long, repetitions=1))
-    assert fake.prompts[0] == (long[0][-WARMUP_PROMPT_TOKENS:], long[1][-WARMUP_PROMPT_TOKENS:])
-    assert fake.prompts[1:] == [long[:2], long[2:]]  # the timed batches whole
-    short = FakeEngine()
-    measure(short, plan(repetitions=1))
-    assert short.prompts[0] == ((1, 2), (3, 4))  # shorter than the cut: whole
-    controlled = FakeEngine()
-    measure(controlled, plan(prompts=long, repetitions=1, reference_pass=True))
-    assert controlled.prompts[0] == long[:2]
 
 
 def test_measure_without_warm_up_runs_the_reference_pass_first_for_controlled_acceptance():

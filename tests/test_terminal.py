@@ -100,7 +100,7 @@ def test_plan_estimates_the_wall_time_of_the_cells_to_run(compose_cell, tmp_path
     (warm-up and repetitions over its batches, from prompt lengths in characters), an engine start wherever
     the engine changes, and the sweep's own work."""
     from specbench.analytic import prediction, profiles, steps, walltime
-    from specbench.measure import WARMUP_MAX_TOKENS, WARMUP_PROMPT_TOKENS
+    from specbench.measure import WARMUP_MAX_TOKENS
     from specbench.plan import run_time
     from specbench.workloads import estimated_requests
 
@@ -113,12 +113,9 @@ def test_plan_estimates_the_wall_time_of_the_cells_to_run(compose_cell, tmp_path
     assert estimated_requests(planned[0].cell.config["workload"]) == (3, 200.0)  # 900 characters: 200 tokens
     hw = profiles.HardwareProfile.from_mapping(planned[0].cell.config["hardware"])
     target = prediction.model_profile("embedded:smollm2-135m-instruct", "float32")
-    batch = lambda tokens, prompt=200.0: steps.plain_batch_time(target, hw, 2, prompt, tokens, 16384)  # noqa: E731
-    # Per engine run: a warm-up of 8 tokens on the prompts' last 16, then 2 repetitions of 2 batches (3 prompts,
-    # batch 2); a fresh engine.
-    warmup = batch(WARMUP_MAX_TOKENS, WARMUP_PROMPT_TOKENS)
-    assert warmup < batch(WARMUP_MAX_TOKENS)  # less prefill than on the whole 200-token prompts
-    assert time.generation_s == pytest.approx(2 * (warmup + 2 * 2 * batch(16)))
+    batch = lambda tokens: steps.plain_batch_time(target, hw, 2, 200.0, tokens, 16384)  # noqa: E731
+    # Per engine run: a warm-up of 8 tokens, then 2 repetitions of 2 batches (3 prompts, batch 2); a fresh engine.
+    assert time.generation_s == pytest.approx(2 * (batch(WARMUP_MAX_TOKENS) + 2 * 2 * batch(16)))
     assert time.starts == engine_starts(planned) == 2 and time.start_s > 2 * walltime.GPU_START_FIXED_S
     assert time.overhead_s == walltime.overhead_s(2)
     assert basis == "h200; speculative cells at their predicted speedup, alpha=0.7"
