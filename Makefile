@@ -94,10 +94,10 @@ $(STAMP): pyproject.toml Makefile
 # takes two, for a profile steadier by a few percent), narrowed to what the sweep prices:
 # batch 1 and 4 at 16 and 512 prompt tokens (4 grid points of 8) and the EAGLE-3 head at
 # K=4 alone (a later sweep outside that range, or of EAGLE-1, has the rest timed first, as
-# `calibrate --complete` or `--add-heads eagle` does). It took 1.4 min on 2 quiet cores
-# before it was narrowed; then it runs the sweep in the same process (about 5.2 min): both
-# start their engines from one fork server, which imports vLLM once (specbench/demo.py).
-# From a fresh clone, set-up included: 7:51 on 2 quiet cores before the narrowing.
+# `calibrate --complete` or `--add-heads eagle` does), about 40 s on 2 quiet cores; then it
+# runs the sweep in the same process (about 3.8 min): both start their engines from one fork
+# server, which imports vLLM once (specbench/demo.py). From a fresh clone, set-up included:
+# 5:11 on 2 quiet cores (2026-12-07; 5:44 there before the narrowing, 7:51 on a slower machine).
 demo: setup
 	$(BIN)/python -m specbench.demo sweep=cpu_demo
 
