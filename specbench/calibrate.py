@@ -542,8 +542,14 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "this-machine"
 
 
-def _token_stream(tokenizer: Any) -> list[int]:
-    """Natural text to cut prompts from: the built-in summarize articles, tokenized plainly."""
+def _token_stream(cell: Cell) -> list[int]:
+    """Natural text to cut prompts from: the built-in summarize articles, tokenized plainly by the tokenizer
+    of ``cell``'s model (at its pinned revision)."""
+    from transformers import AutoTokenizer  # heavy: imported once the profile and checkpoints are good
+
+    model_cfg = cell.identity["model"]
+    tokenizer = AutoTokenizer.from_pretrained(models.resolve(model_cfg["path"],
+                                                             revision=cell.revisions().get(model_cfg["path"])))
     prompts, _ = load_prompts({
         "name": "summarize", "source": "builtin", "path": None, "num_prompts": 1, "seed": 0,
         "max_tokens": 1, "max_prompt_tokens": 1, "chat_template": False,
@@ -713,6 +719,13 @@ def time_missing(cells: Iterable[Cell], config_hardware: Mapping[str, Any] | Non
                           f"with another head's: `python -m specbench.calibrate --add-heads {heads}` adds it")
 
 
+def longest_prompt(cell: Cell) -> int | None:
+    """``cell``'s longest prompt in tokens: its heaviest batch's, as the memory model reads it, else its workload's
+    ``max_prompt_tokens``; None where neither is known."""
+    lengths = batch_prompt_tokens(cell.config)
+    return max(lengths) if lengths else cell.workload.get("max_prompt_tokens")
+
+
 def coverage_gaps(narrowed: Mapping[str, Any], cells: Iterable[Cell], head_ks: Mapping[str, set[int]]) -> list[str]:
     """What of ``cells`` lies outside a narrowed calibration's range (its settings' :data:`NARROWED_TO`), one
     phrase each: a batch above its largest, prompts longer than its longest (the cell's heaviest batch, as
@@ -724,8 +737,7 @@ def coverage_gaps(narrowed: Mapping[str, Any], cells: Iterable[Cell], head_ks: M
     for cell in cells:
         if cell.batch_size > batch:
             gaps[f"batch {cell.batch_size} above its {batch}"] = None
-        lengths = batch_prompt_tokens(cell.config)
-        longest = max(lengths) if lengths else cell.workload.get("max_prompt_tokens")
+        longest = longest_prompt(cell)
         if longest is None or longest > prompt:
             gaps[f"{cell.workload['name']} prompts of up to {longest or 'unknown'} tokens above its {prompt}"] = None
         ks = head_ks.get(cell.method)
@@ -759,11 +771,7 @@ def complete(path: Path, verbose: bool) -> int:
         print(f"error: {path}: {exc}", file=sys.stderr)
         return 2
     if missing:
-        from transformers import AutoTokenizer  # heavy: imported once the profile and checkpoints are good
-
-        model_cfg = cell.identity["model"]
-        folder = models.resolve(model_cfg["path"], revision=cell.revisions().get(model_cfg["path"]))
-        stream = _token_stream(AutoTokenizer.from_pretrained(folder))
+        stream = _token_stream(cell)
         print(f"timing {len(missing)} grid points the calibration left out, {rounds} round(s)")
         try:
             worker = EngineWorker(cell.engine_spec(), log_path=None if verbose else path.with_suffix(".log"))
@@ -771,9 +779,7 @@ def complete(path: Path, verbose: bool) -> int:
                 measured = _measure_grid(worker, missing, stream, max_tokens, rounds, _step_line)
             finally:
                 worker.close()
-            added = [step_sample(p, max_tokens, [m.tpot_s for m in measured[p]],
-                                 [t for m in measured[p] for t in m.rep_output_tokens])[1] for p in missing]
-            added += [prefill_sample(p, [m.ttft_s for m in measured[p]])[1] for p in missing]
+            added = [record for _, record in _grid_samples(missing, measured, max_tokens)]
         except (EngineError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -812,13 +818,10 @@ def add_heads(path: Path, methods: Sequence[str], verbose: bool) -> int:
     except (OSError, KeyError, TypeError, ValueError, hub.HubError) as exc:
         print(f"error: {path}: {exc}", file=sys.stderr)
         return 2
-    from transformers import AutoTokenizer  # heavy: imported once the profile and checkpoints are good
-
     first = next(iter(cells.values()))[0]
     model_cfg, dtype = first.identity["model"], first.identity["engine"]["dtype"]
-    folder = models.resolve(model_cfg["path"], revision=first.revisions().get(model_cfg["path"]))
     model = prediction.model_profile(model_cfg["path"], dtype, model_cfg["name"])
-    stream = _token_stream(AutoTokenizer.from_pretrained(folder))
+    stream = _token_stream(first)
     for method, cells_at_k in cells.items():
         try:
             overhead, per_step, records = time_head(method, cells_at_k, stream, max_tokens, rounds,
@@ -884,13 +887,10 @@ def main(argv: list[str] | None = None) -> int:
     except hub.HubError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from transformers import AutoTokenizer  # heavy: imported once the arguments and checkpoints are good
-
     model_cfg = cell.identity["model"]
     dtype = cell.identity["engine"]["dtype"]
-    folder = models.resolve(model_cfg["path"], revision=cell.revisions().get(model_cfg["path"]))
     model = prediction.model_profile(model_cfg["path"], dtype, model_cfg["name"])
-    stream = _token_stream(AutoTokenizer.from_pretrained(folder))
+    stream = _token_stream(cell)
     longest = max(p.prompt_len for p in points) + args.max_tokens
     if longest > cell.identity["engine"]["max_model_len"]:
         print(f"error: prompt + output of {longest} tokens exceeds engine.max_model_len", file=sys.stderr)
@@ -924,9 +924,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"load average after: {_load()}")
     try:
-        pairs = [step_sample(p, args.max_tokens, [m.tpot_s for m in measured[p]],
-                             [t for m in measured[p] for t in m.rep_output_tokens]) for p in points]
-        pairs += [prefill_sample(p, [m.ttft_s for m in measured[p]]) for p in points]
+        pairs = _grid_samples(points, measured, args.max_tokens)
         profile, records = fit([s for s, _ in pairs], [r for _, r in pairs], model,
                                args.name or _slug(worker.info.machine), bounds,
                                shared_attention=probe.device == "cuda")
@@ -1214,6 +1212,14 @@ def _measure_on_own_engine(
         return _measure_grid(worker, DRAFT_POINTS, stream, max_tokens, rounds, line)
     finally:
         worker.close()
+
+
+def _grid_samples(points: Sequence[GridPoint], measured: Mapping[GridPoint, Any], max_tokens: int) -> list[Any]:
+    """Each grid point's decode sample, then each one's prefill sample, as (sample, record) pairs, in the order a
+    calibration lists them; ValueError where a point's measurements cannot make one."""
+    pairs = [step_sample(p, max_tokens, [m.tpot_s for m in measured[p]],
+                         [t for m in measured[p] for t in m.rep_output_tokens]) for p in points]
+    return pairs + [prefill_sample(p, [m.ttft_s for m in measured[p]]) for p in points]
 
 
 def _measure_grid(
