@@ -149,7 +149,7 @@ class ConfigSchema:
     remeasure: Optional[str] = None
     confirm: bool = False  # measure each verdict's chosen configuration again on fresh engines (specbench.confirm)
     confirmation: bool = False  # set by the sweeper on a confirmation run's cells; not a user knob
-    futility: bool = False  # true: configurations below 1x after engine run 0 stop there once settled (specbench.futility)
+    futility: bool = True  # configurations below 1x after engine run 0 stop there once settled (specbench.futility)
     sweep_name: str = MISSING
     verbose: bool = MISSING
     engine: EngineSchema = field(default_factory=EngineSchema)

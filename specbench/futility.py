@@ -7,7 +7,8 @@ configuration whose further engine runs buy no decision. The sweeper therefore m
 
 1. engine run 0 of every cell;
 2. the later engine runs of every baseline and of every configuration whose speedup in run 0 is at least 1 (or
-   unknown: failed, not compared), as the grid orders them (:func:`later_now`);
+   unknown: failed, not compared) or that step 3 could not stop (its batch size has no more speculative engines
+   than :data:`MIN_GOING_ON`, which all go on), as the grid orders them (:func:`later_now`);
 3. the sweep merged as the finish merges it; each configuration left, measured once, gets its later engine runs
    only while its interval reaches 1: it stops (is *settled*) where its 95% interval, on the engine-to-engine
    spread the other configurations measured, lies below 1 (:func:`settled`).
@@ -22,7 +23,7 @@ baselines measured earlier in the sweep, not alongside them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence, Set
 from typing import Any
 
 from specbench.analytic.verdicts import has_interval
@@ -47,9 +48,14 @@ def asking(planned: Sequence[PlannedCell]) -> set[str]:
 
 
 def below_one(rows: Sequence[Mapping[str, Any]], among: set[str]) -> set[str]:
-    """Config hashes (of ``among``: :func:`asking`) of the offline speculative rows whose speedup is below 1:
-    after engine run 0, the configurations whose later runs wait for :func:`settled`."""
-    return {str(r["config_hash"]) for r in rows if str(r.get("config_hash")) in among and _offline_speculative(r)
+    """Config hashes (of ``among``: :func:`asking`) of the offline speculative rows whose speedup is below 1, at
+    a batch size where :func:`settled` may stop some (:func:`settle_room`): after engine run 0, the configurations
+    whose later runs wait for it. Where it may stop none, waiting would only measure them later, apart from the
+    baselines they pair with, and on engines of their own where their engine serves other cells too."""
+    offline = [r for r in rows if _offline_speculative(r)]
+    room = settle_room({b: {_engine(r) for r in offline if r.get("batch_size") == b}
+                        for b in {r.get("batch_size") for r in offline}})
+    return {str(r["config_hash"]) for r in offline if str(r.get("config_hash")) in among and room[r.get("batch_size")]
             and r.get("status") == "ok" and isinstance(r.get("speedup"), (int, float)) and r["speedup"] < 1.0}
 
 
@@ -64,6 +70,12 @@ def later_now(planned: Sequence[PlannedCell], waiting: set[str]) -> list[Planned
 # 5.3 (t 2.52), one 2 (t 4.30): futility keeps at least three configurations of a batch size going (or all it has),
 # so the intervals of those that pay widen by about a tenth at most, not by 70%.
 MIN_GOING_ON = 3
+
+
+def settle_room(engines_by_batch: Mapping[Hashable, Set[Hashable]]) -> dict[Hashable, int]:
+    """Per batch size, how many of its speculative engines (method and K, ``engines_by_batch``) futility may stop:
+    those beyond :data:`MIN_GOING_ON` (none where it has that many or fewer: they all go on)."""
+    return {batch: max(0, len(engines) - MIN_GOING_ON) for batch, engines in engines_by_batch.items()}
 
 
 def settled(rows: Sequence[Mapping[str, Any]], waiting: set[str]) -> set[str]:

@@ -443,12 +443,27 @@ def futility_floor(rows: Sequence[PlannedRow], half_width: float | None = None) 
     rest in every engine run, with ``confirm=true`` the confirmation after them (it runs whatever stops); None
     where no cell may stop (or the sweep is unpriced). The plan's line and the sweeper's both print it."""
     timings = _timed(rows)
-    if timings is None or not any(t.futility for t in timings):
+    stopping = _may_stop(timings or [])
+    if timings is None or not stopping:
         return None
-    floor = [replace(t, cost=replace(t.cost, engine_runs=1)) if t.futility else t for t in timings]
+    floor = [replace(t, cost=replace(t.cost, engine_runs=1)) if id(t) in stopping else t for t in timings]
     # The confirmation is priced from the whole grid: it measures what the verdicts choose, each in every run.
     floor += confirmation_timings(timings)
     return walltime.sweep_time([t.cost for t in floor], _starts(floor), half_width)
+
+
+def _may_stop(timings: Sequence[CellTiming]) -> set[int]:
+    """The cells (``id``) :func:`futility_floor` prices at engine run 0 alone: per batch size, those on the
+    costliest of its engines that futility may stop (:func:`specbench.futility.settle_room`: the rest go on)."""
+    engines_by_batch: dict[int, dict[Hashable, float]] = {}
+    for t in timings:
+        if t.speculative:
+            seconds = engines_by_batch.setdefault(t.cost.batch_size, {})
+            seconds[t.engine] = seconds.get(t.engine, 0.0) + (t.cost.seconds() if t.futility else 0.0)
+    room = futility.settle_room({b: set(e) for b, e in engines_by_batch.items()})
+    costliest = {b: set(sorted((e for e, s in by_engine.items() if s > 0), key=lambda e: -by_engine[e])[:room[b]])
+                 for b, by_engine in engines_by_batch.items()}
+    return {id(t) for t in timings if t.futility and t.engine in costliest[t.cost.batch_size]}
 
 
 def cell_rows(cells: Sequence[grid.PlannedCell], alpha: float = DEFAULT_ALPHA) -> list[PlannedRow]:
@@ -543,11 +558,12 @@ def time_lines(rows: Sequence[PlannedRow], alpha: float, half_width: float | Non
                      f"candidate and its baseline), included: {duration(time.total_s - grid_only.total_s)}")
     floor = futility_floor(rows, half_width)
     if floor is not None:
-        stopping = sum(t.futility for t in timings)
+        stopping = len(_may_stop(timings))
         lines.append(f"futility=true: {duration(floor.total_s)} to {duration(time.total_s)}: each of the "
-                     f"{stopping} speculative configuration(s) that measures below 1x in engine run 0, its interval "
-                     f"below 1, stops there (the shortest: all do; {floor.starts} engine start(s)); one that pays "
-                     "runs every engine run")
+                     f"{stopping} speculative configuration(s) that may stop, where it measures below 1x in engine "
+                     f"run 0 and its interval lies below 1, stops there (the shortest: all do; {floor.starts} engine "
+                     f"start(s); {futility.MIN_GOING_ON} engines of a batch size go on); one that pays runs every "
+                     "engine run")
     widest = widest_half_width(rows, half_width)
     if widest is not None:
         precision = next(t.precision for t in timings if t.sizable)

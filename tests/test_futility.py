@@ -52,9 +52,11 @@ def test_a_flagged_configuration_is_not_settled_and_below_one_takes_only_the_con
     assert futility.settled(rows, {"c3"}) == {"c3"}
     rows[3]["flagged"] = True
     assert futility.settled(rows, {"c3"}) == set()
-    first = _judged({0: [math.log(1.4)], 1: [math.log(0.9)], 2: [math.log(0.5)]})
-    assert futility.below_one(first, {"c0", "c1", "c2"}) == {"c1", "c2"}
+    first = _judged({0: [math.log(1.4)], 1: [math.log(0.9)], 2: [math.log(0.5)], 3: [math.log(1.2)]})
+    assert futility.below_one(first, {"c0", "c1", "c2", "c3"}) == {"c1", "c2"}
     assert futility.below_one(first, {"c0", "c1"}) == {"c1"}
+    # Three engines at the batch size: all go on, none waits.
+    assert futility.below_one(first[:3], {"c0", "c1", "c2"}) == set()
 
 
 def test_three_configurations_go_on_to_measure_the_spread_those_nearest_to_1_first():
@@ -182,16 +184,16 @@ def test_a_rerun_merges_the_cells_once_to_find_what_futility_settled(tmp_path: P
 def test_the_sweeper_prints_the_plans_futility_floor_with_the_confirmation_in_it(compose_cell):
     # One function prices the floor for the plan command and the sweeper; under confirm=true the confirmation runs
     # after the grid whatever stops for futility, so the floor includes it.
-    grid = ["num_speculative_tokens=2", "batch_size=1", "engine_runs=3", "hardware=cpu-amd-epyc-2-cores",
-            "futility=true"]
+    grid = ["batch_size=1", "engine_runs=3", "hardware=cpu-amd-epyc-2-cores", "futility=true"]
     floors = {}
     for confirm in ("false", "true"):
-        jobs = [(*grid, f"confirm={confirm}")]
+        jobs = [(f"num_speculative_tokens={k}", *grid, f"confirm={confirm}") for k in (1, 2, 3, 4)]
         rows = price_cells(composed_cells(with_baselines(jobs), compose_cell))
         floors[confirm] = plan_floor(rows)
         line = futility_floor(plan_cells(jobs, compose_cell), plan_cells(jobs, compose_cell))
         assert line.startswith(f"futility=true: from {duration(floors[confirm].total_s)}, ")
-    # The confirmation: ngram K=2 and its baseline at batch 1 again, each on an engine of its own in every run.
+    # The confirmation: an ngram configuration and its baseline at batch 1 again, each on an engine of its own in
+    # every run.
     assert floors["true"].starts == floors["false"].starts + 2 * 3
     assert floors["true"].generation_s > floors["false"].generation_s
 
@@ -199,17 +201,43 @@ def test_the_sweeper_prints_the_plans_futility_floor_with_the_confirmation_in_it
 def test_where_every_configuration_is_below_1x_after_run_0_every_cell_runs_in_the_grids_order(
         tmp_path: Path, compose_cell, monkeypatch):
     # Nothing goes on to measure a spread: nothing can be settled, so nothing waits.
-    planned, launched, h = _futility_sweep(tmp_path, compose_cell, monkeypatch, {2: [0.9] * 3, 4: [0.5] * 3})
+    planned, launched, h = _futility_sweep(tmp_path, compose_cell, monkeypatch, {k: [0.5 + k / 10] * 3 for k in range(1, 5)})
     assert len(launched) == 2
     assert launched[1] == [p for p in planned if p.cell.engine_run > 0]
+
+
+def test_at_a_batch_size_of_three_engines_or_fewer_nothing_waits(tmp_path: Path, compose_cell, monkeypatch):
+    # Three engines of a batch size always go on, so none of three can stop: K=3 below 1x in engine run 0 runs its
+    # later engine runs with the others, beside their baselines, not after them.
+    planned, launched, h = _futility_sweep(tmp_path, compose_cell, monkeypatch,
+                                           {1: [2.0, 1.9, 2.1], 2: [1.9, 2.1, 2.0], 3: [0.5] * 3})
+    assert len(launched) == 2 and _runs_of(launched[1]) == {h[k]: {1, 2} for k in (0, 1, 2, 3)}
+    rows = price_cells(composed_cells(with_baselines([p.overrides for p in planned if p.cell.engine_run == 0]),
+                                      compose_cell))
+    assert plan_floor(rows) is None  # and the plan prices no stop
+
+
+def test_the_plans_floor_stops_only_the_engines_beyond_three_per_batch_size(compose_cell):
+    jobs = [(f"num_speculative_tokens={k}", "batch_size=1", "engine_runs=3", "hardware=cpu-amd-epyc-2-cores")
+            for k in (1, 2, 4, 8)]
+    rows = price_cells(composed_cells(with_baselines(jobs), compose_cell))
+    timings = [r.timing for r in rows if r.timing is not None]
+    assert len(timings) == len(rows) == 5
+    floor = plan_floor(rows)
+    # Four engines at batch 1, three go on: one (the costliest; here they cost alike) stops after engine run 0.
+    assert floor is not None and floor.starts == 5 * 3 - 2
+    one = next(t for t in timings if t.speculative).cost.seconds()
+    assert math.isclose(floor.generation_s, sum(t.cost.seconds() for t in timings) - one * 2 / 3)
 
 
 def test_futility_asks_for_three_engine_runs(compose_cell):
     jobs = [("num_speculative_tokens=2", f"engine_runs={runs}", "futility=true") for runs in (2, 3)]
     assert not futility.asking(plan_cells(jobs[:1], compose_cell))
     assert futility.asking(plan_cells(jobs[1:], compose_cell))
-    # Off by default.
-    assert not futility.asking(plan_cells([("num_speculative_tokens=2", "engine_runs=3")], compose_cell))
+    # On by default; futility=false turns it off.
+    assert futility.asking(plan_cells([("num_speculative_tokens=2", "engine_runs=3")], compose_cell))
+    assert not futility.asking(plan_cells([("num_speculative_tokens=2", "engine_runs=3", "futility=false")],
+                                          compose_cell))
 
 
 def test_validation_names_a_futility_that_is_not_a_bool(compose_cell):
@@ -218,7 +246,7 @@ def test_validation_names_a_futility_that_is_not_a_bool(compose_cell):
     from specbench.config import validate
 
     plain = OmegaConf.to_container(compose_cell([]), resolve=True)
-    assert plain["futility"] is False
+    assert plain["futility"] is True
     assert "futility='yes' must be true or false" in validate({**plain, "futility": "yes"})
 
 
@@ -226,6 +254,7 @@ def test_the_plan_prints_the_futility_range():
     grid = ["method=ngram,eagle", "num_speculative_tokens=2,4,8", "hardware=cpu-amd-epyc-2-cores", "futility=true"]
     lines = time_lines(make_plan(grid), DEFAULT_ALPHA)
     line = next(line for line in lines if line.startswith("futility=true: "))
-    assert "each of the 6 speculative configuration(s)" in line and "9 engine start(s)" in line
-    off = time_lines(make_plan(["method=eagle", "hardware=cpu-amd-epyc-2-cores"]), DEFAULT_ALPHA)
-    assert not any(line.startswith("futility=true") for line in off)
+    # Six engines at batch 1, three go on: three may stop (their two later engine runs: 21 - 6 starts).
+    assert "each of the 3 speculative configuration(s) that may stop" in line and "15 engine start(s)" in line
+    for grid in (["method=eagle", "hardware=cpu-amd-epyc-2-cores"], [*grid[:-1], "futility=false"]):
+        assert not any(line.startswith("futility=true") for line in time_lines(make_plan(grid), DEFAULT_ALPHA))

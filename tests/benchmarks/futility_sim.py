@@ -3,13 +3,14 @@
 Prints figures; asserts nothing (tests/test_futility.py asserts the same properties on fewer draws). No engine,
 about ten minutes on 2 cores at the default (2,000 sweeps per line):
 
-    .venv/bin/python tests/benchmarks/futility_sim.py [TRIALS]
+    .venv/bin/python tests/benchmarks/futility_sim.py [TRIALS] ["sd 0.10/0.06" ...]
 
 Simulated sweeps of the headline command's design: one workload at batch 1, six speculative configurations, one
 baseline engine and one engine per configuration in each of 3 engine runs. Log speedup of configuration c in run
 r: log s_c + u_r (the baseline engine) - v_cr (the configuration's engine) + e_cr (the cell), u, v, e normal with
-sd 0.038, 0.025, 0.01 (the baseline and speculative engines' log SDs of the 2026-12-06 headline run) or 0.03,
-0.03, 0.01. Each sweep is judged twice, through the project's own code (``results.judging.judge_speedups``, then
+sd 0.038, 0.025, 0.01 (the baseline and speculative engines' log SDs of the 2026-12-06 headline run), 0.03,
+0.03, 0.01, or 0.10, 0.06, 0.01 (those of the 2026-12-07 night headline run, 0.114 and 0.064 on 3.1 df: the
+baseline engine's deviations dominating). Each sweep is judged twice, through the project's own code (``results.judging.judge_speedups``, then
 ``analytic.verdicts.best_row``):
 
 - "all runs": every configuration in every engine run (``futility=false``);
@@ -40,15 +41,17 @@ from specbench.results import judging
 
 RUNS = 3
 CELL_SD = 0.01
-# Seconds per engine run of the headline command's engines on 2 CPU cores (docs/results/2026-12-07-demo-time.md:
-# generation of 2026-12-05, plus ~10 s to start and warm each engine): the baseline, ngram K=2, 4, 8, EAGLE-1 K=2,
-# 4, 8; and the sweep's own work (its fork server, merge and report, 0.35 s a cell).
-BASELINE_S = 55.0
-ENGINE_S = (39.0, 39.0, 39.0, 62.5, 71.5, 103.5)
-FIXED_S = 21.0
-NOISES = {"sd 0.038/0.025": (0.038, 0.025), "sd 0.03/0.03": (0.03, 0.03)}
+# Seconds per engine run of the headline command's engines on 2 CPU cores, start and warm-up included (means over
+# the 3 engine runs of the 2026-12-07 night headline, docs/results/2026-12-08-headline-futility-default.md): the
+# baseline, ngram K=2, 4, 8, EAGLE-1 K=2, 4, 8; and the sweep's own work (its fork server, plan, merge and report:
+# 22 s, and 0.35 s a cell). The sum at every engine run: 889 s, as measured.
+BASELINE_S = 35.5
+ENGINE_S = (26.5, 23.4, 24.3, 47.4, 58.6, 70.9)
+FIXED_S = 22.0
+NOISES = {"sd 0.038/0.025": (0.038, 0.025), "sd 0.03/0.03": (0.03, 0.03), "sd 0.10/0.06": (0.10, 0.06)}
 SCENARIOS = {
     "headline (ngram 1.8-1.9, EAGLE 0.5-0.84)": (1.8, 1.9, 1.9, 0.84, 0.67, 0.5),
+    "headline, night (ngram 1.4-1.7, EAGLE 0.47-0.72)": (1.42, 1.66, 1.63, 0.72, 0.58, 0.47),
     "all 1.0x": (1.0,) * 6,
     "three at 1.0x, three at 0.8x": (1.0, 1.0, 1.0, 0.8, 0.8, 0.8),
     "three at 1.0x, three at 0.95x": (1.0, 1.0, 1.0, 0.95, 0.95, 0.95),
@@ -132,17 +135,20 @@ def scenario(trials: int, seed: int, speedups: Sequence[float], noise: tuple[flo
             for d, f in out.items()}
 
 
-def main(trials: int) -> None:
+def main(trials: int, noises: Sequence[str]) -> None:
+    """Every scenario under each of ``noises`` (:data:`NOISES` keys; all where empty), ``trials`` sweeps a line."""
     print(f"{trials} sweeps per line; 6 configurations x {RUNS} engine runs, batch 1; pays: share of sweeps whose "
           "verdict pays (false pays where no configuration is above 1x); miss, half, df: intervals of the "
           "configurations at or above 1x; cells: speculative cells measured")
     for noise_name, noise in NOISES.items():
+        if noises and noise_name not in noises:
+            continue
         for i, (name, speedups) in enumerate(SCENARIOS.items()):
             figures = scenario(trials, 1000 + i, speedups, noise)
             for design, f in figures.items():
-                print(f"{noise_name}  {name:<40} {design:<16} pays {f['pays']:6.1%}  miss {f['miss']:5.1%}  "
+                print(f"{noise_name}  {name:<50} {design:<16} pays {f['pays']:6.1%}  miss {f['miss']:5.1%}  "
                       f"half {f['half']:.4f}  df {f['df']:4.2f}  cells {f['cells']:4.1f}  min {f['minutes']:4.1f}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000, sys.argv[2:])
