@@ -105,7 +105,7 @@ import yaml
 
 from specbench import gpu_timing, hub, models
 from specbench.analytic import prediction, profile_fit, profiles
-from specbench.config import Cell, ConfigError, batch_prompt_tokens, cell_from_config
+from specbench.config import Cell, ConfigError, cell_from_config, longest_prompt
 from specbench.engine import EngineError, EngineWorker
 from specbench.gpu_timing import positive_ints
 from specbench.measure import CellPlan
@@ -151,8 +151,9 @@ class GridPoint:
 DRAFT_POINTS = (GridPoint(1, 512),)
 # Each head is timed at both K (an engine each): the headline's smallest and largest, so that its steps are
 # interpolated, not extrapolated; their spread sets how well a cost per step and one per pass separate (with
-# equal noise per sample the intercept's variance is 1.9 sigma^2 at (2, 8), 2.5 at (2, 6)).
-DRAFT_KS = (2, 8)
+# equal noise per sample the intercept's variance is 1.9 sigma^2 at (2, 8), 2.5 at (2, 6)). Held in
+# prediction.DRAFT_KS, where the plan and --reprice read which K a narrowed calibration's heads cover.
+DRAFT_KS = prediction.DRAFT_KS
 # The K the lookup (ngram) engine is timed at: its host work is one figure per step.
 DRAFT_K = 3
 # Every method the model config names a head for is timed, in this order; the first one's overhead is the
@@ -161,9 +162,10 @@ DRAFT_METHODS = ("eagle3", "eagle")
 # The settings key listing the heads a calibration left out by choice (--heads): prediction.HEADS_LEFT_OUT.
 HEADS_LEFT_OUT = prediction.HEADS_LEFT_OUT
 # The settings key of a calibration narrowed to one sweep's range (make demo's: --batch-sizes, --prompt-lengths,
-# --draft-ks below the defaults): what it measured. A later sweep outside that range gets the rest of the
-# default calibration timed first (time_missing, --complete); absent from a full calibration.
-NARROWED_TO = "narrowed_to"
+# --draft-ks below the defaults): what it measured (prediction.NARROWED_TO). A later sweep outside that range gets
+# the rest of the default calibration timed first (time_missing, --complete); the plan and --reprice say which
+# of their predictions lie outside it.
+NARROWED_TO = prediction.NARROWED_TO
 # Drafters without a draft pass whose per-step host work is timed on an engine of their own.
 LOOKUP_METHODS = ("ngram",)
 
@@ -691,24 +693,20 @@ def time_head(
 def time_missing(cells: Iterable[Cell], config_hardware: Mapping[str, Any] | None, verbose: bool) -> None:
     """Before a sweep's cells, where the calibrated profile prices them (no ``hardware`` in the config):
     what a calibration narrowed to another sweep's range left out and these cells need
-    (:func:`coverage_gaps`) timed first, the rest of the default calibration (:func:`complete`); then the
-    heads of their methods that it left out by choice (:func:`specbench.analytic.prediction.heads_left_out`)
-    timed and added (:func:`add_heads`): the sweep's report then prices every cell from steps measured over
-    its range and with its head's own cost, never silently extrapolated or with another head's. Raises
-    ConfigError, naming the command, where that timing fails."""
+    (:func:`specbench.analytic.prediction.narrowed_gaps` of their :func:`priced_extent`) timed first, the rest
+    of the default calibration (:func:`complete`); then the heads of their methods that it left out by choice
+    (:func:`specbench.analytic.prediction.heads_left_out`) timed and added (:func:`add_heads`): the sweep's
+    report then prices every cell from steps measured over its range and with its head's own cost, never
+    silently extrapolated or with another head's. Raises ConfigError, naming the command, where that timing
+    fails."""
     cells = list(cells)
     path = prediction.calibrated_path()
-    if not config_hardware and path.is_file():
-        doc = yaml.safe_load(path.read_text()) or {}
-        narrowed = (doc.get("settings") or {}).get(NARROWED_TO)
-        head_ks = {m: {r["k"] for r in records} for m, records in (doc.get("head_draft_samples") or {}).items()}
-        if narrowed and (gaps := coverage_gaps(narrowed, cells, head_ks)):
-            print(f"the calibrated profile {path} was measured for a narrower sweep ({'; '.join(gaps)}): timing "
-                  "the rest of the default calibration before the cells, as `python -m specbench.calibrate "
-                  "--complete` does", flush=True)
-            if complete(path, verbose) != 0:
-                raise ConfigError("the rest of the calibration could not be timed (above); the sweep would be priced "
-                                  "outside what it measured: `python -m specbench.calibrate --complete` times it")
+    if gaps := prediction.narrowed_gaps(map(priced_extent, cells), config_hardware):
+        print(f"{prediction.narrower_than(gaps)}: timing the rest of the default calibration before the cells, as "
+              "`python -m specbench.calibrate --complete` does", flush=True)
+        if complete(path, verbose) != 0:
+            raise ConfigError("the rest of the calibration could not be timed (above); the sweep would be priced "
+                              "outside what it measured: `python -m specbench.calibrate --complete` times it")
     if not (missing := prediction.heads_left_out([c.method for c in cells], config_hardware)):
         return
     heads = ",".join(missing)
@@ -719,31 +717,11 @@ def time_missing(cells: Iterable[Cell], config_hardware: Mapping[str, Any] | Non
                           f"with another head's: `python -m specbench.calibrate --add-heads {heads}` adds it")
 
 
-def longest_prompt(cell: Cell) -> int | None:
-    """``cell``'s longest prompt in tokens: its heaviest batch's, as the memory model reads it, else its workload's
-    ``max_prompt_tokens``; None where neither is known."""
-    lengths = batch_prompt_tokens(cell.config)
-    return max(lengths) if lengths else cell.workload.get("max_prompt_tokens")
-
-
-def coverage_gaps(narrowed: Mapping[str, Any], cells: Iterable[Cell], head_ks: Mapping[str, set[int]]) -> list[str]:
-    """What of ``cells`` lies outside a narrowed calibration's range (its settings' :data:`NARROWED_TO`), one
-    phrase each: a batch above its largest, prompts longer than its longest (the cell's heaviest batch, as
-    the memory model reads it, else ``workload.max_prompt_tokens``), an EAGLE head at a K it was not timed at
-    where it was timed at fewer than :data:`DRAFT_KS` (``head_ks``: each timed head's K; at one K, a head's
-    cost per step is folded into its passes' at that K). Empty: all covered."""
-    batch, prompt = max(narrowed["batch_sizes"]), max(narrowed["prompt_lengths"])
-    gaps: dict[str, None] = {}
-    for cell in cells:
-        if cell.batch_size > batch:
-            gaps[f"batch {cell.batch_size} above its {batch}"] = None
-        longest = longest_prompt(cell)
-        if longest is None or longest > prompt:
-            gaps[f"{cell.workload['name']} prompts of up to {longest or 'unknown'} tokens above its {prompt}"] = None
-        ks = head_ks.get(cell.method)
-        if ks and not ks >= set(DRAFT_KS) and cell.k not in ks:
-            gaps[f"{cell.method} at K={cell.k}, its head timed at K={','.join(map(str, sorted(ks)))}"] = None
-    return list(gaps)
+def priced_extent(cell: Cell) -> prediction.PricedExtent:
+    """What of ``cell`` a calibration must have measured to price it
+    (:func:`specbench.analytic.prediction.coverage_gaps`): its batch, its longest prompt
+    (:func:`specbench.config.longest_prompt`), the K it drafts at its batch size."""
+    return prediction.PricedExtent.of_config(cell.config, longest_prompt(cell.config))
 
 
 def complete(path: Path, verbose: bool) -> int:

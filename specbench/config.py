@@ -761,6 +761,13 @@ def batch_prompt_tokens(plain: Mapping[str, Any]) -> tuple[int, ...] | None:
     return None if lengths is None else memory.heaviest_batch(lengths.tokens, plain["batch_size"])
 
 
+def longest_prompt(plain: Mapping[str, Any]) -> int | None:
+    """A valid cell's longest prompt in tokens: its heaviest batch's (:func:`batch_prompt_tokens`), as the memory
+    model reads it, else its workload's ``max_prompt_tokens``; None where neither is known."""
+    lengths = batch_prompt_tokens(plain)
+    return max(lengths) if lengths else plain["workload"].get("max_prompt_tokens")
+
+
 def _reference_key(method: methods.Method, config: Mapping[str, Any]) -> str:
     """The model-config key a method's checkpoint comes from (``model.drafts.small``, ``model.eagle3``)."""
     return f"model.drafts.{config.get('draft')}" if method.checkpoint == "model" else f"model.{method.name}"

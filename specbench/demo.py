@@ -30,7 +30,7 @@ from hydra import initialize_config_module
 
 from specbench import calibrate
 from specbench.analytic import prediction
-from specbench.config import Cell
+from specbench.config import Cell, longest_prompt
 from specbench.plan import GridComposer, grid_jobs
 from specbench.sweep import plan_cells
 
@@ -65,7 +65,7 @@ def calibrate_args(cells: Sequence[Cell]) -> list[str]:
     left out, has what it lacks timed first (:func:`specbench.calibrate.time_missing`)."""
     methods = list(dict.fromkeys(c.method for c in cells))
     heads = [m for m in calibrate.DRAFT_METHODS if m in methods]
-    longest = max(calibrate.longest_prompt(c) or max(calibrate.DEFAULT_PROMPT_LENGTHS) for c in cells)
+    longest = max(longest_prompt(c.config) or max(calibrate.DEFAULT_PROMPT_LENGTHS) for c in cells)
     args = [*CALIBRATE_ARGS, "--heads", ",".join(heads) or "none",
             "--batch-sizes", ",".join(map(str, _up_to(calibrate.DEFAULT_BATCH_SIZES, max(c.batch_size for c in cells)))),
             "--prompt-lengths", ",".join(map(str, _up_to(calibrate.DEFAULT_PROMPT_LENGTHS, longest)))]

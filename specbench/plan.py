@@ -12,6 +12,8 @@ imports neither vLLM nor torch, so it answers in seconds on any machine:
 
     python -m specbench.plan sweep=full_grid model=qwen2.5-7b-instruct-awq hardware=rtx4090
 
+Where the calibrated profile prices the cells and its calibration was narrowed to another sweep's range
+(``calibrate --batch-sizes``, ...), it says which cells lie outside it (:func:`extrapolated_cells`).
 It ends with the sweep's estimated wall time (:mod:`specbench.analytic.walltime`: generation at the
 predicted speedups, every engine start with its weights and CUDA graphs) and the precision its cells
 are sized for (:mod:`specbench.analytic.sizing`); with ``budget=<minutes>`` it sizes the sweep to fit
@@ -39,8 +41,8 @@ from omegaconf import OmegaConf, open_dict
 from specbench import futility, grid, methods
 from specbench.analytic import (acceptance, footprint, graphs, memory, prediction, profiles, sizing, speedup, steps,
                                 walltime)
-from specbench.config import (ConfigError, batch_prompt_tokens, checked, valid_cell, validate, with_draft_vocabulary,
-                              with_schedule)
+from specbench.config import (ConfigError, batch_prompt_tokens, checked, longest_prompt, valid_cell, validate,
+                              with_draft_vocabulary, with_schedule)
 from specbench.config import problems as config_problems
 from specbench.measure import WARMUP_MAX_TOKENS
 from specbench.workloads import estimated_requests
@@ -84,6 +86,9 @@ class PlannedRow:
     cycled_prompts: tuple[int, int] | None = None
     timing: CellTiming | None = None  # its wall time, where the hardware profile prices it
     budget: float | None = None  # the config's budget (minutes)
+    # What the calibrated profile must have measured to price it (:func:`extrapolated_cells`); None where a
+    # named profile (hardware=) prices it, none does, or it is refused.
+    extent: prediction.PricedExtent | None = None
 
     @property
     def step_over_limit(self) -> bool:
@@ -147,8 +152,10 @@ def priced_row(job: tuple[str, ...], plain: dict[str, Any], problems: tuple[str,
     # A K schedule runs one K at this batch size: price that one.
     k = prediction.effective_k(plain["method"].get("speculative_config"), k, int(plain["batch_size"]))
     hardware = memory.resolve_hardware(plain.get("hardware"))
-    estimate = speedup = step = limit = runner = None
+    estimate = speedup = step = limit = runner = extent = None
     if hardware is not None:
+        if not problems and not plain.get("hardware"):
+            extent = prediction.PricedExtent.of_config(plain, longest_prompt(plain))
         runner = memory.model_runner(plain, hardware)
         try:
             # The prompts the cell sends, as validation prices them; an invalid cell at the workload's cap.
@@ -165,7 +172,7 @@ def priced_row(job: tuple[str, ...], plain: dict[str, Any], problems: tuple[str,
     if not problems and estimate is not None and engine is not None:
         timing = cell_timing(plain, hardware, estimate, None if method == "baseline" else speedup, engine)
     return PlannedRow(job, label, estimate, speedup, problems, step, limit, runner, cycled_prompts(plain), timing,
-                      plain.get("budget"))
+                      plain.get("budget"), extent)
 
 
 def cycled_prompts(plain: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -717,7 +724,19 @@ def format_plan(rows: Sequence[PlannedRow], alpha: float) -> str:
     if rows and all(r.estimate is None for r in rows):
         lines.append("no memory figures: pass hardware=<name> (conf/hardware) or run python -m specbench.calibrate")
     lines += time_lines(rows, alpha)
+    if extrapolated := extrapolated_cells(rows):
+        lines.append(extrapolated)
     return "\n".join(lines)
+
+
+def extrapolated_cells(rows: Sequence[PlannedRow]) -> str | None:
+    """The line saying which of the cells the calibrated profile prices lie outside the range its calibration was
+    narrowed to (:func:`specbench.analytic.prediction.narrowed_gaps`): their predicted speedups and times are
+    extrapolated. The plan times nothing; ``calibrate --complete``, or the sweep before its cells, measures the
+    rest. None where every cell is covered."""
+    extents = [r.extent for r in rows if r.extent is not None]
+    gaps = prediction.narrowed_gaps(extents, None) if extents else []
+    return prediction.extrapolated_note(gaps, "cells") if gaps else None
 
 
 def _in_waves(row: PlannedRow) -> bool:

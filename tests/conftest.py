@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import pandas as pd
 import pytest
+import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
@@ -71,6 +72,24 @@ def compose_cell() -> Callable[[Sequence[str]], DictConfig]:
     with initialize_config_module(config_module="specbench.conf", version_base="1.3"):
         yield lambda overrides=(): compose(config_name="config", overrides=list(overrides))
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def narrowed_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This machine's calibrated profile as ``make demo``'s narrowed calibration leaves it: the packaged CPU
+    profile, measured at batch 1 and 4 and prompts of 16 and 512 tokens, the EAGLE-3 head at K=4 alone
+    (``settings.narrowed_to``)."""
+    from specbench.analytic import prediction
+
+    doc = yaml.safe_load((Path(prediction.__file__).parents[1] / "conf" / "hardware" / "cpu-amd-epyc-2-cores.yaml")
+                         .read_text())
+    doc["settings"][prediction.NARROWED_TO] = {"batch_sizes": [1, 4], "prompt_lengths": [16, 512], "draft_ks": [4]}
+    doc["head_draft_samples"] = {"eagle3": [{"k": 4}]}
+    path = tmp_path / "hardware" / "calibrated.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(doc))
+    monkeypatch.setattr(prediction, "calibrated_path", lambda: path)
+    return path
 
 
 def specbench(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

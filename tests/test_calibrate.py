@@ -747,12 +747,16 @@ def test_a_narrowed_calibration_records_its_range_and_a_sweep_outside_it_has_the
     demo_cells = [_cell("sweep=cpu_demo", f"batch_size={b}", f"workload={w}", method=m)
                   for b in (1, 4) for w in ("summarize", "creative") for m in ("baseline", "ngram", "eagle3")]
     head_ks = {"eagle3": {4}, "eagle": set(calibrate.DRAFT_KS)}  # EAGLE-1 added later (--add-heads): at both K
-    assert calibrate.coverage_gaps(narrowed["settings"]["narrowed_to"], demo_cells, head_ks) == []
+
+    def gaps_of(cells):
+        return prediction.coverage_gaps(narrowed["settings"]["narrowed_to"], map(calibrate.priced_extent, cells),
+                                        head_ks)
+
+    assert gaps_of(demo_cells) == []
     outside = [_cell("sweep=cpu_demo", "batch_size=16"), _cell("sweep=cpu_demo", "num_speculative_tokens=2"),
                _cell("sweep=cpu_demo", "workload.max_prompt_tokens=1024", method="ngram")]
-    assert calibrate.coverage_gaps(narrowed["settings"]["narrowed_to"], [
-        _cell("sweep=cpu_demo", "num_speculative_tokens=2", method="eagle")], head_ks) == []
-    gaps = calibrate.coverage_gaps(narrowed["settings"]["narrowed_to"], outside, head_ks)
+    assert gaps_of([_cell("sweep=cpu_demo", "num_speculative_tokens=2", method="eagle")]) == []
+    gaps = gaps_of(outside)
     assert gaps[0] == "batch 16 above its 4" and "eagle3 at K=2, its head timed at K=4" in gaps
     assert any(g.startswith("summarize prompts of up to ") and g.endswith("above its 512") for g in gaps)
 
@@ -787,6 +791,36 @@ def test_a_narrowed_calibration_records_its_range_and_a_sweep_outside_it_has_the
         assert completed[key] == pytest.approx(whole[key], rel=1e-6), key
     for key in ("head_draft_overhead_ms", "head_draft_step_overhead_ms"):
         assert completed[key] == pytest.approx(whole[key], rel=1e-6, abs=1e-9), key
+
+
+def _narrower_line(out: str) -> str | None:
+    """The line of ``out`` that names a narrowed calibration's gaps, if any (one at most)."""
+    lines = [line for line in out.splitlines() if "was measured for a narrower sweep" in line]
+    assert len(lines) <= 1, lines
+    return lines[0] if lines else None
+
+
+def test_the_plan_says_which_cells_a_narrowed_calibration_prices_outside_its_range(narrowed_profile, monkeypatch,
+                                                                                     capsys):
+    # make demo's grid lies inside what its narrowed calibration measured: no word of it. A wider grid is priced
+    # outside it: one line names what, says its predictions are extrapolated and which command measures the rest;
+    # the plan itself times nothing.
+    from specbench import plan
+
+    started: list[str] = []
+    monkeypatch.setattr(calibrate, "EngineWorker", _timed_engine([], started))
+    assert plan.main(["sweep=cpu_demo"]) == 0
+    assert _narrower_line(capsys.readouterr().out) is None
+    assert plan.main(["sweep=cpu_demo", "batch_size=1,16", "num_speculative_tokens=2"]) == 0
+    line = _narrower_line(capsys.readouterr().out)
+    assert line is not None and line.startswith(f"the calibrated profile {narrowed_profile} was measured")
+    assert "(batch 16 above its 4; eagle3 at K=2, its head timed at K=4)" in line
+    assert "the predictions for those cells are extrapolated" in line
+    assert "`python -m specbench.calibrate --complete` times the rest" in line
+    assert started == [] and "narrowed_to" in narrowed_profile.read_text()  # nothing timed, nothing completed
+    # Priced with a named profile, the calibrated one's range does not matter.
+    assert plan.main(["sweep=cpu_demo", "batch_size=16", "hardware=cpu-amd-epyc-2-cores"]) == 0
+    assert _narrower_line(capsys.readouterr().out) is None
 
 
 def test_draft_ks_are_checked_before_any_engine(capsys):

@@ -280,6 +280,41 @@ def test_without_any_profile_predictions_are_null_and_the_sweep_says_how_to_cali
     assert hint is None and rows[0]["hardware_profile"].startswith("a100 (vendor")
 
 
+def test_reprice_says_which_rows_a_narrowed_calibration_prices_outside_its_range(
+    checkpoints, narrowed_profile, tmp_path, capsys
+):
+    # Rows inside what make demo's narrowed calibration measured (batch 1 and 4, prompts of up to 512 tokens):
+    # no word of it. Rows outside it: one line, before the tables, names what and the command that measures it.
+    from specbench.results.files import write_results
+
+    target, _ = checkpoints
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    covered = [_row(target, "baseline"), _row(target), _row(target, batch=4)]
+    write_results(covered, sweep / "results.parquet")
+    assert prediction.main([str(sweep), "--reprice"]) == 0
+    out = capsys.readouterr().out
+    assert "narrower sweep" not in out and str(narrowed_profile) in out  # priced with it
+    write_results(covered + [_row(target, batch=16), _row(target, prompt_tokens=REQUESTS * 600)],
+                  sweep / "results.parquet")
+    assert prediction.main([str(sweep), "--reprice"]) == 0
+    first, *rest = capsys.readouterr().out.splitlines()
+    assert first.startswith(f"the calibrated profile {narrowed_profile} was measured for a narrower sweep")
+    assert "(batch 16 above its 4; summarize prompts of up to 600 tokens above its 512)" in first
+    assert "the predictions for those rows are extrapolated" in first
+    assert "`python -m specbench.calibrate --complete` times the rest" in first
+    assert not any("narrower sweep" in line for line in rest) and rest[0].startswith("hardware profile: ")
+    # Rows whose sweep named a hardware profile are priced with it: the calibrated one's range does not matter.
+    a100 = {"name": "a100", "source": "vendor", "memory_bandwidth_gbps": 2039, "peak_tflops": 312,
+            "fixed_overhead_ms": 0.1}
+    named = [dict(r, config_json=json.dumps(json.loads(r["config_json"]) | {"hardware": a100}))
+             for r in covered + [_row(target, batch=16)]]
+    write_results(named, sweep / "results.parquet")
+    assert prediction.main([str(sweep), "--reprice"]) == 0
+    out = capsys.readouterr().out
+    assert "narrower sweep" not in out and "hardware profile: a100 (vendor" in out
+
+
 def test_embedded_models_are_profiled_from_their_prepared_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     folder = tmp_path / "models" / "smollm2-135m-instruct"

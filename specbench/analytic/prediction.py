@@ -45,7 +45,8 @@ price gets nulls and a ``prediction_note`` saying why.
 
 :func:`accuracy` and :func:`break_even` hold the predictions against the
 measurements; ``python -m specbench.analytic.prediction <sweep>`` prints both (and
-``--reprice`` prices an existing sweep again, e.g. after a new calibration).
+``--reprice`` prices an existing sweep again, e.g. after a new calibration, and says which of its rows a
+calibration narrowed to another sweep's range prices outside what it measured: :func:`extrapolated_rows`).
 Result rows (dicts) in and out; no vLLM.
 """
 
@@ -169,6 +170,92 @@ def heads_left_out(methods: Iterable[str], config_hardware: Mapping[str, Any] | 
         return []
     settings = (yaml.safe_load(path.read_text()) or {}).get("settings") or {}
     return [m for m in dict.fromkeys(methods) if m in (settings.get(HEADS_LEFT_OUT) or [])]
+
+
+# The calibrated profile's settings key of a calibration narrowed to one sweep's range (``calibrate
+# --batch-sizes``, ``--prompt-lengths``, ``--draft-ks``): the batch sizes, prompt lengths and head K it measured;
+# absent from a full calibration.
+NARROWED_TO = "narrowed_to"
+# The K a full calibration times each EAGLE head at (``calibrate.DRAFT_KS``, which says why). Timed at fewer, a
+# head's cost per speculative step is folded into its passes' at the K it was timed at.
+DRAFT_KS = (2, 8)
+
+
+@dataclass(frozen=True)
+class PricedExtent:
+    """What of a cell decides whether a calibration measured what prices it: its batch, the longest prompt its
+    pricing reads, and the K its method drafts at (:func:`coverage_gaps`)."""
+
+    method: str
+    k: int  # the K drafted at this batch size (a K schedule's entry); 0 for plain decoding
+    batch_size: int
+    workload: str  # its name
+    prompt_tokens: int | None  # the longest prompt priced; None where it is not known
+
+    @classmethod
+    def of_config(cls, plain: Mapping[str, Any], longest_prompt: int | None) -> PricedExtent:
+        """A cell's, from its resolved config and its longest prompt (:func:`specbench.config.longest_prompt`)."""
+        method, batch = plain["method"]["name"], int(plain["batch_size"])
+        k = 0 if method == "baseline" else effective_k(
+            plain["method"].get("speculative_config"), int(plain["num_speculative_tokens"]), batch)
+        return cls(method, k, batch, plain["workload"]["name"], longest_prompt)
+
+    @classmethod
+    def of_row(cls, row: Mapping[str, Any]) -> PricedExtent:
+        """A measured row's, as :func:`with_predicted_speedups` prices it: its K at its batch size, and its prompts
+        at their mean (the one prompt length its prediction reads)."""
+        batch = int(row["batch_size"])
+        speculative = (row_config(row).get("method") or {}).get("speculative_config")
+        requests, prompts = row.get("num_requests"), row.get("prompt_tokens")
+        return cls(row["method"], effective_k(speculative, int(row.get("num_speculative_tokens") or 0), batch), batch,
+                   row["workload"], math.ceil(prompts / requests) if requests and prompts is not None else None)
+
+
+def coverage_gaps(narrowed: Mapping[str, Any], cells: Iterable[PricedExtent], head_ks: Mapping[str, set[int]]
+                  ) -> list[str]:
+    """What of ``cells`` lies outside a narrowed calibration's range (its settings' :data:`NARROWED_TO`), one
+    phrase each: a batch above its largest, prompts longer than its longest, an EAGLE head at a K it was not
+    timed at where it was timed at fewer than :data:`DRAFT_KS` (``head_ks``: each timed head's K). Empty: all
+    covered."""
+    batch, prompt = max(narrowed["batch_sizes"]), max(narrowed["prompt_lengths"])
+    gaps: dict[str, None] = {}
+    for cell in cells:
+        if cell.batch_size > batch:
+            gaps[f"batch {cell.batch_size} above its {batch}"] = None
+        if cell.prompt_tokens is None or cell.prompt_tokens > prompt:
+            gaps[f"{cell.workload} prompts of up to {cell.prompt_tokens or 'unknown'} tokens above its {prompt}"] = None
+        ks = head_ks.get(cell.method)
+        if cell.k and ks and not ks >= set(DRAFT_KS) and cell.k not in ks:
+            gaps[f"{cell.method} at K={cell.k}, its head timed at K={','.join(map(str, sorted(ks)))}"] = None
+    return list(gaps)
+
+
+def narrowed_gaps(cells: Iterable[PricedExtent], config_hardware: Mapping[str, Any] | None) -> list[str]:
+    """:func:`coverage_gaps` of ``cells`` against the calibrated profile that would price them (no ``hardware``
+    in the sweep's config), where its calibration was narrowed to another sweep's range; empty where it was
+    not, or a named profile prices them. Priced outside that range, their predictions are extrapolated until
+    ``calibrate --complete`` times the rest of the default calibration."""
+    path = calibrated_path()
+    if config_hardware or not path.is_file():
+        return []
+    doc = yaml.safe_load(path.read_text()) or {}
+    if not (narrowed := (doc.get("settings") or {}).get(NARROWED_TO)):
+        return []
+    head_ks = {m: {r["k"] for r in records} for m, records in (doc.get("head_draft_samples") or {}).items()}
+    return coverage_gaps(narrowed, cells, head_ks)
+
+
+def narrower_than(gaps: Sequence[str]) -> str:
+    """The calibrated profile named, with what of a sweep (:func:`narrowed_gaps`) its calibration left out."""
+    return f"the calibrated profile {calibrated_path()} was measured for a narrower sweep ({'; '.join(gaps)})"
+
+
+def extrapolated_note(gaps: Sequence[str], priced: str) -> str:
+    """One line: ``priced`` (cells, rows) predicted with the calibrated profile outside what it measured
+    (``gaps``, :func:`narrowed_gaps`), and the command that measures it."""
+    return (f"{narrower_than(gaps)}: the predictions for those {priced} are extrapolated; `python -m "
+            "specbench.calibrate --complete` times the rest of the default calibration, as a sweep of them does "
+            "before its cells")
 
 
 def load_hardware_file(path: Path) -> HardwareChoice:
@@ -484,12 +571,25 @@ def with_predicted_speedups(
     return out
 
 
+def sweep_hardware(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The ``hardware`` profile the rows' configs name (their sweep's), else None: the calibrated one prices them."""
+    return next((c["hardware"] for c in map(row_config, rows) if c.get("hardware")), None)
+
+
 def predict_sweep(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
     """:func:`with_predicted_speedups` with the sweep's hardware choice; the second item is a
     line telling how to calibrate when there is no profile at all, else None."""
-    config_hardware = next((c["hardware"] for c in map(row_config, rows) if c.get("hardware")), None)
-    choice = choose_hardware(config_hardware)
+    choice = choose_hardware(sweep_hardware(rows))
     return with_predicted_speedups(rows, choice), (CALIBRATE_HINT if choice is None else None)
+
+
+def extrapolated_rows(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """:func:`extrapolated_note` of the speculative rows the calibrated profile predicted (a baseline's is 1 by
+    definition) outside the range its calibration was narrowed to; None where there are none."""
+    predicted = [PricedExtent.of_row(r) for r in rows if r.get("method") not in (None, "baseline")
+                 and any(r.get(c) is not None for c in PREDICTED_SPEEDUP_COLUMNS)]
+    gaps = narrowed_gaps(predicted, sweep_hardware(rows)) if predicted else []
+    return extrapolated_note(gaps, "rows") if gaps else None
 
 
 def with_serving_predictions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -649,7 +749,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Prints how well the analytic model predicts the sweep's speedups;
     ``--reprice`` first prices the rows again with the current hardware
-    profile (e.g. after a new calibration) and rewrites the file.
+    profile (e.g. after a new calibration) and rewrites the file, saying
+    which rows it priced outside a narrowed calibration's range.
     """
     parser = argparse.ArgumentParser(prog="python -m specbench.analytic.prediction",
                                      description="Predicted against measured speedups of a sweep.")
@@ -668,8 +769,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.reprice:
         rows, hint = predict_sweep(rows)
-        if hint:
-            print(hint)
+        for line in (hint, extrapolated_rows(rows)):
+            if line:
+                print(line)
         write_results(rows, path)
     print(format_check(rows))
     return 0
@@ -682,18 +784,22 @@ __all__ = [
     "DecodeAcceptance",
     "HardwareChoice",
     "Prediction",
+    "PricedExtent",
     "accuracy",
     "with_predicted_speedups",
     "break_even",
     "calibrated_path",
     "choose_hardware",
     "context_length",
+    "coverage_gaps",
     "decode_acceptance",
     "default_step_tokens",
     "effective_k",
+    "extrapolated_rows",
     "format_check",
     "load_hardware_file",
     "model_profile",
+    "narrowed_gaps",
     "predict_sweep",
     "with_serving_predictions",
 ]
