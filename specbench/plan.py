@@ -459,6 +459,11 @@ def futility_floor(rows: Sequence[PlannedRow], half_width: float | None = None) 
     return walltime.sweep_time([t.cost for t in floor], _starts(floor), half_width)
 
 
+def may_stop(rows: Sequence[PlannedRow]) -> int:
+    """How many of the sweep's speculative cells :func:`futility_floor` prices at engine run 0 alone."""
+    return len(_may_stop(_timed(rows) or []))
+
+
 def _may_stop(timings: Sequence[CellTiming]) -> set[int]:
     """The cells (``id``) :func:`futility_floor` prices at engine run 0 alone: per batch size, those on the
     costliest of its engines that futility may stop (:func:`specbench.futility.settle_room`: the rest go on)."""
@@ -565,7 +570,7 @@ def time_lines(rows: Sequence[PlannedRow], alpha: float, half_width: float | Non
                      f"candidate and its baseline), included: {duration(time.total_s - grid_only.total_s)}")
     floor = futility_floor(rows, half_width)
     if floor is not None:
-        stopping = len(_may_stop(timings))
+        stopping = may_stop(rows)
         lines.append(f"futility=true: {duration(floor.total_s)} to {duration(time.total_s)}: each of the "
                      f"{stopping} speculative configuration(s) that may stop, where it measures below 1x in engine "
                      f"run 0 and its interval lies below 1, stops there (the shortest: all do; {floor.starts} engine "

@@ -50,7 +50,7 @@ from specbench.config import ConfigError, batch_prompt_tokens, cell_from_config,
 from specbench.logs import LOG_FILE, engine_log
 from specbench.analytic import walltime
 from specbench.analytic.prediction import predict_sweep, with_serving_predictions
-from specbench.plan import cell_rows, duration, run_time, within_budget
+from specbench.plan import cell_rows, duration, may_stop, run_time, within_budget
 from specbench.plan import futility_floor as floor_time
 from specbench.grid import PlannedCell
 from specbench.results.files import PLAN_FILE, CellFiles, write_atomic, write_results
@@ -262,11 +262,13 @@ def futility_floor(planned: Sequence[PlannedCell], todo: Sequence[PlannedCell]) 
     """The plan's line under ``futility=true``: the time were every configuration that may stop measured in engine
     run 0 only, as the plan command prices it (:func:`specbench.plan.futility_floor`), over the configurations with a
     cell still to run; None where the cells cannot be priced."""
-    floor = floor_time(cell_rows(todo))
+    rows = cell_rows(todo)
+    floor = floor_time(rows)
     if floor is None:
         return None
-    return (f"futility=true: from {duration(floor.total_s)}, were all {len(futility.asking(planned))} "
-            "speculative configuration(s) below 1x after engine run 0 (each that is stops there; one that pays runs "
+    return (f"futility=true: from {duration(floor.total_s)}, were the {may_stop(rows)} speculative configuration(s) "
+            f"that may stop (of {len(futility.asking(planned))}; {futility.MIN_GOING_ON} engines of a batch size go "
+            "on) below 1x after engine run 0 (each that is, its interval below 1, stops there; one that pays runs "
             "every engine run)")
 
 

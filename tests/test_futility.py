@@ -192,6 +192,7 @@ def test_the_sweeper_prints_the_plans_futility_floor_with_the_confirmation_in_it
         floors[confirm] = plan_floor(rows)
         line = futility_floor(plan_cells(jobs, compose_cell), plan_cells(jobs, compose_cell))
         assert line.startswith(f"futility=true: from {duration(floors[confirm].total_s)}, ")
+        assert "were the 1 speculative configuration(s) that may stop (of 4; 3 engines of a batch size go on)" in line
     # The confirmation: an ngram configuration and its baseline at batch 1 again, each on an engine of its own in
     # every run.
     assert floors["true"].starts == floors["false"].starts + 2 * 3
