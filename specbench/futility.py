@@ -8,7 +8,8 @@ configuration whose further engine runs buy no decision. The sweeper therefore m
 1. engine run 0 of every cell;
 2. the later engine runs of every baseline and of every configuration whose speedup in run 0 is at least 1 (or
    unknown: failed, not compared) or that step 3 could not stop (its batch size has no more speculative engines
-   than :data:`MIN_GOING_ON`, which all go on), as the grid orders them (:func:`later_now`);
+   than :data:`MIN_GOING_ON`, which all go on) or whose engine goes on for other cells, as the grid orders them
+   (:func:`later_now`);
 3. the sweep merged as the finish merges it; each configuration left, measured once, gets its later engine runs
    only while its interval reaches 1: it stops (is *settled*) where its 95% interval, on the engine-to-engine
    spread the other configurations measured, lies below 1 (:func:`settled`).
@@ -49,14 +50,18 @@ def asking(planned: Sequence[PlannedCell]) -> set[str]:
 
 def below_one(rows: Sequence[Mapping[str, Any]], among: set[str]) -> set[str]:
     """Config hashes (of ``among``: :func:`asking`) of the offline speculative rows whose speedup is below 1, at
-    a batch size where :func:`settled` may stop some (:func:`settle_room`): after engine run 0, the configurations
-    whose later runs wait for it. Where it may stop none, waiting would only measure them later, apart from the
-    baselines they pair with, and on engines of their own where their engine serves other cells too."""
+    a batch size where :func:`settled` may stop some (:func:`settle_room`), on an engine all of whose cells are
+    such: after engine run 0, the configurations whose later runs wait for it. Where it may stop none, waiting
+    would only measure them later, apart from the baselines they pair with; where their engine serves other
+    cells that go on (one engine serves every batch size and workload of its method and K), a cell that waited
+    and went on would need an engine start of its own in each later run, on a GPU more than its generation."""
     offline = [r for r in rows if _offline_speculative(r)]
     room = settle_room({b: {_engine(r) for r in offline if r.get("batch_size") == b}
                         for b in {r.get("batch_size") for r in offline}})
-    return {str(r["config_hash"]) for r in offline if str(r.get("config_hash")) in among and room[r.get("batch_size")]
-            and r.get("status") == "ok" and isinstance(r.get("speedup"), (int, float)) and r["speedup"] < 1.0}
+    below = {str(r["config_hash"]) for r in offline if str(r.get("config_hash")) in among and room[r.get("batch_size")]
+             and r.get("status") == "ok" and isinstance(r.get("speedup"), (int, float)) and r["speedup"] < 1.0}
+    going_on = {_engine(r) for r in offline if str(r.get("config_hash")) not in below}
+    return {str(r["config_hash"]) for r in offline if str(r.get("config_hash")) in below and _engine(r) not in going_on}
 
 
 def later_now(planned: Sequence[PlannedCell], waiting: set[str]) -> list[PlannedCell]:

@@ -465,17 +465,26 @@ def may_stop(rows: Sequence[PlannedRow]) -> int:
 
 
 def _may_stop(timings: Sequence[CellTiming]) -> set[int]:
-    """The cells (``id``) :func:`futility_floor` prices at engine run 0 alone: per batch size, those on the
-    costliest of its engines that futility may stop (:func:`specbench.futility.settle_room`: the rest go on)."""
-    engines_by_batch: dict[int, dict[Hashable, float]] = {}
+    """The cells (``id``) :func:`futility_floor` prices at engine run 0 alone: every cell of the costliest engines
+    futility may stop, as a whole (:func:`specbench.futility.below_one` waits only where none of an engine's cells
+    goes on), while each batch size they serve keeps :data:`specbench.futility.MIN_GOING_ON` of its engines going
+    (:func:`specbench.futility.settle_room`)."""
+    seconds: dict[Hashable, float] = {}
+    batches: dict[Hashable, set[int]] = {}
     for t in timings:
         if t.speculative:
-            seconds = engines_by_batch.setdefault(t.cost.batch_size, {})
-            seconds[t.engine] = seconds.get(t.engine, 0.0) + (t.cost.seconds() if t.futility else 0.0)
-    room = futility.settle_room({b: set(e) for b, e in engines_by_batch.items()})
-    costliest = {b: set(sorted((e for e, s in by_engine.items() if s > 0), key=lambda e: -by_engine[e])[:room[b]])
-                 for b, by_engine in engines_by_batch.items()}
-    return {id(t) for t in timings if t.futility and t.engine in costliest[t.cost.batch_size]}
+            seconds[t.engine] = seconds.get(t.engine, 0.0) + t.cost.seconds()
+            batches.setdefault(t.engine, set()).add(t.cost.batch_size)
+    asking = {t.engine for t in timings if t.futility}
+    whole = {e for e in asking if all(t.futility for t in timings if t.engine == e)}
+    room = futility.settle_room({b: {e for e, served in batches.items() if b in served}
+                                 for b in {b for served in batches.values() for b in served}})
+    stopping: set[Hashable] = set()
+    for engine in sorted(whole, key=lambda e: -seconds[e]):
+        if all(room[b] > 0 for b in batches[engine]):
+            stopping.add(engine)
+            room.update({b: room[b] - 1 for b in batches[engine]})
+    return {id(t) for t in timings if t.engine in stopping}
 
 
 def cell_rows(cells: Sequence[grid.PlannedCell], alpha: float = DEFAULT_ALPHA) -> list[PlannedRow]:

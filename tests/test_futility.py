@@ -59,6 +59,17 @@ def test_a_flagged_configuration_is_not_settled_and_below_one_takes_only_the_con
     assert futility.below_one(first[:3], {"c0", "c1", "c2"}) == set()
 
 
+def test_a_configuration_waits_only_where_no_cell_of_its_engine_goes_on():
+    # ngram K=1..4 at batch 1 and at batch 4, one engine per K serving both. K=4 is below 1x at both: its engine
+    # waits. K=3 is below 1x at batch 4 only: its engine goes on for batch 1, so its batch-4 cell goes on with it
+    # (waiting, then going on, it would need an engine start of its own in each later run).
+    speedups = [1.5, 1.4, 1.3, 0.8, 1.2, 1.1, 0.9, 0.7]
+    rows = _judged({c: [math.log(v)] for c, v in enumerate(speedups)})
+    for c, row in enumerate(rows):
+        row["batch_size"], row["num_speculative_tokens"] = (1, c + 1) if c < 4 else (4, c - 3)
+    assert futility.below_one(rows, {r["config_hash"] for r in rows}) == {"c3", "c7"}
+
+
 def test_three_configurations_go_on_to_measure_the_spread_those_nearest_to_1_first():
     # One configuration pays; five measured 0.5-0.7x once. Settling all five would leave one engine to measure the
     # spread (2 df): the two whose intervals reach highest go on with it.
@@ -216,6 +227,22 @@ def test_at_a_batch_size_of_three_engines_or_fewer_nothing_waits(tmp_path: Path,
     rows = price_cells(composed_cells(with_baselines([p.overrides for p in planned if p.cell.engine_run == 0]),
                                       compose_cell))
     assert plan_floor(rows) is None  # and the plan prices no stop
+
+
+def test_the_plans_floor_stops_an_engine_whole_where_every_batch_size_it_serves_has_room(compose_cell):
+    jobs = [(f"num_speculative_tokens={k}", f"batch_size={b}", "engine_runs=3", "hardware=cpu-amd-epyc-2-cores")
+            for k in (1, 2, 4, 8) for b in (1, 4)]
+    rows = price_cells(composed_cells(with_baselines(jobs), compose_cell))
+    timings = [r.timing for r in rows if r.timing is not None]
+    assert len(timings) == len(rows) == 10
+    engines = {t.engine for t in timings if t.speculative}
+    assert len(engines) == 4  # each K's engine serves both batch sizes
+    floor = plan_floor(rows)
+    # One engine of four may stop at each batch size: the costliest stops whole, both its cells at one run.
+    stopped = max(engines, key=lambda e: sum(t.cost.seconds() for t in timings if t.engine == e))
+    assert floor is not None and floor.starts == 5 * 3 - 2
+    assert math.isclose(floor.generation_s, sum(t.cost.seconds() * (1 / 3 if t.engine == stopped else 1)
+                                                for t in timings))
 
 
 def test_the_plans_floor_stops_only_the_engines_beyond_three_per_batch_size(compose_cell):
